@@ -1,0 +1,119 @@
+//! Plain HTTP/1.1 to Envoy's admin API and Istio's agent on loopback: every request bounded in
+//! time and in the bytes it reads.
+
+use crate::log::shorten;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// No single request may take longer: a loopback admin API answers in milliseconds, and one that
+/// does not must not hold up the count (auto falls back to /proc/net/tcp for that count).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The most we read of any answer. The filtered /stats answer is about 60 bytes per listener and
+/// worker; 4 MiB holds thousands of listeners and keeps a hostile server from filling memory.
+pub const BODY_LIMIT: u64 = 4 << 20;
+
+/// An answer, whatever its status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    /// `405 'Method GET not allowed, POST required.'`: for warnings.
+    pub fn describe(&self) -> String {
+        let body = String::from_utf8_lossy(&self.body);
+        format!("{} '{}'", self.status, shorten(body.trim()))
+    }
+}
+
+pub struct Client {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    pub fn new(addr: SocketAddr) -> Client {
+        let config = ureq::Agent::config_builder()
+            // HTTP_PROXY in a pod's environment must not send loopback requests elsewhere.
+            .proxy(None)
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .max_redirects_will_error(false)
+            // A fresh connection per request: a pooled one can be stale after Envoy restarts.
+            .max_idle_connections(0)
+            .user_agent(concat!("envoy-drain/", env!("CARGO_PKG_VERSION")))
+            .build();
+        Client {
+            base: format!("http://{addr}"),
+            agent: config.into(),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn get(&self, path: &str, left: Duration) -> Result<Reply, String> {
+        self.send("GET", path, left)
+    }
+
+    pub fn post(&self, path: &str, left: Duration) -> Result<Reply, String> {
+        self.send("POST", path, left)
+    }
+
+    /// One request with a timeout of at most `REQUEST_TIMEOUT` and never past `left`, covering
+    /// connect, headers and body. The error says what happened, for a log line.
+    fn send(&self, method: &str, path: &str, left: Duration) -> Result<Reply, String> {
+        let timeout = left.min(REQUEST_TIMEOUT);
+        if timeout.is_zero() {
+            return Err("no time left before the deadline".to_string());
+        }
+        let url = self.url(path);
+        let result = if method == "POST" {
+            self.agent
+                .post(&url)
+                .config()
+                .timeout_global(Some(timeout))
+                .build()
+                .send_empty()
+        } else {
+            self.agent
+                .get(&url)
+                .config()
+                .timeout_global(Some(timeout))
+                .build()
+                .call()
+        };
+        let mut response = result.map_err(|e| cause(&e, timeout))?;
+        let status = response.status().as_u16();
+        let body = response
+            .body_mut()
+            .with_config()
+            .limit(BODY_LIMIT)
+            .read_to_vec()
+            .map_err(|e| format!("answered {status} but {}", cause(&e, timeout)))?;
+        Ok(Reply { status, body })
+    }
+}
+
+/// A short cause for a log line: `connection refused`, `no answer within 1s`.
+fn cause(e: &ureq::Error, timeout: Duration) -> String {
+    match e {
+        ureq::Error::Timeout(_) => format!(
+            "no complete answer within {}",
+            humantime::format_duration(timeout)
+        ),
+        ureq::Error::Io(io) => match io.kind() {
+            std::io::ErrorKind::ConnectionRefused => "connection refused".to_string(),
+            std::io::ErrorKind::ConnectionReset => "connection reset".to_string(),
+            std::io::ErrorKind::UnexpectedEof => "connection closed mid-answer".to_string(),
+            _ => io.to_string(),
+        },
+        ureq::Error::BodyExceedsLimit(_) => {
+            format!("its body is larger than {} bytes", BODY_LIMIT)
+        }
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,126 @@
+//! The command line as users type it. Values stay strings here; config.rs checks them so that every
+//! error names the flag, the value and what was expected.
+
+use argh::FromArgs;
+
+/// Keeps an Envoy sidecar alive until its last connection is done: the preStop hook of istio-proxy.
+#[derive(FromArgs, Debug, PartialEq)]
+#[argh(note = "Exit codes:
+  0    the count reached the threshold (or ENVOY_DRAIN_DISABLED is set)
+  1    the deadline passed with connections still open
+  2    usage error: a flag or environment variable has a bad value
+  3    nothing could be counted at any point of the run
+  130  interrupted by SIGINT (143: by SIGTERM); the summary line is printed first
+
+Environment:
+  ENVOY_DRAIN_DISABLED    set and non-empty: `run` logs that and exits 0
+  MINIMUM_DRAIN_DURATION  the min-drain when --min-drain is not given (Istio's variable)")]
+pub struct Cli {
+    /// print the version and exit
+    #[argh(switch)]
+    pub version: bool,
+
+    #[argh(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(FromArgs, Debug, PartialEq)]
+#[argh(subcommand)]
+pub enum Command {
+    Run(RunArgs),
+    Status(StatusArgs),
+}
+
+/// Drain Envoy, then wait until its connections close or the deadline passes.
+#[derive(FromArgs, Debug, PartialEq, Default)]
+#[argh(subcommand, name = "run")]
+pub struct RunArgs {
+    /// envoy admin address: host:port, [::1]:port or http://host:port (default: 127.0.0.1:15000)
+    #[argh(option)]
+    pub admin: Option<String>,
+
+    /// which listeners to drain: inbound, all or none (default: inbound)
+    #[argh(option)]
+    pub drain: Option<String>,
+
+    /// what to count: auto (stats, else /proc/net/tcp), stats or proc (default: auto)
+    #[argh(option)]
+    pub source: Option<String>,
+
+    /// never exit sooner after the drain (default: $MINIMUM_DRAIN_DURATION, else 5s)
+    #[argh(option)]
+    pub min_drain: Option<String>,
+
+    /// stop waiting after this long, whatever is still open (default: 25s)
+    #[argh(option)]
+    pub deadline: Option<String>,
+
+    /// time between counts (default: 500ms)
+    #[argh(option)]
+    pub interval: Option<String>,
+
+    /// the count must stay at or below the threshold this long (default: 0s)
+    #[argh(option)]
+    pub settle: Option<String>,
+
+    /// the threshold: exit when at most this many connections are open (default: 0)
+    #[argh(option)]
+    pub exit_at: Option<String>,
+
+    /// comma-separated ports whose connections never count; empty ignores none
+    /// (default: Istio's 15000,15004,15010,15012,15014,15020,15021,15053,15090)
+    #[argh(option)]
+    pub ignore_ports: Option<String>,
+
+    /// proc source only: count only sockets with one of these local ports, e.g. 15006,15001
+    /// (default: every port not ignored)
+    #[argh(option)]
+    pub ports: Option<String>,
+
+    /// directory holding the socket tables tcp and tcp6 (default: /proc/net)
+    #[argh(option)]
+    pub proc_net: Option<String>,
+
+    /// also append every log line to this file, e.g. /proc/1/fd/1 (default: none)
+    #[argh(option)]
+    pub log_file: Option<String>,
+
+    /// after reaching the threshold, POST /quitquitquit to the Istio agent so the proxy exits
+    /// at once (default: off)
+    #[argh(switch)]
+    pub then_quit: bool,
+
+    /// the Istio agent address for --then-quit (default: 127.0.0.1:15020)
+    #[argh(option)]
+    pub agent: Option<String>,
+
+    /// log the per-listener breakdown at every count
+    #[argh(switch)]
+    pub verbose: bool,
+}
+
+/// Print what `run` would count right now, per listener and per source; changes nothing.
+#[derive(FromArgs, Debug, PartialEq, Default)]
+#[argh(subcommand, name = "status")]
+pub struct StatusArgs {
+    /// envoy admin address: host:port, [::1]:port or http://host:port (default: 127.0.0.1:15000)
+    #[argh(option)]
+    pub admin: Option<String>,
+
+    /// what to show: auto (both sources), stats or proc (default: auto)
+    #[argh(option)]
+    pub source: Option<String>,
+
+    /// comma-separated ports whose connections never count; empty ignores none
+    /// (default: Istio's 15000,15004,15010,15012,15014,15020,15021,15053,15090)
+    #[argh(option)]
+    pub ignore_ports: Option<String>,
+
+    /// proc source only: count only sockets with one of these local ports (default: all)
+    #[argh(option)]
+    pub ports: Option<String>,
+
+    /// directory holding the socket tables tcp and tcp6 (default: /proc/net)
+    #[argh(option)]
+    pub proc_net: Option<String>,
+}

@@ -1,0 +1,470 @@
+//! Turns the command line and the environment into a checked configuration. Pure: the environment
+//! is passed in, so every rule is tested without touching the process.
+
+use crate::cli::{RunArgs, StatusArgs};
+use crate::error::UsageError;
+use crate::ports::{ISTIO_INFRA_PORTS, PortSet};
+use crate::procnet::Filter;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:15000";
+pub const DEFAULT_AGENT: &str = "127.0.0.1:15020";
+pub const DEFAULT_MIN_DRAIN: Duration = Duration::from_secs(5);
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(25);
+pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
+pub const DEFAULT_PROC_NET: &str = "/proc/net";
+pub const ENV_DISABLED: &str = "ENVOY_DRAIN_DISABLED";
+pub const ENV_MIN_DRAIN: &str = "MINIMUM_DRAIN_DURATION";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drain {
+    Inbound,
+    All,
+    None,
+}
+
+impl Drain {
+    /// The admin request, or none.
+    pub fn path(self) -> Option<&'static str> {
+        match self {
+            Drain::Inbound => Some("/drain_listeners?inboundonly&graceful"),
+            Drain::All => Some("/drain_listeners?graceful"),
+            Drain::None => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Auto,
+    Stats,
+    Proc,
+}
+
+/// What both commands need to count.
+#[derive(Debug, Clone)]
+pub struct Counting {
+    pub admin: SocketAddr,
+    pub mode: Mode,
+    pub ignore: PortSet,
+    pub only: Option<PortSet>,
+    pub proc_net: PathBuf,
+}
+
+impl Counting {
+    pub fn filter(&self) -> Filter {
+        Filter {
+            ignore: self.ignore.clone(),
+            only: self.only.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub counting: Counting,
+    pub drain: Drain,
+    pub rules: crate::wait::Rules,
+    pub log_file: Option<PathBuf>,
+    /// The agent to send /quitquitquit to once the threshold is reached.
+    pub quit_agent: Option<SocketAddr>,
+    pub verbose: bool,
+    /// Things worth a warning that are not errors (a MINIMUM_DRAIN_DURATION past the deadline).
+    pub warnings: Vec<String>,
+}
+
+const DURATION: &str = "a duration like 500ms, 25s or 1m30s";
+
+/// `--admin` and `--agent`: an IP literal (or `localhost`) and a port, optionally as an http URL.
+/// Never a DNS lookup: a scratch image has no resolver configuration.
+pub fn parse_addr(name: &'static str, value: &str) -> Result<SocketAddr, UsageError> {
+    let bad = || {
+        UsageError::new(
+            name,
+            value,
+            "host:port with an IP address or localhost, like 127.0.0.1:15000, [::1]:15000 or http://localhost:15000",
+        )
+    };
+    let rest = value.strip_prefix("http://").unwrap_or(value);
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if let Ok(addr) = rest.parse::<SocketAddr>() {
+        return if addr.port() == 0 {
+            Err(bad())
+        } else {
+            Ok(addr)
+        };
+    }
+    let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
+    let port = port
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(bad)?;
+    if host.eq_ignore_ascii_case("localhost") {
+        Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port))
+    } else {
+        Err(bad())
+    }
+}
+
+pub fn parse_duration(name: &'static str, value: &str) -> Result<Duration, UsageError> {
+    humantime::parse_duration(value.trim()).map_err(|_| UsageError::new(name, value, DURATION))
+}
+
+fn ports(name: &'static str, value: &str) -> Result<PortSet, UsageError> {
+    PortSet::parse(value).map_err(|item| {
+        UsageError::new(
+            name,
+            value,
+            format!(
+                "comma-separated ports from 1 to 65535, like 15006,15001 ('{}' is not one)",
+                item.escape_debug()
+            ),
+        )
+    })
+}
+
+fn counting(
+    admin: Option<&str>,
+    source: Option<&str>,
+    ignore: Option<&str>,
+    only: Option<&str>,
+    proc_net: Option<&str>,
+) -> Result<Counting, UsageError> {
+    let mode = match source.unwrap_or("auto") {
+        "auto" => Mode::Auto,
+        "stats" => Mode::Stats,
+        "proc" => Mode::Proc,
+        other => return Err(UsageError::new("--source", other, "auto, stats or proc")),
+    };
+    let only = match only {
+        None => None,
+        Some(v) => {
+            let set = ports("--ports", v)?;
+            if set.is_empty() {
+                return Err(UsageError::new(
+                    "--ports",
+                    v,
+                    "at least one port, like 15006,15001",
+                ));
+            }
+            Some(set)
+        }
+    };
+    Ok(Counting {
+        admin: parse_addr("--admin", admin.unwrap_or(DEFAULT_ADMIN))?,
+        mode,
+        ignore: ports("--ignore-ports", ignore.unwrap_or(ISTIO_INFRA_PORTS))?,
+        only,
+        proc_net: PathBuf::from(proc_net.unwrap_or(DEFAULT_PROC_NET)),
+    })
+}
+
+pub fn status_config(a: &StatusArgs) -> Result<Counting, UsageError> {
+    counting(
+        a.admin.as_deref(),
+        a.source.as_deref(),
+        a.ignore_ports.as_deref(),
+        a.ports.as_deref(),
+        a.proc_net.as_deref(),
+    )
+}
+
+/// `env` looks up an environment variable; empty values count as unset.
+pub fn run_config(
+    a: &RunArgs,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<RunConfig, UsageError> {
+    let counting = counting(
+        a.admin.as_deref(),
+        a.source.as_deref(),
+        a.ignore_ports.as_deref(),
+        a.ports.as_deref(),
+        a.proc_net.as_deref(),
+    )?;
+    let drain = match a.drain.as_deref().unwrap_or("inbound") {
+        "inbound" => Drain::Inbound,
+        "all" => Drain::All,
+        "none" => Drain::None,
+        other => return Err(UsageError::new("--drain", other, "inbound, all or none")),
+    };
+    let opt_duration = |name, v: &Option<String>, default| match v {
+        Some(v) => parse_duration(name, v),
+        None => Ok(default),
+    };
+    let deadline = opt_duration("--deadline", &a.deadline, DEFAULT_DEADLINE)?;
+    let interval = opt_duration("--interval", &a.interval, DEFAULT_INTERVAL)?;
+    let settle = opt_duration("--settle", &a.settle, Duration::ZERO)?;
+    if interval.is_zero() {
+        return Err(UsageError::new(
+            "--interval",
+            a.interval.as_deref().unwrap_or_default(),
+            "a duration above zero, like 500ms",
+        ));
+    }
+    if deadline.is_zero() {
+        return Err(UsageError::new(
+            "--deadline",
+            a.deadline.as_deref().unwrap_or_default(),
+            "a duration above zero, like 25s",
+        ));
+    }
+    let mut warnings = Vec::new();
+    let min_drain = match (&a.min_drain, env(ENV_MIN_DRAIN).filter(|v| !v.is_empty())) {
+        (Some(v), _) => {
+            let d = parse_duration("--min-drain", v)?;
+            if d > deadline {
+                return Err(UsageError::new(
+                    "--deadline",
+                    &humantime::format_duration(deadline).to_string(),
+                    format!("at least the min-drain ({v})"),
+                ));
+            }
+            d
+        }
+        (None, Some(v)) => {
+            let d = parse_duration(ENV_MIN_DRAIN, &v)?;
+            // The pod may set this for Istio, not for us: never fail the hook over it.
+            if d > deadline {
+                warnings.push(format!(
+                    "{ENV_MIN_DRAIN}={v} is longer than the deadline ({}); using the deadline as the min-drain",
+                    humantime::format_duration(deadline)
+                ));
+                deadline
+            } else {
+                d
+            }
+        }
+        (None, None) => DEFAULT_MIN_DRAIN.min(deadline),
+    };
+    let exit_at = match &a.exit_at {
+        None => 0,
+        Some(v) => v.trim().parse::<u64>().map_err(|_| {
+            UsageError::new("--exit-at", v, "a whole number of connections, like 0")
+        })?,
+    };
+    let agent = parse_addr("--agent", a.agent.as_deref().unwrap_or(DEFAULT_AGENT))?;
+    Ok(RunConfig {
+        counting,
+        drain,
+        rules: crate::wait::Rules {
+            min_drain,
+            deadline,
+            interval,
+            settle,
+            exit_at,
+        },
+        log_file: a.log_file.as_ref().map(PathBuf::from),
+        quit_agent: a.then_quit.then_some(agent),
+        verbose: a.verbose,
+        warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn args(pairs: &[(&str, &str)]) -> RunArgs {
+        let mut a = RunArgs::default();
+        for (k, v) in pairs {
+            let v = Some(v.to_string());
+            match *k {
+                "admin" => a.admin = v,
+                "drain" => a.drain = v,
+                "source" => a.source = v,
+                "min-drain" => a.min_drain = v,
+                "deadline" => a.deadline = v,
+                "interval" => a.interval = v,
+                "settle" => a.settle = v,
+                "exit-at" => a.exit_at = v,
+                "ignore-ports" => a.ignore_ports = v,
+                "ports" => a.ports = v,
+                "agent" => a.agent = v,
+                _ => panic!("unknown flag {k}"),
+            }
+        }
+        a
+    }
+
+    fn err(pairs: &[(&str, &str)]) -> String {
+        run_config(&args(pairs), &no_env).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults_match_the_documented_ones() {
+        let c = run_config(&RunArgs::default(), &no_env).unwrap();
+        assert_eq!(c.counting.admin.to_string(), "127.0.0.1:15000");
+        assert_eq!(c.drain, Drain::Inbound);
+        assert_eq!(c.counting.mode, Mode::Auto);
+        assert_eq!(c.rules.min_drain, Duration::from_secs(5));
+        assert_eq!(c.rules.deadline, Duration::from_secs(25));
+        assert_eq!(c.rules.interval, Duration::from_millis(500));
+        assert_eq!(c.rules.settle, Duration::ZERO);
+        assert_eq!(c.rules.exit_at, 0);
+        assert!(c.counting.ignore.contains(15021) && !c.counting.ignore.contains(15006));
+        assert_eq!(c.counting.only, None);
+        assert_eq!(c.counting.proc_net, PathBuf::from("/proc/net"));
+        assert_eq!(c.quit_agent, None);
+        assert!(c.warnings.is_empty());
+    }
+
+    #[test]
+    fn admin_addresses_in_every_accepted_form() {
+        for (given, want) in [
+            ("127.0.0.1:15000", "127.0.0.1:15000"),
+            ("[::1]:15000", "[::1]:15000"),
+            ("http://127.0.0.1:9901", "127.0.0.1:9901"),
+            ("http://[::1]:9901/", "[::1]:9901"),
+            ("localhost:15000", "127.0.0.1:15000"),
+            ("http://localhost:15000", "127.0.0.1:15000"),
+        ] {
+            assert_eq!(parse_addr("--admin", given).unwrap().to_string(), want);
+        }
+    }
+
+    #[test]
+    fn admin_addresses_that_would_need_dns_or_tls_are_refused() {
+        for bad in [
+            "envoy:15000",
+            "127.0.0.1",
+            "https://127.0.0.1:15000",
+            "127.0.0.1:0",
+            "127.0.0.1:99999",
+            "http://127.0.0.1:15000/stats",
+            "",
+            "[::1]",
+        ] {
+            let e = parse_addr("--admin", bad).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!(
+                    "invalid value '{bad}' for --admin: expected host:port"
+                )),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_values_name_the_flag_the_value_and_what_was_expected() {
+        assert_eq!(
+            err(&[("deadline", "5x")]),
+            "invalid value '5x' for --deadline: expected a duration like 500ms, 25s or 1m30s"
+        );
+        assert!(
+            err(&[("interval", "0s")])
+                .starts_with("invalid value '0s' for --interval: expected a duration above zero")
+        );
+        assert!(err(&[("interval", "-1s")]).starts_with("invalid value '-1s' for --interval"));
+        assert!(err(&[("settle", "soon")]).starts_with("invalid value 'soon' for --settle"));
+        assert!(err(&[("min-drain", "1")]).starts_with("invalid value '1' for --min-drain"));
+        assert!(err(&[("drain", "outbound")]).ends_with("expected inbound, all or none"));
+        assert!(err(&[("source", "netstat")]).ends_with("expected auto, stats or proc"));
+        assert!(err(&[("exit-at", "-1")]).starts_with("invalid value '-1' for --exit-at"));
+        assert!(err(&[("ignore-ports", "15000,admin")]).contains("('admin' is not one)"));
+        assert!(
+            err(&[("ports", "")])
+                .starts_with("invalid value '' for --ports: expected at least one port")
+        );
+        assert!(
+            err(&[("agent", "pilot:15020")]).starts_with("invalid value 'pilot:15020' for --agent")
+        );
+        assert!(err(&[("deadline", "0s")]).starts_with("invalid value '0s' for --deadline"));
+    }
+
+    #[test]
+    fn a_deadline_shorter_than_the_min_drain_flag_is_an_error() {
+        assert_eq!(
+            err(&[("deadline", "3s"), ("min-drain", "5s")]),
+            "invalid value '3s' for --deadline: expected at least the min-drain (5s)"
+        );
+        let short = run_config(&args(&[("deadline", "3s")]), &no_env).unwrap();
+        assert_eq!(
+            short.rules.min_drain,
+            Duration::from_secs(3),
+            "the default min-drain shrinks to a short deadline"
+        );
+    }
+
+    #[test]
+    fn istios_minimum_drain_duration_is_used_when_the_flag_is_absent() {
+        let env = |k: &str| (k == ENV_MIN_DRAIN).then(|| "8s".to_string());
+        let c = run_config(&RunArgs::default(), &env).unwrap();
+        assert_eq!(c.rules.min_drain, Duration::from_secs(8));
+        let flag_wins = run_config(&args(&[("min-drain", "1s")]), &env).unwrap();
+        assert_eq!(flag_wins.rules.min_drain, Duration::from_secs(1));
+        let empty = |_: &str| Some(String::new());
+        let c = run_config(&RunArgs::default(), &empty).unwrap();
+        assert_eq!(c.rules.min_drain, DEFAULT_MIN_DRAIN, "empty means unset");
+    }
+
+    #[test]
+    fn a_minimum_drain_duration_past_the_deadline_is_a_warning_not_a_failure() {
+        let env = |k: &str| (k == ENV_MIN_DRAIN).then(|| "60s".to_string());
+        let c = run_config(&RunArgs::default(), &env).unwrap();
+        assert_eq!(c.rules.min_drain, c.rules.deadline);
+        assert_eq!(c.warnings.len(), 1);
+        assert!(
+            c.warnings[0].contains("MINIMUM_DRAIN_DURATION=60s"),
+            "{:?}",
+            c.warnings
+        );
+    }
+
+    #[test]
+    fn a_minimum_drain_duration_that_does_not_parse_names_the_variable() {
+        let env = |k: &str| (k == ENV_MIN_DRAIN).then(|| "five".to_string());
+        let e = run_config(&RunArgs::default(), &env).unwrap_err();
+        assert_eq!(e.name, "MINIMUM_DRAIN_DURATION");
+        assert_eq!(e.value, "five");
+    }
+
+    #[test]
+    fn humantime_durations_parse() {
+        let c = run_config(
+            &args(&[
+                ("deadline", "1m30s"),
+                ("interval", "250ms"),
+                ("settle", "2s"),
+            ]),
+            &no_env,
+        )
+        .unwrap();
+        assert_eq!(c.rules.deadline, Duration::from_secs(90));
+        assert_eq!(c.rules.interval, Duration::from_millis(250));
+        assert_eq!(c.rules.settle, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn then_quit_uses_the_agent_address() {
+        let mut a = args(&[("agent", "[::1]:15020")]);
+        assert_eq!(run_config(&a, &no_env).unwrap().quit_agent, None);
+        a.then_quit = true;
+        assert_eq!(
+            run_config(&a, &no_env)
+                .unwrap()
+                .quit_agent
+                .unwrap()
+                .to_string(),
+            "[::1]:15020"
+        );
+    }
+
+    #[test]
+    fn an_empty_ignore_list_ignores_nothing_and_ports_narrow_the_proc_count() {
+        let c = run_config(
+            &args(&[("ignore-ports", ""), ("ports", "15006,15001")]),
+            &no_env,
+        )
+        .unwrap();
+        assert!(c.counting.ignore.is_empty());
+        let only = c.counting.only.unwrap();
+        assert!(only.contains(15006) && only.contains(15001) && !only.contains(8080));
+    }
+}

@@ -1,0 +1,126 @@
+//! What a source reports: a total, the parts it is made of, and where it came from.
+
+/// Where a count came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceKind {
+    /// Envoy's admin API: `listener.<L>.downstream_cx_active`.
+    Stats,
+    /// The kernel's socket table: `/proc/net/tcp` and `tcp6`.
+    Proc,
+}
+
+impl SourceKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            SourceKind::Stats => "stats",
+            SourceKind::Proc => "proc",
+        }
+    }
+
+    /// How a part is named in log lines: stats parts are listener names, proc parts already
+    /// say what they are (`port 15006`, `outgoing to port 443`).
+    pub fn label(self, part: &str) -> String {
+        match self {
+            SourceKind::Stats => format!("listener {part}"),
+            SourceKind::Proc => part.to_string(),
+        }
+    }
+}
+
+/// One listener (stats) or one port (proc) and how many connections it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    pub name: String,
+    pub active: u64,
+}
+
+/// A successful count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Count {
+    pub source: SourceKind,
+    pub total: u64,
+    /// Sorted by name; for stats every counted listener, also those at 0.
+    pub parts: Vec<Part>,
+    /// Things the parser skipped or corrected, each worth one warning per run.
+    pub warnings: Vec<String>,
+}
+
+impl Count {
+    pub fn new(source: SourceKind, mut parts: Vec<Part>, warnings: Vec<String>) -> Count {
+        parts.sort_by(|a, b| a.name.cmp(&b.name));
+        Count {
+            source,
+            total: parts.iter().map(|p| p.active).fold(0, u64::saturating_add),
+            parts,
+            warnings,
+        }
+    }
+
+    /// `3 active connections`.
+    pub fn describe(&self) -> String {
+        let noun = if self.total == 1 {
+            "connection"
+        } else {
+            "connections"
+        };
+        format!("{} active {noun}", self.total)
+    }
+
+    /// `listener 0.0.0.0_15006=2, listener [__1]_15007=1`: the non-zero parts.
+    pub fn breakdown(&self) -> String {
+        let open: Vec<String> = self
+            .parts
+            .iter()
+            .filter(|p| p.active > 0)
+            .map(|p| format!("{}={}", self.source.label(&p.name), p.active))
+            .collect();
+        open.join(", ")
+    }
+
+    /// `: listener 0.0.0.0_15006=2`, or nothing when no part is open.
+    pub fn still_open(&self) -> String {
+        let b = self.breakdown();
+        if b.is_empty() { b } else { format!(": {b}") }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(name: &str, active: u64) -> Part {
+        Part {
+            name: name.to_string(),
+            active,
+        }
+    }
+
+    #[test]
+    fn total_sums_parts_and_breakdown_names_only_open_ones() {
+        let c = Count::new(
+            SourceKind::Stats,
+            vec![
+                part("b_15006", 2),
+                part("a_15001", 0),
+                part("[__1]_8080", 1),
+            ],
+            vec![],
+        );
+        assert_eq!(c.total, 3);
+        assert_eq!(c.describe(), "3 active connections");
+        assert_eq!(
+            c.breakdown(),
+            "listener [__1]_8080=1, listener b_15006=2",
+            "sorted, zero parts left out"
+        );
+    }
+
+    #[test]
+    fn one_connection_is_singular_and_nothing_open_has_no_breakdown() {
+        let one = Count::new(SourceKind::Proc, vec![part("port 15006", 1)], vec![]);
+        assert_eq!(one.describe(), "1 active connection");
+        assert_eq!(one.still_open(), ": port 15006=1");
+        let none = Count::new(SourceKind::Proc, vec![], vec![]);
+        assert_eq!(none.still_open(), "");
+    }
+}

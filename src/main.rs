@@ -1,0 +1,117 @@
+//! envoy-drain: keeps an Envoy sidecar alive until its last connection is done. `main` only turns
+//! the command line into a command and its result into an exit code.
+
+mod admin;
+mod cli;
+mod config;
+mod count;
+mod error;
+mod log;
+mod outcome;
+mod ports;
+mod procnet;
+mod run;
+mod signals;
+mod source;
+mod stats;
+mod status;
+mod wait;
+
+use argh::FromArgs;
+use cli::{Cli, Command, RunArgs, StatusArgs};
+use log::Logger;
+use outcome::{EXIT_NOTHING_COUNTED, EXIT_REACHED, EXIT_USAGE, Outcome, Progress};
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+fn main() {
+    let start = Instant::now();
+    std::process::exit(dispatch(start));
+}
+
+fn dispatch(start: Instant) -> i32 {
+    let args: Vec<String> = match std::env::args_os().map(|a| a.into_string()).collect() {
+        Ok(a) => a,
+        Err(bad) => return usage(&format!("argument {bad:?} is not UTF-8")),
+    };
+    let strs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let cli = match Cli::from_args(&["envoy-drain"], strs.get(1..).unwrap_or_default()) {
+        Ok(cli) => cli,
+        Err(early) if early.status.is_ok() => {
+            let _ = write!(std::io::stdout(), "{}", early.output);
+            return EXIT_REACHED;
+        }
+        Err(early) => return usage(early.output.trim_end()),
+    };
+    if cli.version {
+        let _ = writeln!(
+            std::io::stdout(),
+            "envoy-drain {}",
+            env!("CARGO_PKG_VERSION")
+        );
+        return EXIT_REACHED;
+    }
+    match cli.command {
+        Some(Command::Run(a)) => run_command(&a, start),
+        Some(Command::Status(a)) => status_command(&a),
+        None => usage("no command given: expected run or status (see envoy-drain --help)"),
+    }
+}
+
+fn usage(message: &str) -> i32 {
+    let _ = writeln!(std::io::stderr(), "envoy-drain: {message}");
+    EXIT_USAGE
+}
+
+fn run_command(a: &RunArgs, start: Instant) -> i32 {
+    let mut logger = Logger::stderr();
+    // The kill switch wins over everything, bad flags included: operators flip it to get a pod
+    // out of trouble without a new image.
+    if let Some(v) = std::env::var_os(config::ENV_DISABLED).filter(|v| !v.is_empty()) {
+        logger.info(&format!(
+            "{}={} is set: not draining and not waiting",
+            config::ENV_DISABLED,
+            v.to_string_lossy()
+        ));
+        return EXIT_REACHED;
+    }
+    let cfg = match config::run_config(a, &|k| std::env::var(k).ok()) {
+        Ok(c) => c,
+        Err(e) => return usage(&e.to_string()),
+    };
+    if let Some(path) = &cfg.log_file {
+        logger.add_file(path);
+    }
+    let log = Arc::new(Mutex::new(logger));
+    let progress = Arc::new(Mutex::new(Progress::default()));
+    let deadline = cfg.rules.deadline;
+    let (sig_log, sig_progress) = (Arc::clone(&log), Arc::clone(&progress));
+    let caught = signals::on_interrupt(move |sig| {
+        let outcome = Outcome::Interrupted(sig);
+        run::finish(outcome, &sig_log, &sig_progress, start, deadline);
+        std::process::exit(outcome.exit_code());
+    });
+    if !caught {
+        run::lock(&log).warn(
+            "failed to take over SIGINT and SIGTERM; a signal will end the wait without a summary",
+        );
+    }
+    let outcome = run::run(&cfg, &log, &progress, start);
+    run::finish(outcome, &log, &progress, start, deadline);
+    outcome.exit_code()
+}
+
+fn status_command(a: &StatusArgs) -> i32 {
+    let counting = match config::status_config(a) {
+        Ok(c) => c,
+        Err(e) => return usage(&e.to_string()),
+    };
+    let (text, counted) = status::report(&source::Sources::new(&counting));
+    let _ = write!(std::io::stdout(), "{text}");
+    if counted {
+        EXIT_REACHED
+    } else {
+        EXIT_NOTHING_COUNTED
+    }
+}

@@ -1,0 +1,74 @@
+//! Sets of TCP ports, as given by `--ignore-ports` and `--ports`.
+
+/// Istio's infrastructure ports (admin, debug, xDS, CA, monitoring, agent, health, DNS,
+/// Prometheus): their connections are not application traffic. See REFERENCE.md, "Istio's ports".
+pub const ISTIO_INFRA_PORTS: &str = "15000,15004,15010,15012,15014,15020,15021,15053,15090";
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortSet(Vec<u16>);
+
+impl PortSet {
+    /// Parses `15000, 15021,15090`. Empty items are skipped, so `""` is the empty set and a
+    /// trailing comma is harmless. The error is the item that is not a port.
+    pub fn parse(list: &str) -> Result<PortSet, String> {
+        let mut ports = Vec::new();
+        for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            match item.parse::<u16>() {
+                Ok(p) if p > 0 => ports.push(p),
+                _ => return Err(item.to_string()),
+            }
+        }
+        ports.sort_unstable();
+        ports.dedup();
+        Ok(PortSet(ports))
+    }
+
+    pub fn contains(&self, port: u16) -> bool {
+        self.0.binary_search(&port).is_ok()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_lists_with_spaces_duplicates_and_trailing_commas() {
+        let s = PortSet::parse(" 15021,15000, 15021,").unwrap();
+        assert!(s.contains(15000) && s.contains(15021));
+        assert!(!s.contains(15006));
+        assert_eq!(s, PortSet::parse("15000,15021").unwrap());
+    }
+
+    #[test]
+    fn empty_list_ignores_nothing() {
+        let s = PortSet::parse("").unwrap();
+        assert!(s.is_empty());
+        assert!(!s.contains(15000));
+    }
+
+    #[test]
+    fn the_default_list_holds_istios_infrastructure_ports_but_not_traffic_ports() {
+        let s = PortSet::parse(ISTIO_INFRA_PORTS).unwrap();
+        for p in [
+            15000, 15004, 15010, 15012, 15014, 15020, 15021, 15053, 15090,
+        ] {
+            assert!(s.contains(p), "{p} should be ignored");
+        }
+        for p in [15001, 15006, 15008, 15009, 80] {
+            assert!(!s.contains(p), "{p} carries traffic");
+        }
+    }
+
+    #[test]
+    fn rejects_what_is_not_a_port_and_names_it() {
+        assert_eq!(PortSet::parse("15000,http"), Err("http".to_string()));
+        assert_eq!(PortSet::parse("0"), Err("0".to_string()));
+        assert_eq!(PortSet::parse("65536"), Err("65536".to_string()));
+        assert_eq!(PortSet::parse("-1"), Err("-1".to_string()));
+    }
+}

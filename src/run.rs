@@ -1,0 +1,408 @@
+//! The `run` command: drain Envoy, wait for its connections to close or the deadline to pass,
+//! report, and (with --then-quit) tell the Istio agent to stop the proxy.
+
+use crate::admin::Client;
+use crate::config::{Drain, Mode, RunConfig};
+use crate::count::{Count, SourceKind};
+use crate::log::{Level, Logger};
+use crate::outcome::{self, Outcome, Progress, seconds};
+use crate::source::{Reading, Sources};
+use crate::wait::{self, Clock};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Without a new count line for this long, a line says we are still waiting.
+const HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// A poisoned lock cannot happen with panic = "abort"; taking the value keeps this panic-free.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+struct RealClock(Instant);
+
+impl Clock for RealClock {
+    fn now(&self) -> Duration {
+        self.0.elapsed()
+    }
+    fn sleep(&mut self, d: Duration) {
+        std::thread::sleep(d);
+    }
+}
+
+/// Drains, waits and reports. `start` is when the process started: the deadline counts from it.
+/// The final summary line is left to the caller, which also prints it on a signal.
+pub fn run(
+    cfg: &RunConfig,
+    log: &Mutex<Logger>,
+    progress: &Mutex<Progress>,
+    start: Instant,
+) -> Outcome {
+    let sources = Sources::new(&cfg.counting);
+    let mut clock = RealClock(start);
+    let left = |clock: &RealClock| cfg.rules.deadline.saturating_sub(clock.now());
+    for w in &cfg.warnings {
+        lock(log).warn(w);
+    }
+    lock(log).info(&start_line(cfg, &sources));
+    if let Some(path) = cfg.drain.path() {
+        drain(&sources.admin, path, left(&clock), log);
+    }
+    let mut watch = Watch::new(log, progress, cfg, sources.proc_names(), clock.now());
+    let outcome = wait::wait(&cfg.rules, watch.drained_at, &mut clock, |left| {
+        watch.observe(sources.count(left), start.elapsed())
+    });
+    if outcome == Outcome::Reached
+        && let Some(agent) = cfg.quit_agent
+    {
+        quit(agent, left(&clock), log);
+    }
+    outcome
+}
+
+/// Writes the summary as the last line.
+pub fn finish(
+    outcome: Outcome,
+    log: &Mutex<Logger>,
+    progress: &Mutex<Progress>,
+    start: Instant,
+    deadline: Duration,
+) {
+    let line = outcome::summary(outcome, start.elapsed(), deadline, &lock(progress));
+    let level = match outcome {
+        Outcome::Reached => Level::Info,
+        Outcome::NothingCounted => Level::Error,
+        Outcome::Deadline | Outcome::Interrupted(_) => Level::Warn,
+    };
+    let mut log = lock(log);
+    log.end_live();
+    log.line(level, &line);
+}
+
+fn start_line(cfg: &RunConfig, sources: &Sources) -> String {
+    let r = &cfg.rules;
+    let what = match cfg.drain {
+        Drain::Inbound => "inbound listeners",
+        Drain::All => "all listeners",
+        Drain::None => "",
+    };
+    let drain = match cfg.drain.path() {
+        Some(path) => format!("draining {what} (POST {})", sources.admin.url(path)),
+        None => "not draining (--drain none)".to_string(),
+    };
+    let target = if r.settle.is_zero() {
+        format!("at most {}", r.exit_at)
+    } else {
+        format!(
+            "at most {} for {}",
+            r.exit_at,
+            humantime::format_duration(r.settle)
+        )
+    };
+    let from = match sources.mode {
+        Mode::Auto => format!(
+            "Envoy's stats ({}), else {}",
+            sources.stats_url(),
+            sources.proc_names()
+        ),
+        Mode::Stats => format!("Envoy's stats ({})", sources.stats_url()),
+        Mode::Proc => sources.proc_names(),
+    };
+    format!(
+        "{drain}, then waiting up to {} (at least {} after the drain) for {target} active connections, counting every {} from {from}",
+        humantime::format_duration(r.deadline),
+        humantime::format_duration(r.min_drain),
+        humantime::format_duration(r.interval),
+    )
+}
+
+/// One attempt; whatever happens, the wait goes on.
+fn drain(admin: &Client, path: &str, left: Duration, log: &Mutex<Logger>) {
+    let url = admin.url(path);
+    match admin.post(path, left) {
+        Ok(r) if r.status == 200 => lock(log).info(&format!(
+            "Envoy accepted the drain: POST {url} answered {}",
+            r.describe()
+        )),
+        Ok(r) => lock(log).warn(&format!(
+            "failed to drain listeners: POST {url} answered {}; waiting anyway",
+            r.describe()
+        )),
+        Err(e) => lock(log).warn(&format!(
+            "failed to drain listeners: POST {url}: {e}; waiting anyway"
+        )),
+    }
+}
+
+fn quit(agent: std::net::SocketAddr, left: Duration, log: &Mutex<Logger>) {
+    let client = Client::new(agent);
+    let url = client.url("/quitquitquit");
+    match client.post("/quitquitquit", left) {
+        Ok(r) if r.status == 200 => lock(log).info(&format!(
+            "asked the Istio agent to stop the proxy now: POST {url} answered {}",
+            r.describe()
+        )),
+        Ok(r) => lock(log).warn(&format!(
+            "failed to ask the Istio agent to stop the proxy: POST {url} answered {}",
+            r.describe()
+        )),
+        Err(e) => lock(log).warn(&format!(
+            "failed to ask the Istio agent to stop the proxy: POST {url}: {e}"
+        )),
+    }
+}
+
+/// Turns readings into log lines and into the progress the summary is made from.
+struct Watch<'a> {
+    log: &'a Mutex<Logger>,
+    progress: &'a Mutex<Progress>,
+    cfg: &'a RunConfig,
+    proc_names: String,
+    drained_at: Duration,
+    /// The source of the last successful count.
+    source: Option<SourceKind>,
+    total: Option<u64>,
+    /// Why the last attempt failed, while it keeps failing.
+    unknown: Option<String>,
+    line_at: Duration,
+}
+
+impl<'a> Watch<'a> {
+    fn new(
+        log: &'a Mutex<Logger>,
+        progress: &'a Mutex<Progress>,
+        cfg: &'a RunConfig,
+        proc_names: String,
+        drained_at: Duration,
+    ) -> Watch<'a> {
+        Watch {
+            log,
+            progress,
+            cfg,
+            proc_names,
+            drained_at,
+            source: None,
+            total: None,
+            unknown: None,
+            line_at: Duration::ZERO,
+        }
+    }
+
+    fn observe(&mut self, reading: Reading, now: Duration) -> Option<u64> {
+        match reading.result {
+            Ok(count) => {
+                let total = count.total;
+                self.counted(count, reading.stats_failed, now);
+                Some(total)
+            }
+            Err(why) => {
+                if self.unknown.as_deref() != Some(why.as_str()) {
+                    lock(self.log).warn(&format!(
+                        "cannot count: {why}; still waiting (an unknown count never ends the wait)"
+                    ));
+                }
+                lock(self.progress).unknown = Some(why.clone());
+                self.unknown = Some(why);
+                self.total = None;
+                None
+            }
+        }
+    }
+
+    fn counted(&mut self, count: Count, stats_failed: Option<String>, now: Duration) {
+        let mut log = lock(self.log);
+        for w in &count.warnings {
+            log.warn_once(w);
+        }
+        let changed_source = self.source != Some(count.source);
+        if changed_source {
+            match (count.source, stats_failed) {
+                (SourceKind::Proc, Some(why)) => log.warn(&format!(
+                    "stats unavailable ({why}); counting from {} instead",
+                    self.proc_names
+                )),
+                (SourceKind::Stats, _) if self.source.is_some() => {
+                    log.info("Envoy's stats answer again; counting from them")
+                }
+                _ => {}
+            }
+        }
+        let worth_a_line = changed_source
+            || self.unknown.is_some()
+            || self.total != Some(count.total)
+            || self.cfg.verbose
+            || now.saturating_sub(self.line_at) >= HEARTBEAT;
+        log.waiting(&self.count_line(&count, now), worth_a_line);
+        drop(log);
+        if worth_a_line {
+            self.line_at = now;
+        }
+        self.source = Some(count.source);
+        self.total = Some(count.total);
+        self.unknown = None;
+        let mut p = lock(self.progress);
+        p.last = Some(count);
+        p.unknown = None;
+    }
+
+    /// `3 active connections (stats); 21.5s left before the deadline`
+    fn count_line(&self, count: &Count, now: Duration) -> String {
+        let r = &self.cfg.rules;
+        let breakdown = if self.cfg.verbose {
+            count.still_open()
+        } else {
+            String::new()
+        };
+        let min_drain_end = self.drained_at + r.min_drain;
+        let when = if now < min_drain_end {
+            format!("min-drain ends in {}", seconds(min_drain_end - now))
+        } else {
+            format!(
+                "{} left before the deadline",
+                seconds(r.deadline.saturating_sub(now))
+            )
+        };
+        format!(
+            "{} ({}){breakdown}; {when}",
+            count.describe(),
+            count.source.name()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::RunArgs;
+    use crate::count::Part;
+    use crate::log::testing::Sink;
+
+    fn count(source: SourceKind, n: u64) -> Count {
+        let name = match source {
+            SourceKind::Stats => "0.0.0.0_15006",
+            SourceKind::Proc => "port 15006",
+        };
+        let part = Part {
+            name: name.to_string(),
+            active: n,
+        };
+        Count::new(source, vec![part], vec![])
+    }
+
+    fn ok(c: Count, stats_failed: Option<&str>) -> Reading {
+        Reading {
+            result: Ok(c),
+            stats_failed: stats_failed.map(str::to_string),
+        }
+    }
+
+    fn unknown(why: &str) -> Reading {
+        Reading {
+            result: Err(why.to_string()),
+            stats_failed: Some(why.to_string()),
+        }
+    }
+
+    /// Feeds readings one second apart and returns the log and the last progress.
+    fn watch(readings: Vec<Reading>, verbose: bool) -> (String, Progress, Vec<Option<u64>>) {
+        let args = RunArgs {
+            verbose,
+            ..RunArgs::default()
+        };
+        let cfg = crate::config::run_config(&args, &|_| None).unwrap();
+        let sink = Sink::default();
+        let log = Mutex::new(Logger::new(Box::new(sink.clone()), false));
+        let progress = Mutex::new(Progress::default());
+        let mut w = Watch::new(
+            &log,
+            &progress,
+            &cfg,
+            "/proc/net/tcp and tcp6".to_string(),
+            Duration::ZERO,
+        );
+        let totals = readings
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| w.observe(r, Duration::from_secs(i as u64)))
+            .collect();
+        let p = lock(&progress).clone();
+        (sink.text(), p, totals)
+    }
+
+    #[test]
+    fn switching_to_proc_and_back_is_logged_once_each_way_with_the_reason() {
+        let (log, _, totals) = watch(
+            vec![
+                ok(count(SourceKind::Stats, 3), None),
+                ok(count(SourceKind::Proc, 3), Some("connection refused")),
+                ok(count(SourceKind::Proc, 2), Some("connection refused")),
+                ok(count(SourceKind::Stats, 2), None),
+            ],
+            false,
+        );
+        assert_eq!(totals, vec![Some(3), Some(3), Some(2), Some(2)]);
+        assert_eq!(log.matches("stats unavailable (connection refused); counting from /proc/net/tcp and tcp6 instead").count(), 1, "{log}");
+        assert_eq!(
+            log.matches("Envoy's stats answer again").count(),
+            1,
+            "{log}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_count_is_none_is_logged_once_and_kept_for_the_summary() {
+        let (log, p, totals) = watch(
+            vec![
+                ok(count(SourceKind::Stats, 1), None),
+                unknown("stats: refused; proc: missing"),
+                unknown("stats: refused; proc: missing"),
+            ],
+            false,
+        );
+        assert_eq!(totals, vec![Some(1), None, None]);
+        assert_eq!(
+            log.matches("cannot count: stats: refused; proc: missing")
+                .count(),
+            1,
+            "{log}"
+        );
+        assert_eq!(
+            p.last.map(|c| c.total),
+            Some(1),
+            "the last known count stays"
+        );
+        assert_eq!(p.unknown.as_deref(), Some("stats: refused; proc: missing"));
+    }
+
+    #[test]
+    fn an_unchanged_count_is_not_repeated_until_the_heartbeat() {
+        let readings = (0..7)
+            .map(|_| ok(count(SourceKind::Stats, 2), None))
+            .collect();
+        let (log, _, _) = watch(readings, false);
+        let lines: Vec<&str> = log.lines().collect();
+        assert_eq!(lines.len(), 2, "first count, then a line after 5s: {log}");
+        assert!(
+            lines[1].ends_with("2 active connections (stats); 20.0s left before the deadline"),
+            "{log}"
+        );
+    }
+
+    #[test]
+    fn verbose_logs_the_breakdown_at_every_count() {
+        let readings = (0..3)
+            .map(|_| ok(count(SourceKind::Stats, 2), None))
+            .collect();
+        let (log, _, _) = watch(readings, true);
+        assert_eq!(log.matches("listener 0.0.0.0_15006=2").count(), 3, "{log}");
+        assert!(log.contains("min-drain ends in 4.0s"), "{log}");
+    }
+
+    #[test]
+    fn parser_warnings_are_logged_once_per_run() {
+        let mut c = count(SourceKind::Stats, 0);
+        c.warnings = vec!["gauge wrapped".to_string()];
+        let (log, _, _) = watch(vec![ok(c.clone(), None), ok(c, None)], false);
+        assert_eq!(log.matches("gauge wrapped").count(), 1, "{log}");
+    }
+}

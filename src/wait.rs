@@ -1,0 +1,256 @@
+//! The wait: turns counts and time into an outcome. Time is injected, so the rules (min-drain,
+//! settle, threshold, deadline, unknown counts) are tested with a fake clock and scripted counts.
+
+use crate::outcome::Outcome;
+use std::time::Duration;
+
+/// Time since the run started, and a way to let it pass.
+pub trait Clock {
+    fn now(&self) -> Duration;
+    fn sleep(&mut self, d: Duration);
+}
+
+/// The rules of the wait; every duration is measured from the start of the run except the
+/// min-drain, which starts when the drain was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    pub min_drain: Duration,
+    pub deadline: Duration,
+    pub interval: Duration,
+    pub settle: Duration,
+    pub exit_at: u64,
+}
+
+/// Counts at once, then every interval, until the count has stayed at or below the threshold for
+/// the settle time after the min-drain, or the deadline passes. `count` is given the time left
+/// (to bound its own I/O) and answers `None` when nothing could be counted: that never ends the
+/// wait early and breaks the settle time.
+pub fn wait(
+    rules: &Rules,
+    drained_at: Duration,
+    clock: &mut impl Clock,
+    mut count: impl FnMut(Duration) -> Option<u64>,
+) -> Outcome {
+    let drain_done = drained_at + rules.min_drain;
+    let mut low_since: Option<Duration> = None;
+    let mut counted = false;
+    loop {
+        let started = clock.now();
+        if started >= rules.deadline {
+            break;
+        }
+        let n = count(rules.deadline - started);
+        let now = clock.now();
+        counted |= n.is_some();
+        match n {
+            Some(n) if n <= rules.exit_at => {
+                low_since.get_or_insert(now);
+            }
+            _ => low_since = None,
+        }
+        let mut next = started + rules.interval;
+        if let Some(since) = low_since {
+            let done_at = drain_done.max(since + rules.settle);
+            if now >= done_at {
+                return Outcome::Reached;
+            }
+            // Wake exactly when the min-drain or the settle time ends, not at the next tick.
+            next = next.min(done_at);
+        }
+        if now >= rules.deadline {
+            break;
+        }
+        clock.sleep(next.clamp(now, rules.deadline) - now);
+    }
+    if counted {
+        Outcome::Deadline
+    } else {
+        Outcome::NothingCounted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::cell::Cell;
+
+    /// Fake time, shared with the scripted counter so that a count can take time too.
+    struct FakeClock<'a>(&'a Cell<Duration>);
+
+    impl Clock for FakeClock<'_> {
+        fn now(&self) -> Duration {
+            self.0.get()
+        }
+        fn sleep(&mut self, d: Duration) {
+            self.0.set(self.0.get() + d);
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn rules() -> Rules {
+        Rules {
+            min_drain: ms(5000),
+            deadline: ms(25000),
+            interval: ms(500),
+            settle: ms(0),
+            exit_at: 0,
+        }
+    }
+
+    /// Runs the loop with counts given as (from time in ms, count) steps; each count takes
+    /// `cost` of fake time. Returns the outcome, when it ended and the times counted at.
+    fn run(
+        rules: &Rules,
+        script: &[(u64, Option<u64>)],
+        cost: Duration,
+    ) -> (Outcome, Duration, Vec<Duration>) {
+        let now = Cell::new(ms(0));
+        let mut at = Vec::new();
+        let outcome = wait(rules, ms(0), &mut FakeClock(&now), |left| {
+            let t = now.get();
+            at.push(t);
+            assert!(
+                t + left <= rules.deadline,
+                "time left is bounded by the deadline"
+            );
+            now.set(t + cost.min(left));
+            script
+                .iter()
+                .rev()
+                .find(|(from, _)| ms(*from) <= t)
+                .and_then(|(_, n)| *n)
+        });
+        (outcome, now.get(), at)
+    }
+
+    #[test]
+    fn zero_from_the_start_exits_when_the_min_drain_ends_not_before() {
+        let (o, end, at) = run(&rules(), &[(0, Some(0))], ms(0));
+        assert_eq!(o, Outcome::Reached);
+        assert_eq!(end, ms(5000));
+        assert_eq!(at.first(), Some(&ms(0)), "counts at once");
+        assert_eq!(at.len(), 11, "every 500ms up to 5s: {at:?}");
+    }
+
+    #[test]
+    fn waits_for_the_count_to_reach_zero_after_the_min_drain() {
+        let (o, end, _) = run(&rules(), &[(0, Some(3)), (7200, Some(0))], ms(0));
+        assert_eq!(o, Outcome::Reached);
+        assert_eq!(end, ms(7500), "first count at or after 7.2s is at 7.5s");
+    }
+
+    #[test]
+    fn threshold_above_zero() {
+        let r = Rules {
+            exit_at: 2,
+            min_drain: ms(0),
+            ..rules()
+        };
+        let (o, end, _) = run(&r, &[(0, Some(5)), (1000, Some(2))], ms(0));
+        assert_eq!((o, end), (Outcome::Reached, ms(1000)));
+    }
+
+    #[test]
+    fn settle_needs_the_count_to_stay_low_that_long() {
+        let r = Rules {
+            settle: ms(2000),
+            min_drain: ms(0),
+            ..rules()
+        };
+        // low at 1s, back up at 2s, low again from 3s: settles at 5s.
+        let script = [
+            (0, Some(2)),
+            (1000, Some(0)),
+            (2000, Some(1)),
+            (3000, Some(0)),
+        ];
+        let (o, end, _) = run(&r, &script, ms(0));
+        assert_eq!((o, end), (Outcome::Reached, ms(5000)));
+    }
+
+    #[test]
+    fn an_unknown_count_breaks_the_settle_time_and_never_counts_as_zero() {
+        let r = Rules {
+            settle: ms(1000),
+            min_drain: ms(0),
+            ..rules()
+        };
+        let script = [(0, Some(0)), (500, None), (1000, Some(0))];
+        let (o, end, _) = run(&r, &script, ms(0));
+        assert_eq!((o, end), (Outcome::Reached, ms(2000)));
+        let all_unknown = run(&rules(), &[(0, None)], ms(0));
+        assert_eq!(all_unknown.0, Outcome::NothingCounted);
+        assert_eq!(all_unknown.1, ms(25000));
+    }
+
+    #[test]
+    fn deadline_with_connections_open_is_a_deadline_and_is_not_overrun() {
+        let (o, end, at) = run(&rules(), &[(0, Some(1))], ms(0));
+        assert_eq!((o, end), (Outcome::Deadline, ms(25000)));
+        assert_eq!(
+            *at.last().unwrap(),
+            ms(24500),
+            "no count is started at the deadline"
+        );
+    }
+
+    #[test]
+    fn counted_once_then_unknown_is_a_deadline_not_nothing_counted() {
+        let (o, _, _) = run(&rules(), &[(0, Some(4)), (1000, None)], ms(0));
+        assert_eq!(o, Outcome::Deadline);
+    }
+
+    #[test]
+    fn slow_counts_run_back_to_back_and_still_stop_at_the_deadline() {
+        let (o, end, at) = run(&rules(), &[(0, Some(1))], ms(700));
+        assert_eq!(o, Outcome::Deadline);
+        assert_eq!(
+            end,
+            ms(25000),
+            "the last count is cut short by the deadline"
+        );
+        assert_eq!(
+            at[1],
+            ms(700),
+            "the next count starts right after a slow one"
+        );
+    }
+
+    #[test]
+    fn a_count_that_takes_the_rest_of_the_time_ends_at_the_deadline() {
+        let r = Rules {
+            deadline: ms(3000),
+            min_drain: ms(0),
+            ..rules()
+        };
+        let (o, end, at) = run(&r, &[(0, Some(1))], ms(3000));
+        assert_eq!((o, end, at.len()), (Outcome::Deadline, ms(3000), 1));
+    }
+
+    #[test]
+    fn settle_longer_than_what_is_left_ends_at_the_deadline() {
+        let r = Rules {
+            settle: ms(10000),
+            min_drain: ms(0),
+            deadline: ms(3000),
+            ..rules()
+        };
+        let (o, end, _) = run(&r, &[(0, Some(0))], ms(0));
+        assert_eq!((o, end), (Outcome::Deadline, ms(3000)));
+    }
+
+    #[test]
+    fn min_drain_counts_from_the_drain_not_from_the_start() {
+        let now = Cell::new(ms(800));
+        let r = Rules {
+            min_drain: ms(1000),
+            ..rules()
+        };
+        let o = wait(&r, ms(800), &mut FakeClock(&now), |_| Some(0));
+        assert_eq!((o, now.get()), (Outcome::Reached, ms(1800)));
+    }
+}

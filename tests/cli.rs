@@ -1,0 +1,281 @@
+//! The command line as a user meets it: help, version, bad input, the kill switch, exit codes,
+//! signals and the log file. No Envoy needed.
+
+mod support;
+
+use std::net::TcpListener;
+use std::time::Duration;
+use support::{command, run, spawn};
+
+/// A loopback address nothing listens on.
+fn refused() -> String {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string()
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("envoy-drain-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn help_lists_the_commands_and_exit_codes() {
+    let out = run(command(&["--help"]));
+    assert_eq!(out.code, Some(0), "{out}");
+    for want in [
+        "run ",
+        "status ",
+        "Exit codes:",
+        "130",
+        "ENVOY_DRAIN_DISABLED",
+    ] {
+        assert!(out.stdout.contains(want), "missing {want:?} {out}");
+    }
+    let run_help = run(command(&["run", "--help"]));
+    assert_eq!(run_help.code, Some(0), "{run_help}");
+    for flag in [
+        "--admin",
+        "--drain",
+        "--source",
+        "--min-drain",
+        "--deadline",
+        "--interval",
+        "--settle",
+        "--exit-at",
+        "--ignore-ports",
+        "--ports",
+        "--proc-net",
+        "--log-file",
+        "--then-quit",
+        "--agent",
+        "--verbose",
+    ] {
+        assert!(run_help.stdout.contains(flag), "missing {flag} {run_help}");
+    }
+}
+
+#[test]
+fn version_prints_name_and_version() {
+    let out = run(command(&["--version"]));
+    assert_eq!(out.code, Some(0), "{out}");
+    assert_eq!(
+        out.stdout,
+        format!("envoy-drain {}\n", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn a_bad_value_is_one_line_naming_the_flag_and_exit_2() {
+    let out = run(command(&["run", "--deadline", "5x"]));
+    assert_eq!(out.code, Some(2), "{out}");
+    assert_eq!(
+        out.stderr,
+        "envoy-drain: invalid value '5x' for --deadline: expected a duration like 500ms, 25s or 1m30s\n"
+    );
+    let status = run(command(&["status", "--admin", "envoy:15000"]));
+    assert_eq!(status.code, Some(2), "{status}");
+    assert!(
+        status
+            .stderr
+            .starts_with("envoy-drain: invalid value 'envoy:15000' for --admin"),
+        "{status}"
+    );
+}
+
+#[test]
+fn unknown_flags_and_a_missing_command_exit_2() {
+    let unknown = run(command(&["run", "--wait", "5s"]));
+    assert_eq!(unknown.code, Some(2), "{unknown}");
+    assert!(unknown.stderr.contains("--wait"), "{unknown}");
+    let none = run(command(&[]));
+    assert_eq!(none.code, Some(2), "{none}");
+    assert!(none.stderr.contains("no command given"), "{none}");
+}
+
+#[test]
+fn a_bad_minimum_drain_duration_names_the_variable() {
+    let mut c = command(&["run"]);
+    c.env("MINIMUM_DRAIN_DURATION", "five");
+    let out = run(c);
+    assert_eq!(out.code, Some(2), "{out}");
+    assert!(
+        out.stderr
+            .contains("for MINIMUM_DRAIN_DURATION: expected a duration"),
+        "{out}"
+    );
+}
+
+#[test]
+fn the_kill_switch_exits_0_at_once_with_one_line() {
+    let mut c = command(&["run", "--admin", &refused()]);
+    c.env("ENVOY_DRAIN_DISABLED", "1");
+    let out = run(c);
+    assert_eq!(out.code, Some(0), "{out}");
+    assert_eq!(out.stderr.lines().count(), 1, "{out}");
+    assert!(
+        out.stderr
+            .contains("ENVOY_DRAIN_DISABLED=1 is set: not draining and not waiting"),
+        "{out}"
+    );
+    let mut empty = command(&["run", "--deadline", "5x"]);
+    empty.env("ENVOY_DRAIN_DISABLED", "");
+    assert_eq!(run(empty).code, Some(2), "an empty value does not disable");
+}
+
+#[test]
+fn status_with_no_source_answering_exits_3() {
+    let dir = temp_dir("status3");
+    let out = run(command(&[
+        "status",
+        "--admin",
+        &refused(),
+        "--proc-net",
+        dir.to_str().unwrap(),
+    ]));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.code, Some(3), "{out}");
+    assert!(
+        out.stdout.contains("unavailable: GET http://127.0.0.1:"),
+        "{out}"
+    );
+    assert!(
+        out.stdout
+            .contains("run could not count anything right now"),
+        "{out}"
+    );
+}
+
+#[test]
+fn run_that_never_counts_exits_3_at_the_deadline_and_says_why() {
+    let dir = temp_dir("run3");
+    let out = run(command(&[
+        "run",
+        "--admin",
+        &refused(),
+        "--proc-net",
+        dir.to_str().unwrap(),
+        "--deadline",
+        "1s",
+        "--min-drain",
+        "0s",
+    ]));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.code, Some(3), "{out}");
+    let last = out.last_line();
+    assert!(
+        last.contains("\terror\tenvoy-drain\tdeadline of 1s passed after"),
+        "{out}"
+    );
+    assert!(
+        last.contains("nothing could be counted: stats: GET") && last.contains("proc: neither"),
+        "{out}"
+    );
+    assert_eq!(
+        out.stderr.matches("cannot count:").count(),
+        1,
+        "the same failure is logged once {out}"
+    );
+}
+
+/// A socket table that always shows one open connection, so the wait goes on until the signal.
+fn one_open_connection(dir: &std::path::Path) {
+    std::fs::write(
+        dir.join("tcp"),
+        "  sl  local_address rem_address   st\n   \
+         0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1\n   \
+         1: 0100007F:1F90 0200007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 2\n",
+    )
+    .unwrap();
+}
+
+#[test]
+fn sigterm_and_sigint_print_the_summary_and_exit_143_and_130() {
+    for (sig, code, name) in [
+        (libc::SIGTERM, 143, "SIGTERM"),
+        (libc::SIGINT, 130, "SIGINT"),
+    ] {
+        let dir = temp_dir(name);
+        one_open_connection(&dir);
+        let mut r = spawn(command(&[
+            "run",
+            "--source",
+            "proc",
+            "--drain",
+            "none",
+            "--proc-net",
+            dir.to_str().unwrap(),
+            "--deadline",
+            "30s",
+        ]));
+        r.expect_line("1 active connection (proc)", Duration::from_secs(10));
+        // SAFETY: signalling our own child.
+        assert_eq!(unsafe { libc::kill(r.pid(), sig) }, 0);
+        let out = r.finish();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(out.code, Some(code), "{out}");
+        assert!(
+            out.last_line()
+                .contains(&format!("interrupted by {name} after"))
+                && out
+                    .last_line()
+                    .contains("with 1 active connection (proc): port 8080=1"),
+            "{out}"
+        );
+        assert!(out.elapsed < Duration::from_secs(10), "{out}");
+    }
+}
+
+#[test]
+fn the_log_file_gets_every_line_and_a_bad_one_is_only_a_warning() {
+    let dir = temp_dir("logfile");
+    one_open_connection(&dir);
+    let log = dir.join("hook.log");
+    let out = run(command(&[
+        "run",
+        "--source",
+        "proc",
+        "--drain",
+        "none",
+        "--proc-net",
+        dir.to_str().unwrap(),
+        "--deadline",
+        "300ms",
+        "--min-drain",
+        "0s",
+        "--log-file",
+        log.to_str().unwrap(),
+    ]));
+    let written = std::fs::read_to_string(&log).unwrap();
+    let bad = run(command(&[
+        "run",
+        "--source",
+        "proc",
+        "--drain",
+        "none",
+        "--proc-net",
+        dir.to_str().unwrap(),
+        "--deadline",
+        "300ms",
+        "--min-drain",
+        "0s",
+        "--log-file",
+        dir.join("no/such/dir.log").to_str().unwrap(),
+    ]));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.code, Some(1), "{out}");
+    assert_eq!(
+        written, out.stderr,
+        "the file holds exactly the lines of stderr"
+    );
+    assert_eq!(bad.code, Some(1), "{bad}");
+    assert!(
+        bad.stderr
+            .contains("\twarn\tenvoy-drain\tfailed to open log file"),
+        "{bad}"
+    );
+}
