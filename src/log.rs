@@ -126,18 +126,24 @@ impl Logger {
     /// A waiting update. On a terminal it redraws the live line every time; elsewhere it becomes
     /// a log line only when `worth_a_line` (the count changed, or it has been a while).
     pub fn waiting(&mut self, message: &str, worth_a_line: bool) {
-        if self.live {
-            let text = format_line(SystemTime::now(), Level::Info, message);
-            let text = text.trim_end().to_string();
-            let _ = write!(self.out, "\r\x1b[K{text}");
-            let _ = self.out.flush();
-            self.shown = Some(text);
-            if worth_a_line && let Some(f) = &mut self.file {
-                let _ = writeln!(f, "{}", self.shown.as_deref().unwrap_or_default());
+        if !self.live {
+            if worth_a_line {
+                self.info(message);
             }
-        } else if worth_a_line {
-            self.info(message);
+            return;
         }
+        if worth_a_line && let Some(f) = &mut self.file {
+            let _ = f.write_all(format_line(SystemTime::now(), Level::Info, message).as_bytes());
+        }
+        // One terminal row, or `\r` cannot take the cursor back to its start.
+        let text: String = format!("envoy-drain: {message}")
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .take(terminal_width().saturating_sub(1))
+            .collect();
+        let _ = write!(self.out, "\r\x1b[K{text}");
+        let _ = self.out.flush();
+        self.shown = Some(text);
     }
 
     /// Ends the live line so that the next line starts clean.
@@ -150,6 +156,16 @@ impl Logger {
 }
 
 /// A writer that keeps what the logger wrote, for tests of what a user would read.
+fn terminal_width() -> usize {
+    // SAFETY: TIOCGWINSZ fills a winsize we own; on failure it stays zeroed.
+    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+    unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut size) };
+    match size.ws_col {
+        0 => 80,
+        cols => usize::from(cols),
+    }
+}
+
 #[cfg(test)]
 pub mod testing {
     use std::io::Write;

@@ -279,3 +279,95 @@ fn the_log_file_gets_every_line_and_a_bad_one_is_only_a_warning() {
         "{bad}"
     );
 }
+
+/// Answers one request the way pilot-agent's /quitquitquit does (a Go net/http `200 OK` with
+/// body `OK`) and hands back the request line it got.
+fn fake_agent() -> (String, std::thread::JoinHandle<String>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let handle = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut reader = BufReader::new(conn.try_clone().unwrap());
+        let mut request_line = String::new();
+        reader.read_line(&mut request_line).unwrap();
+        let mut header = String::new();
+        while reader.read_line(&mut header).unwrap_or(0) > 2 {
+            header.clear();
+        }
+        conn.write_all(b"HTTP/1.1 200 OK\r\nDate: Sun, 22 Nov 2026 01:19:08 GMT\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK").unwrap();
+        request_line.trim_end().to_string()
+    });
+    (addr, handle)
+}
+
+#[test]
+fn then_quit_asks_the_agent_to_stop_the_proxy_once_the_count_is_reached() {
+    let dir = temp_dir("quit");
+    std::fs::write(dir.join("tcp"), "  sl  local_address rem_address   st\n").unwrap();
+    let (agent, request) = fake_agent();
+    let out = run(command(&[
+        "run",
+        "--source",
+        "proc",
+        "--drain",
+        "none",
+        "--proc-net",
+        dir.to_str().unwrap(),
+        "--min-drain",
+        "0s",
+        "--then-quit",
+        "--agent",
+        &agent,
+    ]));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.code, Some(0), "{out}");
+    assert_eq!(request.join().unwrap(), "POST /quitquitquit HTTP/1.1");
+    assert!(
+        out.stderr.contains(&format!(
+            "asked the Istio agent to stop the proxy now: POST http://{agent}/quitquitquit answered 200 'OK'"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.last_line().contains("done after"),
+        "the summary stays last {out}"
+    );
+}
+
+#[test]
+fn a_hanging_admin_api_does_not_hold_the_hook_past_its_deadline() {
+    let dir = temp_dir("hang");
+    one_open_connection(&dir);
+    // Connections complete in the backlog but are never accepted: requests get no answer.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let admin = silent.local_addr().unwrap().to_string();
+    let out = run(command(&[
+        "run",
+        "--admin",
+        &admin,
+        "--proc-net",
+        dir.to_str().unwrap(),
+        "--deadline",
+        "1500ms",
+        "--min-drain",
+        "0s",
+    ]));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.code, Some(1), "{out}");
+    assert!(
+        out.stderr.contains("failed to drain listeners")
+            && out.stderr.contains("no complete answer within 1s"),
+        "{out}"
+    );
+    assert!(
+        out.stderr.contains("counting from"),
+        "falls back to the socket table {out}"
+    );
+    assert!(
+        out.elapsed < Duration::from_millis(1500 + 400),
+        "the deadline is hard: {out}"
+    );
+}
