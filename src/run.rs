@@ -46,7 +46,11 @@ pub fn run(
     }
     lock(log).info(&start_line(cfg, &sources));
     if let Some(path) = cfg.drain.path() {
-        drain(&sources.admin, path, left(&clock), log);
+        let (done, what) = (
+            "Envoy accepted the drain",
+            "drain listeners (waiting anyway)",
+        );
+        post(&sources.admin, path, left(&clock), log, done, what);
     }
     let mut watch = Watch::new(log, progress, cfg, sources.proc_names(), clock.now());
     let outcome = wait::wait(&cfg.rules, watch.drained_at, &mut clock, |left| {
@@ -55,7 +59,16 @@ pub fn run(
     if outcome == Outcome::Reached
         && let Some(agent) = cfg.quit_agent
     {
-        quit(agent, left(&clock), log);
+        let done = "asked the Istio agent to stop the proxy now";
+        let what = "ask the Istio agent to stop the proxy";
+        post(
+            &Client::new(agent),
+            "/quitquitquit",
+            left(&clock),
+            log,
+            done,
+            what,
+        );
     }
     outcome
 }
@@ -116,39 +129,19 @@ fn start_line(cfg: &RunConfig, sources: &Sources) -> String {
     )
 }
 
-/// One attempt; whatever happens, the wait goes on.
-fn drain(admin: &Client, path: &str, left: Duration, log: &Mutex<Logger>) {
-    let url = admin.url(path);
-    match admin.post(path, left) {
-        Ok(r) if r.status == 200 => lock(log).info(&format!(
-            "Envoy accepted the drain: POST {url} answered {}",
-            r.describe()
-        )),
+/// One POST, one log line: `done` on a 200, else `failed to <what>` with the cause. Whatever
+/// happens, the hook goes on.
+fn post(client: &Client, path: &str, left: Duration, log: &Mutex<Logger>, done: &str, what: &str) {
+    let url = client.url(path);
+    match client.post(path, left) {
+        Ok(r) if r.status == 200 => {
+            lock(log).info(&format!("{done}: POST {url} answered {}", r.describe()))
+        }
         Ok(r) => lock(log).warn(&format!(
-            "failed to drain listeners: POST {url} answered {}; waiting anyway",
+            "failed to {what}: POST {url} answered {}",
             r.describe()
         )),
-        Err(e) => lock(log).warn(&format!(
-            "failed to drain listeners: POST {url}: {e}; waiting anyway"
-        )),
-    }
-}
-
-fn quit(agent: std::net::SocketAddr, left: Duration, log: &Mutex<Logger>) {
-    let client = Client::new(agent);
-    let url = client.url("/quitquitquit");
-    match client.post("/quitquitquit", left) {
-        Ok(r) if r.status == 200 => lock(log).info(&format!(
-            "asked the Istio agent to stop the proxy now: POST {url} answered {}",
-            r.describe()
-        )),
-        Ok(r) => lock(log).warn(&format!(
-            "failed to ask the Istio agent to stop the proxy: POST {url} answered {}",
-            r.describe()
-        )),
-        Err(e) => lock(log).warn(&format!(
-            "failed to ask the Istio agent to stop the proxy: POST {url}: {e}"
-        )),
+        Err(e) => lock(log).warn(&format!("failed to {what}: POST {url}: {e}")),
     }
 }
 

@@ -182,6 +182,14 @@ fn run_that_never_counts_exits_3_at_the_deadline_and_says_why() {
     );
 }
 
+/// `run` counting only from the socket table in `dir`, with no Envoy to drain.
+fn watch_table(dir: &std::path::Path, extra: &[&str]) -> std::process::Command {
+    let mut args = vec!["run", "--source", "proc", "--drain", "none", "--proc-net"];
+    args.push(dir.to_str().unwrap());
+    args.extend_from_slice(extra);
+    command(&args)
+}
+
 /// A socket table that always shows one open connection, so the wait goes on until the signal.
 fn one_open_connection(dir: &std::path::Path) {
     std::fs::write(
@@ -201,17 +209,7 @@ fn sigterm_and_sigint_print_the_summary_and_exit_143_and_130() {
     ] {
         let dir = temp_dir(name);
         one_open_connection(&dir);
-        let mut r = spawn(command(&[
-            "run",
-            "--source",
-            "proc",
-            "--drain",
-            "none",
-            "--proc-net",
-            dir.to_str().unwrap(),
-            "--deadline",
-            "30s",
-        ]));
+        let mut r = spawn(watch_table(&dir, &["--deadline", "30s"]));
         r.expect_line("1 active connection (proc)", Duration::from_secs(10));
         // SAFETY: signalling our own child.
         assert_eq!(unsafe { libc::kill(r.pid(), sig) }, 0);
@@ -235,37 +233,29 @@ fn the_log_file_gets_every_line_and_a_bad_one_is_only_a_warning() {
     let dir = temp_dir("logfile");
     one_open_connection(&dir);
     let log = dir.join("hook.log");
-    let out = run(command(&[
-        "run",
-        "--source",
-        "proc",
-        "--drain",
-        "none",
-        "--proc-net",
-        dir.to_str().unwrap(),
-        "--deadline",
-        "300ms",
-        "--min-drain",
-        "0s",
-        "--log-file",
-        log.to_str().unwrap(),
-    ]));
+    let out = run(watch_table(
+        &dir,
+        &[
+            "--deadline",
+            "300ms",
+            "--min-drain",
+            "0s",
+            "--log-file",
+            log.to_str().unwrap(),
+        ],
+    ));
     let written = std::fs::read_to_string(&log).unwrap();
-    let bad = run(command(&[
-        "run",
-        "--source",
-        "proc",
-        "--drain",
-        "none",
-        "--proc-net",
-        dir.to_str().unwrap(),
-        "--deadline",
-        "300ms",
-        "--min-drain",
-        "0s",
-        "--log-file",
-        dir.join("no/such/dir.log").to_str().unwrap(),
-    ]));
+    let bad = run(watch_table(
+        &dir,
+        &[
+            "--deadline",
+            "300ms",
+            "--min-drain",
+            "0s",
+            "--log-file",
+            dir.join("no/such/dir.log").to_str().unwrap(),
+        ],
+    ));
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(out.code, Some(1), "{out}");
     assert_eq!(
@@ -308,20 +298,10 @@ fn then_quit_asks_the_agent_to_stop_the_proxy_once_the_count_is_reached() {
     let dir = temp_dir("quit");
     std::fs::write(dir.join("tcp"), "  sl  local_address rem_address   st\n").unwrap();
     let (agent, request) = fake_agent();
-    let out = run(command(&[
-        "run",
-        "--source",
-        "proc",
-        "--drain",
-        "none",
-        "--proc-net",
-        dir.to_str().unwrap(),
-        "--min-drain",
-        "0s",
-        "--then-quit",
-        "--agent",
-        &agent,
-    ]));
+    let out = run(watch_table(
+        &dir,
+        &["--min-drain", "0s", "--then-quit", "--agent", &agent],
+    ));
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(out.code, Some(0), "{out}");
     assert_eq!(request.join().unwrap(), "POST /quitquitquit HTTP/1.1");
