@@ -4,6 +4,9 @@
 
 #![allow(dead_code)] // each test crate uses a different part of this module
 
+pub mod app;
+pub mod envoy;
+pub mod http;
 pub mod netns;
 
 use std::fmt;
@@ -24,6 +27,8 @@ pub struct Finished {
     pub stdout: String,
     pub stderr: String,
     pub elapsed: Duration,
+    /// When the process was seen to exit.
+    pub ended: Instant,
 }
 
 impl fmt::Display for Finished {
@@ -152,6 +157,7 @@ impl Running {
                 .unwrap_or_default(),
             stderr: stderr.iter().map(|l| format!("{l}\n")).collect(),
             elapsed: self.started.elapsed(),
+            ended: Instant::now(),
         }
     }
 }

@@ -1,0 +1,323 @@
+//! envoy-drain against a real Envoy 1.40.0 shaped like an Istio sidecar, each scenario in a network
+//! namespace of its own with Istio's real port numbers (15000 admin, 15001 outbound, 15006
+//! inbound, 15021 health, 15090 Prometheus) and a slow app on 8080. Without Envoy the tests say
+//! they were skipped; the README's test command installs Envoy and makes a missing one a failure.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use support::app::App;
+use support::envoy::{self, APP, Envoy, HEALTH, INBOUND, OUTBOUND, Options};
+use support::http::{Conn, in_flight};
+use support::netns::in_private_netns;
+use support::{Finished, command, run, spawn};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// Runs `f` with Envoy's path in a private network namespace, or skips (see `envoy::binary`).
+fn scenario(f: impl FnOnce(PathBuf) + Send + 'static) {
+    if let Some(bin) = envoy::binary() {
+        in_private_netns(move || f(bin));
+    }
+}
+
+fn start(bin: &Path) -> Envoy {
+    Envoy::start(bin, Options::default())
+}
+
+/// The count lines of a run's log, in order: `3 active connections (stats)`.
+fn counts(out: &Finished) -> Vec<String> {
+    out.stderr
+        .lines()
+        .filter_map(|l| l.split('\t').nth(3))
+        .filter(|m| m.starts_with(|c: char| c.is_ascii_digit()) && m.contains(" active connection"))
+        .map(|m| m.split(';').next().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[test]
+fn in_flight_requests_all_complete_and_run_exits_right_after_the_last() {
+    scenario(|bin| {
+        let app = App::start(APP, false);
+        let _envoy = start(&bin);
+        let requests: Vec<_> = ["/delay/1", "/delay/1.5", "/delay/2"]
+            .into_iter()
+            .map(|p| in_flight(INBOUND, p))
+            .collect();
+        app.wait_received(3, 10 * SECOND);
+        let r = spawn(command(&["run", "--min-drain", "500ms"]));
+        let mut last = Instant::now();
+        for req in requests {
+            let (resp, at) = req.join().unwrap().expect("the request completes");
+            assert_eq!(resp.status, 200, "{resp:?}");
+            assert!(
+                resp.says_close(),
+                "a drained listener says connection: close {resp:?}"
+            );
+            last = last.max(at);
+        }
+        let out = r.finish();
+        assert_eq!(out.code, Some(0), "{out}");
+        let after = out.ended.saturating_duration_since(last);
+        assert!(
+            out.ended >= last && after < Duration::from_millis(500 + 500),
+            "exited {after:?} after the last response (interval 500ms) {out}"
+        );
+        let seen = counts(&out);
+        assert_eq!(
+            seen.first().map(String::as_str),
+            Some("3 active connections (stats)"),
+            "{out}"
+        );
+        assert_eq!(
+            seen.last().map(String::as_str),
+            Some("0 active connections (stats)"),
+            "{out}"
+        );
+    });
+}
+
+#[test]
+fn nothing_in_flight_exits_0_when_the_min_drain_ends_not_before() {
+    scenario(|bin| {
+        let _envoy = start(&bin);
+        let out = run(command(&["run", "--min-drain", "1s"]));
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(
+            out.elapsed >= SECOND && out.elapsed < 2 * SECOND,
+            "{:?} {out}",
+            out.elapsed
+        );
+        assert!(
+            out.last_line().contains("0 active connections (stats)"),
+            "{out}"
+        );
+    });
+}
+
+#[test]
+fn a_connection_that_never_closes_ends_at_the_deadline_naming_its_listener() {
+    scenario(|bin| {
+        let _envoy = start(&bin);
+        let mut idle = Conn::open(INBOUND).unwrap();
+        assert_eq!(idle.get("/ok").unwrap().status, 200);
+        let out = run(command(&["run", "--min-drain", "0s", "--deadline", "2s"]));
+        assert_eq!(out.code, Some(1), "{out}");
+        assert!(
+            out.elapsed >= 2 * SECOND && out.elapsed < Duration::from_millis(2300),
+            "{:?} {out}",
+            out.elapsed
+        );
+        assert!(
+            out.last_line()
+                .contains("with 1 active connection (stats) still open: listener 0.0.0.0_15006=1"),
+            "{out}"
+        );
+        drop(idle);
+    });
+}
+
+#[test]
+fn without_connection_stats_run_counts_sockets_and_still_waits_for_requests() {
+    scenario(|bin| {
+        // In a pod being deleted the app stops too: it closes each connection after answering.
+        let app = App::start(APP, true);
+        let merge = Some("tests/envoy/no-connection-stats.yaml");
+        let _envoy = Envoy::start(
+            &bin,
+            Options {
+                merge,
+                ..Options::default()
+            },
+        );
+        let requests: Vec<_> = ["/delay/1", "/delay/2"]
+            .into_iter()
+            .map(|p| in_flight(INBOUND, p))
+            .collect();
+        app.wait_received(2, 10 * SECOND);
+        let r = spawn(command(&["run", "--min-drain", "500ms"]));
+        let mut last = Instant::now();
+        for req in requests {
+            let (resp, at) = req.join().unwrap().expect("the request completes");
+            assert_eq!(resp.status, 200, "{resp:?}");
+            last = last.max(at);
+        }
+        let out = r.finish();
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(
+            out.stderr
+                .contains("stats unavailable (Envoy does not report downstream_cx_active")
+                && out
+                    .stderr
+                    .contains("counting from /proc/net/tcp and tcp6 instead"),
+            "{out}"
+        );
+        assert!(out.ended >= last, "exited before the last response {out}");
+        assert!(
+            counts(&out)
+                .iter()
+                .any(|c| c.ends_with("(proc)") && !c.starts_with("0 ")),
+            "{out}"
+        );
+        assert!(
+            out.last_line().contains("0 active connections (proc)"),
+            "{out}"
+        );
+    });
+}
+
+#[test]
+fn when_envoy_dies_run_counts_sockets_and_exits_by_what_is_really_open() {
+    scenario(|bin| {
+        let app = App::start(APP, true);
+        let mut envoy = start(&bin);
+        let request = in_flight(INBOUND, "/delay/2");
+        app.wait_received(1, 10 * SECOND);
+        let mut r = spawn(command(&[
+            "run",
+            "--min-drain",
+            "0s",
+            "--interval",
+            "100ms",
+        ]));
+        r.expect_line("1 active connection (stats)", 10 * SECOND);
+        envoy.kill();
+        assert!(
+            request.join().unwrap().is_err(),
+            "the client lost its proxy"
+        );
+        r.expect_line("counting from /proc/net/tcp and tcp6 instead", 10 * SECOND);
+        // The app still holds its half of the upstream connection until its handler ends.
+        let answered = app.wait_answered(10 * SECOND);
+        let out = r.finish();
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(out.stderr.contains("connection refused"), "{out}");
+        assert!(
+            out.ended >= answered,
+            "exited while the app still held a connection {out}"
+        );
+    });
+}
+
+#[test]
+fn drain_inbound_leaves_outbound_responses_alone_and_drain_all_does_not() {
+    scenario(|bin| {
+        let _envoy = Envoy::start(
+            &bin,
+            Options {
+                drain_time_s: 30,
+                merge: None,
+            },
+        );
+        let mut r = spawn(command(&["run", "--drain", "inbound", "--min-drain", "1s"]));
+        r.expect_line("Envoy accepted the drain", 10 * SECOND);
+        let outbound = Conn::open(OUTBOUND).unwrap().get("/ok").unwrap();
+        let inbound = Conn::open(INBOUND).unwrap().get("/ok").unwrap();
+        assert!(
+            !outbound.says_close(),
+            "outbound is not drained {outbound:?}"
+        );
+        assert!(inbound.says_close(), "inbound is drained {inbound:?}");
+        assert_eq!(r.finish().code, Some(0));
+
+        let all = run(command(&["run", "--drain", "all", "--min-drain", "0s"]));
+        assert_eq!(all.code, Some(0), "{all}");
+        assert!(
+            all.stderr
+                .contains("drain_listeners?graceful answered 200 'OK'"),
+            "{all}"
+        );
+        let outbound = Conn::open(OUTBOUND).unwrap().get("/ok").unwrap();
+        assert!(
+            outbound.says_close(),
+            "outbound is drained too {outbound:?}"
+        );
+    });
+}
+
+#[test]
+fn a_request_arriving_during_the_min_drain_is_served() {
+    scenario(|bin| {
+        let _app = App::start(APP, false);
+        let _envoy = start(&bin);
+        let mut r = spawn(command(&["run", "--min-drain", "2s"]));
+        r.expect_line("Envoy accepted the drain", 10 * SECOND);
+        let late = Conn::open(INBOUND).unwrap().get("/delay/0.5").unwrap();
+        let served_at = Instant::now();
+        assert_eq!(late.status, 200, "{late:?}");
+        assert!(late.says_close(), "{late:?}");
+        let out = r.finish();
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(out.ended >= served_at, "{out}");
+    });
+}
+
+/// The count in the row of a status table named `name` (`0.0.0.0_15006`, `port 15006`).
+fn row(stdout: &str, name: &str) -> Option<u64> {
+    stdout.lines().find_map(|l| {
+        let rest = l.trim_start().strip_prefix(name)?;
+        let count = rest.strip_prefix(char::is_whitespace)?.trim();
+        count.parse().ok()
+    })
+}
+
+#[test]
+fn status_shows_the_connections_the_test_holds_per_listener_and_per_port() {
+    scenario(|bin| {
+        let _envoy = start(&bin);
+        let mut held = Vec::new();
+        for (addr, path) in [
+            (INBOUND, "/ok"),
+            (INBOUND, "/ok"),
+            (OUTBOUND, "/ok"),
+            (HEALTH, "/healthz/ready"),
+        ] {
+            let mut c = Conn::open(addr).unwrap();
+            assert_eq!(c.get(path).unwrap().status, 200);
+            held.push(c);
+        }
+        let out = run(command(&["status"]));
+        assert_eq!(out.code, Some(0), "{out}");
+        assert_eq!(row(&out.stdout, "0.0.0.0_15006"), Some(2), "{out}");
+        assert_eq!(row(&out.stdout, "0.0.0.0_15001"), Some(1), "{out}");
+        assert_eq!(row(&out.stdout, "0.0.0.0_15021"), None, "{out}");
+        assert!(
+            out.stdout
+                .contains("not counted: 0.0.0.0_15021 (ignored port), 1 active"),
+            "{out}"
+        );
+        assert_eq!(row(&out.stdout, "port 15006"), Some(2), "{out}");
+        assert_eq!(row(&out.stdout, "port 15001"), Some(1), "{out}");
+        assert!(
+            out.stdout
+                .contains("run would count 3 active connections (from stats)"),
+            "{out}"
+        );
+        drop(held);
+    });
+}
+
+#[test]
+fn ipv6_listeners_count_under_their_real_stat_names_unless_their_port_is_ignored() {
+    scenario(|bin| {
+        let _envoy = start(&bin);
+        let mut inbound = Conn::open("[::1]:15006").unwrap();
+        assert_eq!(inbound.get("/ok").unwrap().status, 200);
+        let mut health = Conn::open("[::1]:15021").unwrap();
+        assert_eq!(health.get("/healthz/ready").unwrap().status, 200);
+        let out = run(command(&["status", "--source", "stats"]));
+        assert_eq!(out.code, Some(0), "{out}");
+        assert_eq!(row(&out.stdout, "[__1]_15006"), Some(1), "{out}");
+        assert!(
+            out.stdout
+                .contains("not counted: [__1]_15021 (ignored port), 1 active"),
+            "{out}"
+        );
+        assert!(
+            out.stdout
+                .contains("run would count 1 active connection (from stats)"),
+            "{out}"
+        );
+    });
+}

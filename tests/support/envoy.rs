@@ -1,0 +1,134 @@
+//! A real Envoy 1.40.0 for the tests, started in the caller's network namespace with the Istio-like
+//! bootstrap in tests/envoy/. Found through ENVOY_BIN, else the virtual environment that
+//! `bash scripts/test` installs under target/.
+
+use super::http::Conn;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+pub const VERSION: &str = "1.40.0";
+pub const ADMIN: &str = "127.0.0.1:15000";
+pub const INBOUND: &str = "127.0.0.1:15006";
+pub const OUTBOUND: &str = "127.0.0.1:15001";
+pub const HEALTH: &str = "127.0.0.1:15021";
+pub const APP: &str = "127.0.0.1:8080";
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// The Envoy binary, or `None` when this run may skip the real-Envoy tests: then it says so on
+/// the terminal, past the test harness's capture. The README's test command sets
+/// ENVOY_DRAIN_REQUIRE_ENVOY=1, which turns a missing Envoy into a failure.
+pub fn binary() -> Option<PathBuf> {
+    let bin = std::env::var_os("ENVOY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo("target/envoy-venv/bin/envoy"));
+    let version = Command::new(&bin)
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    if version.contains(&format!("/{VERSION}/")) {
+        return Some(bin);
+    }
+    let why = format!(
+        "Envoy {VERSION} not found at {} (set ENVOY_BIN, or run `bash scripts/test`, which installs it)",
+        bin.display()
+    );
+    if std::env::var_os("ENVOY_DRAIN_REQUIRE_ENVOY").is_some_and(|v| v == "1") {
+        panic!("{why}");
+    }
+    let _ = writeln!(std::io::stderr(), "SKIPPED real-Envoy test: {why}");
+    None
+}
+
+pub struct Envoy {
+    child: Child,
+    dir: PathBuf,
+}
+
+/// How to start Envoy: how long its drain lasts, and YAML merged over the bootstrap.
+pub struct Options {
+    pub drain_time_s: u32,
+    pub merge: Option<&'static str>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            drain_time_s: 5,
+            merge: None,
+        }
+    }
+}
+
+impl Envoy {
+    /// Starts Envoy the way pilot-agent does (`--drain-strategy immediate`, a drain time) and
+    /// waits until its admin API says LIVE.
+    pub fn start(bin: &Path, opts: Options) -> Envoy {
+        let dir = std::env::temp_dir().join(format!(
+            "envoy-drain-envoy-{}-{:?}",
+            std::process::id(),
+            thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = std::fs::File::create(dir.join("envoy.log")).unwrap();
+        let mut cmd = Command::new(bin);
+        cmd.arg("-c")
+            .arg(repo("tests/envoy/istio-like.yaml"))
+            .args(["--drain-time-s", &opts.drain_time_s.to_string()])
+            .args(["--drain-strategy", "immediate", "--concurrency", "2"])
+            .args(["--disable-hot-restart", "-l", "warning"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        if let Some(file) = opts.merge {
+            let yaml = std::fs::read_to_string(repo(file)).unwrap();
+            cmd.args(["--config-yaml", &yaml]);
+        }
+        let child = cmd.spawn().expect("failed to start Envoy");
+        let envoy = Envoy { child, dir };
+        envoy.wait_live(Duration::from_secs(20));
+        envoy
+    }
+
+    fn wait_live(&self, limit: Duration) {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            let live = Conn::open(ADMIN)
+                .and_then(|mut c| c.get("/ready"))
+                .is_ok_and(|r| r.status == 200);
+            if live {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "Envoy was not LIVE within {limit:?}; its log:\n{}",
+            self.log()
+        );
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("envoy.log")).unwrap_or_default()
+    }
+
+    /// Ends Envoy at once, as a crash or an OOM kill would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
