@@ -4,6 +4,8 @@
 use crate::log::shorten;
 use std::net::SocketAddr;
 use std::time::Duration;
+use ureq::unversioned::resolver::{ResolvedSocketAddrs, Resolver};
+use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
 
 /// No single request may take longer: a loopback admin API answers in milliseconds, and one that
 /// does not must not hold up the count (auto falls back to /proc/net/tcp for that count).
@@ -47,7 +49,7 @@ impl Client {
             .build();
         Client {
             base: format!("http://{addr}"),
-            agent: config.into(),
+            agent: ureq::Agent::with_parts(config, DefaultConnector::default(), Fixed(addr)),
         }
     }
 
@@ -95,6 +97,24 @@ impl Client {
             .read_to_vec()
             .map_err(|e| format!("answered {status} but {}", cause(&e, timeout)))?;
         Ok(Reply { status, body })
+    }
+}
+
+/// Every request goes to the one address given on the command line: no name is ever looked up,
+/// and no resolver code is linked in (a scratch image has no resolver configuration anyway).
+#[derive(Debug)]
+struct Fixed(SocketAddr);
+
+impl Resolver for Fixed {
+    fn resolve(
+        &self,
+        _: &ureq::http::Uri,
+        _: &ureq::config::Config,
+        _: NextTimeout,
+    ) -> Result<ResolvedSocketAddrs, ureq::Error> {
+        let mut addrs = self.empty();
+        addrs.push(self.0);
+        Ok(addrs)
     }
 }
 
