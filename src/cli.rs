@@ -29,6 +29,7 @@ pub struct Cli {
 pub enum Command {
     Run(RunArgs),
     Status(StatusArgs),
+    Install(InstallArgs),
 }
 
 /// Drain Envoy, then wait until its connections close or the deadline passes.
@@ -123,4 +124,14 @@ pub struct StatusArgs {
     /// directory holding the socket tables tcp and tcp6 (default: /proc/net)
     #[argh(option)]
     pub proc_net: Option<String>,
+}
+
+/// Copy this binary to DEST (DEST/envoy-drain when DEST is a directory), atomically; for init
+/// containers.
+#[derive(FromArgs, Debug, PartialEq)]
+#[argh(subcommand, name = "install")]
+pub struct InstallArgs {
+    /// the directory or file path to install to, e.g. /envoy-drain
+    #[argh(positional)]
+    pub dest: String,
 }

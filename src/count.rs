@@ -39,15 +39,15 @@ pub struct Part {
 pub struct Count {
     pub source: SourceKind,
     pub total: u64,
-    /// Sorted by name; for stats every counted listener, also those at 0.
+    /// In the source's order (Envoy sorts its stats by name; proc sorts by port); for stats every
+    /// counted listener, also those at 0.
     pub parts: Vec<Part>,
     /// Things the parser skipped or corrected, each worth one warning per run.
     pub warnings: Vec<String>,
 }
 
 impl Count {
-    pub fn new(source: SourceKind, mut parts: Vec<Part>, warnings: Vec<String>) -> Count {
-        parts.sort_by(|a, b| a.name.cmp(&b.name));
+    pub fn new(source: SourceKind, parts: Vec<Part>, warnings: Vec<String>) -> Count {
         Count {
             source,
             total: parts.iter().map(|p| p.active).fold(0, u64::saturating_add),
@@ -110,8 +110,8 @@ mod tests {
         assert_eq!(c.describe(), "3 active connections");
         assert_eq!(
             c.breakdown(),
-            "listener [__1]_8080=1, listener b_15006=2",
-            "sorted, zero parts left out"
+            "listener b_15006=2, listener [__1]_8080=1",
+            "in the source's order, zero parts left out"
         );
     }
 

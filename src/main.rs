@@ -6,6 +6,7 @@ mod cli;
 mod config;
 mod count;
 mod error;
+mod install;
 mod log;
 mod outcome;
 mod ports;
@@ -18,9 +19,9 @@ mod status;
 mod wait;
 
 use argh::FromArgs;
-use cli::{Cli, Command, RunArgs, StatusArgs};
+use cli::{Cli, Command, InstallArgs, RunArgs, StatusArgs};
 use log::Logger;
-use outcome::{EXIT_NOTHING_COUNTED, EXIT_REACHED, EXIT_USAGE, Outcome, Progress};
+use outcome::{EXIT_DEADLINE, EXIT_NOTHING_COUNTED, EXIT_REACHED, EXIT_USAGE, Outcome, Progress};
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -55,7 +56,8 @@ fn dispatch(start: Instant) -> i32 {
     match cli.command {
         Some(Command::Run(a)) => run_command(&a, start),
         Some(Command::Status(a)) => status_command(&a),
-        None => usage("no command given: expected run or status (see envoy-drain --help)"),
+        Some(Command::Install(a)) => install_command(&a),
+        None => usage("no command given: expected run, status or install (see envoy-drain --help)"),
     }
 }
 
@@ -113,5 +115,23 @@ fn status_command(a: &StatusArgs) -> i32 {
         EXIT_REACHED
     } else {
         EXIT_NOTHING_COUNTED
+    }
+}
+
+fn install_command(a: &InstallArgs) -> i32 {
+    match install::install(std::path::Path::new(&a.dest)) {
+        Ok((path, size)) => {
+            let _ = writeln!(
+                std::io::stdout(),
+                "installed {} ({size} bytes, envoy-drain {})",
+                path.display(),
+                env!("CARGO_PKG_VERSION")
+            );
+            EXIT_REACHED
+        }
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "envoy-drain: {e}");
+            EXIT_DEADLINE
+        }
     }
 }

@@ -133,20 +133,30 @@ impl Tally {
     pub fn finish(mut self) -> Count {
         self.listening.sort_unstable();
         let listens = |p: u16| self.listening.binary_search(&p).is_ok();
-        let mut by_name: HashMap<String, u64> = HashMap::new();
+        // Listening ports first, then outgoing, each by port number.
+        let mut by_port: HashMap<(bool, u16), u64> = HashMap::new();
         for c in self.connections.values() {
-            let name = if listens(c.local) {
-                format!("port {}", c.local)
+            let key = if listens(c.local) {
+                (false, c.local)
             } else if c.both_ends && listens(c.remote) {
-                format!("port {}", c.remote)
+                (false, c.remote)
             } else {
-                format!("outgoing to port {}", c.remote)
+                (true, c.remote)
             };
-            *by_name.entry(name).or_default() += 1;
+            *by_port.entry(key).or_default() += 1;
         }
-        let parts = by_name
+        let mut keys: Vec<_> = by_port.into_iter().collect();
+        keys.sort_unstable();
+        let parts = keys
             .into_iter()
-            .map(|(name, active)| Part { name, active })
+            .map(|((outgoing, port), active)| Part {
+                name: if outgoing {
+                    format!("outgoing to port {port}")
+                } else {
+                    format!("port {port}")
+                },
+                active,
+            })
             .collect();
         let warnings = match self.bad_lines {
             0 => vec![],
@@ -301,7 +311,7 @@ mod tests {
             v4(3, "0200000A:0050", "00000000:0000", "0A"),
         ];
         let c = count(&lines, &istio());
-        assert_eq!(parts(&c), vec![("outgoing to port 443", 2), ("port 80", 1)]);
+        assert_eq!(parts(&c), vec![("port 80", 1), ("outgoing to port 443", 2)]);
     }
 
     #[test]

@@ -224,11 +224,11 @@ listener.admin.downstream_cx_active: 1
 
     #[test]
     fn stat_prefix_names_and_names_with_dots_parse_from_the_right() {
-        let body = "listener.virtualInbound.downstream_cx_active: 2
+        let body = "listener.admin.downstream_cx_active: 1
 listener.my.prefix.downstream_cx_active: 1
 listener.my.prefix.worker_12.downstream_cx_active: 1
+listener.virtualInbound.downstream_cx_active: 2
 listener.worker_3.downstream_cx_active: 4
-listener.admin.downstream_cx_active: 1
 ";
         let a = parse(body, &istio()).unwrap();
         assert_eq!(

@@ -351,3 +351,19 @@ fn a_hanging_admin_api_does_not_hold_the_hook_past_its_deadline() {
         "the deadline is hard: {out}"
     );
 }
+
+#[test]
+fn status_reads_a_pods_socket_table_as_the_fixture_expects() {
+    // An Istio pod's table (tests/fixtures/proc-net): IPv4, IPv6 and mapped clients on 15006, a
+    // local pair to the app, an outgoing call, infrastructure ports and closed sockets.
+    let out = run(command(&[
+        "status",
+        "--source",
+        "proc",
+        "--proc-net",
+        "tests/fixtures/proc-net",
+    ]));
+    assert_eq!(out.code, Some(0), "{out}");
+    let want = std::fs::read_to_string("tests/fixtures/proc-net-status.txt").unwrap();
+    assert_eq!(out.stdout, want, "{out}");
+}

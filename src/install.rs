@@ -1,0 +1,87 @@
+//! `install DEST`: copies the running binary into a shared volume, for an init container running
+//! the FROM scratch image (no shell, no cp). Atomic: a temporary file in the same directory,
+//! flushed, made executable, then renamed over DEST, so a half-written binary is never visible.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+pub const BINARY_NAME: &str = "envoy-drain";
+
+/// Where the copy goes: `DEST/envoy-drain` when DEST is a directory, else DEST itself.
+pub fn target(dest: &Path) -> PathBuf {
+    if dest.is_dir() {
+        dest.join(BINARY_NAME)
+    } else {
+        dest.to_path_buf()
+    }
+}
+
+/// Installs and returns the path and size written. The error reads
+/// `failed to install to <path>: <cause>`.
+pub fn install(dest: &Path) -> Result<(PathBuf, u64), String> {
+    let (mut source, from) = open_self()?;
+    let target = target(dest);
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| BINARY_NAME.to_string());
+    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let failed = |step: String| {
+        let _ = fs::remove_file(&temp);
+        format!("failed to install to {}: {step}", target.display())
+    };
+    let written = copy_to(&mut source, &temp).map_err(|e| {
+        failed(format!(
+            "cannot write {} from {}: {e}",
+            temp.display(),
+            from.display()
+        ))
+    })?;
+    fs::rename(&temp, &target)
+        .map_err(|e| failed(format!("cannot rename {} to it: {e}", temp.display())))?;
+    // The rename is durable once the directory is flushed; a failure here changes nothing visible.
+    if let Ok(d) = File::open(&dir) {
+        let _ = d.sync_all();
+    }
+    Ok((target, written))
+}
+
+/// The running binary: /proc/self/exe, or argv[0] where /proc is not mounted.
+fn open_self() -> Result<(File, PathBuf), String> {
+    let proc_exe = PathBuf::from("/proc/self/exe");
+    match File::open(&proc_exe) {
+        Ok(f) => Ok((f, proc_exe)),
+        Err(proc_err) => {
+            let argv0 = std::env::args_os().next().map(PathBuf::from);
+            match argv0.filter(|p| p.components().count() > 1) {
+                Some(p) => File::open(&p)
+                    .map(|f| (f, p.clone()))
+                    .map_err(|e| format!("failed to open {}: {e}", p.display())),
+                None => Err(format!(
+                    "failed to open {}: {proc_err} (and argv[0] is not a path)",
+                    proc_exe.display()
+                )),
+            }
+        }
+    }
+}
+
+fn copy_to(source: &mut File, temp: &Path) -> io::Result<u64> {
+    let mut out = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o700)
+        .open(temp)?;
+    let n = io::copy(source, &mut out)?;
+    out.flush()?;
+    out.sync_all()?;
+    // Set after writing, and explicitly: the umask must not decide who may run the hook.
+    out.set_permissions(fs::Permissions::from_mode(0o755))?;
+    Ok(n)
+}
