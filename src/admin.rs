@@ -123,7 +123,7 @@ fn cause(e: &ureq::Error, timeout: Duration) -> String {
     match e {
         ureq::Error::Timeout(_) => format!(
             "no complete answer within {}",
-            humantime::format_duration(timeout)
+            humantime::format_duration(Duration::from_millis(timeout.as_millis() as u64))
         ),
         ureq::Error::Io(io) => match io.kind() {
             std::io::ErrorKind::ConnectionRefused => "connection refused".to_string(),

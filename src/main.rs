@@ -1,26 +1,10 @@
 //! envoy-drain: keeps an Envoy sidecar alive until its last connection is done. `main` only turns
 //! the command line into a command and its result into an exit code.
 
-mod admin;
-mod cli;
-mod config;
-mod count;
-mod error;
-mod install;
-mod log;
-mod outcome;
-mod ports;
-mod procnet;
-mod run;
-mod signals;
-mod source;
-mod stats;
-mod status;
-mod wait;
-
 use argh::FromArgs;
-use cli::{Cli, Command, InstallArgs, RunArgs, StatusArgs};
-use log::Logger;
+use envoy_drain::cli::{Cli, Command, InstallArgs, RunArgs, StatusArgs};
+use envoy_drain::log::Logger;
+use envoy_drain::{config, install, outcome, run, signals, source, status};
 use outcome::{EXIT_DEADLINE, EXIT_NOTHING_COUNTED, EXIT_REACHED, EXIT_USAGE, Outcome, Progress};
 use std::io::Write;
 use std::sync::{Arc, Mutex};

@@ -321,3 +321,32 @@ fn ipv6_listeners_count_under_their_real_stat_names_unless_their_port_is_ignored
         );
     });
 }
+
+#[test]
+fn two_runs_at_once_both_drain_harmlessly_and_wait_for_the_same_request() {
+    // Kubernetes may run a hook again while the first is still going.
+    scenario(|bin| {
+        let app = App::start(APP, false);
+        let _envoy = start(&bin);
+        let request = in_flight(INBOUND, "/delay/1.5");
+        app.wait_received(1, 10 * SECOND);
+        let args = ["run", "--min-drain", "0s", "--interval", "100ms"];
+        let runs = [spawn(command(&args)), spawn(command(&args))];
+        let (resp, answered) = request.join().unwrap().expect("the request completes");
+        assert_eq!(resp.status, 200, "{resp:?}");
+        for r in runs {
+            let out = r.finish();
+            assert_eq!(out.code, Some(0), "{out}");
+            assert!(out.stderr.contains("Envoy accepted the drain"), "{out}");
+            assert_eq!(
+                counts(&out).first().map(String::as_str),
+                Some("1 active connection (stats)"),
+                "{out}"
+            );
+            assert!(
+                out.ended >= answered && out.ended - answered < SECOND,
+                "both wait for the response and end soon after it {out}"
+            );
+        }
+    });
+}

@@ -6,6 +6,7 @@
 
 pub mod app;
 pub mod envoy;
+pub mod hostile;
 pub mod http;
 pub mod netns;
 

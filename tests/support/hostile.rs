@@ -1,0 +1,206 @@
+//! An admin API that misbehaves in the ways real Envoy cannot be made to on demand: silence,
+//! stalls, trickles, floods, bad bytes, error statuses, resets and redirects. Where it imitates
+//! Envoy it uses Envoy 1.40.0's bytes (its headers, its 404 body, its stats lines).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Accepts and never answers.
+    Silent,
+    /// Sends the headers, then stalls the body.
+    HeadersThenStall,
+    /// Sends a real answer one byte a second.
+    Trickle,
+    /// A 50 MiB body.
+    Flood,
+    /// A body that is not UTF-8.
+    NotText,
+    /// Envoy's own lines plus one without a separator, a negative one and 2^64-1.
+    BadLines,
+    NotFound,
+    MethodNotAllowed,
+    ServerError,
+    /// Headers and part of the body, then a TCP reset.
+    ResetMidBody,
+    Redirect,
+}
+
+pub const FLOOD_BYTES: u64 = 50 << 20;
+
+/// Envoy's admin response headers, as Envoy 1.40.0 sends them (plus a length where we know it).
+fn head(status: &str, length: Option<u64>) -> String {
+    let length = match length {
+        Some(n) => format!("content-length: {n}\r\n"),
+        None => String::new(),
+    };
+    format!(
+        "HTTP/1.1 {status}\r\ncontent-type: text/plain; charset=UTF-8\r\ncache-control: no-cache, max-age=0\r\n\
+         x-content-type-options: nosniff\r\ndate: Sun, 22 Nov 2026 01:19:08 GMT\r\nserver: envoy\r\n{length}\r\n"
+    )
+}
+
+/// What Envoy 1.40.0 answers to the stats query with one inbound connection open.
+pub const STATS: &str = "http.admin.downstream_cx_active: 1
+http.inbound_0.0.0.0_8080.downstream_cx_active: 1
+listener.0.0.0.0_15006.downstream_cx_active: 1
+listener.0.0.0.0_15006.worker_0.downstream_cx_active: 1
+listener.admin.downstream_cx_active: 1
+listener.admin.main_thread.downstream_cx_active: 1
+";
+
+pub struct Hostile {
+    pub addr: String,
+    /// The most bytes the server handed to the kernel on one connection.
+    pub written: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Hostile {
+    pub fn start(fault: Fault) -> Hostile {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let written = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (w, s) = (Arc::clone(&written), Arc::clone(&stop));
+        thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(conn) = conn else { continue };
+                let (w, s) = (Arc::clone(&w), Arc::clone(&s));
+                thread::spawn(move || serve(conn, fault, &w, &s));
+            }
+        });
+        Hostile {
+            addr,
+            written,
+            stop,
+        }
+    }
+}
+
+impl Drop for Hostile {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(&self.addr);
+    }
+}
+
+fn serve(conn: TcpStream, fault: Fault, written: &AtomicU64, stop: &AtomicBool) {
+    let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let mut line = String::new();
+    while reader.read_line(&mut line).unwrap_or(0) > 2 {
+        line.clear();
+    }
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&conn);
+    let mut out = conn;
+    let mut sent = 0u64;
+    let mut send = |bytes: &[u8]| -> bool {
+        let ok = out.write_all(bytes).is_ok();
+        if ok {
+            sent += bytes.len() as u64;
+            written.fetch_max(sent, Ordering::SeqCst);
+        }
+        ok
+    };
+    // Holds a connection open, doing nothing, until the test ends (or a bounded while).
+    let hold = || {
+        for _ in 0..600 {
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    };
+    match fault {
+        Fault::Silent => hold(),
+        Fault::HeadersThenStall => {
+            send(head("200 OK", Some(STATS.len() as u64)).as_bytes());
+            hold();
+        }
+        Fault::Trickle => {
+            let answer = format!("{}{STATS}", head("200 OK", Some(STATS.len() as u64)));
+            for b in answer.bytes() {
+                if stop.load(Ordering::SeqCst) || !send(&[b]) {
+                    return;
+                }
+                thread::sleep(Duration::from_secs(1));
+            }
+        }
+        Fault::Flood => {
+            send(head("200 OK", Some(FLOOD_BYTES)).as_bytes());
+            let chunk = STATS.repeat(64 * 1024 / STATS.len());
+            let mut body = 0u64;
+            while body < FLOOD_BYTES && send(chunk.as_bytes()) {
+                body += chunk.len() as u64;
+            }
+        }
+        Fault::NotText => {
+            let body = b"listener.admin.downstream_cx_active: 1\n\xff\xfe\xc3\x28 garbage\n";
+            send(head("200 OK", Some(body.len() as u64)).as_bytes());
+            send(body);
+        }
+        Fault::BadLines => {
+            let body = format!(
+                "{STATS}listener.no_separator_here\nlistener.0.0.0.0_15001.downstream_cx_active: -1\n\
+                 listener.0.0.0.0_8443.downstream_cx_active: 18446744073709551615\n"
+            );
+            send(format!("{}{body}", head("200 OK", Some(body.len() as u64))).as_bytes());
+        }
+        Fault::NotFound => {
+            let body = "invalid path. admin commands are:\n  /: Admin home page\n";
+            send(format!("{}{body}", head("404 Not Found", Some(body.len() as u64))).as_bytes());
+        }
+        Fault::MethodNotAllowed => {
+            let body = "Method GET not allowed, POST required.";
+            send(
+                format!(
+                    "{}{body}",
+                    head("405 Method Not Allowed", Some(body.len() as u64))
+                )
+                .as_bytes(),
+            );
+        }
+        Fault::ServerError => {
+            let body = "internal error: stats store is being rebuilt\n";
+            send(
+                format!(
+                    "{}{body}",
+                    head("500 Internal Server Error", Some(body.len() as u64))
+                )
+                .as_bytes(),
+            );
+        }
+        Fault::ResetMidBody => {
+            send(head("200 OK", Some(100_000)).as_bytes());
+            send(&STATS.as_bytes()[..40]);
+            // SO_LINGER 0: close sends RST instead of FIN.
+            let linger = libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            };
+            // SAFETY: setsockopt on a socket we own with a correctly sized value.
+            unsafe {
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_LINGER,
+                    (&linger as *const libc::linger).cast(),
+                    std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                );
+            }
+        }
+        Fault::Redirect => {
+            let h = "HTTP/1.1 302 Found\r\nlocation: http://127.0.0.1:1/stats\r\ncontent-length: 0\r\n\r\n";
+            send(h.as_bytes());
+        }
+    }
+}
