@@ -1,0 +1,23 @@
+//! The flag value parsers (durations, port lists, addresses) on any text: no panic, and what they
+//! accept is usable.
+#![no_main]
+
+use envoy_drain::config::{parse_addr, parse_duration};
+use envoy_drain::ports::PortSet;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(value) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(addr) = parse_addr("--admin", value) {
+        assert_ne!(addr.port(), 0);
+    } else {
+        let e = parse_addr("--admin", value).unwrap_err().to_string();
+        assert!(e.starts_with("invalid value '") && e.contains("for --admin"));
+    }
+    let _ = parse_duration("--deadline", value);
+    if let Ok(set) = PortSet::parse(value) {
+        assert!(!set.contains(0));
+    }
+});
