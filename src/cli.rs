@@ -48,6 +48,11 @@ pub struct RunArgs {
     #[argh(option)]
     pub source: Option<String>,
 
+    /// connections, or requests: HTTP requests in flight plus non-HTTP connections, so idle
+    /// keep-alive connections do not hold the wait; needs Envoy's stats (default: connections)
+    #[argh(option)]
+    pub count: Option<String>,
+
     /// never exit sooner after the drain (default: $MINIMUM_DRAIN_DURATION, else 5s)
     #[argh(option)]
     pub min_drain: Option<String>,
@@ -111,6 +116,10 @@ pub struct StatusArgs {
     /// what to show: auto (both sources), stats or proc (default: auto)
     #[argh(option)]
     pub source: Option<String>,
+
+    /// connections, or requests too, side by side (default: connections)
+    #[argh(option)]
+    pub count: Option<String>,
 
     /// comma-separated ports whose connections never count; empty ignores none
     /// (default: Istio's 15000,15004,15010,15012,15014,15020,15021,15053,15090)

@@ -2,6 +2,7 @@
 //! is passed in, so every rule is tested without touching the process.
 
 use crate::cli::{RunArgs, StatusArgs};
+use crate::count::Unit;
 use crate::error::UsageError;
 use crate::ports::{ISTIO_INFRA_PORTS, PortSet};
 use crate::procnet::Filter;
@@ -48,6 +49,7 @@ pub enum Mode {
 pub struct Counting {
     pub admin: SocketAddr,
     pub mode: Mode,
+    pub unit: Unit,
     pub ignore: PortSet,
     pub only: Option<PortSet>,
     pub proc_net: PathBuf,
@@ -126,18 +128,43 @@ fn ports(name: &'static str, value: &str) -> Result<PortSet, UsageError> {
     })
 }
 
-fn counting(
-    admin: Option<&str>,
-    source: Option<&str>,
-    ignore: Option<&str>,
-    only: Option<&str>,
-    proc_net: Option<&str>,
-) -> Result<Counting, UsageError> {
+/// The flags both commands share, as given.
+struct CountingArgs<'a> {
+    admin: Option<&'a str>,
+    source: Option<&'a str>,
+    count: Option<&'a str>,
+    ignore: Option<&'a str>,
+    only: Option<&'a str>,
+    proc_net: Option<&'a str>,
+}
+
+fn counting(a: CountingArgs<'_>) -> Result<Counting, UsageError> {
+    let CountingArgs {
+        admin,
+        source,
+        count,
+        ignore,
+        only,
+        proc_net,
+    } = a;
     let mode = match source.unwrap_or("auto") {
         "auto" => Mode::Auto,
         "stats" => Mode::Stats,
         "proc" => Mode::Proc,
         other => return Err(UsageError::new("--source", other, "auto, stats or proc")),
+    };
+    let unit = match count.unwrap_or("connections") {
+        "connections" => Unit::Connections,
+        // The socket table knows connections, never requests.
+        "requests" if mode == Mode::Proc => {
+            return Err(UsageError::new(
+                "--count",
+                "requests",
+                "connections with --source proc: only Envoy's stats know requests",
+            ));
+        }
+        "requests" => Unit::Requests,
+        other => return Err(UsageError::new("--count", other, "connections or requests")),
     };
     let only = match only {
         None => None,
@@ -156,6 +183,7 @@ fn counting(
     Ok(Counting {
         admin: parse_addr("--admin", admin.unwrap_or(DEFAULT_ADMIN))?,
         mode,
+        unit,
         ignore: ports("--ignore-ports", ignore.unwrap_or(ISTIO_INFRA_PORTS))?,
         only,
         proc_net: PathBuf::from(proc_net.unwrap_or(DEFAULT_PROC_NET)),
@@ -163,13 +191,14 @@ fn counting(
 }
 
 pub fn status_config(a: &StatusArgs) -> Result<Counting, UsageError> {
-    counting(
-        a.admin.as_deref(),
-        a.source.as_deref(),
-        a.ignore_ports.as_deref(),
-        a.ports.as_deref(),
-        a.proc_net.as_deref(),
-    )
+    counting(CountingArgs {
+        admin: a.admin.as_deref(),
+        source: a.source.as_deref(),
+        count: a.count.as_deref(),
+        ignore: a.ignore_ports.as_deref(),
+        only: a.ports.as_deref(),
+        proc_net: a.proc_net.as_deref(),
+    })
 }
 
 /// `env` looks up an environment variable; empty values count as unset.
@@ -177,13 +206,14 @@ pub fn run_config(
     a: &RunArgs,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<RunConfig, UsageError> {
-    let counting = counting(
-        a.admin.as_deref(),
-        a.source.as_deref(),
-        a.ignore_ports.as_deref(),
-        a.ports.as_deref(),
-        a.proc_net.as_deref(),
-    )?;
+    let counting = counting(CountingArgs {
+        admin: a.admin.as_deref(),
+        source: a.source.as_deref(),
+        count: a.count.as_deref(),
+        ignore: a.ignore_ports.as_deref(),
+        only: a.ports.as_deref(),
+        proc_net: a.proc_net.as_deref(),
+    })?;
     let drain = match a.drain.as_deref().unwrap_or("inbound") {
         "inbound" => Drain::Inbound,
         "all" => Drain::All,
@@ -286,6 +316,7 @@ mod tests {
                 "exit-at" => a.exit_at = v,
                 "ignore-ports" => a.ignore_ports = v,
                 "ports" => a.ports = v,
+                "count" => a.count = v,
                 "agent" => a.agent = v,
                 _ => panic!("unknown flag {k}"),
             }
@@ -303,6 +334,7 @@ mod tests {
         assert_eq!(c.counting.admin.to_string(), "127.0.0.1:15000");
         assert_eq!(c.drain, Drain::Inbound);
         assert_eq!(c.counting.mode, Mode::Auto);
+        assert_eq!(c.counting.unit, Unit::Connections);
         assert_eq!(c.rules.min_drain, Duration::from_secs(5));
         assert_eq!(c.rules.deadline, Duration::from_secs(25));
         assert_eq!(c.rules.interval, Duration::from_millis(500));
@@ -366,6 +398,11 @@ mod tests {
         assert!(err(&[("min-drain", "1")]).starts_with("invalid value '1' for --min-drain"));
         assert!(err(&[("drain", "outbound")]).ends_with("expected inbound, all or none"));
         assert!(err(&[("source", "netstat")]).ends_with("expected auto, stats or proc"));
+        assert!(err(&[("count", "streams")]).ends_with("expected connections or requests"));
+        assert_eq!(
+            err(&[("count", "requests"), ("source", "proc")]),
+            "invalid value 'requests' for --count: expected connections with --source proc: only Envoy's stats know requests"
+        );
         assert!(err(&[("exit-at", "-1")]).starts_with("invalid value '-1' for --exit-at"));
         assert!(err(&[("ignore-ports", "15000,admin")]).contains("('admin' is not one)"));
         assert!(

@@ -27,7 +27,28 @@ impl SourceKind {
     }
 }
 
-/// One listener (stats) or one port (proc) and how many connections it holds.
+/// What a count counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Connections,
+    /// HTTP requests in flight, plus the connections of listeners that carry no HTTP (TCP proxy).
+    Requests,
+}
+
+impl Unit {
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Connections => "connections",
+            Unit::Requests => "requests",
+        }
+    }
+}
+
+/// The part of a request count that is connections without HTTP (TCP proxy streams).
+pub const NON_HTTP: &str = "non-HTTP connections";
+
+/// One listener (stats) or one port (proc) and how many connections it holds; with requests, one
+/// HTTP connection manager (`http <stat prefix>`) and its requests, or the non-HTTP connections.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Part {
     pub name: String,
@@ -38,6 +59,7 @@ pub struct Part {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Count {
     pub source: SourceKind,
+    pub unit: Unit,
     pub total: u64,
     /// In the source's order (Envoy sorts its stats by name; proc sorts by port); for stats every
     /// counted listener, also those at 0.
@@ -50,20 +72,46 @@ impl Count {
     pub fn new(source: SourceKind, parts: Vec<Part>, warnings: Vec<String>) -> Count {
         Count {
             source,
+            unit: Unit::Connections,
             total: parts.iter().map(|p| p.active).fold(0, u64::saturating_add),
             parts,
             warnings,
         }
     }
 
-    /// `3 active connections`.
+    /// A request count from Envoy's stats; `NON_HTTP` names the part that is connections.
+    pub fn requests(parts: Vec<Part>, warnings: Vec<String>) -> Count {
+        Count {
+            unit: Unit::Requests,
+            ..Count::new(SourceKind::Stats, parts, warnings)
+        }
+    }
+
+    /// `3 active connections`; `2 active requests`, or with TCP streams
+    /// `2 active requests and 1 non-HTTP connection`.
     pub fn describe(&self) -> String {
-        let noun = if self.total == 1 {
-            "connection"
-        } else {
-            "connections"
-        };
-        format!("{} active {noun}", self.total)
+        let plural =
+            |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        match self.unit {
+            Unit::Connections => plural(self.total, "active connection", "active connections"),
+            Unit::Requests => {
+                let tcp = self
+                    .parts
+                    .iter()
+                    .filter(|p| p.name == NON_HTTP)
+                    .map(|p| p.active)
+                    .sum::<u64>();
+                let requests = plural(self.total - tcp, "active request", "active requests");
+                if tcp == 0 {
+                    requests
+                } else {
+                    format!(
+                        "{requests} and {}",
+                        plural(tcp, "non-HTTP connection", "non-HTTP connections")
+                    )
+                }
+            }
+        }
     }
 
     /// `listener 0.0.0.0_15006=2, listener [__1]_15007=1`: the non-zero parts.
@@ -72,7 +120,10 @@ impl Count {
             .parts
             .iter()
             .filter(|p| p.active > 0)
-            .map(|p| format!("{}={}", self.source.label(&p.name), p.active))
+            .map(|p| match self.unit {
+                Unit::Connections => format!("{}={}", self.source.label(&p.name), p.active),
+                Unit::Requests => format!("{}={}", p.name, p.active),
+            })
             .collect();
         open.join(", ")
     }
@@ -113,6 +164,28 @@ mod tests {
             "listener b_15006=2, listener [__1]_8080=1",
             "in the source's order, zero parts left out"
         );
+    }
+
+    #[test]
+    fn a_request_count_says_what_is_requests_and_what_is_connections() {
+        let with_tcp = Count::requests(
+            vec![part("http inbound_0.0.0.0_8080", 2), part(NON_HTTP, 1)],
+            vec![],
+        );
+        assert_eq!(with_tcp.total, 3);
+        assert_eq!(
+            with_tcp.describe(),
+            "2 active requests and 1 non-HTTP connection"
+        );
+        assert_eq!(
+            with_tcp.breakdown(),
+            "http inbound_0.0.0.0_8080=2, non-HTTP connections=1"
+        );
+        let one = Count::requests(
+            vec![part("http inbound_0.0.0.0_8080", 1), part(NON_HTTP, 0)],
+            vec![],
+        );
+        assert_eq!(one.describe(), "1 active request");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use crate::admin::Client;
 use crate::config::{Drain, Mode, RunConfig};
-use crate::count::{Count, SourceKind};
+use crate::count::{Count, SourceKind, Unit};
 use crate::log::{Level, Logger};
 use crate::outcome::{self, Outcome, Progress, seconds};
 use crate::source::{Reading, Sources};
@@ -112,6 +112,10 @@ fn start_line(cfg: &RunConfig, sources: &Sources) -> String {
             humantime::format_duration(r.settle)
         )
     };
+    let what_count = match sources.unit {
+        Unit::Connections => "active connections",
+        Unit::Requests => "active requests (and non-HTTP connections)",
+    };
     let from = match sources.mode {
         Mode::Auto => format!(
             "Envoy's stats ({}), else {}",
@@ -122,7 +126,7 @@ fn start_line(cfg: &RunConfig, sources: &Sources) -> String {
         Mode::Proc => sources.proc_names(),
     };
     format!(
-        "{drain}, then waiting up to {} (at least {} after the drain) for {target} active connections, counting every {} from {from}",
+        "{drain}, then waiting up to {} (at least {} after the drain) for {target} {what_count}, counting every {} from {from}",
         humantime::format_duration(r.deadline),
         humantime::format_duration(r.min_drain),
         humantime::format_duration(r.interval),
@@ -152,8 +156,8 @@ struct Watch<'a> {
     cfg: &'a RunConfig,
     proc_names: String,
     drained_at: Duration,
-    /// The source of the last successful count.
-    source: Option<SourceKind>,
+    /// The source and unit of the last successful count.
+    source: Option<(SourceKind, Unit)>,
     total: Option<u64>,
     /// Why the last attempt failed, while it keeps failing.
     unknown: Option<String>,
@@ -185,7 +189,7 @@ impl<'a> Watch<'a> {
         match reading.result {
             Ok(count) => {
                 let total = count.total;
-                self.counted(count, reading.stats_failed, now);
+                self.counted(count, reading.fallback, now);
                 Some(total)
             }
             Err(why) => {
@@ -202,21 +206,28 @@ impl<'a> Watch<'a> {
         }
     }
 
-    fn counted(&mut self, count: Count, stats_failed: Option<String>, now: Duration) {
+    fn counted(&mut self, count: Count, fallback: Option<String>, now: Duration) {
         let mut log = lock(self.log);
         for w in &count.warnings {
             log.warn_once(w);
         }
-        let changed_source = self.source != Some(count.source);
+        let wanted = self.cfg.counting.unit;
+        // Which count is in force: a change of source or of unit gets a line, with the reason.
+        let changed_source = self.source != Some((count.source, count.unit));
         if changed_source {
-            match (count.source, stats_failed) {
+            match (count.source, fallback) {
                 (SourceKind::Proc, Some(why)) => log.warn(&format!(
-                    "stats unavailable ({why}); counting from {} instead",
+                    "stats unavailable ({why}); counting {}from {} instead",
+                    if wanted == Unit::Requests { "connections " } else { "" },
                     self.proc_names
                 )),
-                (SourceKind::Stats, _) if self.source.is_some() => {
-                    log.info("Envoy's stats answer again; counting from them")
-                }
+                (SourceKind::Stats, Some(why)) => log.warn(&format!(
+                    "request stats unavailable ({why}); counting connections from Envoy's stats instead"
+                )),
+                (SourceKind::Stats, None) if self.source.is_some() => log.info(match wanted {
+                    Unit::Connections => "Envoy's stats answer again; counting from them",
+                    Unit::Requests => "Envoy's stats report requests again; counting requests",
+                }),
                 _ => {}
             }
         }
@@ -230,7 +241,7 @@ impl<'a> Watch<'a> {
         if worth_a_line {
             self.line_at = now;
         }
-        self.source = Some(count.source);
+        self.source = Some((count.source, count.unit));
         self.total = Some(count.total);
         self.unknown = None;
         let mut p = lock(self.progress);
@@ -282,26 +293,32 @@ mod tests {
         Count::new(source, vec![part], vec![])
     }
 
-    fn ok(c: Count, stats_failed: Option<&str>) -> Reading {
+    fn ok(c: Count, fallback: Option<&str>) -> Reading {
         Reading {
             result: Ok(c),
-            stats_failed: stats_failed.map(str::to_string),
+            fallback: fallback.map(str::to_string),
         }
     }
 
     fn unknown(why: &str) -> Reading {
         Reading {
             result: Err(why.to_string()),
-            stats_failed: Some(why.to_string()),
+            fallback: Some(why.to_string()),
         }
     }
 
     /// Feeds readings one second apart and returns the log and the last progress.
     fn watch(readings: Vec<Reading>, verbose: bool) -> (String, Progress, Vec<Option<u64>>) {
-        let args = RunArgs {
-            verbose,
-            ..RunArgs::default()
-        };
+        watch_with(
+            RunArgs {
+                verbose,
+                ..RunArgs::default()
+            },
+            readings,
+        )
+    }
+
+    fn watch_with(args: RunArgs, readings: Vec<Reading>) -> (String, Progress, Vec<Option<u64>>) {
         let cfg = crate::config::run_config(&args, &|_| None).unwrap();
         let sink = Sink::default();
         let log = Mutex::new(Logger::new(Box::new(sink.clone()), false));
@@ -389,6 +406,48 @@ mod tests {
         let (log, _, _) = watch(readings, true);
         assert_eq!(log.matches("listener 0.0.0.0_15006=2").count(), 3, "{log}");
         assert!(log.contains("min-drain ends in 4.0s"), "{log}");
+    }
+
+    #[test]
+    fn a_request_count_that_falls_back_to_connections_says_which_count_is_in_force() {
+        let args = RunArgs {
+            count: Some("requests".to_string()),
+            ..RunArgs::default()
+        };
+        let requests = || {
+            let part = Part {
+                name: "http inbound_0.0.0.0_8080".to_string(),
+                active: 1,
+            };
+            Count::requests(vec![part], vec![])
+        };
+        let no_rq = "Envoy does not report downstream_rq_active";
+        let (log, p, _) = watch_with(
+            args,
+            vec![
+                ok(requests(), None),
+                ok(count(SourceKind::Stats, 2), Some(no_rq)),
+                ok(count(SourceKind::Proc, 2), Some("connection refused")),
+                ok(requests(), None),
+            ],
+        );
+        let lines: Vec<&str> = log.lines().map(|l| l.split('\t').nth(3).unwrap()).collect();
+        assert_eq!(
+            lines,
+            vec![
+                "1 active request (stats); min-drain ends in 5.0s",
+                "request stats unavailable (Envoy does not report downstream_rq_active); counting connections from Envoy's stats instead",
+                "2 active connections (stats); min-drain ends in 4.0s",
+                "stats unavailable (connection refused); counting connections from /proc/net/tcp and tcp6 instead",
+                "2 active connections (proc); min-drain ends in 3.0s",
+                "Envoy's stats report requests again; counting requests",
+                "1 active request (stats); min-drain ends in 2.0s",
+            ]
+        );
+        assert_eq!(
+            p.last.map(|c| c.describe()),
+            Some("1 active request".to_string())
+        );
     }
 
     #[test]

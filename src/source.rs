@@ -3,9 +3,9 @@
 
 use crate::admin::Client;
 use crate::config::{Counting, Mode};
-use crate::count::Count;
+use crate::count::{Count, Unit};
 use crate::procnet::{Filter, Tally};
-use crate::stats::{self, STATS_PATH};
+use crate::stats::{self, REQUESTS_PATH, STATS_PATH};
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -16,12 +16,14 @@ use std::time::Duration;
 pub struct Reading {
     /// The count, or why nothing could be counted.
     pub result: Result<Count, String>,
-    /// In auto mode: why the stats did not answer this time, if they did not.
-    pub stats_failed: Option<String>,
+    /// Why the preferred count was not made this time, if it was not: the stats did not answer
+    /// (auto falls back to the socket table), or did not report requests (connections instead).
+    pub fallback: Option<String>,
 }
 
 pub struct Sources {
     pub mode: Mode,
+    pub unit: Unit,
     pub admin: Client,
     proc_net: PathBuf,
     filter: Filter,
@@ -31,6 +33,7 @@ impl Sources {
     pub fn new(c: &Counting) -> Sources {
         Sources {
             mode: c.mode,
+            unit: c.unit,
             admin: Client::new(c.admin),
             proc_net: c.proc_net.clone(),
             filter: c.filter(),
@@ -42,60 +45,77 @@ impl Sources {
         format!("{}/tcp and tcp6", self.proc_net.display())
     }
 
-    pub fn stats_url(&self) -> String {
-        self.admin.url(STATS_PATH)
+    /// One query for whatever is counted: connections, or connections and requests together.
+    fn stats_path(&self) -> &'static str {
+        match self.unit {
+            Unit::Connections => STATS_PATH,
+            Unit::Requests => REQUESTS_PATH,
+        }
     }
 
-    /// Counts by the configured mode within `left`.
+    pub fn stats_url(&self) -> String {
+        self.admin.url(self.stats_path())
+    }
+
+    /// Counts by the configured mode and unit within `left`. Requests that Envoy does not report
+    /// become a connection count from its stats; stats that do not answer become, in auto mode,
+    /// a connection count from the socket table. The count says which it is.
     pub fn count(&self, left: Duration) -> Reading {
-        match self.mode {
-            Mode::Stats => Reading {
-                result: self.stats(left).map(|a| a.count),
-                stats_failed: None,
-            },
-            Mode::Proc => Reading {
+        if self.mode == Mode::Proc {
+            return Reading {
                 result: self.proc(),
-                stats_failed: None,
+                fallback: None,
+            };
+        }
+        let stats = self.stats_body(left).and_then(|body| match self.unit {
+            Unit::Connections => self.connections(&body).map(|a| (a.count, None)),
+            Unit::Requests => match self.requests(&body) {
+                Ok((a, _)) => Ok((a.count, None)),
+                Err(why) => self.connections(&body).map(|a| (a.count, Some(why))),
             },
-            Mode::Auto => match self.stats(left) {
-                Ok(a) => Reading {
-                    result: Ok(a.count),
-                    stats_failed: None,
-                },
-                Err(why) => Reading {
-                    result: self
-                        .proc()
-                        .map_err(|proc| format!("stats: {why}; proc: {proc}")),
-                    stats_failed: Some(why),
-                },
+        });
+        match stats {
+            Ok((count, fallback)) => Reading {
+                result: Ok(count),
+                fallback,
+            },
+            Err(why) if self.mode == Mode::Stats => Reading {
+                result: Err(why),
+                fallback: None,
+            },
+            Err(why) => Reading {
+                result: self
+                    .proc()
+                    .map_err(|proc| format!("stats: {why}; proc: {proc}")),
+                fallback: Some(why),
             },
         }
     }
 
-    /// Envoy's own count. Any failure (refused, timeout, non-200, a body that is not text, the
-    /// stat not enabled) is an error: unknown, never zero.
-    pub fn stats(&self, left: Duration) -> Result<stats::Answer, String> {
+    /// Envoy's answer as text. Any failure (refused, timeout, non-200, bytes that are not text)
+    /// is an error: unknown, never zero.
+    pub fn stats_body(&self, left: Duration) -> Result<String, String> {
+        let url = self.stats_url();
         let reply = self
             .admin
-            .get(STATS_PATH, left)
-            .map_err(|e| format!("GET {} failed: {e}", self.stats_url()))?;
+            .get(self.stats_path(), left)
+            .map_err(|e| format!("GET {url} failed: {e}"))?;
         if reply.status != 200 {
-            return Err(format!(
-                "GET {} answered {}",
-                self.stats_url(),
-                reply.describe()
-            ));
+            return Err(format!("GET {url} answered {}", reply.describe()));
         }
-        let body = std::str::from_utf8(&reply.body).map_err(|_| {
-            format!(
-                "GET {} answered with bytes that are not text",
-                self.stats_url()
-            )
-        })?;
-        stats::parse(body, &self.filter.ignore).map_err(|_| {
-            "Envoy does not report downstream_cx_active (its stats_matcher leaves the stat out)"
-                .to_string()
-        })
+        String::from_utf8(reply.body)
+            .map_err(|_| format!("GET {url} answered with bytes that are not text"))
+    }
+
+    /// Envoy's connection count from an answer; a stat that is not enabled is an error.
+    pub fn connections(&self, body: &str) -> Result<stats::Answer, String> {
+        stats::parse(body, &self.filter.ignore).map_err(|_| not_reported("downstream_cx_active"))
+    }
+
+    /// Envoy's request count, and the requests and connections per HTTP connection manager.
+    pub fn requests(&self, body: &str) -> Result<(stats::Answer, Vec<stats::Hcm>), String> {
+        stats::parse_requests(body, &self.filter.ignore)
+            .map_err(|_| not_reported("downstream_rq_active"))
     }
 
     /// The kernel's count. Either table may be missing (no IPv6); both missing or unreadable is
@@ -126,6 +146,10 @@ impl Sources {
         count.warnings.extend(failures);
         Ok(count)
     }
+}
+
+fn not_reported(stat: &str) -> String {
+    format!("Envoy does not report {stat} (its stats_matcher leaves the stat out)")
 }
 
 /// Streams a table line by line: 18,000 sockets are 2.7 MB of text that need not sit in memory.
@@ -170,6 +194,7 @@ mod tests {
         Sources::new(&Counting {
             admin: refused(),
             mode,
+            unit: Unit::Connections,
             ignore: PortSet::default(),
             only: None,
             proc_net,
@@ -187,11 +212,7 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
         let c = r.result.unwrap();
         assert_eq!((c.source, c.total), (SourceKind::Proc, 1));
-        assert!(
-            r.stats_failed
-                .unwrap()
-                .ends_with("failed: connection refused")
-        );
+        assert!(r.fallback.unwrap().ends_with("failed: connection refused"));
     }
 
     #[test]

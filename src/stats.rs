@@ -1,7 +1,8 @@
 //! Interprets the body of `GET /stats?usedonly&filter=downstream_cx_active$` (pure: text in,
-//! count out). The rules and the byte format are in REFERENCE.md, section 1.
+//! count out), and with `--count requests` of `filter=downstream_(cx|rq)_active$`. The rules and
+//! the byte format are in REFERENCE.md, section 1.
 
-use crate::count::{Count, Part, SourceKind};
+use crate::count::{Count, NON_HTTP, Part, SourceKind};
 use crate::log::shorten;
 use crate::ports::PortSet;
 
@@ -9,10 +10,21 @@ use crate::ports::PortSet;
 /// filtered inside Envoy; `$` is sent percent-encoded, which Envoy decodes before matching.
 pub const STATS_PATH: &str = "/stats?usedonly&filter=downstream_cx_active%24";
 
+/// Connections and requests in one answer: `downstream_(cx|rq)_active$`, percent-encoded.
+pub const REQUESTS_PATH: &str = "/stats?usedonly&filter=downstream_%28cx%7Crq%29_active%24";
+
 const PREFIX: &str = "listener.";
 const SUFFIX: &str = ".downstream_cx_active";
 /// Always present when the stat is enabled: our own admin connection is active while Envoy answers.
 const ADMIN_LINE: &str = "listener.admin.downstream_cx_active";
+
+/// Always present when request stats are enabled: our own request is in flight while Envoy answers.
+const ADMIN_RQ_LINE: &str = "http.admin.downstream_rq_active";
+
+/// HTTP connection managers that carry no application traffic: the admin API's, and those of
+/// Istio's health (15021) and Prometheus (15090) listeners, whose stat prefixes are "agent" and
+/// "stats" in Istio's bootstrap template (istio/istio, tools/packaging/common/envoy_bootstrap.json).
+const INFRA_HCMS: [&str; 3] = ["admin", "agent", "stats"];
 
 /// A gauge above this has wrapped below zero (istio/istio #49229); it means 0.
 const WRAPPED: u64 = 1 << 63;
@@ -57,21 +69,8 @@ pub fn parse(body: &str, ignore: &PortSet) -> Result<Answer, NotEnabled> {
         let Some(listener) = listener_name(name) else {
             continue;
         };
-        let active = match value.trim().parse::<u64>() {
-            Ok(v) if v > WRAPPED => {
-                warnings.push(format!(
-                    "{name} is {v}, a gauge that wrapped below zero; counting it as 0"
-                ));
-                0
-            }
-            Ok(v) => v,
-            Err(_) => {
-                warnings.push(format!(
-                    "skipped a stats line whose value is not a count: '{}'",
-                    shorten(line)
-                ));
-                continue;
-            }
+        let Some(active) = gauge(name, value, line, &mut warnings) else {
+            continue;
         };
         match skip_reason(listener, ignore) {
             Some(why) => skipped.push(Skipped {
@@ -92,6 +91,109 @@ pub fn parse(body: &str, ignore: &PortSet) -> Result<Answer, NotEnabled> {
         count: Count::new(SourceKind::Stats, parts, warnings),
         skipped,
     })
+}
+
+/// One HTTP connection manager's requests and connections, for `status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hcm {
+    pub prefix: String,
+    pub requests: u64,
+    pub connections: u64,
+}
+
+/// Counts requests: `http.<prefix>.downstream_rq_active` over the HTTP connection managers that
+/// carry traffic, plus the connections of listeners that hold no HTTP (TCP proxy streams), found
+/// as the listeners' connections less the HTTP managers' ones. Needs both stats: an answer without
+/// `http.admin.downstream_rq_active` (or without the admin listener's connection line) is unknown.
+pub fn parse_requests(body: &str, ignore: &PortSet) -> Result<(Answer, Vec<Hcm>), NotEnabled> {
+    let connections = parse(body, ignore)?;
+    let mut enabled = false;
+    let mut hcms: Vec<Hcm> = Vec::new();
+    let mut warnings = connections.count.warnings.clone();
+    for line in body.lines().map(str::trim) {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let name = name.trim();
+        enabled |= name == ADMIN_RQ_LINE;
+        let Some(rest) = name.strip_prefix("http.") else {
+            continue;
+        };
+        let (prefix, is_request) = match (
+            rest.strip_suffix(".downstream_rq_active"),
+            rest.strip_suffix(SUFFIX),
+        ) {
+            (Some(p), _) => (p, true),
+            (None, Some(p)) => (p, false),
+            (None, None) => continue,
+        };
+        if prefix.is_empty() || INFRA_HCMS.contains(&prefix) {
+            continue;
+        }
+        let Some(active) = gauge(name, value, line, &mut warnings) else {
+            continue;
+        };
+        let i = match hcms.iter().position(|h| h.prefix == prefix) {
+            Some(i) => i,
+            None => {
+                hcms.push(Hcm {
+                    prefix: prefix.to_string(),
+                    requests: 0,
+                    connections: 0,
+                });
+                hcms.len() - 1
+            }
+        };
+        if is_request {
+            hcms[i].requests = active;
+        } else {
+            hcms[i].connections = active;
+        }
+    }
+    if !enabled {
+        return Err(NotEnabled);
+    }
+    let http_connections = hcms
+        .iter()
+        .map(|h| h.connections)
+        .fold(0, u64::saturating_add);
+    let mut parts: Vec<Part> = hcms
+        .iter()
+        .map(|h| Part {
+            name: format!("http {}", h.prefix),
+            active: h.requests,
+        })
+        .collect();
+    parts.push(Part {
+        name: NON_HTTP.to_string(),
+        active: connections.count.total.saturating_sub(http_connections),
+    });
+    let answer = Answer {
+        count: Count::requests(parts, warnings),
+        skipped: connections.skipped,
+    };
+    Ok((answer, hcms))
+}
+
+/// A gauge's value; a wrapped one counts as 0, one that is not a number is skipped. Each case
+/// leaves a warning.
+fn gauge(name: &str, value: &str, line: &str, warnings: &mut Vec<String>) -> Option<u64> {
+    match value.trim().parse::<u64>() {
+        Ok(v) if v > WRAPPED => {
+            warnings.push(format!(
+                "{name} is {v}, a gauge that wrapped below zero; counting it as 0"
+            ));
+            Some(0)
+        }
+        Ok(v) => Some(v),
+        Err(_) => {
+            warnings.push(format!(
+                "skipped a stats line whose value is not a count: '{}'",
+                shorten(line)
+            ));
+            None
+        }
+    }
 }
 
 /// `listener.<L>.downstream_cx_active` gives `L`, unless it is a per-handler copy
@@ -304,6 +406,73 @@ listener.0.0.0.0_15006.downstream_cx_active_total: 9
 cluster.x.upstream_cx_active: 4
 ";
         assert_eq!(parse(body, &istio()).unwrap().count.total, 0);
+    }
+
+    /// Real Envoy 1.40.0 with the combined filter: an idle connection and a request in flight on
+    /// the inbound listener, a TCP proxy stream, and our own admin request.
+    const REQUESTS: &str = "http.admin.downstream_cx_active: 1
+http.admin.downstream_rq_active: 1
+http.agent.downstream_cx_active: 1
+http.agent.downstream_rq_active: 0
+http.inbound_0.0.0.0_8080.downstream_cx_active: 2
+http.inbound_0.0.0.0_8080.downstream_rq_active: 1
+listener.0.0.0.0_15006.downstream_cx_active: 2
+listener.0.0.0.0_15006.worker_0.downstream_cx_active: 2
+listener.0.0.0.0_15021.downstream_cx_active: 1
+listener.0.0.0.0_3306.downstream_cx_active: 1
+listener.0.0.0.0_3306.worker_1.downstream_cx_active: 1
+listener.admin.downstream_cx_active: 1
+listener.admin.main_thread.downstream_cx_active: 1
+";
+
+    #[test]
+    fn requests_count_in_flight_requests_and_tcp_streams_but_not_idle_connections() {
+        let (a, hcms) = parse_requests(REQUESTS, &istio()).unwrap();
+        assert_eq!(
+            parts(&a),
+            vec![
+                ("http inbound_0.0.0.0_8080", 1),
+                ("non-HTTP connections", 1)
+            ],
+            "the idle keep-alive connection is not a request; the TCP stream is a connection"
+        );
+        assert_eq!(a.count.total, 2);
+        assert_eq!(
+            hcms,
+            vec![Hcm {
+                prefix: "inbound_0.0.0.0_8080".to_string(),
+                requests: 1,
+                connections: 2
+            }],
+            "admin and Istio's agent manager are left out"
+        );
+    }
+
+    #[test]
+    fn http2_streams_on_one_connection_are_several_requests() {
+        let body = "http.admin.downstream_rq_active: 1
+http.inbound_0.0.0.0_8080.downstream_cx_active: 1
+http.inbound_0.0.0.0_8080.downstream_rq_active: 3
+listener.0.0.0.0_15006.downstream_cx_active: 1
+listener.admin.downstream_cx_active: 1
+";
+        let (a, _) = parse_requests(body, &istio()).unwrap();
+        assert_eq!(a.count.total, 3);
+        assert_eq!(a.count.describe(), "3 active requests");
+    }
+
+    #[test]
+    fn without_request_stats_requests_are_unknown_but_connections_still_count() {
+        // Istio with EXIT_ON_ZERO_ACTIVE_CONNECTIONS: its matcher adds downstream_cx_active only.
+        assert_eq!(parse_requests(REAL, &istio()), Err(NotEnabled));
+        assert_eq!(parse(REAL, &istio()).unwrap().count.total, 5);
+        let no_listener_stats = "http.admin.downstream_rq_active: 1\n";
+        assert_eq!(parse_requests(no_listener_stats, &istio()), Err(NotEnabled));
+    }
+
+    #[test]
+    fn the_connection_count_ignores_request_lines() {
+        assert_eq!(parse(REQUESTS, &istio()).unwrap().count.total, 3);
     }
 
     #[test]

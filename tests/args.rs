@@ -20,6 +20,8 @@ const CASES: &[(&str, &str, &str, &str)] = &[
     ("run", "--drain", "outbound", "inbound, all or none"),
     ("run", "--drain", "", "inbound, all or none"),
     ("run", "--source", "netstat", "auto, stats or proc"),
+    ("run", "--count", "streams", "connections or requests"),
+    ("status", "--count", "all", "connections or requests"),
     (
         "run",
         "--min-drain",
@@ -63,6 +65,16 @@ fn every_bad_value_exits_2_with_one_line_naming_the_flag() {
         );
         assert_eq!(out.stderr.lines().count(), 1, "{out}");
     }
+}
+
+#[test]
+fn requests_from_the_socket_table_are_refused_because_it_knows_no_requests() {
+    let out = run(command(&["run", "--count", "requests", "--source", "proc"]));
+    assert_eq!(out.code, Some(2), "{out}");
+    assert_eq!(
+        out.stderr,
+        "envoy-drain: invalid value 'requests' for --count: expected connections with --source proc: only Envoy's stats know requests\n"
+    );
 }
 
 #[test]

@@ -42,6 +42,7 @@ fn help_lists_the_commands_and_exit_codes() {
         "--admin",
         "--drain",
         "--source",
+        "--count",
         "--min-drain",
         "--deadline",
         "--interval",

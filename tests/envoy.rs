@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use support::app::App;
 use support::envoy::{self, APP, Envoy, HEALTH, INBOUND, OUTBOUND, Options};
-use support::http::{Conn, in_flight};
+use support::http::{Conn, H2, in_flight};
 use support::netns::in_private_netns;
 use support::{Finished, command, run, spawn};
 
@@ -31,7 +31,7 @@ fn counts(out: &Finished) -> Vec<String> {
     out.stderr
         .lines()
         .filter_map(|l| l.split('\t').nth(3))
-        .filter(|m| m.starts_with(|c: char| c.is_ascii_digit()) && m.contains(" active connection"))
+        .filter(|m| m.starts_with(|c: char| c.is_ascii_digit()) && m.contains(" active "))
         .map(|m| m.split(';').next().unwrap_or_default().to_string())
         .collect()
 }
@@ -348,5 +348,166 @@ fn two_runs_at_once_both_drain_harmlessly_and_wait_for_the_same_request() {
                 "both wait for the response and end soon after it {out}"
             );
         }
+    });
+}
+
+#[test]
+fn counting_requests_ignores_an_idle_connection_that_holds_a_connection_count_to_its_deadline() {
+    scenario(|bin| {
+        let app = App::start(APP, false);
+        let _envoy = start(&bin);
+        // A client's idle keep-alive pool: one connection, no request.
+        let mut idle = Conn::open(INBOUND).unwrap();
+        assert_eq!(idle.get("/ok").unwrap().status, 200);
+        let slow = in_flight(INBOUND, "/delay/1.5");
+        app.wait_received(1, 10 * SECOND);
+        let requests = spawn(command(&[
+            "run",
+            "--count",
+            "requests",
+            "--min-drain",
+            "0s",
+            "--deadline",
+            "8s",
+        ]));
+        let connections = spawn(command(&["run", "--min-drain", "0s", "--deadline", "3s"]));
+        let (resp, answered) = slow.join().unwrap().expect("the slow request completes");
+        assert_eq!(resp.status, 200, "{resp:?}");
+
+        let out = requests.finish();
+        assert_eq!(out.code, Some(0), "{out}");
+        assert_eq!(
+            counts(&out).first().map(String::as_str),
+            Some("1 active request (stats)"),
+            "{out}"
+        );
+        assert!(
+            out.ended >= answered && out.ended - answered < SECOND,
+            "exits right after the slow response {out}"
+        );
+        let out = connections.finish();
+        assert_eq!(out.code, Some(1), "{out}");
+        assert!(
+            out.last_line()
+                .contains("1 active connection (stats) still open: listener 0.0.0.0_15006=1"),
+            "the idle connection holds the connection count to the deadline {out}"
+        );
+        drop(idle);
+    });
+}
+
+#[test]
+fn a_tcp_proxy_stream_keeps_a_request_count_waiting() {
+    scenario(|bin| {
+        let _app = App::start(APP, false);
+        let _envoy = start(&bin);
+        let stream = std::net::TcpStream::connect("127.0.0.1:3306").unwrap();
+        let out = run(command(&[
+            "run",
+            "--count",
+            "requests",
+            "--min-drain",
+            "0s",
+            "--deadline",
+            "2s",
+        ]));
+        assert_eq!(out.code, Some(1), "{out}");
+        assert!(
+            out.last_line().contains(
+                "0 active requests and 1 non-HTTP connection (stats) still open: non-HTTP connections=1"
+            ),
+            "{out}"
+        );
+        drop(stream);
+    });
+}
+
+#[test]
+fn http2_streams_on_one_connection_count_as_several_requests() {
+    scenario(|bin| {
+        let app = App::start(APP, false);
+        let _envoy = start(&bin);
+        let mut h2 = H2::open(INBOUND).unwrap();
+        for _ in 0..3 {
+            h2.get("/delay/1.5").unwrap();
+        }
+        app.wait_received(3, 10 * SECOND);
+        let status = run(command(&[
+            "status", "--source", "stats", "--count", "requests",
+        ]));
+        let row: Option<Vec<&str>> = status
+            .stdout
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|w| w.first() == Some(&"inbound_0.0.0.0_8080"));
+        assert_eq!(
+            row,
+            Some(vec!["inbound_0.0.0.0_8080", "3", "1"]),
+            "three requests on one connection {status}"
+        );
+        let out = run(command(&[
+            "run",
+            "--count",
+            "requests",
+            "--min-drain",
+            "0s",
+            "--interval",
+            "100ms",
+        ]));
+        h2.wait_answered(3, 10 * SECOND);
+        assert_eq!(out.code, Some(0), "{out}");
+        assert_eq!(
+            counts(&out).first().map(String::as_str),
+            Some("3 active requests (stats)"),
+            "{out}"
+        );
+        assert!(
+            out.last_line().contains("0 active requests (stats)"),
+            "the idle h2 connection does not count {out}"
+        );
+    });
+}
+
+#[test]
+fn without_request_stats_a_request_count_falls_back_to_connections_and_says_so() {
+    scenario(|bin| {
+        let app = App::start(APP, false);
+        let merge = Some("tests/envoy/cx-stats-only.yaml");
+        let _envoy = Envoy::start(
+            &bin,
+            Options {
+                merge,
+                ..Options::default()
+            },
+        );
+        let slow = in_flight(INBOUND, "/delay/1");
+        app.wait_received(1, 10 * SECOND);
+        let out = run(command(&[
+            "run",
+            "--count",
+            "requests",
+            "--min-drain",
+            "0s",
+        ]));
+        let (resp, _) = slow.join().unwrap().expect("the request completes");
+        assert_eq!(resp.status, 200);
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(
+            out.stderr.contains(
+                "request stats unavailable (Envoy does not report downstream_rq_active (its stats_matcher leaves the stat out)); counting connections from Envoy's stats instead"
+            ),
+            "{out}"
+        );
+        assert_eq!(
+            counts(&out).first().map(String::as_str),
+            Some("1 active connection (stats)"),
+            "{out}"
+        );
+        assert!(
+            counts(&out)
+                .iter()
+                .all(|c| c.contains(" active connection")),
+            "never a request count that is really connections {out}"
+        );
     });
 }

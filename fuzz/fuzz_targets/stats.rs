@@ -1,4 +1,5 @@
-//! The /stats body parser on any text: no panic, and a count that adds up.
+//! The /stats body parsers (connections, and requests) on any text: no panic, and counts that add
+//! up.
 #![no_main]
 
 use envoy_drain::ports::{ISTIO_INFRA_PORTS, PortSet};
@@ -10,6 +11,13 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let ignore = PortSet::parse(ISTIO_INFRA_PORTS).expect("the default list parses");
+    if let Ok((answer, hcms)) = stats::parse_requests(body, &ignore) {
+        let count = answer.count;
+        let sum = count.parts.iter().map(|p| p.active).fold(0u64, u64::saturating_add);
+        assert_eq!(count.total, sum);
+        assert_eq!(count.parts.len(), hcms.len() + 1, "one part per manager, and the non-HTTP one");
+        assert!(stats::parse(body, &ignore).is_ok(), "requests need the connection stats too");
+    }
     if let Ok(answer) = stats::parse(body, &ignore) {
         let count = answer.count;
         let sum = count.parts.iter().map(|p| p.active).fold(0u64, u64::saturating_add);
