@@ -193,12 +193,13 @@ impl<'a> Watch<'a> {
                 Some(total)
             }
             Err(why) => {
+                // Progress first: a signal's summary must know what the log already says.
+                lock(self.progress).unknown = Some(why.clone());
                 if self.unknown.as_deref() != Some(why.as_str()) {
                     lock(self.log).warn(&format!(
                         "cannot count: {why}; still waiting (an unknown count never ends the wait)"
                     ));
                 }
-                lock(self.progress).unknown = Some(why.clone());
                 self.unknown = Some(why);
                 self.total = None;
                 None
@@ -207,6 +208,12 @@ impl<'a> Watch<'a> {
     }
 
     fn counted(&mut self, count: Count, fallback: Option<String>, now: Duration) {
+        // Progress first: a signal's summary must know what the log already says.
+        {
+            let mut p = lock(self.progress);
+            p.last = Some(count.clone());
+            p.unknown = None;
+        }
         let mut log = lock(self.log);
         for w in &count.warnings {
             log.warn_once(w);
@@ -244,9 +251,6 @@ impl<'a> Watch<'a> {
         self.source = Some((count.source, count.unit));
         self.total = Some(count.total);
         self.unknown = None;
-        let mut p = lock(self.progress);
-        p.last = Some(count);
-        p.unknown = None;
     }
 
     /// `3 active connections (stats); 21.5s left before the deadline`

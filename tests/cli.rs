@@ -5,7 +5,7 @@ mod support;
 
 use std::net::TcpListener;
 use std::time::Duration;
-use support::{command, run};
+use support::{command, one_open_connection, run, temp_dir};
 
 /// A loopback address nothing listens on.
 fn refused() -> String {
@@ -14,13 +14,6 @@ fn refused() -> String {
         .local_addr()
         .unwrap()
         .to_string()
-}
-
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("envoy-drain-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 #[test]
@@ -99,7 +92,7 @@ fn the_kill_switch_exits_0_at_once_with_one_line() {
 
 #[test]
 fn status_with_no_source_answering_exits_3() {
-    let dir = temp_dir("status3");
+    let dir = temp_dir("cli-status3");
     let out = run(command(&[
         "status",
         "--admin",
@@ -122,7 +115,7 @@ fn status_with_no_source_answering_exits_3() {
 
 #[test]
 fn run_that_never_counts_exits_3_at_the_deadline_and_says_why() {
-    let dir = temp_dir("run3");
+    let dir = temp_dir("cli-run3");
     let out = run(command(&[
         "run",
         "--admin",
@@ -160,21 +153,9 @@ fn watch_table(dir: &std::path::Path, extra: &[&str]) -> std::process::Command {
     command(&args)
 }
 
-/// A socket table that always shows one open connection, so the wait goes on until the signal.
-fn one_open_connection(dir: &std::path::Path) {
-    std::fs::write(
-        dir.join("tcp"),
-        "  sl  local_address rem_address   st\n   \
-         0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1\n   \
-         1: 0100007F:1F90 0200007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 2\n",
-    )
-    .unwrap();
-}
-
 #[test]
 fn the_log_file_gets_every_line_and_a_bad_one_is_only_a_warning() {
-    let dir = temp_dir("logfile");
-    one_open_connection(&dir);
+    let dir = one_open_connection("cli-logfile");
     let log = dir.join("hook.log");
     let out = run(watch_table(
         &dir,
@@ -238,7 +219,7 @@ fn fake_agent() -> (String, std::thread::JoinHandle<String>) {
 
 #[test]
 fn then_quit_asks_the_agent_to_stop_the_proxy_once_the_count_is_reached() {
-    let dir = temp_dir("quit");
+    let dir = temp_dir("cli-quit");
     std::fs::write(dir.join("tcp"), "  sl  local_address rem_address   st\n").unwrap();
     let (agent, request) = fake_agent();
     let out = run(watch_table(
@@ -262,8 +243,7 @@ fn then_quit_asks_the_agent_to_stop_the_proxy_once_the_count_is_reached() {
 
 #[test]
 fn a_hanging_admin_api_does_not_hold_the_hook_past_its_deadline() {
-    let dir = temp_dir("hang");
-    one_open_connection(&dir);
+    let dir = one_open_connection("cli-hang");
     // Connections complete in the backlog but are never accepted: requests get no answer.
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let admin = silent.local_addr().unwrap().to_string();

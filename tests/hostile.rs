@@ -8,31 +8,17 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use support::hostile::{FLOOD_BYTES, Fault, Hostile};
 use support::netns::in_private_netns;
-use support::{Finished, command, run};
+use support::{Finished, command, one_open_connection, run};
 
 /// The cap on what envoy-drain reads of one answer (README, "Counting").
 const BODY_LIMIT: u64 = 4 << 20;
 const DEADLINE: Duration = Duration::from_millis(1500);
 
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("envoy-drain-hostile-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 /// `run` against the hostile server, with a socket table that shows one open connection so the
 /// wait lasts until the deadline.
 fn against(fault: Fault) -> (Finished, Hostile) {
     let hostile = Hostile::start(fault);
-    let dir = temp_dir(&format!("{fault:?}"));
-    std::fs::write(
-        dir.join("tcp"),
-        "  sl  local_address rem_address   st\n   \
-         0: 0100007F:3A9E 00000000:0000 0A 0\n   \
-         1: 0100007F:3A9E 0200007F:C350 01 0\n",
-    )
-    .unwrap();
+    let dir = one_open_connection(&format!("hostile-{fault:?}"));
     let out = run(command(&[
         "run",
         "--admin",

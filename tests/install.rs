@@ -5,15 +5,7 @@ mod support;
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
-use support::{BIN, command, run};
-
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("envoy-drain-install-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use support::{BIN, command, run, temp_dir};
 
 fn entries(dir: &std::path::Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -26,7 +18,7 @@ fn entries(dir: &std::path::Path) -> Vec<String> {
 
 #[test]
 fn installs_into_a_directory_as_an_executable_copy_and_says_so_in_one_line() {
-    let dir = temp_dir("dir");
+    let dir = temp_dir("install-dir");
     let out = run(command(&["install", dir.to_str().unwrap()]));
     let installed = dir.join("envoy-drain");
     let original = std::fs::read(BIN).unwrap();
@@ -57,7 +49,7 @@ fn installs_into_a_directory_as_an_executable_copy_and_says_so_in_one_line() {
 
 #[test]
 fn installing_again_replaces_the_file_by_rename_and_leaves_nothing_behind() {
-    let dir = temp_dir("twice");
+    let dir = temp_dir("install-twice");
     let dest = dir.join("hook");
     std::fs::write(&dest, "old binary").unwrap();
     // A process still running the old binary keeps reading the old file, whole.
@@ -84,7 +76,7 @@ fn installing_again_replaces_the_file_by_rename_and_leaves_nothing_behind() {
 
 #[test]
 fn a_destination_that_cannot_be_written_names_the_path_and_the_cause_and_exits_1() {
-    let dir = temp_dir("bad");
+    let dir = temp_dir("install-bad");
     let file = dir.join("plain-file");
     std::fs::write(&file, "x").unwrap();
     let missing = dir.join("no/such/dir/envoy-drain");

@@ -8,22 +8,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
-use support::{command, spawn};
-
-/// A socket table that always shows one open connection, so the wait goes on until a signal.
-fn one_open_connection(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("envoy-drain-signals-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    std::fs::write(
-        d.join("tcp"),
-        "  sl  local_address rem_address   st\n   \
-         0: 0100007F:1F90 00000000:0000 0A 0\n   \
-         1: 0100007F:1F90 0200007F:C350 01 0\n",
-    )
-    .unwrap();
-    d
-}
+use support::{command, one_open_connection, spawn};
 
 fn args(dir: &std::path::Path) -> Vec<String> {
     [
@@ -48,7 +33,7 @@ fn sigterm_and_sigint_print_the_summary_and_exit_143_and_130_at_once() {
         (libc::SIGTERM, 143, "SIGTERM"),
         (libc::SIGINT, 130, "SIGINT"),
     ] {
-        let dir = one_open_connection(name);
+        let dir = one_open_connection(&format!("signals-{name}"));
         let a = args(&dir);
         let mut r = spawn(command(&a.iter().map(String::as_str).collect::<Vec<_>>()));
         r.expect_line("1 active connection (proc)", Duration::from_secs(10));
@@ -91,7 +76,7 @@ fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
 
 #[test]
 fn a_second_signal_ends_the_process_while_the_first_is_stuck_reporting() {
-    let dir = one_open_connection("second");
+    let dir = one_open_connection("signals-second");
     // A stderr pipe nobody reads, made small: the log soon blocks the main thread inside a write
     // while it holds the logger, so the first signal's summary cannot be written.
     let mut fds = [0; 2];

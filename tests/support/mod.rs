@@ -60,6 +60,28 @@ pub struct Running {
     stdout: Option<thread::JoinHandle<String>>,
 }
 
+/// A fresh, empty directory for one test (named after it and this process); the test removes it.
+pub fn temp_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("envoy-drain-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("a temporary directory");
+    d
+}
+
+/// A directory for `--proc-net` whose socket table always shows one open connection, accepted on
+/// port 8080: a wait on it lasts until the deadline or a signal.
+pub fn one_open_connection(name: &str) -> std::path::PathBuf {
+    let d = temp_dir(name);
+    std::fs::write(
+        d.join("tcp"),
+        "  sl  local_address rem_address   st\n   \
+         0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1\n   \
+         1: 0100007F:1F90 0200007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 2\n",
+    )
+    .expect("the fixture table");
+    d
+}
+
 pub fn command(args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.args(args)
