@@ -5,7 +5,9 @@ use argh::FromArgs;
 use envoy_drain::cli::{Cli, Command, InstallArgs, RunArgs, StatusArgs};
 use envoy_drain::log::Logger;
 use envoy_drain::{config, install, outcome, run, signals, source, status};
-use outcome::{EXIT_DEADLINE, EXIT_NOTHING_COUNTED, EXIT_REACHED, EXIT_USAGE, Outcome, Progress};
+use outcome::{
+    EXIT_INSTALL_FAILED, EXIT_NOTHING_COUNTED, EXIT_REACHED, EXIT_USAGE, Outcome, Progress,
+};
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -75,8 +77,10 @@ fn run_command(a: &RunArgs, start: Instant) -> i32 {
     let (sig_log, sig_progress) = (Arc::clone(&log), Arc::clone(&progress));
     let caught = signals::on_interrupt(move |sig| {
         let outcome = Outcome::Interrupted(sig);
-        run::finish(outcome, &sig_log, &sig_progress, start, deadline);
-        std::process::exit(outcome.exit_code());
+        // When the wait has just ended, its own summary and exit code stand.
+        if run::finish(outcome, &sig_log, &sig_progress, start, deadline) {
+            std::process::exit(outcome.exit_code());
+        }
     });
     if !caught {
         run::lock(&log).warn(
@@ -84,7 +88,7 @@ fn run_command(a: &RunArgs, start: Instant) -> i32 {
         );
     }
     let outcome = run::run(&cfg, &log, &progress, start);
-    run::finish(outcome, &log, &progress, start, deadline);
+    let _ = run::finish(outcome, &log, &progress, start, deadline);
     outcome.exit_code()
 }
 
@@ -115,7 +119,7 @@ fn install_command(a: &InstallArgs) -> i32 {
         }
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "envoy-drain: {e}");
-            EXIT_DEADLINE
+            EXIT_INSTALL_FAILED
         }
     }
 }

@@ -10,6 +10,8 @@ pub const EXIT_REACHED: i32 = 0;
 pub const EXIT_DEADLINE: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;
 pub const EXIT_NOTHING_COUNTED: i32 = 3;
+/// `install` could not copy the binary.
+pub const EXIT_INSTALL_FAILED: i32 = 1;
 pub const EXIT_SIGINT: i32 = 130;
 pub const EXIT_SIGTERM: i32 = 143;
 

@@ -8,6 +8,7 @@ use crate::log::{Level, Logger};
 use crate::outcome::{self, Outcome, Progress, seconds};
 use crate::source::{Reading, Sources};
 use crate::wait::{self, Clock};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -73,14 +74,20 @@ pub fn run(
     outcome
 }
 
-/// Writes the summary as the last line.
+/// Set by the first summary: a signal that arrives as the wait ends must not add a second one.
+static SUMMARY_WRITTEN: AtomicBool = AtomicBool::new(false);
+
+/// Writes the summary as the last line, unless one was written already; says whether it wrote.
 pub fn finish(
     outcome: Outcome,
     log: &Mutex<Logger>,
     progress: &Mutex<Progress>,
     start: Instant,
     deadline: Duration,
-) {
+) -> bool {
+    if SUMMARY_WRITTEN.swap(true, Ordering::SeqCst) {
+        return false;
+    }
     let line = outcome::summary(outcome, start.elapsed(), deadline, &lock(progress));
     let level = match outcome {
         Outcome::Reached => Level::Info,
@@ -90,6 +97,7 @@ pub fn finish(
     let mut log = lock(log);
     log.end_live();
     log.line(level, &line);
+    true
 }
 
 fn start_line(cfg: &RunConfig, sources: &Sources) -> String {
