@@ -35,15 +35,6 @@ pub enum Unit {
     Requests,
 }
 
-impl Unit {
-    pub fn name(self) -> &'static str {
-        match self {
-            Unit::Connections => "connections",
-            Unit::Requests => "requests",
-        }
-    }
-}
-
 /// The part of a request count that is connections without HTTP (TCP proxy streams).
 pub const NON_HTTP: &str = "non-HTTP connections";
 

@@ -7,10 +7,10 @@ use std::io::{self, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-pub const BINARY_NAME: &str = "envoy-drain";
+const BINARY_NAME: &str = "envoy-drain";
 
 /// Where the copy goes: `DEST/envoy-drain` when DEST is a directory, else DEST itself.
-pub fn target(dest: &Path) -> PathBuf {
+fn target(dest: &Path) -> PathBuf {
     if dest.is_dir() {
         dest.join(BINARY_NAME)
     } else {
