@@ -269,7 +269,7 @@ impl<'a> Watch<'a> {
         } else {
             String::new()
         };
-        let min_drain_end = self.drained_at + r.min_drain;
+        let min_drain_end = self.drained_at.saturating_add(r.min_drain);
         let when = if now < min_drain_end {
             format!("min-drain ends in {}", seconds(min_drain_end - now))
         } else {

@@ -31,7 +31,7 @@ pub fn wait(
     clock: &mut impl Clock,
     mut count: impl FnMut(Duration) -> Option<u64>,
 ) -> Outcome {
-    let drain_done = drained_at + rules.min_drain;
+    let drain_done = drained_at.saturating_add(rules.min_drain);
     let mut low_since: Option<Duration> = None;
     let mut counted = false;
     loop {
@@ -48,9 +48,10 @@ pub fn wait(
             }
             _ => low_since = None,
         }
-        let mut next = started + rules.interval;
+        let mut next = started.saturating_add(rules.interval);
         if let Some(since) = low_since {
-            let done_at = drain_done.max(since + rules.settle);
+            // Saturating: durations up to u64::MAX seconds parse, and must not overflow here.
+            let done_at = drain_done.max(since.saturating_add(rules.settle));
             if now >= done_at {
                 return Outcome::Reached;
             }
@@ -241,6 +242,30 @@ mod tests {
         };
         let (o, end, _) = run(&r, &[(0, Some(0))], ms(0));
         assert_eq!((o, end), (Outcome::Deadline, ms(3000)));
+    }
+
+    #[test]
+    fn the_largest_durations_that_parse_never_overflow() {
+        let huge = Duration::from_secs(u64::MAX);
+        // A settle time added to a count taken after the first second.
+        let settle = Rules {
+            settle: huge,
+            exit_at: 5,
+            ..rules()
+        };
+        let (o, end, _) = run(&settle, &[(0, Some(1))], ms(1500));
+        assert_eq!((o, end), (Outcome::Deadline, ms(25000)));
+        // An interval added to a count taken at 2 s, when the min-drain ended.
+        let interval = Rules {
+            interval: huge,
+            min_drain: ms(2000),
+            ..rules()
+        };
+        let (o, end, at) = run(&interval, &[(0, Some(0)), (1000, Some(3))], ms(0));
+        assert_eq!(
+            (o, end, at),
+            (Outcome::Deadline, ms(25000), vec![ms(0), ms(2000)])
+        );
     }
 
     #[test]
