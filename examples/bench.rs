@@ -8,6 +8,7 @@
 mod support {
     pub mod app;
     pub mod envoy;
+    pub mod h2;
     pub mod http;
     pub mod netns;
 }

@@ -36,7 +36,9 @@ pub enum Command {
 #[derive(FromArgs, Debug, PartialEq, Default)]
 #[argh(subcommand, name = "run")]
 pub struct RunArgs {
-    /// envoy admin address: host:port, [::1]:port or http://host:port (default: 127.0.0.1:15000)
+    /// the address of Envoy's admin API, whose listener also tells the proc source which process
+    /// is Envoy:
+    /// host:port, [::1]:port or http://host:port (default: 127.0.0.1:15000)
     #[argh(option)]
     pub admin: Option<String>,
 
@@ -78,8 +80,8 @@ pub struct RunArgs {
     #[argh(option)]
     pub ignore_ports: Option<String>,
 
-    /// proc source only: count only sockets with one of these local ports, e.g. 15006,15001
-    /// (default: every port not ignored)
+    /// proc source only: of the connections Envoy accepted, count only those on these local
+    /// ports, e.g. 15006 (default: all)
     #[argh(option)]
     pub ports: Option<String>,
 
@@ -105,11 +107,14 @@ pub struct RunArgs {
     pub verbose: bool,
 }
 
-/// Print what `run` would count right now, per listener and per source; changes nothing.
+/// Print what `run` would count right now, per source, and what it leaves out and why; changes
+/// nothing.
 #[derive(FromArgs, Debug, PartialEq, Default)]
 #[argh(subcommand, name = "status")]
 pub struct StatusArgs {
-    /// envoy admin address: host:port, [::1]:port or http://host:port (default: 127.0.0.1:15000)
+    /// the address of Envoy's admin API, whose listener also tells the proc source which process
+    /// is Envoy:
+    /// host:port, [::1]:port or http://host:port (default: 127.0.0.1:15000)
     #[argh(option)]
     pub admin: Option<String>,
 
@@ -126,7 +131,8 @@ pub struct StatusArgs {
     #[argh(option)]
     pub ignore_ports: Option<String>,
 
-    /// proc source only: count only sockets with one of these local ports (default: all)
+    /// proc source only: of the connections Envoy accepted, count only those on these local
+    /// ports (default: all)
     #[argh(option)]
     pub ports: Option<String>,
 

@@ -18,7 +18,7 @@ impl SourceKind {
     }
 
     /// How a part is named in log lines: stats parts are listener names, proc parts already
-    /// say what they are (`port 15006`, `outgoing to port 443`).
+    /// say what they are (`port 15006`, `port 8080 (TPROXY)`).
     pub fn label(self, part: &str) -> String {
         match self {
             SourceKind::Stats => format!("listener {part}"),
@@ -46,6 +46,13 @@ pub struct Part {
     pub active: u64,
 }
 
+/// Sockets seen but left out of a count, and why: `status` lists them so nobody has to guess.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Excluded {
+    pub why: String,
+    pub n: u64,
+}
+
 /// A successful count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Count {
@@ -57,6 +64,18 @@ pub struct Count {
     pub parts: Vec<Part>,
     /// Things the parser skipped or corrected, each worth one warning per run.
     pub warnings: Vec<String>,
+    /// What was seen but not counted.
+    pub excluded: Vec<Excluded>,
+    /// How the count told what counts (whose sockets are Envoy's), worth a line when it changes.
+    pub basis: Option<Basis>,
+}
+
+/// How a socket-table count told Envoy's sockets from the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Basis {
+    pub text: String,
+    /// Envoy's sockets could not be told apart, so the count may hold more than Envoy's.
+    pub degraded: bool,
 }
 
 impl Count {
@@ -67,6 +86,19 @@ impl Count {
             total: parts.iter().map(|p| p.active).fold(0, u64::saturating_add),
             parts,
             warnings,
+            excluded: Vec::new(),
+            basis: None,
+        }
+    }
+
+    pub fn with_excluded(self, excluded: Vec<Excluded>) -> Count {
+        Count { excluded, ..self }
+    }
+
+    pub fn with_basis(self, basis: Basis) -> Count {
+        Count {
+            basis: Some(basis),
+            ..self
         }
     }
 

@@ -1,6 +1,6 @@
 //! envoy-drain's parts, one file per role: arguments become a config (cli, config); a source
-//! becomes a count (admin and stats for Envoy, procnet for the kernel's socket table, source for
-//! the choice between them); the wait turns counts and time into an outcome (wait, outcome); run,
+//! becomes a count (admin and stats for Envoy; sockets reads the kernel's socket table and
+//! procnet interprets it; source makes the one choice between them); the wait turns counts and time into an outcome (wait, outcome); run,
 //! status and install are the commands; log writes the lines. The binary is src/main.rs; the
 //! fuzz targets in fuzz/ call the parsers directly.
 
@@ -16,6 +16,7 @@ pub mod ports;
 pub mod procnet;
 pub mod run;
 pub mod signals;
+pub mod sockets;
 pub mod source;
 pub mod stats;
 pub mod status;

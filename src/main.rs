@@ -97,7 +97,7 @@ fn status_command(a: &StatusArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return usage(&e.to_string()),
     };
-    let (text, counted) = status::report(&source::Sources::new(&counting));
+    let (text, counted) = status::report(&mut source::Sources::new(&counting));
     let _ = write!(std::io::stdout(), "{text}");
     if counted {
         EXIT_REACHED

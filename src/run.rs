@@ -3,7 +3,7 @@
 
 use crate::admin::Client;
 use crate::config::{Drain, Mode, RunConfig};
-use crate::count::{Count, SourceKind, Unit};
+use crate::count::{Basis, Count, SourceKind, Unit};
 use crate::log::{Level, Logger};
 use crate::outcome::{self, Outcome, Progress, seconds};
 use crate::source::{Reading, Sources};
@@ -39,7 +39,7 @@ pub fn run(
     progress: &Mutex<Progress>,
     start: Instant,
 ) -> Outcome {
-    let sources = Sources::new(&cfg.counting);
+    let mut sources = Sources::new(&cfg.counting);
     let mut clock = RealClock(start);
     let left = |clock: &RealClock| cfg.rules.deadline.saturating_sub(clock.now());
     for w in &cfg.warnings {
@@ -169,6 +169,8 @@ struct Watch<'a> {
     total: Option<u64>,
     /// Why the last attempt failed, while it keeps failing.
     unknown: Option<String>,
+    /// How the last socket-table count told Envoy's sockets apart.
+    basis: Option<Basis>,
     line_at: Duration,
 }
 
@@ -189,6 +191,7 @@ impl<'a> Watch<'a> {
             source: None,
             total: None,
             unknown: None,
+            basis: None,
             line_at: Duration::ZERO,
         }
     }
@@ -226,6 +229,7 @@ impl<'a> Watch<'a> {
         for w in &count.warnings {
             log.warn_once(w);
         }
+
         let wanted = self.cfg.counting.unit;
         // Which count is in force: a change of source or of unit gets a line, with the reason.
         let changed_source = self.source != Some((count.source, count.unit));
@@ -245,6 +249,12 @@ impl<'a> Watch<'a> {
                 }),
                 _ => {}
             }
+        }
+        if count.basis.is_some() && count.basis != self.basis {
+            if let Some(b) = &count.basis {
+                log.line(if b.degraded { Level::Warn } else { Level::Info }, &b.text);
+            }
+            self.basis = count.basis.clone();
         }
         let worth_a_line = changed_source
             || self.unknown.is_some()

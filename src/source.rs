@@ -1,14 +1,13 @@
-//! The two ways to count: Envoy's stats over the admin API, and the kernel's socket table. `auto`
-//! tries stats and falls back to the table for any count where stats cannot answer.
+//! The sources and the one decision between them, which `run` and `status` both use: Envoy's
+//! stats over the admin API, else (auto) the kernel's socket table; with `--count requests`, the
+//! request gauge, else connections.
 
 use crate::admin::Client;
 use crate::config::{Counting, Mode};
 use crate::count::{Count, Unit};
-use crate::procnet::{Filter, Tally};
-use crate::stats::{self, REQUESTS_PATH, STATS_PATH};
-use std::fs::File;
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use crate::ports::PortSet;
+use crate::sockets::SocketTable;
+use crate::stats::{self, Answer, Hcm, REQUESTS_PATH, STATS_PATH};
 use std::time::Duration;
 
 /// One attempt to count.
@@ -21,12 +20,28 @@ pub struct Reading {
     pub fallback: Option<String>,
 }
 
+/// What one answer of the stats said.
+#[derive(Debug, Clone)]
+pub struct StatsLook {
+    pub connections: Result<Answer, String>,
+    /// With `--count requests`: the request count and each HTTP connection manager's figures.
+    pub requests: Option<Result<(Answer, Vec<Hcm>), String>>,
+}
+
+/// Everything one count looked at; a source that was not read is `None`.
+#[derive(Debug, Clone)]
+pub struct Look {
+    pub stats: Option<StatsLook>,
+    pub proc: Option<Result<Count, String>>,
+}
+
 pub struct Sources {
     pub mode: Mode,
     pub unit: Unit,
     pub admin: Client,
-    proc_net: PathBuf,
-    filter: Filter,
+    /// `--ignore-ports`, which the stats apply to listener names.
+    ignore: PortSet,
+    table: SocketTable,
 }
 
 impl Sources {
@@ -35,14 +50,14 @@ impl Sources {
             mode: c.mode,
             unit: c.unit,
             admin: Client::new(c.admin),
-            proc_net: c.proc_net.clone(),
-            filter: c.filter(),
+            ignore: c.ignore.clone(),
+            table: SocketTable::new(&c.proc_net, c.filter(), c.admin),
         }
     }
 
     /// `/proc/net/tcp and tcp6`, for log lines.
     pub fn proc_names(&self) -> String {
-        format!("{}/tcp and tcp6", self.proc_net.display())
+        self.table.names()
     }
 
     /// One query for whatever is counted: connections, or connections and requests together.
@@ -57,44 +72,43 @@ impl Sources {
         self.admin.url(self.stats_path())
     }
 
-    /// Counts by the configured mode and unit within `left`. Requests that Envoy does not report
-    /// become a connection count from its stats; stats that do not answer become, in auto mode,
-    /// a connection count from the socket table. The count says which it is.
-    pub fn count(&self, left: Duration) -> Reading {
-        if self.mode == Mode::Proc {
-            return Reading {
-                result: self.proc(),
-                fallback: None,
-            };
+    /// Counts by the configured mode and unit within `left`.
+    pub fn count(&mut self, left: Duration) -> Reading {
+        decide(&self.look(left, false))
+    }
+
+    /// Reads the sources the mode allows: the stats first, then the socket table when the
+    /// decision needs it, or always with `every` (`status` shows both).
+    pub fn look(&mut self, left: Duration, every: bool) -> Look {
+        let stats = (self.mode != Mode::Proc).then(|| self.stats(left));
+        let mut look = Look { stats, proc: None };
+        if self.mode != Mode::Stats && (every || decide(&look).result.is_err()) {
+            look.proc = Some(self.table.count());
         }
-        let stats = self.stats_body(left).and_then(|body| match self.unit {
-            Unit::Connections => self.connections(&body).map(|a| (a.count, None)),
-            Unit::Requests => match self.requests(&body) {
-                Ok((a, _)) => Ok((a.count, None)),
-                Err(why) => self.connections(&body).map(|a| (a.count, Some(why))),
+        look
+    }
+
+    fn stats(&self, left: Duration) -> StatsLook {
+        let requests = self.unit == Unit::Requests;
+        match self.stats_body(left) {
+            Ok(body) => StatsLook {
+                connections: stats::parse(&body, &self.ignore)
+                    .map_err(|_| not_reported("downstream_cx_active")),
+                requests: requests.then(|| {
+                    stats::parse_requests(&body, &self.ignore)
+                        .map_err(|_| not_reported("downstream_rq_active"))
+                }),
             },
-        });
-        match stats {
-            Ok((count, fallback)) => Reading {
-                result: Ok(count),
-                fallback,
-            },
-            Err(why) if self.mode == Mode::Stats => Reading {
-                result: Err(why),
-                fallback: None,
-            },
-            Err(why) => Reading {
-                result: self
-                    .proc()
-                    .map_err(|proc| format!("stats: {why}; proc: {proc}")),
-                fallback: Some(why),
+            Err(why) => StatsLook {
+                connections: Err(why.clone()),
+                requests: requests.then_some(Err(why)),
             },
         }
     }
 
     /// Envoy's answer as text. Any failure (refused, timeout, non-200, bytes that are not text)
     /// is an error: unknown, never zero.
-    pub fn stats_body(&self, left: Duration) -> Result<String, String> {
+    fn stats_body(&self, left: Duration) -> Result<String, String> {
         let url = self.stats_url();
         let reply = self
             .admin
@@ -106,71 +120,44 @@ impl Sources {
         String::from_utf8(reply.body)
             .map_err(|_| format!("GET {url} answered with bytes that are not text"))
     }
-
-    /// Envoy's connection count from an answer; a stat that is not enabled is an error.
-    pub fn connections(&self, body: &str) -> Result<stats::Answer, String> {
-        stats::parse(body, &self.filter.ignore).map_err(|_| not_reported("downstream_cx_active"))
-    }
-
-    /// Envoy's request count, and the requests and connections per HTTP connection manager.
-    pub fn requests(&self, body: &str) -> Result<(stats::Answer, Vec<stats::Hcm>), String> {
-        stats::parse_requests(body, &self.filter.ignore)
-            .map_err(|_| not_reported("downstream_rq_active"))
-    }
-
-    /// The kernel's count. Either table may be missing (no IPv6); both missing or unreadable is
-    /// an error.
-    pub fn proc(&self) -> Result<Count, String> {
-        let mut tally = Tally::default();
-        let mut failures = Vec::new();
-        let mut read_any = false;
-        for name in ["tcp", "tcp6"] {
-            let path = self.proc_net.join(name);
-            match read_table(&path, &mut tally, &self.filter) {
-                Ok(()) => read_any = true,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => failures.push(format!("failed to read {}: {e}", path.display())),
-            }
-        }
-        if !read_any {
-            return Err(if failures.is_empty() {
-                format!(
-                    "neither {0}/tcp nor {0}/tcp6 exists",
-                    self.proc_net.display()
-                )
-            } else {
-                failures.join("; ")
-            });
-        }
-        let mut count = tally.finish();
-        count.warnings.extend(failures);
-        Ok(count)
-    }
 }
 
 fn not_reported(stat: &str) -> String {
     format!("Envoy does not report {stat} (its stats_matcher leaves the stat out)")
 }
 
-/// Streams a table line by line: 18,000 sockets are 2.7 MB of text that need not sit in memory.
-fn read_table(path: &std::path::Path, tally: &mut Tally, filter: &Filter) -> std::io::Result<()> {
-    let mut reader = BufReader::with_capacity(64 * 1024, File::open(path)?);
-    let mut line = Vec::with_capacity(256);
-    loop {
-        line.clear();
-        if reader.read_until(b'\n', &mut line)? == 0 {
-            return Ok(());
+/// The one decision: which count is in force, and why the preferred one is not. Requests from
+/// the stats, else connections from the stats, else (auto) connections from the socket table; a
+/// source that was not read cannot decide anything.
+pub fn decide(look: &Look) -> Reading {
+    let from_stats = look
+        .stats
+        .as_ref()
+        .map(|s| match (&s.requests, &s.connections) {
+            (Some(Ok((a, _))), _) => Ok((a.count.clone(), None)),
+            (Some(Err(no_requests)), Ok(a)) => Ok((a.count.clone(), Some(no_requests.clone()))),
+            (_, Ok(a)) => Ok((a.count.clone(), None)),
+            (_, Err(why)) => Err(why.clone()),
+        });
+    let (result, fallback) = match (from_stats, &look.proc) {
+        (Some(Ok((count, fallback))), _) => (Ok(count), fallback),
+        (Some(Err(why)), Some(Ok(count))) => (Ok(count.clone()), Some(why)),
+        (Some(Err(why)), Some(Err(proc))) => {
+            (Err(format!("stats: {why}; proc: {proc}")), Some(why))
         }
-        tally.add_line(&String::from_utf8_lossy(&line), filter);
-    }
+        (Some(Err(why)), None) => (Err(why), None),
+        (None, Some(proc)) => (proc.clone(), None),
+        (None, None) => (Err("no source was read".to_string()), None),
+    };
+    Reading { result, fallback }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::count::SourceKind;
-    use crate::ports::PortSet;
     use std::net::{SocketAddr, TcpListener};
+    use std::path::PathBuf;
 
     /// A loopback port nothing listens on: bound, then closed.
     fn refused() -> SocketAddr {
@@ -201,8 +188,10 @@ mod tests {
         })
     }
 
+    /// A listener on 8080 and one connection it accepted.
     const ONE: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 0100007F:1F90 0200007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 1 1
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1
+   1: 0100007F:1F90 0200007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 2 1
 ";
 
     #[test]
@@ -226,9 +215,10 @@ mod tests {
     #[test]
     fn one_table_missing_is_fine_both_missing_is_unknown() {
         let d = dir("missing", Some(ONE));
-        assert_eq!(sources(Mode::Proc, d.clone()).proc().unwrap().total, 1);
+        let count = |d: &PathBuf| sources(Mode::Proc, d.clone()).count(Duration::ZERO).result;
+        assert_eq!(count(&d).unwrap().total, 1);
         std::fs::remove_file(d.join("tcp")).unwrap();
-        let e = sources(Mode::Proc, d.clone()).proc().unwrap_err();
+        let e = count(&d).unwrap_err();
         std::fs::remove_dir_all(&d).unwrap();
         assert!(
             e.starts_with("neither ") && e.ends_with("/tcp6 exists"),
@@ -256,5 +246,82 @@ mod tests {
                 .unwrap_err()
                 .ends_with("no time left before the deadline")
         );
+    }
+
+    fn proc_count(n: u64) -> Count {
+        let part = crate::count::Part {
+            name: "port 15006".to_string(),
+            active: n,
+        };
+        Count::new(SourceKind::Proc, vec![part], vec![])
+    }
+
+    fn answer(n: u64) -> Answer {
+        let part = crate::count::Part {
+            name: "0.0.0.0_15006".to_string(),
+            active: n,
+        };
+        Answer {
+            count: Count::new(SourceKind::Stats, vec![part], vec![]),
+            skipped: vec![],
+        }
+    }
+
+    #[test]
+    fn the_decision_prefers_requests_then_connections_then_the_socket_table() {
+        let stats = |connections: Result<Answer, String>, requests| StatsLook {
+            connections,
+            requests,
+        };
+        let requests = Answer {
+            count: Count::requests(vec![], vec![]),
+            skipped: vec![],
+        };
+        let cases = [
+            (
+                stats(Ok(answer(2)), Some(Ok((requests, vec![])))),
+                Some(Ok(proc_count(5))),
+                Ok("0 active requests".to_string()),
+                None,
+            ),
+            (
+                stats(Ok(answer(2)), Some(Err("no rq".to_string()))),
+                Some(Ok(proc_count(5))),
+                Ok("2 active connections".to_string()),
+                Some("no rq"),
+            ),
+            (
+                stats(Err("refused".to_string()), None),
+                Some(Ok(proc_count(5))),
+                Ok("5 active connections".to_string()),
+                Some("refused"),
+            ),
+            (
+                stats(Err("refused".to_string()), None),
+                Some(Err("no table".to_string())),
+                Err("stats: refused; proc: no table".to_string()),
+                Some("refused"),
+            ),
+            (
+                stats(Err("refused".to_string()), None),
+                None,
+                Err("refused".to_string()),
+                None,
+            ),
+        ];
+        for (s, proc, want, fallback) in cases {
+            let r = decide(&Look {
+                stats: Some(s),
+                proc,
+            });
+            assert_eq!(r.result.map(|c| c.describe()), want);
+            assert_eq!(r.fallback.as_deref(), fallback);
+        }
+        let proc_only = decide(&Look {
+            stats: None,
+            proc: Some(Ok(proc_count(1))),
+        });
+        assert_eq!(proc_only.result.unwrap().total, 1);
+        assert_eq!(proc_only.fallback, None);
     }
 }

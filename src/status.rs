@@ -1,34 +1,18 @@
-//! The `status` command: counts once from each source and prints a table a person reads at a
-//! glance. It changes nothing.
+//! The `status` command: looks at every source once and prints a table a person reads at a
+//! glance: what counts, what does not and why, and what `run` would count (the same decision
+//! `run` makes). It changes nothing.
 
 use crate::admin::REQUEST_TIMEOUT;
-use crate::config::Mode;
-use crate::count::{Count, NON_HTTP, Unit};
-use crate::source::Sources;
+use crate::count::{Count, NON_HTTP, SourceKind};
+use crate::source::{self, Sources};
 use crate::stats::{Answer, Hcm};
 use std::fmt::Write;
 
-/// What the stats said: connections, and with `--count requests` requests too.
-struct Stats {
-    connections: Result<Answer, String>,
-    requests: Option<Result<(Answer, Vec<Hcm>), String>>,
-}
-
 /// The report, and whether the source `run` would use could count.
-pub fn report(sources: &Sources) -> (String, bool) {
-    let stats = (sources.mode != Mode::Proc).then(|| match sources.stats_body(REQUEST_TIMEOUT) {
-        Ok(body) => Stats {
-            connections: sources.connections(&body),
-            requests: (sources.unit == Unit::Requests).then(|| sources.requests(&body)),
-        },
-        Err(why) => Stats {
-            connections: Err(why.clone()),
-            requests: (sources.unit == Unit::Requests).then_some(Err(why)),
-        },
-    });
-    let proc = (sources.mode != Mode::Stats).then(|| sources.proc());
+pub fn report(sources: &mut Sources) -> (String, bool) {
+    let look = sources.look(REQUEST_TIMEOUT, true);
     let mut out = String::new();
-    if let Some(stats) = &stats {
+    if let Some(stats) = &look.stats {
         let _ = writeln!(out, "stats: GET {}", sources.stats_url());
         match &stats.connections {
             Ok(a) => stats_table(&mut out, a),
@@ -44,34 +28,26 @@ pub fn report(sources: &Sources) -> (String, bool) {
             _ => {}
         }
     }
-    if let Some(proc) = &proc {
-        if stats.is_some() {
+    if let Some(proc) = &look.proc {
+        if look.stats.is_some() {
             out.push('\n');
         }
         let _ = writeln!(out, "proc: {}", sources.proc_names());
         match proc {
-            Ok(c) => table(&mut out, "connections", c),
+            Ok(c) => proc_table(&mut out, c),
             Err(why) => {
                 let _ = writeln!(out, "  unavailable: {why}");
             }
         }
     }
-    let from_stats = stats
-        .as_ref()
-        .and_then(|s| match (&s.requests, &s.connections) {
-            (Some(Ok((a, _))), _) => Some((&a.count, "")),
-            (Some(Err(_)), Ok(a)) => Some((&a.count, ", because Envoy does not report requests")),
-            (None, Ok(a)) => Some((&a.count, "")),
-            _ => None,
-        });
-    let used = match (from_stats, &proc) {
-        (Some(used), _) => Some(used),
-        (None, Some(Ok(c))) if stats.is_some() => Some((c, ", because the stats are unavailable")),
-        (None, Some(Ok(c))) => Some((c, "")),
-        _ => None,
-    };
-    match used {
-        Some((c, why)) => {
+    let reading = source::decide(&look);
+    match &reading.result {
+        Ok(c) => {
+            let why = match (c.source, &reading.fallback) {
+                (SourceKind::Proc, Some(_)) => ", because the stats are unavailable",
+                (SourceKind::Stats, Some(_)) => ", because Envoy does not report requests",
+                _ => "",
+            };
             let _ = writeln!(
                 out,
                 "\nrun would count {} (from {}{why})",
@@ -79,9 +55,9 @@ pub fn report(sources: &Sources) -> (String, bool) {
                 c.source.name()
             );
         }
-        None => out.push_str("\nrun could not count anything right now\n"),
+        Err(_) => out.push_str("\nrun could not count anything right now\n"),
     }
-    (out, used.is_some())
+    (out, reading.result.is_ok())
 }
 
 fn stats_table(out: &mut String, a: &Answer) {
@@ -92,6 +68,29 @@ fn stats_table(out: &mut String, a: &Answer) {
             "  not counted: {} ({}), {} active",
             s.name, s.why, s.active
         );
+    }
+}
+
+/// What counts, then every other socket of the table with why it does not.
+fn proc_table(out: &mut String, c: &Count) {
+    if let Some(basis) = &c.basis {
+        let _ = writeln!(out, "  {}", basis.text);
+    }
+    table(out, "accepted on", c);
+    if c.excluded.is_empty() {
+        return;
+    }
+    let heading = "not counted";
+    let width = c
+        .excluded
+        .iter()
+        .map(|e| e.why.chars().count())
+        .chain([heading.len()])
+        .max()
+        .unwrap_or_default();
+    let _ = writeln!(out, "  {heading:<width$}  sockets");
+    for e in &c.excluded {
+        let _ = writeln!(out, "  {:<width$}  {:>7}", e.why, e.n);
     }
 }
 

@@ -277,8 +277,9 @@ fn a_hanging_admin_api_does_not_hold_the_hook_past_its_deadline() {
 
 #[test]
 fn status_reads_a_pods_socket_table_as_the_fixture_expects() {
-    // An Istio pod's table (tests/fixtures/proc-net): IPv4, IPv6 and mapped clients on 15006, a
-    // local pair to the app, an outgoing call, infrastructure ports and closed sockets.
+    // A REDIRECT pod's table (tests/fixtures/proc-net): IPv4, IPv6 and mapped clients on 15006,
+    // the app's call on 15001, Envoy's pools to the app and to 443, the app's own sockets,
+    // infrastructure ports and closed sockets. Not a live table: Envoy is told by its owner.
     let out = run(command(&[
         "status",
         "--source",

@@ -11,7 +11,7 @@ use support::app::App;
 use support::envoy::{self, APP, Envoy, HEALTH, INBOUND, OUTBOUND, Options};
 use support::http::{Conn, H2, in_flight};
 use support::netns::in_private_netns;
-use support::{Finished, command, run, spawn};
+use support::{command, run, spawn};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -24,16 +24,6 @@ fn scenario(f: impl FnOnce(PathBuf) + Send + 'static) {
 
 fn start(bin: &Path) -> Envoy {
     Envoy::start(bin, Options::default())
-}
-
-/// The count lines of a run's log, in order: `3 active connections (stats)`.
-fn counts(out: &Finished) -> Vec<String> {
-    out.stderr
-        .lines()
-        .filter_map(|l| l.split('\t').nth(3))
-        .filter(|m| m.starts_with(|c: char| c.is_ascii_digit()) && m.contains(" active "))
-        .map(|m| m.split(';').next().unwrap_or_default().to_string())
-        .collect()
 }
 
 #[test]
@@ -64,7 +54,7 @@ fn in_flight_requests_all_complete_and_run_exits_right_after_the_last() {
             out.ended >= last && after < Duration::from_millis(500 + 500),
             "exited {after:?} after the last response (interval 500ms) {out}"
         );
-        let seen = counts(&out);
+        let seen = out.counts();
         assert_eq!(
             seen.first().map(String::as_str),
             Some("3 active connections (stats)"),
@@ -155,7 +145,7 @@ fn without_connection_stats_run_counts_sockets_and_still_waits_for_requests() {
         );
         assert!(out.ended >= last, "exited before the last response {out}");
         assert!(
-            counts(&out)
+            out.counts()
                 .iter()
                 .any(|c| c.ends_with("(proc)") && !c.starts_with("0 ")),
             "{out}"
@@ -339,7 +329,7 @@ fn two_runs_at_once_both_drain_harmlessly_and_wait_for_the_same_request() {
             assert_eq!(out.code, Some(0), "{out}");
             assert!(out.stderr.contains("Envoy accepted the drain"), "{out}");
             assert_eq!(
-                counts(&out).first().map(String::as_str),
+                out.counts().first().map(String::as_str),
                 Some("1 active connection (stats)"),
                 "{out}"
             );
@@ -377,7 +367,7 @@ fn counting_requests_ignores_an_idle_connection_that_holds_a_connection_count_to
         let out = requests.finish();
         assert_eq!(out.code, Some(0), "{out}");
         assert_eq!(
-            counts(&out).first().map(String::as_str),
+            out.counts().first().map(String::as_str),
             Some("1 active request (stats)"),
             "{out}"
         );
@@ -457,7 +447,7 @@ fn http2_streams_on_one_connection_count_as_several_requests() {
         h2.wait_answered(3, 10 * SECOND);
         assert_eq!(out.code, Some(0), "{out}");
         assert_eq!(
-            counts(&out).first().map(String::as_str),
+            out.counts().first().map(String::as_str),
             Some("3 active requests (stats)"),
             "{out}"
         );
@@ -499,12 +489,12 @@ fn without_request_stats_a_request_count_falls_back_to_connections_and_says_so()
             "{out}"
         );
         assert_eq!(
-            counts(&out).first().map(String::as_str),
+            out.counts().first().map(String::as_str),
             Some("1 active connection (stats)"),
             "{out}"
         );
         assert!(
-            counts(&out)
+            out.counts()
                 .iter()
                 .all(|c| c.contains(" active connection")),
             "never a request count that is really connections {out}"

@@ -1,9 +1,9 @@
-//! The /proc/net/tcp parser on any lines: no panic, a count that adds up, and never more
-//! connections than socket lines.
+//! The socket-table rule on any lines, with Envoy known by process, by owner or not at all: no
+//! panic, a count that adds up, and every parsed socket either counted or listed with why not.
 #![no_main]
 
 use envoy_drain::ports::{ISTIO_INFRA_PORTS, PortSet};
-use envoy_drain::procnet::{Filter, Tally, parse_line};
+use envoy_drain::procnet::{DEFAULT_EPHEMERAL, Envoy, Filter, Listeners, Rule, Table, count, parse_line};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -12,16 +12,32 @@ fuzz_target!(|data: &[u8]| {
         ignore: PortSet::parse(ISTIO_INFRA_PORTS).expect("the default list parses"),
         only: None,
     };
-    let mut tally = Tally::default();
-    let mut sockets = 0u64;
+    let mut table = Table::default();
+    let mut parsed = 0u64;
     for line in text.lines() {
         if parse_line(line).is_some() {
-            sockets += 1;
+            parsed += 1;
         }
-        tally.add_line(line, &filter);
+        table.add_line(line);
     }
-    let count = tally.finish();
-    let sum: u64 = count.parts.iter().map(|p| p.active).sum();
-    assert_eq!(count.total, sum);
-    assert!(count.total <= sockets);
+    let some_inodes = table.sockets.iter().map(|s| s.inode).filter(|i| i % 2 == 0).collect();
+    let envoys = [
+        Envoy::Unknown,
+        Envoy::User { uid: 1337 },
+        Envoy::User { uid: 0 },
+        Envoy::Process { pid: 1, uid: 0, inodes: some_inodes },
+    ];
+    let mut listeners = Listeners::default();
+    for envoy in &envoys {
+        let rule = Rule {
+            filter: &filter,
+            envoy,
+            ephemeral: DEFAULT_EPHEMERAL,
+        };
+        let c = count(&table, &rule, &mut listeners);
+        let counted: u64 = c.parts.iter().map(|p| p.active).sum();
+        let left_out: u64 = c.excluded.iter().map(|e| e.n).sum();
+        assert_eq!(c.total, counted);
+        assert_eq!(counted + left_out, parsed, "every socket counted or explained");
+    }
 });

@@ -26,7 +26,7 @@ fn repo(path: &str) -> PathBuf {
 pub fn binary() -> Option<PathBuf> {
     let bin = std::env::var_os("ENVOY_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| repo("target/envoy-venv/bin/envoy"));
+        .unwrap_or_else(installed);
     let version = Command::new(&bin)
         .arg("--version")
         .output()
@@ -45,6 +45,37 @@ pub fn binary() -> Option<PathBuf> {
     }
     let _ = writeln!(std::io::stderr(), "SKIPPED real-Envoy test: {why}");
     None
+}
+
+/// Where `bash scripts/envoy` installs the binary: inside the wheel, under target/envoy-venv.
+fn installed() -> PathBuf {
+    let lib = repo("target/envoy-venv/lib");
+    std::fs::read_dir(&lib)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|python| python.path().join("site-packages/envoy/_bin/envoy"))
+        .find(|bin| bin.is_file())
+        .unwrap_or(lib)
+}
+
+/// Whether the admin API on `ADMIN`, in the caller's network namespace, says LIVE.
+pub fn live() -> bool {
+    Conn::open(ADMIN)
+        .and_then(|mut c| c.get("/ready"))
+        .is_ok_and(|r| r.status == 200)
+}
+
+/// Polls `check` every 20 ms until it holds; false when `limit` passes first.
+pub fn until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if check() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    false
 }
 
 pub struct Envoy {
@@ -99,20 +130,12 @@ impl Envoy {
     }
 
     fn wait_live(&self, limit: Duration) {
-        let until = Instant::now() + limit;
-        while Instant::now() < until {
-            let live = Conn::open(ADMIN)
-                .and_then(|mut c| c.get("/ready"))
-                .is_ok_and(|r| r.status == 200);
-            if live {
-                return;
-            }
-            thread::sleep(Duration::from_millis(20));
+        if !until(limit, live) {
+            panic!(
+                "Envoy was not LIVE within {limit:?}; its log:\n{}",
+                self.log()
+            );
         }
-        panic!(
-            "Envoy was not LIVE within {limit:?}; its log:\n{}",
-            self.log()
-        );
     }
 
     pub fn log(&self) -> String {

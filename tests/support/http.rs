@@ -1,6 +1,7 @@
 //! A minimal HTTP/1.1 client that shows exactly what Envoy sent (status, `connection: close`),
 //! and can keep a connection open and idle.
 
+use super::h2;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::thread;
@@ -140,60 +141,22 @@ pub struct H2 {
     done: std::sync::mpsc::Receiver<u32>,
 }
 
-const FRAME_DATA: u8 = 0x0;
-const FRAME_HEADERS: u8 = 0x1;
-const FRAME_SETTINGS: u8 = 0x4;
-const FRAME_PING: u8 = 0x6;
-const END_STREAM: u8 = 0x1;
-const ACK: u8 = 0x1;
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len() as u32;
-    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
-
-/// An HPACK literal header without indexing, its name from the static table.
-fn literal(name_index: u8, value: &str) -> Vec<u8> {
-    let mut b = vec![name_index, value.len() as u8];
-    b.extend_from_slice(value.as_bytes());
-    b
-}
-
 impl H2 {
     pub fn open(addr: &str) -> io::Result<H2> {
         let mut stream = TcpStream::connect(addr)?;
         stream.set_read_timeout(Some(READ_LIMIT))?;
-        stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")?;
-        stream.write_all(&frame(FRAME_SETTINGS, 0, 0, &[]))?;
+        stream.write_all(h2::PREFACE)?;
+        stream.write_all(&h2::frame(h2::SETTINGS, 0, 0, &[]))?;
         let (tx, done) = std::sync::mpsc::channel();
         let mut reader = stream.try_clone()?;
         let mut writer = stream.try_clone()?;
         // Reads frames until the connection ends: acknowledges SETTINGS and PING, and reports
         // each stream whose response has ended.
         thread::spawn(move || {
-            let mut head = [0u8; 9];
-            while reader.read_exact(&mut head).is_ok() {
-                let len =
-                    usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
-                let (kind, flags) = (head[3], head[4]);
-                let id = u32::from_be_bytes([head[5] & 0x7f, head[6], head[7], head[8]]);
-                let mut payload = vec![0; len];
-                if reader.read_exact(&mut payload).is_err() {
-                    return;
-                }
-                let reply = match kind {
-                    FRAME_SETTINGS if flags & ACK == 0 => Some(frame(FRAME_SETTINGS, ACK, 0, &[])),
-                    FRAME_PING if flags & ACK == 0 => Some(frame(FRAME_PING, ACK, 0, &payload)),
-                    _ => None,
-                };
-                if let Some(r) = reply {
-                    let _ = writer.write_all(&r);
-                }
-                if matches!(kind, FRAME_DATA | FRAME_HEADERS) && flags & END_STREAM != 0 {
-                    let _ = tx.send(id);
+            while let Ok(f) = h2::read_frame(&mut reader) {
+                let _ = h2::acknowledge(&f, &mut writer);
+                if matches!(f.kind, h2::DATA | h2::HEADERS) && f.flags & h2::END_STREAM != 0 {
+                    let _ = tx.send(f.stream);
                 }
             }
         });
@@ -208,12 +171,16 @@ impl H2 {
     pub fn get(&mut self, path: &str) -> io::Result<u32> {
         // :method GET (static 2), :scheme http (static 6), then :path (4) and :authority (1).
         let mut block = vec![0x82, 0x86];
-        block.extend(literal(0x04, path));
-        block.extend(literal(0x01, "app"));
+        block.extend(h2::literal(0x04, path));
+        block.extend(h2::literal(0x01, "app"));
         let id = self.next_id;
         self.next_id += 2;
-        self.stream
-            .write_all(&frame(FRAME_HEADERS, END_STREAM | 0x4, id, &block))?;
+        self.stream.write_all(&h2::frame(
+            h2::HEADERS,
+            h2::END_STREAM | h2::END_HEADERS,
+            id,
+            &block,
+        ))?;
         Ok(id)
     }
 

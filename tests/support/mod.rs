@@ -4,11 +4,14 @@
 
 #![allow(dead_code)] // each test crate uses a different part of this module
 
+pub mod agent;
 pub mod app;
 pub mod envoy;
+pub mod h2;
 pub mod hostile;
 pub mod http;
 pub mod netns;
+pub mod pod;
 
 use std::fmt;
 use std::io::{BufRead, BufReader, Read};
@@ -46,6 +49,16 @@ impl Finished {
     /// The last line of the log: the summary.
     pub fn last_line(&self) -> &str {
         self.stderr.lines().last().unwrap_or_default()
+    }
+
+    /// The count lines of the log, in order: `3 active connections (stats)`.
+    pub fn counts(&self) -> Vec<String> {
+        self.stderr
+            .lines()
+            .filter_map(|l| l.split('\t').nth(3))
+            .filter(|m| m.starts_with(|c: char| c.is_ascii_digit()) && m.contains(" active "))
+            .map(|m| m.split(';').next().unwrap_or_default().to_string())
+            .collect()
     }
 }
 

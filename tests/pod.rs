@@ -1,0 +1,286 @@
+//! The hook in a replica of a real Istio pod (support/pod.rs): Istio's capture rules, Envoy as the
+//! proxy's user with Istio's listeners, clusters and default stats matcher, an ADS stream to an
+//! agent, the app as an unprivileged user calling a service on the other side, clients there.
+//! Each scenario runs where the outcome could differ with Istio's default stats (the hook counts
+//! sockets) and with the stats EXIT_ON_ZERO_ACTIVE_CONNECTIONS enables (the hook counts stats),
+//! and under REDIRECT and TPROXY where capture changes what the socket table shows.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+use support::http::{Conn, Response, in_flight};
+use support::pod::{APP, APP_UID, Capture, Options, Pod, Stats};
+use support::{Finished, Running, spawn};
+
+const SECOND: Duration = Duration::from_secs(1);
+/// The hook's --interval in these scenarios; it must end within one of these after the last
+/// response, plus a margin for a shared machine.
+const INTERVAL: Duration = Duration::from_millis(200);
+const MARGIN: Duration = Duration::from_millis(500);
+
+const BOTH_STATS: [Stats; 2] = [Stats::IstioDefault, Stats::ExitOnZero];
+
+/// The preStop command of these scenarios.
+const HOOK: [&str; 7] = [
+    "run",
+    "--min-drain",
+    "500ms",
+    "--interval",
+    "200ms",
+    "--deadline",
+    "20s",
+];
+
+/// The pod, or a skip where Envoy is not installed (a failure under the README's test command).
+fn pod(capture: Capture, stats: Stats, on_sigterm: &'static str) -> Option<Pod> {
+    let options = Options {
+        capture,
+        stats,
+        on_sigterm,
+        ..Options::default()
+    };
+    support::envoy::binary().map(|bin| Pod::start(&bin, Path::new(support::BIN), options))
+}
+
+/// The pod's deletion: the kubelet runs the proxy's preStop hook and, at the same moment, sends
+/// SIGTERM to the app container, which has no hook of its own.
+fn delete(pod: &Pod, hook: &[&str]) -> Running {
+    let running = spawn(pod.hook(hook));
+    pod.sigterm_app();
+    running
+}
+
+/// A request from outside the pod, answered: earlier traffic leaves Envoy's upstream pools
+/// (to the app from 127.0.0.6, and to the other service) open for up to an hour.
+fn warm_up(pod: &Pod) {
+    let resp = pod
+        .client(|| Conn::open(APP).and_then(|mut c| c.get("/call/0")))
+        .expect("the warm-up request");
+    assert_eq!(resp.status, 200, "{resp:?}");
+}
+
+/// The source the hook counts from in this pod.
+fn source(stats: Stats) -> &'static str {
+    match stats {
+        Stats::IstioDefault => "(proc)",
+        Stats::ExitOnZero => "(stats)",
+    }
+}
+
+/// The run waited for something, and ended at 0 from the expected source, within an interval
+/// of `last` (the last response or the app's last call).
+fn ended_right_after(out: &Finished, last: Instant, stats: Stats, what: &str) {
+    assert_eq!(out.code, Some(0), "{what} {out}");
+    let counts = out.counts();
+    assert!(
+        counts.iter().any(|c| !c.starts_with("0 ")),
+        "{what}: the hook saw something open {out}"
+    );
+    let zero = format!("0 active connections {}", source(stats));
+    assert!(out.last_line().contains(&zero), "{what} {out}");
+    assert!(
+        out.ended >= last,
+        "{what}: the hook ended before the last response {out}"
+    );
+    let after = out.ended - last;
+    assert!(
+        after < INTERVAL + MARGIN,
+        "{what}: ended {after:?} after the last response {out}"
+    );
+}
+
+#[test]
+fn pools_left_open_by_earlier_requests_do_not_hold_the_hook_past_the_min_drain() {
+    for stats in BOTH_STATS {
+        let Some(pod) = pod(Capture::Redirect, stats, "serve") else {
+            return;
+        };
+        warm_up(&pod);
+        let out = delete(&pod, &["run", "--min-drain", "1s", "--deadline", "8s"]).finish();
+        assert_eq!(out.code, Some(0), "{stats:?} {out}");
+        assert!(
+            out.elapsed >= SECOND && out.elapsed < SECOND + MARGIN,
+            "exits right after the 1s min-drain, took {:?} ({stats:?}) {out}",
+            out.elapsed
+        );
+        let zero = format!("0 active connections {}", source(stats));
+        assert!(out.last_line().contains(&zero), "{stats:?} {out}");
+    }
+}
+
+/// A request from outside the pod, in flight when the pod is deleted: its response, when it
+/// arrived, and the hook's run.
+fn deleted_during(pod: &mut Pod, path: &str) -> (Response, Instant, Finished) {
+    warm_up(pod);
+    let request = pod.client(|| in_flight(APP, path));
+    pod.app_event(&format!("received {path}"), 10 * SECOND);
+    let hook = delete(pod, &HOOK);
+    let (resp, answered) = request.join().unwrap().expect("the request completes");
+    (resp, answered, hook.finish())
+}
+
+#[test]
+fn a_request_that_calls_another_service_completes_and_the_hook_ends_right_after_it() {
+    for capture in [Capture::Redirect, Capture::Tproxy] {
+        for stats in BOTH_STATS {
+            let what = format!("{capture:?} {stats:?}");
+            let Some(mut pod) = pod(capture, stats, "serve") else {
+                return;
+            };
+            let (resp, answered, out) = deleted_during(&mut pod, "/call/2");
+            assert_eq!(resp.status, 200, "{what} {resp:?}");
+            assert_eq!(
+                resp.body, "app: slept 2s\n",
+                "{what}: the other service answered"
+            );
+            ended_right_after(&out, answered, stats, &what);
+        }
+    }
+}
+
+#[test]
+fn an_app_that_closes_its_listener_at_sigterm_still_gets_its_request_finished() {
+    // nginx's way: the listener goes at once, the request in flight is finished.
+    for capture in [Capture::Redirect, Capture::Tproxy] {
+        for stats in BOTH_STATS {
+            let what = format!("{capture:?} {stats:?}");
+            let Some(mut pod) = pod(capture, stats, "close") else {
+                return;
+            };
+            let (resp, answered, out) = deleted_during(&mut pod, "/local/2");
+            let closed = pod.app_event("closed listener", 10 * SECOND);
+            assert!(closed < answered, "{what}: the listener closed first");
+            assert_eq!(resp.status, 200, "{what} {resp:?}");
+            ended_right_after(&out, answered, stats, &what);
+        }
+    }
+}
+
+#[test]
+fn a_last_outbound_call_after_sigterm_is_waited_for_and_succeeds() {
+    // A deregistration over HTTP, and a final TCP exchange (a database flush), each 1.5 s.
+    for (on_sigterm, result) in [("call", "last call 200"), ("tcp", "last call done")] {
+        for stats in BOTH_STATS {
+            let what = format!("{on_sigterm} {stats:?}");
+            let Some(mut pod) = pod(Capture::Redirect, stats, on_sigterm) else {
+                return;
+            };
+            warm_up(&pod);
+            let hook = delete(&pod, &HOOK);
+            let done = pod.app_event("last call", 10 * SECOND);
+            let out = hook.finish();
+            pod.app_event("exiting", 10 * SECOND);
+            assert!(
+                pod.app_lines().iter().any(|l| l == result),
+                "{what}: the call succeeded {:?} {out}",
+                pod.app_lines()
+            );
+            ended_right_after(&out, done, stats, &what);
+        }
+    }
+}
+
+#[test]
+fn an_idle_keep_alive_client_holds_a_connection_count_to_the_deadline_naming_its_listener() {
+    for (capture, stats, open) in [
+        (Capture::Redirect, Stats::IstioDefault, "port 15006=1"),
+        (
+            Capture::Redirect,
+            Stats::ExitOnZero,
+            "listener 0.0.0.0_15006=1",
+        ),
+        (Capture::Tproxy, Stats::IstioDefault, "port 8080 (TPROXY)=1"),
+    ] {
+        let what = format!("{capture:?} {stats:?}");
+        let Some(pod) = pod(capture, stats, "serve") else {
+            return;
+        };
+        let mut idle = pod.client(|| Conn::open(APP)).unwrap();
+        assert_eq!(idle.get("/local/0").unwrap().status, 200);
+        let out = delete(&pod, &["run", "--min-drain", "0s", "--deadline", "3s"]).finish();
+        assert_eq!(out.code, Some(1), "{what} {out}");
+        let want = format!(
+            "deadline of 3s passed after 3.0s with 1 active connection {} still open: {open}",
+            source(stats)
+        );
+        assert!(out.last_line().contains(&want), "{what} {out}");
+        drop(idle);
+    }
+}
+
+/// The rows of a status section after `heading`, as (name, number).
+fn rows<'a>(stdout: &'a str, heading: &str) -> Vec<(&'a str, u64)> {
+    stdout
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with(heading))
+        .skip(1)
+        .map_while(|l| {
+            let (name, n) = l.trim().rsplit_once(' ')?;
+            Some((name.trim(), n.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn status_shows_what_counts_and_why_the_rest_of_the_pods_table_does_not() {
+    let Some(pod) = pod(Capture::Redirect, Stats::IstioDefault, "serve") else {
+        return;
+    };
+    warm_up(&pod);
+    let mut idle = pod.client(|| Conn::open(APP)).unwrap();
+    assert_eq!(idle.get("/local/0").unwrap().status, 200);
+    let out = support::run(pod.hook(&["status"]));
+    assert_eq!(out.code, Some(0), "{out}");
+    assert!(
+        out.stdout
+            .contains("stats: GET http://127.0.0.1:15000/stats?usedonly&filter=downstream_cx_active%24\n  unavailable: Envoy does not report downstream_cx_active"),
+        "{out}"
+    );
+    assert!(
+        out.stdout
+            .contains("counting what Envoy accepted: Envoy is pid "),
+        "{out}"
+    );
+    assert_eq!(
+        rows(&out.stdout, "accepted on"),
+        vec![("port 15006", 1), ("total", 1)],
+        "{out}"
+    );
+    // Each of Envoy's two workers keeps a pool of its own: one connection or two.
+    let left_out = rows(&out.stdout, "not counted");
+    for want in [
+        "Envoy's upstream connection to port 8080",
+        "Envoy's upstream connection to port 9080",
+        "another process's socket (uid 1000)",
+        "listening",
+    ] {
+        assert!(
+            left_out.iter().any(|(name, n)| *name == want && *n > 0),
+            "{want:?} in {left_out:?} {out}"
+        );
+    }
+    assert!(
+        out.stdout.contains(
+            "run would count 1 active connection (from proc, because the stats are unavailable)"
+        ),
+        "{out}"
+    );
+    assert_eq!(pod.ads_streams(), 1, "Envoy holds its ADS stream");
+
+    // A user who may not read Envoy's /proc/<pid>/fd tells Envoy's sockets by their owner.
+    let other = support::run(pod.hook_as(APP_UID, APP_UID, &["status", "--source", "proc"]));
+    assert_eq!(other.code, Some(0), "{other}");
+    assert!(
+        other.stdout.contains(
+            "telling its sockets by their owner, uid 1337, the owner of the admin listener 127.0.0.1:15000 (failed to read /proc/"
+        ),
+        "{other}"
+    );
+    assert_eq!(
+        rows(&other.stdout, "accepted on"),
+        vec![("port 15006", 1), ("total", 1)],
+        "{other}"
+    );
+    drop(idle);
+}

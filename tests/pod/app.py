@@ -1,0 +1,128 @@
+"""The application container of the pod replica (tests/pod.rs): an HTTP server on port 8080 that,
+as real applications do, calls another service of the mesh on every request. Run as an
+unprivileged user, its outgoing connections are captured by the sidecar's iptables rules.
+
+  GET /call/<seconds>   calls http://10.90.0.3:9080/delay/<seconds> (the other namespace), then
+                        answers 200 with what it got
+  GET /local/<seconds>  answers 200 after <seconds>, calling nothing
+
+On SIGTERM it does what the first argument says, then exits once its requests are done:
+  serve   go on serving until killed
+  close   close its listener at once, finishing the requests in flight (nginx's way)
+  call    make one last HTTP call through the sidecar (a deregistration, say) taking 1.5 s
+  tcp     make one last TCP exchange through the sidecar (10.90.0.3:5432) taking 1.5 s
+
+Every event is a line on stdout, for the test to wait on: `listening`, `received <path>`,
+`answered <path> <status>`, `closed listener`, `last call <result>`, `exiting`.
+"""
+
+import http.client
+import http.server
+import signal
+import socket
+import sys
+import threading
+import time
+
+SERVICE = ("10.90.0.3", 9080)
+DATABASE = ("10.90.0.3", 5432)
+
+# Requests being answered: a graceful shutdown waits for these, not for idle keep-alive
+# connections (Envoy keeps its pool to the app open).
+in_flight = 0
+quiet = threading.Condition()
+
+
+def say(line):
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def call(path):
+    conn = http.client.HTTPConnection(*SERVICE, timeout=30)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def exchange():
+    with socket.create_connection(DATABASE, timeout=30) as conn:
+        conn.sendall(b"wait 1.5\n")
+        return conn.makefile().readline().strip()
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        global in_flight
+        with quiet:
+            in_flight += 1
+        try:
+            self.answer()
+        finally:
+            with quiet:
+                in_flight -= 1
+                quiet.notify_all()
+
+    def answer(self):
+        say("received " + self.path)
+        kind, _, seconds = self.path.strip("/").partition("/")
+        try:
+            delay = float(seconds)
+        except ValueError:
+            delay = 0.0
+        status, body = 200, b"ok\n"
+        if kind == "call":
+            got, reply = call("/delay/%s" % delay)
+            status, body = (200, b"app: " + reply) if got == 200 else (502, b"call failed\n")
+        else:
+            time.sleep(delay)
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+        say("answered %s %d" % (self.path, status))
+
+    def log_message(self, *args):
+        pass
+
+
+def main():
+    on_sigterm = sys.argv[1] if len(sys.argv) > 1 else "serve"
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", 8080), Handler)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    serving = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
+    serving.start()
+    say("listening")
+    stopping.wait()
+    if on_sigterm == "serve":
+        threading.Event().wait()
+    if on_sigterm == "close":
+        server.shutdown()
+        server.socket.close()
+        say("closed listener")
+    try:
+        if on_sigterm == "call":
+            status, _ = call("/delay/1.5")
+            say("last call %d" % status)
+        elif on_sigterm == "tcp":
+            say("last call %s" % exchange())
+    except OSError as e:
+        say("last call failed: %s" % e)
+    server.shutdown()
+    server.socket.close()
+    with quiet:
+        quiet.wait_for(lambda: in_flight == 0)
+    say("exiting")
+
+
+if __name__ == "__main__":
+    main()
