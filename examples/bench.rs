@@ -54,8 +54,121 @@ fn main() {
     let (d, e) = (drain.clone(), envoy.clone());
     println!(
         "{}",
+        support::netns::in_private_netns(move || clusters_cost(&d, &e))
+    );
+    let (d, e) = (drain.clone(), envoy.clone());
+    println!(
+        "{}",
         support::netns::in_private_netns(move || signal(&d, &e))
     );
+}
+
+/// An Envoy with 1,000 clusters of 3 hosts, named as istiod names them, Istio's default stats
+/// matcher: what `--count requests` reads from /clusters on a large unscoped sidecar.
+fn clusters_cost(drain: &Path, envoy: &Path) -> String {
+    const CLUSTERS: usize = 1000;
+    let dir = std::env::temp_dir().join(format!("envoy-drain-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let mut yaml = String::from(
+        "admin:\n  address: { socket_address: { address: 127.0.0.1, port_value: 15000 } }\n\
+         stats_config:\n  stats_matcher:\n    inclusion_list:\n      patterns:\n      - prefix: \"istio\"\n\
+         static_resources:\n  clusters:\n",
+    );
+    for i in 0..CLUSTERS {
+        let name = format!(
+            "outbound|8080||service-{i:04}.namespace-{:02}.svc.cluster.local",
+            i % 50
+        );
+        yaml += &format!(
+            "  - name: \"{name}\"\n    type: STATIC\n    connect_timeout: 1s\n    load_assignment:\n      cluster_name: \"{name}\"\n      endpoints:\n      - lb_endpoints:\n"
+        );
+        for h in 1..=3 {
+            yaml += &format!(
+                "        - endpoint: {{ address: {{ socket_address: {{ address: 10.{}.{}.{h}, port_value: 8080 }} }} }}\n",
+                i / 250,
+                i % 250
+            );
+        }
+    }
+    let config = dir.join("clusters.yaml");
+    std::fs::write(&config, yaml).expect("the config");
+    let mut child = Command::new(envoy)
+        .arg("-c")
+        .arg(&config)
+        .args(["--disable-hot-restart", "-l", "error", "--concurrency", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("Envoy starts");
+    let live = support::envoy::until(Duration::from_secs(30), support::envoy::live);
+    let mut bytes = 0;
+    let mut answers = Vec::new();
+    for _ in 0..20 {
+        let started = Instant::now();
+        let body = Conn::open(support::envoy::ADMIN)
+            .and_then(|mut c| c.get("/clusters"))
+            .map(|r| r.body)
+            .unwrap_or_default();
+        answers.push(started.elapsed());
+        bytes = body.len();
+    }
+    let mut counts = Vec::new();
+    let mut said = String::new();
+    for _ in 0..15 {
+        let started = Instant::now();
+        let out = Command::new(drain)
+            .args(["status", "--count", "requests", "--source", "stats"])
+            .output()
+            .expect("envoy-drain runs");
+        counts.push(started.elapsed());
+        said = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_string();
+    }
+    // Nothing in flight: a 3 s settle time keeps it counting every 500 ms.
+    let hook = Command::new(drain)
+        .args([
+            "run",
+            "--count",
+            "requests",
+            "--drain",
+            "none",
+            "--min-drain",
+            "0s",
+            "--settle",
+            "3s",
+            "--verbose",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("envoy-drain starts");
+    let (rss_kib, cpu) = wait_usage(hook);
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    format!(
+        "## 6. `--count requests` from /clusters at 1,000 clusters\n\nEnvoy 1.40.0 with {CLUSTERS} clusters of 3 hosts named as istiod \
+         names them (`outbound|8080||service-0001.namespace-01.svc.cluster.local`) and Istio's default stats matcher, so \
+         requests come from `GET /clusters` (Envoy up: {live}).\n\n\
+         | figure | value |\n|---|---:|\n\
+         | size of the /clusters answer | {bytes} bytes |\n\
+         | Envoy's answer, read whole (20 trials) | median {:.1} ms, max {:.1} ms |\n\
+         | `status --count requests --source stats` (stats, then /clusters; 15 trials) | median {:.1} ms |\n\
+         | a waiting hook counting from it every 500 ms for 3 s: peak RSS | {:.2} MiB |\n\
+         | the same: CPU time | {:.1} ms |\n\n\
+         The answer holds every cluster and host, about 2 KB a host, so envoy-drain reads it line by line as it arrives \
+         and keeps only three counters a host: memory stays flat whatever its size, and the cap on what it reads of it \
+         is 64 MiB (about 10,000 such clusters), not the 4 MiB of other answers. Last status line: `{said}`.\n",
+        ms(median(answers.clone())),
+        ms(answers.iter().max().copied().unwrap_or_default()),
+        ms(median(counts)),
+        rss_kib as f64 / 1024.0,
+        ms(cpu),
+    )
 }
 
 fn sizes() -> String {

@@ -152,6 +152,7 @@ fn replay(mode: Mode, envoy: &Path, drain: &Path) -> Row {
         stats,
         on_sigterm: "close",
         drain_time_s: DRAIN_DURATION_S,
+        ..Options::default()
     };
     let mut pod = Pod::start(envoy, drain, options);
     // Earlier traffic: Envoy's pools to the app and to the other service stay open.

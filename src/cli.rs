@@ -50,8 +50,9 @@ pub struct RunArgs {
     #[argh(option)]
     pub source: Option<String>,
 
-    /// connections, or requests: HTTP requests in flight plus non-HTTP connections, so idle
-    /// keep-alive connections do not hold the wait; needs Envoy's stats (default: connections)
+    /// connections, or requests: requests in flight (HTTP requests, and TCP streams), so idle
+    /// keep-alive connections do not hold the wait; from Envoy's stats, else its /clusters, else
+    /// connections (default: connections)
     #[argh(option)]
     pub count: Option<String>,
 
@@ -84,6 +85,12 @@ pub struct RunArgs {
     /// ports, e.g. 15006 (default: all)
     #[argh(option)]
     pub ports: Option<String>,
+
+    /// with --count requests from /clusters: comma-separated clusters whose requests never
+    /// count, as names or name* prefixes, for exporters of your own; Istio's own (xds-grpc,
+    /// sds-grpc, agent and the like) never count (default: none)
+    #[argh(option)]
+    pub ignore_clusters: Option<String>,
 
     /// directory holding the socket tables tcp and tcp6 (default: /proc/net)
     #[argh(option)]
@@ -135,6 +142,11 @@ pub struct StatusArgs {
     /// ports (default: all)
     #[argh(option)]
     pub ports: Option<String>,
+
+    /// with --count requests: clusters whose requests never count, as names or name* prefixes
+    /// (default: none)
+    #[argh(option)]
+    pub ignore_clusters: Option<String>,
 
     /// directory holding the socket tables tcp and tcp6 (default: /proc/net)
     #[argh(option)]

@@ -2,6 +2,7 @@
 //! is passed in, so every rule is tested without touching the process.
 
 use crate::cli::{RunArgs, StatusArgs};
+use crate::clusters::{self, Names};
 use crate::count::Unit;
 use crate::error::UsageError;
 use crate::ports::{ISTIO_INFRA_PORTS, PortSet};
@@ -52,6 +53,7 @@ pub struct Counting {
     pub unit: Unit,
     pub ignore: PortSet,
     pub only: Option<PortSet>,
+    pub ignore_clusters: Names,
     pub proc_net: PathBuf,
 }
 
@@ -60,6 +62,13 @@ impl Counting {
         Filter {
             ignore: self.ignore.clone(),
             only: self.only.clone(),
+        }
+    }
+
+    pub fn clusters_rule(&self) -> clusters::Rule {
+        clusters::Rule {
+            ignore_clusters: self.ignore_clusters.clone(),
+            ignore_ports: self.ignore.clone(),
         }
     }
 }
@@ -135,6 +144,7 @@ struct CountingArgs<'a> {
     count: Option<&'a str>,
     ignore: Option<&'a str>,
     only: Option<&'a str>,
+    ignore_clusters: Option<&'a str>,
     proc_net: Option<&'a str>,
 }
 
@@ -145,6 +155,7 @@ fn counting(a: CountingArgs<'_>) -> Result<Counting, UsageError> {
         count,
         ignore,
         only,
+        ignore_clusters,
         proc_net,
     } = a;
     let mode = match source.unwrap_or("auto") {
@@ -180,12 +191,23 @@ fn counting(a: CountingArgs<'_>) -> Result<Counting, UsageError> {
             Some(set)
         }
     };
+    let ignore_clusters = match ignore_clusters {
+        None => Names::default(),
+        Some(v) => Names::parse(v).map_err(|_| {
+            UsageError::new(
+                "--ignore-clusters",
+                v,
+                "comma-separated cluster names or name* prefixes, like otel-collector,outbound|4317||*",
+            )
+        })?,
+    };
     Ok(Counting {
         admin: parse_addr("--admin", admin.unwrap_or(DEFAULT_ADMIN))?,
         mode,
         unit,
         ignore: ports("--ignore-ports", ignore.unwrap_or(ISTIO_INFRA_PORTS))?,
         only,
+        ignore_clusters,
         proc_net: PathBuf::from(proc_net.unwrap_or(DEFAULT_PROC_NET)),
     })
 }
@@ -197,6 +219,7 @@ pub fn status_config(a: &StatusArgs) -> Result<Counting, UsageError> {
         count: a.count.as_deref(),
         ignore: a.ignore_ports.as_deref(),
         only: a.ports.as_deref(),
+        ignore_clusters: a.ignore_clusters.as_deref(),
         proc_net: a.proc_net.as_deref(),
     })
 }
@@ -212,6 +235,7 @@ pub fn run_config(
         count: a.count.as_deref(),
         ignore: a.ignore_ports.as_deref(),
         only: a.ports.as_deref(),
+        ignore_clusters: a.ignore_clusters.as_deref(),
         proc_net: a.proc_net.as_deref(),
     })?;
     let drain = match a.drain.as_deref().unwrap_or("inbound") {
@@ -316,6 +340,7 @@ mod tests {
                 "exit-at" => a.exit_at = v,
                 "ignore-ports" => a.ignore_ports = v,
                 "ports" => a.ports = v,
+                "ignore-clusters" => a.ignore_clusters = v,
                 "count" => a.count = v,
                 "agent" => a.agent = v,
                 _ => panic!("unknown flag {k}"),
@@ -405,6 +430,10 @@ mod tests {
         );
         assert!(err(&[("exit-at", "-1")]).starts_with("invalid value '-1' for --exit-at"));
         assert!(err(&[("ignore-ports", "15000,admin")]).contains("('admin' is not one)"));
+        assert!(
+            err(&[("ignore-clusters", "*")])
+                .starts_with("invalid value '*' for --ignore-clusters: expected comma-separated")
+        );
         assert!(
             err(&[("ports", "")])
                 .starts_with("invalid value '' for --ports: expected at least one port")

@@ -1,5 +1,14 @@
 //! What a source reports: a total, the parts it is made of, and where it came from.
 
+/// Keeps hostile text to one readable piece of a line.
+pub fn shorten(text: &str) -> String {
+    const MAX: usize = 80;
+    match text.char_indices().nth(MAX) {
+        Some((i, _)) => format!("{}...", &text[..i]),
+        None => text.to_string(),
+    }
+}
+
 /// Where a count came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SourceKind {
@@ -7,6 +16,8 @@ pub enum SourceKind {
     Stats,
     /// The kernel's socket table: `/proc/net/tcp` and `tcp6`.
     Proc,
+    /// Envoy's per-host counters: `GET /clusters`.
+    Clusters,
 }
 
 impl SourceKind {
@@ -14,15 +25,16 @@ impl SourceKind {
         match self {
             SourceKind::Stats => "stats",
             SourceKind::Proc => "proc",
+            SourceKind::Clusters => "clusters",
         }
     }
 
-    /// How a part is named in log lines: stats parts are listener names, proc parts already
-    /// say what they are (`port 15006`, `port 8080 (TPROXY)`).
+    /// How a part is named in log lines: stats parts are listener names, the others already
+    /// say what they are (`port 15006`, `port 8080 (TPROXY)`, `cluster inbound|8080||`).
     pub fn label(self, part: &str) -> String {
         match self {
             SourceKind::Stats => format!("listener {part}"),
-            SourceKind::Proc => part.to_string(),
+            SourceKind::Proc | SourceKind::Clusters => part.to_string(),
         }
     }
 }
@@ -79,10 +91,15 @@ pub struct Basis {
 }
 
 impl Count {
+    /// A connection count.
     pub fn new(source: SourceKind, parts: Vec<Part>, warnings: Vec<String>) -> Count {
+        Count::of(source, Unit::Connections, parts, warnings)
+    }
+
+    pub fn of(source: SourceKind, unit: Unit, parts: Vec<Part>, warnings: Vec<String>) -> Count {
         Count {
             source,
-            unit: Unit::Connections,
+            unit,
             total: parts.iter().map(|p| p.active).fold(0, u64::saturating_add),
             parts,
             warnings,
@@ -104,10 +121,7 @@ impl Count {
 
     /// A request count from Envoy's stats; `NON_HTTP` names the part that is connections.
     pub fn requests(parts: Vec<Part>, warnings: Vec<String>) -> Count {
-        Count {
-            unit: Unit::Requests,
-            ..Count::new(SourceKind::Stats, parts, warnings)
-        }
+        Count::of(SourceKind::Stats, Unit::Requests, parts, warnings)
     }
 
     /// `3 active connections`; `2 active requests`, or with TCP streams

@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod cli;
+pub mod clusters;
 pub mod config;
 pub mod count;
 pub mod error;

@@ -47,15 +47,6 @@ pub fn format_line(time: SystemTime, level: Level, message: &str) -> String {
     )
 }
 
-/// Keeps hostile text to one readable piece of a line.
-pub fn shorten(text: &str) -> String {
-    const MAX: usize = 80;
-    match text.char_indices().nth(MAX) {
-        Some((i, _)) => format!("{}...", &text[..i]),
-        None => text.to_string(),
-    }
-}
-
 impl Logger {
     pub fn new(out: Box<dyn Write + Send>, live: bool) -> Logger {
         Logger {

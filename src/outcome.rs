@@ -87,7 +87,33 @@ pub fn summary(outcome: Outcome, elapsed: Duration, deadline: Duration, p: &Prog
     }
 }
 
-/// Seconds with one decimal, the precision a person reads in a log.
+/// Seconds with one decimal, the precision a person reads in a log; rounded to the nearest tenth
+/// in integers, which keeps float formatting out of the binary.
 pub fn seconds(d: Duration) -> String {
-    format!("{:.1}s", d.as_secs_f64())
+    let tenths = d.as_millis().saturating_add(50) / 100;
+    format!("{}.{}s", tenths / 10, tenths % 10)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_round_to_the_nearest_tenth() {
+        for (ms, want) in [
+            (0, "0.0s"),
+            (49, "0.0s"),
+            (50, "0.1s"),
+            (1949, "1.9s"),
+            (1950, "2.0s"),
+            (25_000, "25.0s"),
+        ] {
+            assert_eq!(seconds(Duration::from_millis(ms)), want, "{ms} ms");
+        }
+        assert_eq!(
+            seconds(Duration::MAX),
+            "18446744073709551616.0s",
+            "no overflow"
+        );
+    }
 }

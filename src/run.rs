@@ -124,13 +124,16 @@ fn start_line(cfg: &RunConfig, sources: &Sources) -> String {
         Unit::Connections => "active connections",
         Unit::Requests => "active requests (and non-HTTP connections)",
     };
-    let from = match sources.mode {
-        Mode::Auto => format!(
-            "Envoy's stats ({}), else {}",
-            sources.stats_url(),
-            sources.proc_names()
+    let stats = match sources.unit {
+        Unit::Connections => format!("Envoy's stats ({})", sources.stats_url()),
+        Unit::Requests => format!(
+            "Envoy's stats ({}), else its /clusters",
+            sources.stats_url()
         ),
-        Mode::Stats => format!("Envoy's stats ({})", sources.stats_url()),
+    };
+    let from = match sources.mode {
+        Mode::Auto => format!("{stats}, else {}", sources.proc_names()),
+        Mode::Stats => stats,
         Mode::Proc => sources.proc_names(),
     };
     format!(
@@ -240,6 +243,9 @@ impl<'a> Watch<'a> {
                     if wanted == Unit::Requests { "connections " } else { "" },
                     self.proc_names
                 )),
+                (SourceKind::Clusters, Some(why)) => log.warn(&format!(
+                    "request stats unavailable ({why}); counting requests in flight from Envoy's /clusters instead"
+                )),
                 (SourceKind::Stats, Some(why)) => log.warn(&format!(
                     "request stats unavailable ({why}); counting connections from Envoy's stats instead"
                 )),
@@ -307,6 +313,7 @@ mod tests {
         let name = match source {
             SourceKind::Stats => "0.0.0.0_15006",
             SourceKind::Proc => "port 15006",
+            SourceKind::Clusters => "cluster inbound|8080||",
         };
         let part = Part {
             name: name.to_string(),

@@ -1,14 +1,15 @@
 //! The sources and the one decision between them, which `run` and `status` both use: Envoy's
 //! stats over the admin API, else (auto) the kernel's socket table; with `--count requests`, the
-//! request gauge, else connections.
+//! request gauge, else Envoy's per-host counters (`/clusters`), else connections.
 
 use crate::admin::Client;
+use crate::clusters::{self, CLUSTERS_PATH};
 use crate::config::{Counting, Mode};
 use crate::count::{Count, Unit};
 use crate::ports::PortSet;
 use crate::sockets::SocketTable;
 use crate::stats::{self, Answer, Hcm, REQUESTS_PATH, STATS_PATH};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// One attempt to count.
 #[derive(Debug, Clone)]
@@ -16,7 +17,8 @@ pub struct Reading {
     /// The count, or why nothing could be counted.
     pub result: Result<Count, String>,
     /// Why the preferred count was not made this time, if it was not: the stats did not answer
-    /// (auto falls back to the socket table), or did not report requests (connections instead).
+    /// (auto falls back to the socket table), or did not report requests (/clusters instead,
+    /// else connections).
     pub fallback: Option<String>,
 }
 
@@ -32,6 +34,8 @@ pub struct StatsLook {
 #[derive(Debug, Clone)]
 pub struct Look {
     pub stats: Option<StatsLook>,
+    /// With `--count requests`, where the stats do not report requests.
+    pub clusters: Option<Result<clusters::Answer, String>>,
     pub proc: Option<Result<Count, String>>,
 }
 
@@ -41,6 +45,7 @@ pub struct Sources {
     pub admin: Client,
     /// `--ignore-ports`, which the stats apply to listener names.
     ignore: PortSet,
+    clusters: clusters::Rule,
     table: SocketTable,
 }
 
@@ -51,6 +56,7 @@ impl Sources {
             unit: c.unit,
             admin: Client::new(c.admin),
             ignore: c.ignore.clone(),
+            clusters: c.clusters_rule(),
             table: SocketTable::new(&c.proc_net, c.filter(), c.admin),
         }
     }
@@ -77,20 +83,33 @@ impl Sources {
         decide(&self.look(left, false))
     }
 
-    /// Reads the sources the mode allows: the stats first, then the socket table when the
-    /// decision needs it, or always with `every` (`status` shows both).
+    /// Reads the sources the mode allows, in the decision's order: the stats, then /clusters
+    /// when requests are wanted and the stats have none, then the socket table when nothing so
+    /// far can count; with `every`, all of them (`status` shows each).
     pub fn look(&mut self, left: Duration, every: bool) -> Look {
-        let stats = (self.mode != Mode::Proc).then(|| self.stats(left));
-        let mut look = Look { stats, proc: None };
+        let until = Instant::now() + left;
+        let admin = self.mode != Mode::Proc;
+        let stats = admin.then(|| self.stats(until));
+        let stats_requests = stats
+            .as_ref()
+            .is_some_and(|s| matches!(s.requests, Some(Ok(_))));
+        let mut look = Look {
+            stats,
+            clusters: None,
+            proc: None,
+        };
+        if admin && self.unit == Unit::Requests && (every || !stats_requests) {
+            look.clusters = Some(self.clusters(until));
+        }
         if self.mode != Mode::Stats && (every || decide(&look).result.is_err()) {
             look.proc = Some(self.table.count());
         }
         look
     }
 
-    fn stats(&self, left: Duration) -> StatsLook {
+    fn stats(&self, until: Instant) -> StatsLook {
         let requests = self.unit == Unit::Requests;
-        match self.stats_body(left) {
+        match self.stats_body(until.saturating_duration_since(Instant::now())) {
             Ok(body) => StatsLook {
                 connections: stats::parse(&body, &self.ignore)
                     .map_err(|_| not_reported("downstream_cx_active")),
@@ -104,6 +123,19 @@ impl Sources {
                 requests: requests.then_some(Err(why)),
             },
         }
+    }
+
+    /// Envoy's per-host counters, read line by line as they arrive.
+    fn clusters(&self, until: Instant) -> Result<clusters::Answer, String> {
+        let url = self.admin.url(CLUSTERS_PATH);
+        let mut tally = clusters::Tally::default();
+        let left = until.saturating_duration_since(Instant::now());
+        self.admin
+            .get_lines(CLUSTERS_PATH, left, |line| {
+                tally.add_line(line, &self.clusters)
+            })
+            .map_err(|e| format!("GET {url} {e}"))?;
+        tally.finish()
     }
 
     /// Envoy's answer as text. Any failure (refused, timeout, non-200, bytes that are not text)
@@ -127,29 +159,51 @@ fn not_reported(stat: &str) -> String {
 }
 
 /// The one decision: which count is in force, and why the preferred one is not. Requests from
-/// the stats, else connections from the stats, else (auto) connections from the socket table; a
-/// source that was not read cannot decide anything.
+/// the stats, else from /clusters; then connections from the stats, else (auto) from the socket
+/// table. A source that was not read cannot decide anything.
 pub fn decide(look: &Look) -> Reading {
-    let from_stats = look
-        .stats
-        .as_ref()
-        .map(|s| match (&s.requests, &s.connections) {
-            (Some(Ok((a, _))), _) => Ok((a.count.clone(), None)),
-            (Some(Err(no_requests)), Ok(a)) => Ok((a.count.clone(), Some(no_requests.clone()))),
-            (_, Ok(a)) => Ok((a.count.clone(), None)),
-            (_, Err(why)) => Err(why.clone()),
-        });
-    let (result, fallback) = match (from_stats, &look.proc) {
-        (Some(Ok((count, fallback))), _) => (Ok(count), fallback),
-        (Some(Err(why)), Some(Ok(count))) => (Ok(count.clone()), Some(why)),
-        (Some(Err(why)), Some(Err(proc))) => {
-            (Err(format!("stats: {why}; proc: {proc}")), Some(why))
+    let mut why: Vec<String> = Vec::new();
+    if let Some(s) = &look.stats {
+        match &s.requests {
+            Some(Ok((a, _))) => return reading(&a.count, &why),
+            Some(Err(e)) => why.push(e.clone()),
+            None => {}
         }
-        (Some(Err(why)), None) => (Err(why), None),
-        (None, Some(proc)) => (proc.clone(), None),
-        (None, None) => (Err("no source was read".to_string()), None),
+    }
+    match &look.clusters {
+        Some(Ok(a)) => return reading(&a.count, &why),
+        Some(Err(e)) => why.push(format!("/clusters: {e}")),
+        None => {}
+    }
+    if let Some(s) = &look.stats {
+        match &s.connections {
+            Ok(a) => return reading(&a.count, &why),
+            // The same failure as the requests' when the whole answer failed.
+            Err(e) if !why.contains(e) => why.push(e.clone()),
+            Err(_) => {}
+        }
+    }
+    let fallback = (!why.is_empty()).then(|| why.join("; "));
+    let result = match (&look.proc, &fallback) {
+        (Some(Ok(c)), _) => Ok(c.clone()),
+        (Some(Err(proc)), Some(why)) => Err(format!("stats: {why}; proc: {proc}")),
+        (Some(Err(proc)), None) => Err(proc.clone()),
+        (None, Some(why)) => {
+            return Reading {
+                result: Err(why.clone()),
+                fallback: None,
+            };
+        }
+        (None, None) => Err("no source was read".to_string()),
     };
     Reading { result, fallback }
+}
+
+fn reading(count: &Count, why: &[String]) -> Reading {
+    Reading {
+        result: Ok(count.clone()),
+        fallback: (!why.is_empty()).then(|| why.join("; ")),
+    }
 }
 
 #[cfg(test)]
@@ -184,6 +238,7 @@ mod tests {
             unit: Unit::Connections,
             ignore: PortSet::default(),
             only: None,
+            ignore_clusters: clusters::Names::default(),
             proc_net,
         })
     }
@@ -312,6 +367,7 @@ mod tests {
         for (s, proc, want, fallback) in cases {
             let r = decide(&Look {
                 stats: Some(s),
+                clusters: None,
                 proc,
             });
             assert_eq!(r.result.map(|c| c.describe()), want);
@@ -319,9 +375,59 @@ mod tests {
         }
         let proc_only = decide(&Look {
             stats: None,
+            clusters: None,
             proc: Some(Ok(proc_count(1))),
         });
         assert_eq!(proc_only.result.unwrap().total, 1);
         assert_eq!(proc_only.fallback, None);
+    }
+
+    #[test]
+    fn without_request_stats_requests_come_from_clusters_and_say_why() {
+        let clusters_answer = |n| clusters::Answer {
+            count: Count::of(SourceKind::Clusters, Unit::Requests, vec![], vec![]).with_excluded(
+                vec![crate::count::Excluded {
+                    why: "x".to_string(),
+                    n,
+                }],
+            ),
+            clusters: vec![],
+            quiet: 0,
+            hosts_left_out: vec![],
+        };
+        let no_rq = StatsLook {
+            connections: Ok(answer(2)),
+            requests: Some(Err("no rq".to_string())),
+        };
+        let r = decide(&Look {
+            stats: Some(no_rq.clone()),
+            clusters: Some(Ok(clusters_answer(0))),
+            proc: None,
+        });
+        assert_eq!(r.result.unwrap().source, SourceKind::Clusters);
+        assert_eq!(r.fallback.as_deref(), Some("no rq"));
+        let r = decide(&Look {
+            stats: Some(no_rq),
+            clusters: Some(Err("refused".to_string())),
+            proc: None,
+        });
+        let c = r.result.unwrap();
+        assert_eq!((c.source, c.unit), (SourceKind::Stats, Unit::Connections));
+        assert_eq!(r.fallback.as_deref(), Some("no rq; /clusters: refused"));
+        let all_down = StatsLook {
+            connections: Err("refused".to_string()),
+            requests: Some(Err("refused".to_string())),
+        };
+        let r = decide(&Look {
+            stats: Some(all_down),
+            clusters: Some(Err("refused".to_string())),
+            proc: Some(Ok(proc_count(3))),
+        });
+        assert_eq!(r.result.unwrap().source, SourceKind::Proc);
+        assert_eq!(
+            r.fallback.as_deref(),
+            Some("refused; /clusters: refused"),
+            "the same failure is said once"
+        );
     }
 }

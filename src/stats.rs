@@ -2,8 +2,8 @@
 //! count out), and with `--count requests` of `filter=downstream_(cx|rq)_active$`. The rules and
 //! the byte format are in REFERENCE.md, section 1.
 
+use crate::count::shorten;
 use crate::count::{Count, NON_HTTP, Part, SourceKind};
-use crate::log::shorten;
 use crate::ports::PortSet;
 
 /// The path and query we ask Envoy for: the same query Istio's pilot-agent sends, so the stat is

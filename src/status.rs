@@ -3,6 +3,7 @@
 //! `run` makes). It changes nothing.
 
 use crate::admin::REQUEST_TIMEOUT;
+use crate::clusters::{self, CLUSTERS_PATH};
 use crate::count::{Count, NON_HTTP, SourceKind};
 use crate::source::{self, Sources};
 use crate::stats::{Answer, Hcm};
@@ -28,6 +29,15 @@ pub fn report(sources: &mut Sources) -> (String, bool) {
             _ => {}
         }
     }
+    if let Some(clusters) = &look.clusters {
+        let _ = writeln!(out, "\nclusters: GET {}", sources.admin.url(CLUSTERS_PATH));
+        match clusters {
+            Ok(a) => clusters_table(&mut out, a),
+            Err(why) => {
+                let _ = writeln!(out, "  unavailable: {why}");
+            }
+        }
+    }
     if let Some(proc) = &look.proc {
         if look.stats.is_some() {
             out.push('\n');
@@ -45,6 +55,7 @@ pub fn report(sources: &mut Sources) -> (String, bool) {
         Ok(c) => {
             let why = match (c.source, &reading.fallback) {
                 (SourceKind::Proc, Some(_)) => ", because the stats are unavailable",
+                (SourceKind::Clusters, Some(_)) => ", because Envoy's stats do not report requests",
                 (SourceKind::Stats, Some(_)) => ", because Envoy does not report requests",
                 _ => "",
             };
@@ -109,6 +120,54 @@ fn table(out: &mut String, heading: &str, c: &Count) {
     let _ = writeln!(out, "  {:<width$}  {:>6}", "total", c.total);
     for w in &c.warnings {
         let _ = writeln!(out, "  warning: {w}");
+    }
+}
+
+/// Requests in flight and open connections per cluster that holds anything, then what is left
+/// out and why.
+fn clusters_table(out: &mut String, a: &clusters::Answer) {
+    let busy = |c: &clusters::Cluster| c.requests > 0 || c.connections > 0;
+    let (counted, left_out): (Vec<&clusters::Cluster>, Vec<_>) =
+        a.clusters.iter().partition(|c| c.left_out.is_none());
+    let shown: Vec<_> = counted.iter().filter(|c| busy(c)).collect();
+    let left_rows: Vec<(String, u64)> = left_out
+        .iter()
+        .filter(|c| busy(c))
+        .map(|c| {
+            (
+                format!("{} ({})", c.name, c.left_out.unwrap_or_default()),
+                c.requests,
+            )
+        })
+        .chain(a.hosts_left_out.iter().cloned())
+        .collect();
+    let heading = "cluster";
+    let width = shown
+        .iter()
+        .map(|c| c.name.chars().count())
+        .chain(left_rows.iter().map(|(n, _)| n.chars().count()))
+        .chain(["not counted".len()])
+        .max()
+        .unwrap_or_default();
+    let _ = writeln!(out, "  {heading:<width$}  requests  connections");
+    for c in &shown {
+        let _ = writeln!(
+            out,
+            "  {:<width$}  {:>8}  {:>11}",
+            c.name, c.requests, c.connections
+        );
+    }
+    let _ = writeln!(out, "  {:<width$}  {:>8}", "total", a.count.total);
+    let quiet = a.quiet;
+    if quiet > 0 {
+        let plural = if quiet == 1 { "" } else { "s" };
+        let _ = writeln!(out, "  and {quiet} more cluster{plural} with nothing open");
+    }
+    if !left_rows.is_empty() {
+        let _ = writeln!(out, "  {:<width$}  requests", "not counted");
+        for (name, n) in left_rows {
+            let _ = writeln!(out, "  {name:<width$}  {n:>8}");
+        }
     }
 }
 

@@ -459,7 +459,9 @@ fn http2_streams_on_one_connection_count_as_several_requests() {
 }
 
 #[test]
-fn without_request_stats_a_request_count_falls_back_to_connections_and_says_so() {
+fn with_connection_stats_only_requests_come_from_clusters_and_an_idle_connection_does_not_count() {
+    // What EXIT_ON_ZERO_ACTIVE_CONNECTIONS makes Istio enable: downstream_cx_active, no request
+    // gauge. Envoy's per-host counters still know the requests in flight.
     scenario(|bin| {
         let app = App::start(APP, false);
         let merge = Some("tests/envoy/cx-stats-only.yaml");
@@ -470,6 +472,8 @@ fn without_request_stats_a_request_count_falls_back_to_connections_and_says_so()
                 ..Options::default()
             },
         );
+        let mut idle = Conn::open(INBOUND).unwrap();
+        assert_eq!(idle.get("/ok").unwrap().status, 200);
         let slow = in_flight(INBOUND, "/delay/1");
         app.wait_received(1, 10 * SECOND);
         let out = run(command(&[
@@ -479,25 +483,24 @@ fn without_request_stats_a_request_count_falls_back_to_connections_and_says_so()
             "--min-drain",
             "0s",
         ]));
-        let (resp, _) = slow.join().unwrap().expect("the request completes");
+        let (resp, answered) = slow.join().unwrap().expect("the request completes");
         assert_eq!(resp.status, 200);
         assert_eq!(out.code, Some(0), "{out}");
         assert!(
             out.stderr.contains(
-                "request stats unavailable (Envoy does not report downstream_rq_active (its stats_matcher leaves the stat out)); counting connections from Envoy's stats instead"
+                "request stats unavailable (Envoy does not report downstream_rq_active (its stats_matcher leaves the stat out)); counting requests in flight from Envoy's /clusters instead"
             ),
             "{out}"
         );
         assert_eq!(
             out.counts().first().map(String::as_str),
-            Some("1 active connection (stats)"),
+            Some("1 active request (clusters)"),
             "{out}"
         );
         assert!(
-            out.counts()
-                .iter()
-                .all(|c| c.contains(" active connection")),
-            "never a request count that is really connections {out}"
+            out.ended >= answered && out.ended - answered < SECOND,
+            "ends right after the response, the idle connection still open {out}"
         );
+        drop(idle);
     });
 }

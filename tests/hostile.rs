@@ -168,3 +168,36 @@ fn a_reset_mid_body_is_named() {
     // ureq sees the reset as the connection ending before the promised length.
     falls_back_naming(&out, "answered 200 but connection closed mid-answer");
 }
+
+#[test]
+fn requests_fall_back_to_connection_stats_when_clusters_fail_too_and_say_both_causes() {
+    let hostile = Hostile::start(Fault::StatsOnly);
+    let dir = one_open_connection("hostile-stats-only");
+    let out = run(command(&[
+        "run",
+        "--count",
+        "requests",
+        "--admin",
+        &hostile.addr,
+        "--proc-net",
+        dir.to_str().unwrap(),
+        "--min-drain",
+        "0s",
+        "--deadline",
+        "1500ms",
+    ]));
+    std::fs::remove_dir_all(&dir).unwrap();
+    ends_cleanly_at_the_deadline(&out);
+    assert!(
+        out.stderr.contains(&format!(
+            "request stats unavailable (Envoy does not report downstream_rq_active (its stats_matcher leaves the stat out); /clusters: GET http://{}/clusters answered 404 'invalid path. admin commands are:",
+            hostile.addr
+        )) && out.stderr.contains("counting connections from Envoy's stats instead"),
+        "{out}"
+    );
+    assert!(
+        out.last_line()
+            .contains("1 active connection (stats) still open: listener 0.0.0.0_15006=1"),
+        "never a request count that is really connections {out}"
+    );
+}

@@ -9,7 +9,7 @@ mod support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
-use support::http::{Conn, Response, in_flight};
+use support::http::{Conn, H2, Response, in_flight};
 use support::pod::{APP, APP_UID, Capture, Options, Pod, Stats};
 use support::{Finished, Running, spawn};
 
@@ -283,4 +283,219 @@ fn status_shows_what_counts_and_why_the_rest_of_the_pods_table_does_not() {
         "{other}"
     );
     drop(idle);
+}
+
+// --count requests on a default Istio proxy: Envoy's stats report no requests, so they come
+// from its per-host counters (/clusters).
+
+/// The requests column of a cluster's row in `status --count requests`.
+fn requests_on(stdout: &str, cluster: &str) -> Option<u64> {
+    stdout.lines().find_map(|l| {
+        let mut words = l.split_whitespace();
+        (words.next()? == cluster).then(|| words.next()?.parse().ok())?
+    })
+}
+
+/// The pod with an exporter of the user's own, or a skip (see `pod`).
+fn pod_with_exporter() -> Option<Pod> {
+    let options = Options {
+        exporter: true,
+        ..Options::default()
+    };
+    support::envoy::binary().map(|bin| Pod::start(&bin, Path::new(support::BIN), options))
+}
+
+#[test]
+fn requests_ignore_an_idle_keep_alive_client_and_end_right_after_the_last_response() {
+    for (capture, stats) in [
+        (Capture::Redirect, Stats::IstioDefault),
+        (Capture::Redirect, Stats::ExitOnZero),
+        (Capture::Tproxy, Stats::IstioDefault),
+    ] {
+        let what = format!("{capture:?} {stats:?}");
+        let Some(mut pod) = pod(capture, stats, "serve") else {
+            return;
+        };
+        // A client's keep-alive pool: one connection, idle.
+        let mut idle = pod.client(|| Conn::open(APP)).unwrap();
+        assert_eq!(idle.get("/local/0").unwrap().status, 200);
+        let request = pod.client(|| in_flight(APP, "/call/1.5"));
+        pod.app_event("received /call/1.5", 10 * SECOND);
+        let status = support::run(pod.hook(&["status", "--count", "requests"]));
+        assert_eq!(
+            requests_on(&status.stdout, "inbound|8080||"),
+            Some(1),
+            "{what} {status}"
+        );
+        assert!(
+            status.stdout.contains("xds-grpc (Istio's own cluster)"),
+            "{what}: the agent's ADS stream is shown, not counted {status}"
+        );
+        let hook = delete(
+            &pod,
+            &[
+                "run",
+                "--count",
+                "requests",
+                "--min-drain",
+                "0s",
+                "--interval",
+                "200ms",
+                "--deadline",
+                "20s",
+            ],
+        );
+        let (resp, answered) = request.join().unwrap().expect("the request completes");
+        assert_eq!(resp.status, 200, "{what} {resp:?}");
+        let out = hook.finish();
+        assert_eq!(out.code, Some(0), "{what} {out}");
+        assert!(
+            out.stderr
+                .contains("counting requests in flight from Envoy's /clusters instead"),
+            "{what} {out}"
+        );
+        assert_eq!(
+            out.counts().first().map(String::as_str),
+            Some("2 active requests (clusters)"),
+            "{what}: the request to the app and the app's call to the other service {out}"
+        );
+        assert!(
+            out.ended >= answered && out.ended - answered < INTERVAL + MARGIN,
+            "{what}: ends right after the response, the idle connection open {out}"
+        );
+        assert_eq!(
+            idle.get("/local/0").unwrap().status,
+            200,
+            "{what}: still open"
+        );
+    }
+}
+
+#[test]
+fn a_tcp_exchange_after_sigterm_holds_a_request_count_until_it_ends() {
+    let Some(mut pod) = pod(Capture::Redirect, Stats::IstioDefault, "tcp") else {
+        return;
+    };
+    let hook = delete(
+        &pod,
+        &[
+            "run",
+            "--count",
+            "requests",
+            "--min-drain",
+            "500ms",
+            "--interval",
+            "200ms",
+            "--deadline",
+            "20s",
+        ],
+    );
+    let done = pod.app_event("last call", 10 * SECOND);
+    let out = hook.finish();
+    assert!(
+        pod.app_lines().iter().any(|l| l == "last call done"),
+        "{:?}",
+        pod.app_lines()
+    );
+    assert_eq!(out.code, Some(0), "{out}");
+    assert!(
+        out.counts()
+            .contains(&"1 active request (clusters)".to_string()),
+        "the TCP stream is one request on its upstream host {out}"
+    );
+    assert!(
+        out.ended >= done && out.ended - done < INTERVAL + MARGIN,
+        "waits for the exchange, and no longer {out}"
+    );
+}
+
+#[test]
+fn http2_streams_on_one_connection_are_several_requests_in_clusters() {
+    let Some(mut pod) = pod(Capture::Redirect, Stats::IstioDefault, "serve") else {
+        return;
+    };
+    let mut h2 = pod.client(|| H2::open(APP)).unwrap();
+    for _ in 0..3 {
+        h2.get("/local/1.5").unwrap();
+    }
+    for _ in 0..3 {
+        pod.app_event("received /local/1.5", 10 * SECOND);
+    }
+    let status = support::run(pod.hook(&["status", "--count", "requests"]));
+    assert_eq!(
+        requests_on(&status.stdout, "inbound|8080||"),
+        Some(3),
+        "three requests on one connection {status}"
+    );
+    let out = support::run(pod.hook(&[
+        "run",
+        "--count",
+        "requests",
+        "--min-drain",
+        "0s",
+        "--interval",
+        "100ms",
+    ]));
+    h2.wait_answered(3, 10 * SECOND);
+    assert_eq!(out.code, Some(0), "{out}");
+    assert_eq!(
+        out.counts().first().map(String::as_str),
+        Some("3 active requests (clusters)"),
+        "{out}"
+    );
+    assert!(
+        out.last_line().contains("0 active requests (clusters)"),
+        "the idle h2 connection does not count {out}"
+    );
+}
+
+#[test]
+fn an_exporters_long_lived_stream_holds_a_request_count_unless_its_cluster_is_ignored() {
+    let Some(pod) = pod_with_exporter() else {
+        return;
+    };
+    let open = support::envoy::until(10 * SECOND, || pod.exporter_streams() > 0);
+    assert!(
+        open,
+        "Envoy opened its metrics stream; its log:\n{}",
+        pod.envoy_log()
+    );
+    let held = support::run(pod.hook(&[
+        "run",
+        "--count",
+        "requests",
+        "--drain",
+        "none",
+        "--min-drain",
+        "0s",
+        "--deadline",
+        "2s",
+    ]));
+    assert_eq!(held.code, Some(1), "{held}");
+    assert!(
+        held.last_line().contains(
+            "1 active request (clusters) still open: cluster outbound|15999||metrics-collector.other.svc.cluster.local=1"
+        ),
+        "{held}"
+    );
+    let left_out = support::run(pod.hook(&[
+        "run",
+        "--count",
+        "requests",
+        "--drain",
+        "none",
+        "--min-drain",
+        "0s",
+        "--deadline",
+        "2s",
+        "--ignore-clusters",
+        "outbound|15999||*",
+    ]));
+    assert_eq!(left_out.code, Some(0), "{left_out}");
+    assert!(
+        left_out
+            .last_line()
+            .contains("done after 0.0s: 0 active requests (clusters)"),
+        "{left_out}"
+    );
 }

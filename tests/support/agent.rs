@@ -55,7 +55,7 @@ impl Agent {
                 let Ok(conn) = conn else { continue };
                 let n = Arc::clone(&n);
                 thread::spawn(move || {
-                    let _ = serve_ads(conn, &n);
+                    let _ = serve_grpc(conn, &n, true);
                 });
             }
         });
@@ -112,7 +112,13 @@ fn serve_status(listener: TcpListener, stop: &AtomicBool, quit: &AtomicBool) {
     }
 }
 
-fn serve_ads(mut conn: UnixStream, streams: &AtomicUsize) -> std::io::Result<()> {
+/// A gRPC server on one connection: every stream is accepted and held open, its messages read.
+/// With `discovery`, each resource type asked for is answered once with an empty set (ADS).
+pub fn serve_grpc(
+    mut conn: impl Read + Write,
+    streams: &AtomicUsize,
+    discovery: bool,
+) -> std::io::Result<()> {
     let mut preface = [0u8; h2::PREFACE.len()];
     conn.read_exact(&mut preface)?;
     if preface != h2::PREFACE {
@@ -151,6 +157,9 @@ fn serve_ads(mut conn: UnixStream, streams: &AtomicUsize) -> std::io::Result<()>
                 };
                 pending.extend_from_slice(data);
                 while let Some(message) = grpc_message(&mut pending) {
+                    if !discovery {
+                        continue;
+                    }
                     let (type_url, nonce) = delta_request(&message);
                     // An answer per type, to its first request; ACKs carry the nonce back.
                     if nonce.is_empty() && !type_url.is_empty() && answered.insert(type_url.clone())

@@ -29,6 +29,9 @@ pub enum Fault {
     /// Headers and part of the body, then a TCP reset.
     ResetMidBody,
     Redirect,
+    /// Envoy with connection stats only, whose /clusters fails: /stats answers Envoy's lines,
+    /// every other path 404.
+    StatsOnly,
 }
 
 pub const FLOOD_BYTES: u64 = 50 << 20;
@@ -96,10 +99,13 @@ impl Drop for Hostile {
 fn serve(conn: TcpStream, fault: Fault, written: &AtomicU64, stop: &AtomicBool) {
     let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
     let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let mut request = String::new();
+    let _ = reader.read_line(&mut request);
     let mut line = String::new();
     while reader.read_line(&mut line).unwrap_or(0) > 2 {
         line.clear();
     }
+    let path = request.split_whitespace().nth(1).unwrap_or_default();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&conn);
     let mut out = conn;
     let mut sent = 0u64;
@@ -155,7 +161,10 @@ fn serve(conn: TcpStream, fault: Fault, written: &AtomicU64, stop: &AtomicBool) 
             );
             send(format!("{}{body}", head("200 OK", Some(body.len() as u64))).as_bytes());
         }
-        Fault::NotFound => {
+        Fault::StatsOnly if path.starts_with("/stats") => {
+            send(format!("{}{STATS}", head("200 OK", Some(STATS.len() as u64))).as_bytes());
+        }
+        Fault::NotFound | Fault::StatsOnly => {
             let body = "invalid path. admin commands are:\n  /: Admin home page\n";
             send(format!("{}{body}", head("404 Not Found", Some(body.len() as u64))).as_bytes());
         }

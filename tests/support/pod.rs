@@ -57,6 +57,8 @@ pub struct Options {
     pub on_sigterm: &'static str,
     /// Envoy's --drain-time-s (Istio passes drainDuration, 45 s by default).
     pub drain_time_s: u32,
+    /// Envoy streams its metrics to a collector on the other side (tests/pod/exporter.yaml).
+    pub exporter: bool,
 }
 
 impl Default for Options {
@@ -66,6 +68,7 @@ impl Default for Options {
             stats: Stats::IstioDefault,
             on_sigterm: "serve",
             drain_time_s: 45,
+            exporter: false,
         }
     }
 }
@@ -83,6 +86,7 @@ pub struct Pod {
     /// Servers whose accept loops must be woken from inside their namespaces when dropped.
     service: Option<App>,
     database: Option<Database>,
+    collector: Option<Collector>,
     agent: Option<Agent>,
 }
 
@@ -215,6 +219,9 @@ impl Pod {
 
         let (service, database) =
             other.enter(|| (App::start("10.90.0.3:9080", false), Database::start()));
+        let collector = options
+            .exporter
+            .then(|| other.enter(|| Collector::start("10.90.0.3:15999")));
         let (uid, gid) = proxy_user(options.capture);
         let agent = pod.enter(|| Agent::start(uid, gid));
         let envoy = start_envoy(&pod, envoy, &dir, options);
@@ -231,6 +238,7 @@ impl Pod {
             app_seen: Vec::new(),
             service: Some(service),
             database: Some(database),
+            collector,
             agent: Some(agent),
         };
         p.wait_live();
@@ -253,6 +261,13 @@ impl Pod {
         self.agent
             .as_ref()
             .is_some_and(|a| a.quit.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// Metrics streams Envoy has opened to the collector.
+    pub fn exporter_streams(&self) -> usize {
+        self.collector
+            .as_ref()
+            .map_or(0, |c| c.streams.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     /// ADS streams Envoy has opened to the agent.
@@ -383,8 +398,20 @@ fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: Options) -> Child
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log);
-    if options.stats == Stats::ExitOnZero {
-        let merge = std::fs::read_to_string(repo("tests/pod/exit-on-zero-stats.yaml")).unwrap();
+    // Envoy takes one --config-yaml: the merges have distinct top-level keys, so they concatenate.
+    let merges = [
+        (
+            options.stats == Stats::ExitOnZero,
+            "tests/pod/exit-on-zero-stats.yaml",
+        ),
+        (options.exporter, "tests/pod/exporter.yaml"),
+    ];
+    let merge: String = merges
+        .iter()
+        .filter(|(wanted, _)| *wanted)
+        .map(|(_, file)| std::fs::read_to_string(repo(file)).unwrap())
+        .collect();
+    if !merge.is_empty() {
         cmd.args(["--config-yaml", &merge]);
     }
     cmd.spawn().expect("failed to start Envoy")
@@ -415,6 +442,47 @@ fn start_app(pod: &Netns, dir: &Path, on_sigterm: &str) -> (Child, Receiver<(Str
         }
     });
     (app, events)
+}
+
+/// A telemetry collector on the other side: a gRPC server that holds every stream open.
+pub struct Collector {
+    addr: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub streams: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Collector {
+    fn start(addr: &str) -> Collector {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let listener = TcpListener::bind(addr).expect("the collector's port");
+        let stop = Arc::new(AtomicBool::new(false));
+        let streams = Arc::new(AtomicUsize::new(0));
+        let (s, n) = (Arc::clone(&stop), Arc::clone(&streams));
+        thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(conn) = conn else { continue };
+                let n = Arc::clone(&n);
+                thread::spawn(move || super::agent::serve_grpc(conn, &n, false));
+            }
+        });
+        Collector {
+            addr: addr.to_string(),
+            stop,
+            streams,
+        }
+    }
+}
+
+impl Drop for Collector {
+    /// Runs inside the other namespace (see Pod's drop), where the wake-up connection lands.
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = TcpStream::connect(&self.addr);
+    }
 }
 
 /// The TCP service on the other side (10.90.0.3:5432): for each line `wait <seconds>` it waits

@@ -1,0 +1,29 @@
+//! The /clusters parser on any lines: no panic, and a request count that adds up from what the
+//! kept clusters hold.
+#![no_main]
+
+use envoy_drain::clusters::{Names, Rule, Tally};
+use envoy_drain::ports::{ISTIO_INFRA_PORTS, PortSet};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let text = String::from_utf8_lossy(data);
+    let rule = Rule {
+        ignore_clusters: Names::parse("exporter*,x").expect("the names parse"),
+        ignore_ports: PortSet::parse(ISTIO_INFRA_PORTS).expect("the default list parses"),
+    };
+    let mut tally = Tally::default();
+    for line in text.lines() {
+        tally.add_line(line, &rule);
+    }
+    if let Ok(a) = tally.finish() {
+        let parts: u64 = a.count.parts.iter().map(|p| p.active).sum();
+        assert_eq!(a.count.total, parts);
+        let kept = a
+            .clusters
+            .iter()
+            .filter(|c| c.left_out.is_none())
+            .fold(0u64, |sum, c| sum.saturating_add(c.requests));
+        assert_eq!(a.count.total, kept, "every counted request is in a kept cluster");
+    }
+});

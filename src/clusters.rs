@@ -1,0 +1,366 @@
+//! Interprets Envoy's `GET /clusters` (pure: lines in, count out): the upstream requests in
+//! flight on the clusters that carry the pod's traffic. Per-host counters are not stats, so they
+//! are there on a default Istio proxy, whose stats matcher leaves every `downstream_*` stat out.
+//! An upstream request counts while it is in flight: Envoy's calls to the app (inbound clusters)
+//! and the app's calls through Envoy (outbound clusters); a TCP proxy stream is one request on its
+//! upstream host; an idle pooled connection is none. See docs/how-it-works.md.
+
+use crate::count::{Count, Part, SourceKind, Unit};
+use crate::ports::PortSet;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+pub const CLUSTERS_PATH: &str = "/clusters";
+
+/// The clusters Istio's bootstrap adds, none of which carries the pod's traffic: its agent,
+/// Prometheus, certificates, xDS (a gRPC stream held for the pod's whole life), tracers,
+/// telemetry exporters and the self-discovery cluster (istio/istio
+/// `tools/packaging/common/envoy_bootstrap.json`).
+pub const ISTIO_CLUSTERS: [&str; 11] = [
+    "prometheus_stats",
+    "agent",
+    "sds-grpc",
+    "sds-files-grpc",
+    "xds-grpc",
+    "zipkin",
+    "lightstep",
+    "datadog_agent",
+    "envoy_metrics_service",
+    "envoy_accesslog_service",
+    "local_cluster",
+];
+
+/// `--ignore-clusters`: names, and prefixes written `name*`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Names(Vec<String>);
+
+impl Names {
+    /// Parses `a,b,c*`; empty items are skipped. The error is an item that is only `*`.
+    pub fn parse(list: &str) -> Result<Names, String> {
+        let mut names = Vec::new();
+        for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            if item == "*" {
+                return Err(item.to_string());
+            }
+            names.push(item.to_string());
+        }
+        Ok(Names(names))
+    }
+
+    fn matches(&self, cluster: &str) -> bool {
+        self.0.iter().any(|n| match n.strip_suffix('*') {
+            Some(prefix) => cluster.starts_with(prefix),
+            None => cluster == n,
+        })
+    }
+}
+
+/// Which hosts count: not those of Istio's own clusters or of `--ignore-clusters`, not Unix
+/// sockets or internal addresses, and not those on an ignored port.
+#[derive(Debug, Clone, Default)]
+pub struct Rule {
+    pub ignore_clusters: Names,
+    pub ignore_ports: PortSet,
+}
+
+/// One cluster as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cluster {
+    pub name: String,
+    /// Requests in flight (`rq_active` and `rq_pending_active`) on the hosts that count.
+    pub requests: u64,
+    /// Open upstream connections (`cx_active`) on those hosts, idle ones included.
+    pub connections: u64,
+    /// Why the whole cluster is left out, if it is.
+    pub left_out: Option<&'static str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub count: Count,
+    /// The clusters that hold any request or connection.
+    pub clusters: Vec<Cluster>,
+    /// Clusters that count but hold nothing.
+    pub quiet: u64,
+    /// Requests on hosts left out of clusters that count, by why.
+    pub hosts_left_out: Vec<(String, u64)>,
+}
+
+/// Adds up an answer line by line, so a large one is never held whole, and keeps only the
+/// clusters that hold something: Envoy prints a cluster's lines together, so one is added up at
+/// a time (a cluster seen again later is added up again, which changes no total).
+#[derive(Debug, Default)]
+pub struct Tally {
+    current: Option<Cluster>,
+    clusters: Vec<Cluster>,
+    quiet: u64,
+    hosts_left_out: BTreeMap<String, u64>,
+    /// An `rq_active` line was seen: the answer lists hosts.
+    hosts: bool,
+    /// A counted host's value that is not a count: the count cannot be trusted.
+    bad: Option<String>,
+}
+
+const LISTED: [&str; 3] = ["rq_active", "rq_pending_active", "cx_active"];
+
+impl Tally {
+    /// Takes one line: `<cluster>::<host>::<stat>::<value>`; other lines are skipped.
+    pub fn add_line(&mut self, line: &str, rule: &Rule) {
+        let line = line.trim_end();
+        let Some((rest, value)) = line.rsplit_once("::") else {
+            return;
+        };
+        let Some((rest, stat)) = rest.rsplit_once("::") else {
+            return;
+        };
+        if !LISTED.contains(&stat) {
+            return;
+        }
+        let Some((name, host)) = split_host(rest) else {
+            return;
+        };
+        self.hosts |= stat == "rq_active";
+        let why_host = match host.parse::<SocketAddr>() {
+            Err(_) => Some("Unix socket or internal address".to_string()),
+            Ok(a) if rule.ignore_ports.contains(a.port()) => {
+                Some(format!("ignored port {}", a.port()))
+            }
+            Ok(_) => None,
+        };
+        let cluster = self.cluster(name, rule);
+        let counted = cluster.left_out.is_none() && why_host.is_none();
+        let Ok(n) = value.trim().parse::<u64>() else {
+            if counted && self.bad.is_none() {
+                self.bad = Some(crate::count::shorten(line));
+            }
+            return;
+        };
+        match (stat, why_host) {
+            ("cx_active", _) if counted => {
+                cluster.connections = cluster.connections.saturating_add(n)
+            }
+            ("cx_active", _) => {}
+            // A left-out cluster shows its requests beside the reason.
+            (_, None) => cluster.requests = cluster.requests.saturating_add(n),
+            (_, Some(why)) if cluster.left_out.is_none() => {
+                let e = self.hosts_left_out.entry(why).or_default();
+                *e = e.saturating_add(n);
+            }
+            (_, Some(_)) => cluster.requests = cluster.requests.saturating_add(n),
+        }
+    }
+
+    /// The cluster being added up, switching to `name` when it starts.
+    fn cluster(&mut self, name: &str, rule: &Rule) -> &mut Cluster {
+        let current = match self.current.take() {
+            Some(c) if c.name == name => c,
+            previous => {
+                if let Some(p) = previous {
+                    self.close(p);
+                }
+                let left_out = if ISTIO_CLUSTERS.contains(&name) {
+                    Some("Istio's own cluster")
+                } else if rule.ignore_clusters.matches(name) {
+                    Some("--ignore-clusters")
+                } else {
+                    None
+                };
+                Cluster {
+                    name: name.to_string(),
+                    requests: 0,
+                    connections: 0,
+                    left_out,
+                }
+            }
+        };
+        self.current.insert(current)
+    }
+
+    /// Keeps a finished cluster if it holds anything.
+    fn close(&mut self, c: Cluster) {
+        if c.requests > 0 || c.connections > 0 {
+            self.clusters.push(c);
+        } else if c.left_out.is_none() {
+            self.quiet += 1;
+        }
+    }
+
+    /// The request count over the clusters that count; unknown when the answer lists no hosts
+    /// or a counted host's value is not a count.
+    pub fn finish(mut self) -> Result<Answer, String> {
+        if let Some(c) = self.current.take() {
+            self.close(c);
+        }
+        if let Some(line) = self.bad {
+            return Err(format!(
+                "Envoy's /clusters answer has a value that is not a count: '{line}'"
+            ));
+        }
+        if !self.hosts {
+            return Err("Envoy's /clusters answer lists no hosts".to_string());
+        }
+        let parts = self
+            .clusters
+            .iter()
+            .filter(|c| c.left_out.is_none() && c.requests > 0)
+            .map(|c| Part {
+                name: format!("cluster {}", c.name),
+                active: c.requests,
+            })
+            .collect();
+        Ok(Answer {
+            count: Count::of(SourceKind::Clusters, Unit::Requests, parts, vec![]),
+            clusters: self.clusters,
+            quiet: self.quiet,
+            hosts_left_out: self.hosts_left_out.into_iter().collect(),
+        })
+    }
+}
+
+/// Splits `<cluster>::<host>` where the host is an address: an IPv6 host holds `::` too, so the
+/// split is the first one after which the rest parses as an address, else the first one.
+fn split_host(rest: &str) -> Option<(&str, &str)> {
+    let splits = || {
+        rest.match_indices("::")
+            .map(|(i, _)| (&rest[..i], &rest[i + 2..]))
+    };
+    splits()
+        .find(|(_, host)| host.parse::<SocketAddr>().is_ok())
+        .or_else(|| splits().next())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tally(body: &str, rule: &Rule) -> Result<Answer, String> {
+        let mut t = Tally::default();
+        for line in body.lines() {
+            t.add_line(line, rule);
+        }
+        t.finish()
+    }
+
+    fn istio() -> Rule {
+        Rule {
+            ignore_clusters: Names::default(),
+            ignore_ports: PortSet::parse(crate::ports::ISTIO_INFRA_PORTS).unwrap(),
+        }
+    }
+
+    /// Envoy 1.40.0 in the pod replica (tests/pod.rs), a request in flight that called the other
+    /// service, the ADS stream open; cluster-wide lines and most host lines cut for length.
+    const POD: &str = "xds-grpc::observability_name::xds-grpc
+xds-grpc::default_priority::max_connections::1024
+xds-grpc::added_via_api::false
+xds-grpc::@envoy-drain-pod-xds::cx_active::1
+xds-grpc::@envoy-drain-pod-xds::rq_active::1
+xds-grpc::@envoy-drain-pod-xds::rq_pending_active::0
+xds-grpc::@envoy-drain-pod-xds::hostname::
+inbound|8080||::observability_name::inbound|8080||
+inbound|8080||::10.90.0.2:8080::cx_active::2
+inbound|8080||::10.90.0.2:8080::cx_connect_fail::0
+inbound|8080||::10.90.0.2:8080::rq_active::1
+inbound|8080||::10.90.0.2:8080::rq_pending_active::0
+inbound|8080||::10.90.0.2:8080::hostname::inbound|8080||10.90.0.2:8080
+inbound|8080||::10.90.0.2:8080::success_rate::-1
+agent::127.0.0.1:15020::cx_active::0
+agent::127.0.0.1:15020::rq_active::0
+outbound|9080||svc.other.svc.cluster.local::10.90.0.3:9080::cx_active::1
+outbound|9080||svc.other.svc.cluster.local::10.90.0.3:9080::rq_active::1
+outbound|9080||svc.other.svc.cluster.local::10.90.0.3:9080::rq_pending_active::0
+prometheus_stats::127.0.0.1:15000::cx_active::0
+prometheus_stats::127.0.0.1:15000::rq_active::0
+";
+
+    #[test]
+    fn requests_in_flight_count_on_the_pods_clusters_and_istios_own_never() {
+        let a = tally(POD, &istio()).unwrap();
+        assert_eq!(a.count.total, 2);
+        assert_eq!(a.count.describe(), "2 active requests");
+        assert_eq!(
+            a.count.breakdown(),
+            "cluster inbound|8080||=1, cluster outbound|9080||svc.other.svc.cluster.local=1"
+        );
+        let xds = a.clusters.iter().find(|c| c.name == "xds-grpc").unwrap();
+        assert_eq!(
+            (xds.requests, xds.left_out),
+            (1, Some("Istio's own cluster")),
+            "the ADS stream is shown, not counted"
+        );
+        let inbound = a
+            .clusters
+            .iter()
+            .find(|c| c.name == "inbound|8080||")
+            .unwrap();
+        assert_eq!((inbound.requests, inbound.connections), (1, 2));
+    }
+
+    #[test]
+    fn pending_requests_count_and_idle_connections_do_not() {
+        let body = "c::10.0.0.1:80::cx_active::5\nc::10.0.0.1:80::rq_active::0\nc::10.0.0.1:80::rq_pending_active::2\n";
+        assert_eq!(tally(body, &istio()).unwrap().count.total, 2);
+    }
+
+    #[test]
+    fn ignored_clusters_by_name_or_prefix_and_hosts_on_ignored_ports_or_sockets_do_not_count() {
+        let body =
+            "outbound|4317||otel.observability.svc.cluster.local::10.0.0.9:4317::rq_active::1
+exporter-a::10.0.0.8:9000::rq_active::1
+mine::10.0.0.7:15012::rq_active::1
+mine::/var/run/sock::rq_active::1
+mine::envoy://internal/x::rq_active::1
+mine::10.0.0.7:80::rq_active::4
+";
+        let rule = Rule {
+            ignore_clusters: Names::parse("outbound|4317||*, exporter-a").unwrap(),
+            ..istio()
+        };
+        let a = tally(body, &rule).unwrap();
+        assert_eq!(a.count.total, 4);
+        assert_eq!(
+            a.hosts_left_out,
+            vec![
+                ("Unix socket or internal address".to_string(), 2),
+                ("ignored port 15012".to_string(), 1)
+            ]
+        );
+        let left: Vec<_> = a.clusters.iter().filter_map(|c| c.left_out).collect();
+        assert_eq!(left, vec!["--ignore-clusters", "--ignore-clusters"]);
+        assert_eq!(a.quiet, 0);
+    }
+
+    #[test]
+    fn ipv6_hosts_and_cluster_names_holding_colons_split_where_the_address_starts() {
+        let body =
+            "inbound|8080||::[::1]:8080::rq_active::3\nweird::name::[fd00::5]:80::rq_active::1\n";
+        let a = tally(body, &istio()).unwrap();
+        let names: Vec<_> = a
+            .clusters
+            .iter()
+            .map(|c| (c.name.as_str(), c.requests))
+            .collect();
+        assert_eq!(names, vec![("inbound|8080||", 3), ("weird::name", 1)]);
+    }
+
+    #[test]
+    fn an_answer_without_hosts_or_with_a_bad_counted_value_is_unknown_never_zero() {
+        assert!(tally("", &istio()).is_err());
+        assert!(tally("c::observability_name::c\n", &istio()).is_err());
+        let bad = "c::10.0.0.1:80::rq_active::-1\n";
+        let e = tally(bad, &istio()).unwrap_err();
+        assert!(
+            e.contains("not a count: 'c::10.0.0.1:80::rq_active::-1'"),
+            "{e}"
+        );
+        let bad_but_left_out =
+            "xds-grpc::10.0.0.1:80::rq_active::x\nc::10.0.0.1:80::rq_active::0\n";
+        assert_eq!(tally(bad_but_left_out, &istio()).unwrap().count.total, 0);
+    }
+
+    #[test]
+    fn only_a_lone_star_is_refused_as_a_name() {
+        assert_eq!(Names::parse("*"), Err("*".to_string()));
+        assert!(Names::parse("a*,b, ,").is_ok());
+    }
+}
