@@ -435,26 +435,7 @@ fn http2_streams_on_one_connection_count_as_several_requests() {
             Some(vec!["inbound_0.0.0.0_8080", "3", "1"]),
             "three requests on one connection {status}"
         );
-        let out = run(command(&[
-            "run",
-            "--count",
-            "requests",
-            "--min-drain",
-            "0s",
-            "--interval",
-            "100ms",
-        ]));
-        h2.wait_answered(3, 10 * SECOND);
-        assert_eq!(out.code, Some(0), "{out}");
-        assert_eq!(
-            out.counts().first().map(String::as_str),
-            Some("3 active requests (stats)"),
-            "{out}"
-        );
-        assert!(
-            out.last_line().contains("0 active requests (stats)"),
-            "the idle h2 connection does not count {out}"
-        );
+        support::counts_three_streams_then_zero(command(&support::RUN_REQUESTS), &h2, "stats");
     });
 }
 

@@ -17,9 +17,13 @@ const DEADLINE: Duration = Duration::from_millis(1500);
 /// `run` against the hostile server, with a socket table that shows one open connection so the
 /// wait lasts until the deadline.
 fn against(fault: Fault) -> (Finished, Hostile) {
+    against_with(fault, &[])
+}
+
+fn against_with(fault: Fault, extra: &[&str]) -> (Finished, Hostile) {
     let hostile = Hostile::start(fault);
     let dir = one_open_connection(&format!("hostile-{fault:?}"));
-    let out = run(command(&[
+    let mut args = vec![
         "run",
         "--admin",
         &hostile.addr,
@@ -29,7 +33,9 @@ fn against(fault: Fault) -> (Finished, Hostile) {
         "0s",
         "--deadline",
         "1500ms",
-    ]));
+    ];
+    args.extend_from_slice(extra);
+    let out = run(command(&args));
     std::fs::remove_dir_all(&dir).unwrap();
     (out, hostile)
 }
@@ -171,22 +177,7 @@ fn a_reset_mid_body_is_named() {
 
 #[test]
 fn requests_fall_back_to_connection_stats_when_clusters_fail_too_and_say_both_causes() {
-    let hostile = Hostile::start(Fault::StatsOnly);
-    let dir = one_open_connection("hostile-stats-only");
-    let out = run(command(&[
-        "run",
-        "--count",
-        "requests",
-        "--admin",
-        &hostile.addr,
-        "--proc-net",
-        dir.to_str().unwrap(),
-        "--min-drain",
-        "0s",
-        "--deadline",
-        "1500ms",
-    ]));
-    std::fs::remove_dir_all(&dir).unwrap();
+    let (out, hostile) = against_with(Fault::StatsOnly, &["--count", "requests"]);
     ends_cleanly_at_the_deadline(&out);
     assert!(
         out.stderr.contains(&format!(

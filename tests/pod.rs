@@ -21,6 +21,19 @@ const MARGIN: Duration = Duration::from_millis(500);
 
 const BOTH_STATS: [Stats; 2] = [Stats::IstioDefault, Stats::ExitOnZero];
 
+/// The preStop command of the request-count scenarios.
+const HOOK_REQUESTS: [&str; 9] = [
+    "run",
+    "--count",
+    "requests",
+    "--min-drain",
+    "500ms",
+    "--interval",
+    "200ms",
+    "--deadline",
+    "20s",
+];
+
 /// The preStop command of these scenarios.
 const HOOK: [&str; 7] = [
     "run",
@@ -331,20 +344,7 @@ fn requests_ignore_an_idle_keep_alive_client_and_end_right_after_the_last_respon
             status.stdout.contains("xds-grpc (Istio's own cluster)"),
             "{what}: the agent's ADS stream is shown, not counted {status}"
         );
-        let hook = delete(
-            &pod,
-            &[
-                "run",
-                "--count",
-                "requests",
-                "--min-drain",
-                "0s",
-                "--interval",
-                "200ms",
-                "--deadline",
-                "20s",
-            ],
-        );
+        let hook = delete(&pod, &HOOK_REQUESTS);
         let (resp, answered) = request.join().unwrap().expect("the request completes");
         assert_eq!(resp.status, 200, "{what} {resp:?}");
         let out = hook.finish();
@@ -376,20 +376,7 @@ fn a_tcp_exchange_after_sigterm_holds_a_request_count_until_it_ends() {
     let Some(mut pod) = pod(Capture::Redirect, Stats::IstioDefault, "tcp") else {
         return;
     };
-    let hook = delete(
-        &pod,
-        &[
-            "run",
-            "--count",
-            "requests",
-            "--min-drain",
-            "500ms",
-            "--interval",
-            "200ms",
-            "--deadline",
-            "20s",
-        ],
-    );
+    let hook = delete(&pod, &HOOK_REQUESTS);
     let done = pod.app_event("last call", 10 * SECOND);
     let out = hook.finish();
     assert!(
@@ -427,26 +414,7 @@ fn http2_streams_on_one_connection_are_several_requests_in_clusters() {
         Some(3),
         "three requests on one connection {status}"
     );
-    let out = support::run(pod.hook(&[
-        "run",
-        "--count",
-        "requests",
-        "--min-drain",
-        "0s",
-        "--interval",
-        "100ms",
-    ]));
-    h2.wait_answered(3, 10 * SECOND);
-    assert_eq!(out.code, Some(0), "{out}");
-    assert_eq!(
-        out.counts().first().map(String::as_str),
-        Some("3 active requests (clusters)"),
-        "{out}"
-    );
-    assert!(
-        out.last_line().contains("0 active requests (clusters)"),
-        "the idle h2 connection does not count {out}"
-    );
+    support::counts_three_streams_then_zero(pod.hook(&support::RUN_REQUESTS), &h2, "clusters");
 }
 
 #[test]
@@ -460,17 +428,22 @@ fn an_exporters_long_lived_stream_holds_a_request_count_unless_its_cluster_is_ig
         "Envoy opened its metrics stream; its log:\n{}",
         pod.envoy_log()
     );
-    let held = support::run(pod.hook(&[
-        "run",
-        "--count",
-        "requests",
-        "--drain",
-        "none",
-        "--min-drain",
-        "0s",
-        "--deadline",
-        "2s",
-    ]));
+    let run_requests = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--count",
+            "requests",
+            "--drain",
+            "none",
+            "--min-drain",
+            "0s",
+            "--deadline",
+            "2s",
+        ];
+        args.extend_from_slice(extra);
+        support::run(pod.hook(&args))
+    };
+    let held = run_requests(&[]);
     assert_eq!(held.code, Some(1), "{held}");
     assert!(
         held.last_line().contains(
@@ -478,19 +451,7 @@ fn an_exporters_long_lived_stream_holds_a_request_count_unless_its_cluster_is_ig
         ),
         "{held}"
     );
-    let left_out = support::run(pod.hook(&[
-        "run",
-        "--count",
-        "requests",
-        "--drain",
-        "none",
-        "--min-drain",
-        "0s",
-        "--deadline",
-        "2s",
-        "--ignore-clusters",
-        "outbound|15999||*",
-    ]));
+    let left_out = run_requests(&["--ignore-clusters", "outbound|15999||*"]);
     assert_eq!(left_out.code, Some(0), "{left_out}");
     assert!(
         left_out

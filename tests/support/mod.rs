@@ -134,6 +134,35 @@ pub fn spawn(mut cmd: Command) -> Running {
     }
 }
 
+/// `run --count requests` reacting fast: what the HTTP/2 tests start with their streams in flight.
+pub const RUN_REQUESTS: [&str; 7] = [
+    "run",
+    "--count",
+    "requests",
+    "--min-drain",
+    "0s",
+    "--interval",
+    "100ms",
+];
+
+/// Runs `cmd` (`RUN_REQUESTS` while the three HTTP/2 requests of `h2` are in flight) and checks
+/// that it counted the three and ended at 0 from `source` once they were answered.
+pub fn counts_three_streams_then_zero(cmd: Command, h2: &http::H2, source: &str) {
+    let out = run(cmd);
+    h2.wait_answered(3, Duration::from_secs(10));
+    assert_eq!(out.code, Some(0), "{out}");
+    assert_eq!(
+        out.counts().first().map(String::as_str),
+        Some(format!("3 active requests ({source})").as_str()),
+        "{out}"
+    );
+    assert!(
+        out.last_line()
+            .contains(&format!("0 active requests ({source})")),
+        "the idle h2 connection does not count {out}"
+    );
+}
+
 /// Runs to the end (killed at `HARD_LIMIT`).
 pub fn run(cmd: Command) -> Finished {
     spawn(cmd).finish()
