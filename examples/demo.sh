@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ENVOY_BIN=$(bash scripts/envoy)
 export ENVOY_BIN
-bash scripts/pod-tools
+bash scripts/test-tools
 cargo build --release --quiet
 export ENVOY_DRAIN="$PWD/target/release/envoy-drain"
 cargo run --release --quiet --example demo -- "$@"

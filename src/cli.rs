@@ -42,7 +42,9 @@ pub struct RunArgs {
     #[argh(option)]
     pub admin: Option<String>,
 
-    /// which listeners to drain: inbound, all or none (default: inbound)
+    /// which listeners to drain: inbound, all or none; or agent: ask Istio's agent, as Istio's
+    /// native-sidecar preStop does, which drains inbound and later stops the proxy at once on
+    /// SIGTERM (default: inbound)
     #[argh(option)]
     pub drain: Option<String>,
 
@@ -105,7 +107,7 @@ pub struct RunArgs {
     #[argh(switch)]
     pub then_quit: bool,
 
-    /// the Istio agent address for --then-quit (default: 127.0.0.1:15020)
+    /// the Istio agent's address, for --drain agent and --then-quit (default: 127.0.0.1:15020)
     #[argh(option)]
     pub agent: Option<String>,
 

@@ -25,18 +25,26 @@ pub enum Drain {
     Inbound,
     All,
     None,
+    /// Ask Istio's agent (`POST /drain` on its status port), as Istio's native-sidecar preStop
+    /// does: it drains the inbound listeners with `skip_exit` and, when SIGTERM comes, stops the
+    /// proxy at once instead of draining and waiting again (istio/istio pkg/envoy/agent.go,
+    /// DrainNow).
+    Agent,
 }
 
 impl Drain {
-    /// The admin request, or none.
+    /// The request to Envoy's admin API, or none.
     pub fn path(self) -> Option<&'static str> {
         match self {
             Drain::Inbound => Some("/drain_listeners?inboundonly&graceful"),
             Drain::All => Some("/drain_listeners?graceful"),
-            Drain::None => None,
+            Drain::None | Drain::Agent => None,
         }
     }
 }
+
+/// pilot-agent's drain endpoint on its status port.
+pub const AGENT_DRAIN_PATH: &str = "/drain";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -79,6 +87,8 @@ pub struct RunConfig {
     pub drain: Drain,
     pub rules: crate::wait::Rules,
     pub log_file: Option<PathBuf>,
+    /// Istio's agent: for `--drain agent`, and for /quitquitquit with `--then-quit`.
+    pub agent: SocketAddr,
     /// The agent to send /quitquitquit to once the threshold is reached.
     pub quit_agent: Option<SocketAddr>,
     pub verbose: bool,
@@ -242,7 +252,14 @@ pub fn run_config(
         "inbound" => Drain::Inbound,
         "all" => Drain::All,
         "none" => Drain::None,
-        other => return Err(UsageError::new("--drain", other, "inbound, all or none")),
+        "agent" => Drain::Agent,
+        other => {
+            return Err(UsageError::new(
+                "--drain",
+                other,
+                "inbound, all, none or agent",
+            ));
+        }
     };
     let opt_duration = |name, v: &Option<String>, default| match v {
         Some(v) => parse_duration(name, v),
@@ -311,6 +328,7 @@ pub fn run_config(
             exit_at,
         },
         log_file: a.log_file.as_ref().map(PathBuf::from),
+        agent,
         quit_agent: a.then_quit.then_some(agent),
         verbose: a.verbose,
         warnings,
@@ -421,7 +439,7 @@ mod tests {
         assert!(err(&[("interval", "-1s")]).starts_with("invalid value '-1s' for --interval"));
         assert!(err(&[("settle", "soon")]).starts_with("invalid value 'soon' for --settle"));
         assert!(err(&[("min-drain", "1")]).starts_with("invalid value '1' for --min-drain"));
-        assert!(err(&[("drain", "outbound")]).ends_with("expected inbound, all or none"));
+        assert!(err(&[("drain", "outbound")]).ends_with("expected inbound, all, none or agent"));
         assert!(err(&[("source", "netstat")]).ends_with("expected auto, stats or proc"));
         assert!(err(&[("count", "streams")]).ends_with("expected connections or requests"));
         assert_eq!(
@@ -505,6 +523,18 @@ mod tests {
         assert_eq!(c.rules.deadline, Duration::from_secs(90));
         assert_eq!(c.rules.interval, Duration::from_millis(250));
         assert_eq!(c.rules.settle, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn drain_agent_asks_the_agent_address() {
+        let c = run_config(
+            &args(&[("drain", "agent"), ("agent", "127.0.0.1:15099")]),
+            &no_env,
+        )
+        .unwrap();
+        assert_eq!(c.drain, Drain::Agent);
+        assert_eq!(c.drain.path(), None, "nothing is sent to Envoy's admin API");
+        assert_eq!(c.agent.to_string(), "127.0.0.1:15099");
     }
 
     #[test]

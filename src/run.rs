@@ -2,7 +2,7 @@
 //! report, and (with --then-quit) tell the Istio agent to stop the proxy.
 
 use crate::admin::Client;
-use crate::config::{Drain, Mode, RunConfig};
+use crate::config::{AGENT_DRAIN_PATH, Drain, Mode, RunConfig};
 use crate::count::{Basis, Count, SourceKind, Unit};
 use crate::log::{Level, Logger};
 use crate::outcome::{self, Outcome, Progress, seconds};
@@ -53,6 +53,14 @@ pub fn run(
         );
         post(&sources.admin, path, left(&clock), log, done, what);
     }
+    if cfg.drain == Drain::Agent {
+        let (done, what) = (
+            "the Istio agent accepted the drain",
+            "ask the Istio agent to drain (waiting anyway)",
+        );
+        let agent = Client::new(cfg.agent);
+        post(&agent, AGENT_DRAIN_PATH, left(&clock), log, done, what);
+    }
     let mut watch = Watch::new(log, progress, cfg, sources.proc_names(), clock.now());
     let outcome = wait::wait(&cfg.rules, watch.drained_at, &mut clock, |left| {
         watch.observe(sources.count(left), start.elapsed())
@@ -102,14 +110,21 @@ pub fn finish(
 
 fn start_line(cfg: &RunConfig, sources: &Sources) -> String {
     let r = &cfg.rules;
-    let what = match cfg.drain {
-        Drain::Inbound => "inbound listeners",
-        Drain::All => "all listeners",
-        Drain::None => "",
-    };
-    let drain = match cfg.drain.path() {
-        Some(path) => format!("draining {what} (POST {})", sources.admin.url(path)),
-        None => "not draining (--drain none)".to_string(),
+    let drain = match cfg.drain {
+        Drain::Inbound | Drain::All => {
+            let what = if cfg.drain == Drain::All {
+                "all"
+            } else {
+                "inbound"
+            };
+            let url = sources.admin.url(cfg.drain.path().unwrap_or_default());
+            format!("draining {what} listeners (POST {url})")
+        }
+        Drain::Agent => format!(
+            "asking the Istio agent to drain (POST {})",
+            Client::new(cfg.agent).url(AGENT_DRAIN_PATH)
+        ),
+        Drain::None => "not draining (--drain none)".to_string(),
     };
     let target = if r.settle.is_zero() {
         format!("at most {}", r.exit_at)

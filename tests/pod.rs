@@ -460,3 +460,33 @@ fn an_exporters_long_lived_stream_holds_a_request_count_unless_its_cluster_is_ig
         "{left_out}"
     );
 }
+
+#[test]
+fn draining_through_the_agent_does_what_istios_native_sidecar_prestop_does() {
+    // Istio's native-sidecar preStop is `pilot-agent request POST drain`: the agent drains the
+    // inbound listeners and, on the SIGTERM that follows the app's exit, stops the proxy at once.
+    // The injection template replaces that hook with envoy-drain, which must ask the same.
+    let Some(pod) = pod(Capture::Redirect, Stats::IstioDefault, "serve") else {
+        return;
+    };
+    let mut r = spawn(pod.hook(&["run", "--drain", "agent", "--min-drain", "1s"]));
+    r.expect_line(
+        "the Istio agent accepted the drain: POST http://127.0.0.1:15020/drain answered 200 'OK'",
+        10 * SECOND,
+    );
+    let resp = pod
+        .client(|| Conn::open(APP).and_then(|mut c| c.get("/local/0")))
+        .expect("a request during the drain");
+    assert!(
+        resp.says_close(),
+        "the inbound listener is draining {resp:?}"
+    );
+    let out = r.finish();
+    assert_eq!(out.code, Some(0), "{out}");
+    assert!(pod.agent_asked_to_drain(), "{out}");
+    assert!(
+        out.stderr
+            .contains("asking the Istio agent to drain (POST http://127.0.0.1:15020/drain)"),
+        "{out}"
+    );
+}

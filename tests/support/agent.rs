@@ -30,6 +30,8 @@ pub struct Agent {
     pub streams: Arc<AtomicUsize>,
     /// Someone asked for `POST /quitquitquit` on 15020, pilot-agent's "stop the proxy now".
     pub quit: Arc<AtomicBool>,
+    /// Someone asked for `POST /drain` on 15020, what Istio's native-sidecar preStop does.
+    pub drained: Arc<AtomicBool>,
 }
 
 impl Agent {
@@ -38,7 +40,12 @@ impl Agent {
         let stop = Arc::new(AtomicBool::new(false));
         let streams = Arc::new(AtomicUsize::new(0));
         let quit = Arc::new(AtomicBool::new(false));
-        let (s, n, q) = (Arc::clone(&stop), Arc::clone(&streams), Arc::clone(&quit));
+        let drained = Arc::new(AtomicBool::new(false));
+        let (s, n) = (Arc::clone(&stop), Arc::clone(&streams));
+        let asked = Asked {
+            quit: Arc::clone(&quit),
+            drained: Arc::clone(&drained),
+        };
         let (tx, ready) = std::sync::mpsc::channel();
         thread::spawn(move || {
             as_user(uid, gid);
@@ -47,7 +54,7 @@ impl Agent {
             let status = TcpListener::bind("0.0.0.0:15020").expect("the agent's port 15020");
             let _ = tx.send(());
             let stop = Arc::clone(&s);
-            thread::spawn(move || serve_status(status, &stop, &q));
+            thread::spawn(move || serve_status(status, &stop, &asked));
             for conn in xds.incoming() {
                 if s.load(Ordering::SeqCst) {
                     return;
@@ -66,6 +73,7 @@ impl Agent {
             stop,
             streams,
             quit,
+            drained,
         }
     }
 }
@@ -94,8 +102,16 @@ pub fn as_user(uid: u32, gid: u32) {
     }
 }
 
-/// pilot-agent's status port: every request answers 200; `POST /quitquitquit` is noted.
-fn serve_status(listener: TcpListener, stop: &AtomicBool, quit: &AtomicBool) {
+/// What was asked of the agent's status port.
+struct Asked {
+    quit: Arc<AtomicBool>,
+    drained: Arc<AtomicBool>,
+}
+
+/// pilot-agent's status port: every request answers 200 `OK`. `POST /quitquitquit` is noted;
+/// `POST /drain` is noted and passed on to Envoy as pilot-agent does for a sidecar
+/// (istio/istio pkg/envoy/agent.go, DrainNow: inbound only, graceful, skip_exit).
+fn serve_status(listener: TcpListener, stop: &AtomicBool, asked: &Asked) {
     for conn in listener.incoming() {
         if stop.load(Ordering::SeqCst) {
             return;
@@ -105,10 +121,20 @@ fn serve_status(listener: TcpListener, stop: &AtomicBool, quit: &AtomicBool) {
         let mut buf = [0u8; 4096];
         let n = conn.read(&mut buf).unwrap_or(0);
         if buf[..n].starts_with(b"POST /quitquitquit ") {
-            quit.store(true, Ordering::SeqCst);
+            asked.quit.store(true, Ordering::SeqCst);
+        }
+        if buf[..n].starts_with(b"POST /drain ") {
+            asked.drained.store(true, Ordering::SeqCst);
+            if let Ok(mut envoy) = TcpStream::connect("127.0.0.1:15000") {
+                let _ = envoy.write_all(
+                    b"POST /drain_listeners?inboundonly&graceful&skip_exit HTTP/1.1\r\n\
+                      Host: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                );
+                let _ = envoy.read(&mut buf);
+            }
         }
         let _ =
-            conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nOK");
     }
 }
 

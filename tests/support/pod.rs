@@ -256,6 +256,13 @@ impl Pod {
         }
     }
 
+    /// Whether the agent was asked to drain (`POST /drain`).
+    pub fn agent_asked_to_drain(&self) -> bool {
+        self.agent
+            .as_ref()
+            .is_some_and(|a| a.drained.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
     /// Whether the agent was asked to stop the proxy (`POST /quitquitquit`).
     pub fn agent_asked_to_quit(&self) -> bool {
         self.agent
