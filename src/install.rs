@@ -31,12 +31,19 @@ pub fn install(dest: &Path) -> Result<(PathBuf, u64), String> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| BINARY_NAME.to_string());
-    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let failed = |step: String| format!("failed to install to {}: {step}", target.display());
+    let (temp, mut out) = create_temp(&dir, &name).map_err(|e| {
+        failed(format!(
+            "cannot create a temporary file in {}: {e}",
+            dir.display()
+        ))
+    })?;
+    // From here on the temporary file is ours, and the only one a failure removes.
     let failed = |step: String| {
         let _ = fs::remove_file(&temp);
-        format!("failed to install to {}: {step}", target.display())
+        failed(step)
     };
-    let written = copy_to(&mut source, &temp).map_err(|e| {
+    let written = copy_to(&mut source, &mut out).map_err(|e| {
         failed(format!(
             "cannot write {} from {}: {e}",
             temp.display(),
@@ -72,13 +79,29 @@ fn open_self() -> Result<(File, PathBuf), String> {
     }
 }
 
-fn copy_to(source: &mut File, temp: &Path) -> io::Result<u64> {
-    let mut out = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o700)
-        .open(temp)?;
-    let n = io::copy(source, &mut out)?;
+/// A new file beside the target, named after it and this process. A killed install can leave one
+/// behind with the same name (a container's pid repeats): that one is not ours, so another name
+/// is tried, and it is left alone.
+fn create_temp(dir: &Path, name: &str) -> io::Result<(PathBuf, File)> {
+    let mut last = io::Error::from(io::ErrorKind::AlreadyExists);
+    for n in 0..100 {
+        let temp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o700)
+            .open(&temp)
+        {
+            Ok(f) => return Ok((temp, f)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = e,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last)
+}
+
+fn copy_to(source: &mut File, out: &mut File) -> io::Result<u64> {
+    let n = io::copy(source, out)?;
     out.flush()?;
     out.sync_all()?;
     // Set after writing, and explicitly: the umask must not decide who may run the hook.

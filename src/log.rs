@@ -1,10 +1,15 @@
 //! One line per event, shaped like pilot-agent's own lines so they sit naturally in
 //! `kubectl logs -c istio-proxy`: `<RFC 3339 UTC, microseconds>\t<level>\tenvoy-drain\t<message>`.
+//! Writing never blocks the hook: a line that cannot be written at once (a full pipe whose reader
+//! has stalled) is dropped and counted, and only the final summary waits a little for room.
 
-use std::fs::File;
-use std::io::Write;
+use std::collections::HashSet;
+use std::fs::OpenOptions;
+use std::io::{ErrorKind, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
@@ -23,38 +28,129 @@ impl Level {
     }
 }
 
+/// The longest line written: up to PIPE_BUF (4096) bytes, a write to a pipe is whole or not at
+/// all, so a line is never cut by a full pipe.
+const MAX_LINE: usize = 4096;
+
+/// How long the final summary may wait for room in a full pipe.
+const SUMMARY_WAIT: Duration = Duration::from_millis(100);
+
+/// Where lines go: a writer, and its descriptor when it has one (for poll).
+pub struct Out {
+    writer: Box<dyn Write + Send>,
+    fd: Option<RawFd>,
+    /// The descriptor may block: ask poll for room before each write.
+    poll_first: bool,
+    /// Lines that could not be written at once.
+    dropped: u64,
+}
+
+impl Out {
+    pub fn new(writer: Box<dyn Write + Send>) -> Out {
+        Out {
+            writer,
+            fd: None,
+            poll_first: false,
+            dropped: 0,
+        }
+    }
+
+    /// stderr as a descriptor of its own, opened anew through /proc with O_NONBLOCK so that the
+    /// flag does not reach whoever shares the original (a terminal, the runtime's pipe). Where
+    /// that is refused (no /proc, a socket), stderr itself, asking poll for room first.
+    fn stderr() -> Out {
+        let reopened = OpenOptions::new()
+            .append(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open("/proc/self/fd/2");
+        match reopened {
+            Ok(f) => Out {
+                fd: Some(f.as_raw_fd()),
+                writer: Box::new(f),
+                poll_first: false,
+                dropped: 0,
+            },
+            Err(_) => Out {
+                writer: Box::new(std::io::stderr()),
+                fd: Some(libc::STDERR_FILENO),
+                poll_first: true,
+                dropped: 0,
+            },
+        }
+    }
+
+    /// Writes `bytes` whole, at once, or drops them; with `wait`, waits that long for room.
+    fn put(&mut self, bytes: &[u8], wait: Duration) -> bool {
+        let room = |fd: RawFd, wait: Duration| {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLOUT,
+                revents: 0,
+            };
+            let ms = libc::c_int::try_from(wait.as_millis()).unwrap_or(libc::c_int::MAX);
+            // SAFETY: poll on one pollfd we own.
+            unsafe { libc::poll(&mut p, 1, ms) == 1 }
+        };
+        if self.poll_first && !self.fd.is_some_and(|fd| room(fd, Duration::ZERO)) {
+            self.dropped += 1;
+            return false;
+        }
+        let mut written = self.writer.write(bytes);
+        if let Err(e) = &written
+            && e.kind() == ErrorKind::WouldBlock
+            && !wait.is_zero()
+            && self.fd.is_some_and(|fd| room(fd, wait))
+        {
+            written = self.writer.write(bytes);
+        }
+        let whole = written.is_ok_and(|n| n == bytes.len());
+        if !whole {
+            self.dropped += 1;
+        }
+        whole
+    }
+}
+
 pub struct Logger {
-    out: Box<dyn Write + Send>,
-    file: Option<File>,
+    out: Out,
+    file: Option<Out>,
     /// stderr is a terminal: waiting messages redraw one line instead of adding lines.
     live: bool,
     /// The live line on screen, redrawn after any other line.
     shown: Option<String>,
-    warned: Vec<String>,
+    warned: HashSet<String>,
 }
 
-/// Formats one line. Control characters (a hostile admin body can hold any) become spaces so an
-/// event is always exactly one line.
+/// Formats one line, at most `MAX_LINE` bytes. Control characters (a hostile admin body can hold
+/// any) become spaces so an event is always exactly one line.
 pub fn format_line(time: SystemTime, level: Level, message: &str) -> String {
-    let clean: String = message
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    format!(
-        "{}\t{}\tenvoy-drain\t{clean}\n",
+    let head = format!(
+        "{}\t{}\tenvoy-drain\t",
         humantime::format_rfc3339_micros(time),
         level.name()
-    )
+    );
+    let mut line = head;
+    for c in message
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+    {
+        if line.len() + c.len_utf8() >= MAX_LINE {
+            break;
+        }
+        line.push(c);
+    }
+    line.push('\n');
+    line
 }
 
 impl Logger {
-    pub fn new(out: Box<dyn Write + Send>, live: bool) -> Logger {
+    pub fn new(out: Out, live: bool) -> Logger {
         Logger {
             out,
             file: None,
             live,
             shown: None,
-            warned: Vec::new(),
+            warned: HashSet::new(),
         }
     }
 
@@ -62,23 +158,41 @@ impl Logger {
     pub fn stderr() -> Logger {
         // SAFETY: isatty only inspects the descriptor.
         let tty = unsafe { libc::isatty(libc::STDERR_FILENO) } == 1;
-        Logger::new(Box::new(std::io::stderr()), tty)
+        Logger::new(Out::stderr(), tty)
     }
 
-    /// Also appends every line to `path`. A file that cannot be opened is a warning: the hook goes
-    /// on without it.
+    /// Also appends every line to `path`, opened without blocking: a FIFO nobody reads fails at
+    /// once (and is a warning: the hook goes on without it) instead of hanging the open.
     pub fn add_file(&mut self, path: &Path) {
-        match std::fs::OpenOptions::new()
+        let opened = OpenOptions::new()
             .append(true)
             .create(true)
-            .open(path)
-        {
-            Ok(f) => self.file = Some(f),
-            Err(e) => self.warn(&format!(
-                "failed to open log file {}: {e}; logging to stderr only",
-                path.display()
-            )),
+            .mode(0o644)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path);
+        match opened {
+            Ok(f) => {
+                let fd = f.as_raw_fd();
+                let mut out = Out::new(Box::new(f));
+                out.fd = Some(fd);
+                self.file = Some(out);
+            }
+            Err(e) => {
+                let why = match e.raw_os_error() {
+                    Some(libc::ENXIO) => "nothing reads it".to_string(),
+                    _ => e.to_string(),
+                };
+                self.warn(&format!(
+                    "failed to open log file {}: {why}; logging to stderr only",
+                    path.display()
+                ));
+            }
         }
+    }
+
+    /// Lines dropped so far because writing them would have blocked.
+    pub fn dropped(&self) -> u64 {
+        self.out.dropped + self.file.as_ref().map_or(0, |f| f.dropped)
     }
 
     pub fn info(&mut self, message: &str) {
@@ -91,27 +205,32 @@ impl Logger {
 
     /// Warns the first time a message is seen in this run; parsers repeat theirs at every count.
     pub fn warn_once(&mut self, message: &str) {
-        if !self.warned.iter().any(|w| w == message) {
-            self.warned.push(message.to_string());
+        if self.warned.insert(message.to_string()) {
             self.warn(message);
         }
     }
 
-    /// Writes failures are ignored on purpose: a closed stderr or a full log pipe must not stop
-    /// the hook from waiting.
     pub fn line(&mut self, level: Level, message: &str) {
+        self.write(level, message, Duration::ZERO);
+    }
+
+    /// The last line: it may wait a little for room that the others do not.
+    pub fn last_line(&mut self, level: Level, message: &str) {
+        self.write(level, message, SUMMARY_WAIT);
+    }
+
+    fn write(&mut self, level: Level, message: &str, wait: Duration) {
         let text = format_line(SystemTime::now(), level, message);
         if let Some(f) = &mut self.file {
-            let _ = f.write_all(text.as_bytes());
+            f.put(text.as_bytes(), wait);
         }
         if self.live && self.shown.is_some() {
-            let _ = self.out.write_all(b"\r\x1b[K");
+            self.out.put(b"\r\x1b[K", Duration::ZERO);
         }
-        let _ = self.out.write_all(text.as_bytes());
+        self.out.put(text.as_bytes(), wait);
         if let Some(live) = &self.shown {
-            let _ = write!(self.out, "{live}");
+            self.out.put(live.as_bytes(), Duration::ZERO);
         }
-        let _ = self.out.flush();
     }
 
     /// A waiting update. On a terminal it redraws the live line every time; elsewhere it becomes
@@ -124,7 +243,8 @@ impl Logger {
             return;
         }
         if worth_a_line && let Some(f) = &mut self.file {
-            let _ = f.write_all(format_line(SystemTime::now(), Level::Info, message).as_bytes());
+            let line = format_line(SystemTime::now(), Level::Info, message);
+            f.put(line.as_bytes(), Duration::ZERO);
         }
         // One terminal row, or `\r` cannot take the cursor back to its start.
         let text: String = format!("envoy-drain: {message}")
@@ -132,21 +252,19 @@ impl Logger {
             .map(|c| if c.is_control() { ' ' } else { c })
             .take(terminal_width().saturating_sub(1))
             .collect();
-        let _ = write!(self.out, "\r\x1b[K{text}");
-        let _ = self.out.flush();
+        self.out
+            .put(format!("\r\x1b[K{text}").as_bytes(), Duration::ZERO);
         self.shown = Some(text);
     }
 
     /// Ends the live line so that the next line starts clean.
     pub fn end_live(&mut self) {
         if self.shown.take().is_some() {
-            let _ = self.out.write_all(b"\r\x1b[K");
-            let _ = self.out.flush();
+            self.out.put(b"\r\x1b[K", Duration::ZERO);
         }
     }
 }
 
-/// A writer that keeps what the logger wrote, for tests of what a user would read.
 fn terminal_width() -> usize {
     // SAFETY: TIOCGWINSZ fills a winsize we own; on failure it stays zeroed.
     let mut size: libc::winsize = unsafe { std::mem::zeroed() };
@@ -211,7 +329,7 @@ mod tests {
     #[test]
     fn warn_once_says_a_thing_once() {
         let sink = Sink::default();
-        let mut log = Logger::new(Box::new(sink.clone()), false);
+        let mut log = Logger::new(Out::new(Box::new(sink.clone())), false);
         log.warn_once("gauge wrapped");
         log.warn_once("gauge wrapped");
         log.warn_once("other");
@@ -221,7 +339,7 @@ mod tests {
     #[test]
     fn waiting_updates_become_lines_only_when_worth_it_off_a_terminal() {
         let sink = Sink::default();
-        let mut log = Logger::new(Box::new(sink.clone()), false);
+        let mut log = Logger::new(Out::new(Box::new(sink.clone())), false);
         log.waiting("3 open", true);
         log.waiting("3 open", false);
         log.waiting("2 open", true);
@@ -233,7 +351,7 @@ mod tests {
     #[test]
     fn on_a_terminal_waiting_redraws_one_line_and_other_lines_keep_it() {
         let sink = Sink::default();
-        let mut log = Logger::new(Box::new(sink.clone()), true);
+        let mut log = Logger::new(Out::new(Box::new(sink.clone())), true);
         log.waiting("3 open", true);
         log.waiting("2 open", false);
         log.warn("stats unavailable");
@@ -252,7 +370,7 @@ mod tests {
     #[test]
     fn a_log_file_that_cannot_be_opened_is_a_warning() {
         let sink = Sink::default();
-        let mut log = Logger::new(Box::new(sink.clone()), false);
+        let mut log = Logger::new(Out::new(Box::new(sink.clone())), false);
         log.add_file(Path::new("/nonexistent-dir/x.log"));
         log.info("still logging");
         let text = sink.text();
@@ -269,7 +387,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("hook.log");
         let _ = std::fs::remove_file(&path);
-        let mut log = Logger::new(Box::new(Sink::default()), false);
+        let mut log = Logger::new(Out::new(Box::new(Sink::default())), false);
         log.add_file(&path);
         log.info("one");
         log.waiting("two", true);

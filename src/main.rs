@@ -23,6 +23,18 @@ fn dispatch(start: Instant) -> i32 {
         Err(bad) => return usage(&format!("argument {bad:?} is not UTF-8")),
     };
     let strs: Vec<&str> = args.iter().map(String::as_str).collect();
+    // The kill switch wins over everything, bad flags included: operators flip it to get a pod
+    // out of trouble without a new image.
+    if strs.get(1) == Some(&"run")
+        && let Some(v) = std::env::var_os(config::ENV_DISABLED).filter(|v| !v.is_empty())
+    {
+        Logger::stderr().info(&format!(
+            "{}={} is set: not draining and not waiting",
+            config::ENV_DISABLED,
+            v.to_string_lossy()
+        ));
+        return EXIT_REACHED;
+    }
     let cli = match Cli::from_args(&["envoy-drain"], strs.get(1..).unwrap_or_default()) {
         Ok(cli) => cli,
         Err(early) if early.status.is_ok() => {
@@ -54,16 +66,6 @@ fn usage(message: &str) -> i32 {
 
 fn run_command(a: &RunArgs, start: Instant) -> i32 {
     let mut logger = Logger::stderr();
-    // The kill switch wins over everything, bad flags included: operators flip it to get a pod
-    // out of trouble without a new image.
-    if let Some(v) = std::env::var_os(config::ENV_DISABLED).filter(|v| !v.is_empty()) {
-        logger.info(&format!(
-            "{}={} is set: not draining and not waiting",
-            config::ENV_DISABLED,
-            v.to_string_lossy()
-        ));
-        return EXIT_REACHED;
-    }
     let cfg = match config::run_config(a, &|k| std::env::var(k).ok()) {
         Ok(c) => c,
         Err(e) => return usage(&e.to_string()),

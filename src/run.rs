@@ -96,15 +96,24 @@ pub fn finish(
     if SUMMARY_WRITTEN.swap(true, Ordering::SeqCst) {
         return false;
     }
-    let line = outcome::summary(outcome, start.elapsed(), deadline, &lock(progress));
     let level = match outcome {
         Outcome::Reached => Level::Info,
         Outcome::NothingCounted => Level::Error,
         Outcome::Deadline | Outcome::Interrupted(_) => Level::Warn,
     };
     let mut log = lock(log);
+    // Timed once the logger is ours, so the line says when it was really written.
+    let mut line = outcome::summary(outcome, start.elapsed(), deadline, &lock(progress));
+    let dropped = log.dropped();
+    if dropped > 0 {
+        line += &format!(
+            "; {dropped} earlier log line{} dropped, as writing {} would have blocked",
+            if dropped == 1 { " was" } else { "s were" },
+            if dropped == 1 { "it" } else { "them" }
+        );
+    }
     log.end_live();
-    log.line(level, &line);
+    log.last_line(level, &line);
     true
 }
 
@@ -322,6 +331,7 @@ mod tests {
     use super::*;
     use crate::cli::RunArgs;
     use crate::count::Part;
+    use crate::log::Out;
     use crate::log::testing::Sink;
 
     fn count(source: SourceKind, n: u64) -> Count {
@@ -365,7 +375,7 @@ mod tests {
     fn watch_with(args: RunArgs, readings: Vec<Reading>) -> (String, Progress, Vec<Option<u64>>) {
         let cfg = crate::config::run_config(&args, &|_| None).unwrap();
         let sink = Sink::default();
-        let log = Mutex::new(Logger::new(Box::new(sink.clone()), false));
+        let log = Mutex::new(Logger::new(Out::new(Box::new(sink.clone())), false));
         let progress = Mutex::new(Progress::default());
         let mut w = Watch::new(
             &log,

@@ -4,12 +4,12 @@
 
 use crate::count::{Basis, Count};
 use crate::procnet::{self, DEFAULT_EPHEMERAL, Envoy, Filter, Listeners, Rule, Table};
-use std::collections::HashSet;
-use std::fs::{self, File};
-use std::io::{BufRead, BufReader};
+use std::fs::{self, OpenOptions};
+use std::io::Read;
 use std::net::SocketAddr;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 pub struct SocketTable {
     proc_net: PathBuf,
@@ -41,43 +41,32 @@ impl SocketTable {
         format!("{}/tcp and tcp6", self.proc_net.display())
     }
 
-    /// The kernel's count. Either table may be missing (no IPv6); both missing or unreadable is
-    /// an error.
-    pub fn count(&mut self) -> Result<Count, String> {
+    /// The kernel's count, made before `until`. A table may be missing (a kernel without IPv6
+    /// has no tcp6), not both; one that exists must be read whole and understood, or the count is
+    /// unknown.
+    pub fn count(&mut self, until: Instant) -> Result<Count, String> {
         let mut table = Table::default();
-        let mut failures = Vec::new();
         let mut read_any = false;
         for name in ["tcp", "tcp6"] {
-            let path = self.proc_net.join(name);
-            match read_table(&path, &mut table) {
-                Ok(()) => read_any = true,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => failures.push(format!("failed to read {}: {e}", path.display())),
-            }
+            read_any |= read_table(&self.proc_net.join(name), &mut table, until)?;
         }
         if !read_any {
-            return Err(if failures.is_empty() {
-                format!(
-                    "neither {0}/tcp nor {0}/tcp6 exists",
-                    self.proc_net.display()
-                )
-            } else {
-                failures.join("; ")
-            });
+            return Err(format!(
+                "neither {0}/tcp nor {0}/tcp6 exists",
+                self.proc_net.display()
+            ));
         }
-        let (envoy, basis) = self.envoy(&table);
+        let (envoy, basis) = self.envoy(&table, until);
         let rule = Rule {
             filter: &self.filter,
             envoy: &envoy,
             ephemeral: self.ephemeral(),
         };
-        let mut count = procnet::count(&table, &rule, &mut self.listeners).with_basis(basis);
-        count.warnings.extend(failures);
-        Ok(count)
+        Ok(procnet::count(&table, &rule, &mut self.listeners).with_basis(basis))
     }
 
     /// Who Envoy is, and a sentence saying how that was found.
-    fn envoy(&mut self, table: &Table) -> (Envoy, Basis) {
+    fn envoy(&mut self, table: &Table, until: Instant) -> (Envoy, Basis) {
         let admin = self.admin;
         let Some(listener) = table.listener(admin) else {
             let text = format!(
@@ -94,7 +83,7 @@ impl SocketTable {
         };
         let uid = listener.uid;
         let found = match &self.proc_root {
-            Some(root) => find_holder(root, listener.inode, uid, self.envoy_pid),
+            Some(root) => find_holder(root, listener.inode, uid, self.envoy_pid, until),
             None => Err(format!("{} is not a live table", self.proc_net.display())),
         };
         match found {
@@ -139,22 +128,79 @@ impl SocketTable {
     }
 }
 
-/// Streams a table line by line: 18,000 sockets are 2.7 MB of text that need not sit in memory.
-fn read_table(path: &Path, table: &mut Table) -> std::io::Result<()> {
-    let mut reader = BufReader::with_capacity(64 * 1024, File::open(path)?);
-    let mut line = Vec::with_capacity(256);
+/// The most one table may hold: about 900,000 sockets of 150 bytes. A larger one is unknown.
+const MAX_TABLE: u64 = 128 << 20;
+
+/// The kernel's lines are under 200 bytes; a longer one is not a socket table's.
+const MAX_LINE: usize = 512;
+
+/// Reads a table line by line (18,000 sockets are 2.7 MB of text that need not sit in memory),
+/// bounded in bytes, line length and time. `false` when it does not exist; an error when it
+/// cannot be read whole before `until` or holds a line that is not a socket's.
+fn read_table(path: &Path, table: &mut Table, until: Instant) -> Result<bool, String> {
+    let failed = |why: String| format!("failed to read {}: {why}", path.display());
+    // O_NONBLOCK: a FIFO in a table's place must not hang the open.
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(failed(e.to_string())),
+    };
+    let kind = file
+        .metadata()
+        .map_err(|e| failed(e.to_string()))?
+        .file_type();
+    // The kernel's tables are regular files; a FIFO, a device or a directory is not one.
+    if !kind.is_file() {
+        return Err(failed("not a regular file".to_string()));
+    }
+    let bad_before = table.bad_lines;
+    let mut reader = file.take(MAX_TABLE + 1);
+    let mut chunk = vec![0u8; 64 * 1024];
+    let mut line: Vec<u8> = Vec::with_capacity(MAX_LINE);
+    let mut total = 0u64;
     loop {
-        line.clear();
-        if reader.read_until(b'\n', &mut line)? == 0 {
-            return Ok(());
+        if Instant::now() >= until {
+            return Err(failed("no time left before the deadline".to_string()));
         }
+        let n = reader.read(&mut chunk).map_err(|e| failed(e.to_string()))?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        if total > MAX_TABLE {
+            return Err(failed(format!("it is larger than {MAX_TABLE} bytes")));
+        }
+        for piece in chunk[..n].split_inclusive(|b| *b == b'\n') {
+            if line.len() + piece.len() > MAX_LINE + 1 {
+                return Err(failed(format!("a line is longer than {MAX_LINE} bytes")));
+            }
+            line.extend_from_slice(piece);
+            if piece.ends_with(b"\n") {
+                table.add_line(&String::from_utf8_lossy(&line));
+                line.clear();
+            }
+        }
+    }
+    if !line.is_empty() {
         table.add_line(&String::from_utf8_lossy(&line));
     }
+    if table.bad_lines > bad_before {
+        return Err(failed(format!(
+            "{} lines are not socket lines, the first '{}'",
+            table.bad_lines - bad_before,
+            table.first_bad.as_deref().unwrap_or_default()
+        )));
+    }
+    Ok(true)
 }
 
-/// The socket inodes a process holds.
-fn sockets_of(proc_root: &Path, pid: u32) -> std::io::Result<HashSet<u64>> {
-    let mut inodes = HashSet::new();
+/// The socket inodes a process holds, sorted.
+fn sockets_of(proc_root: &Path, pid: u32) -> std::io::Result<Vec<u64>> {
+    let mut inodes = Vec::new();
     for entry in fs::read_dir(proc_root.join(pid.to_string()).join("fd"))? {
         // A descriptor closed between the listing and the readlink is simply gone.
         let Ok(target) = entry.and_then(|e| fs::read_link(e.path())) else {
@@ -164,9 +210,10 @@ fn sockets_of(proc_root: &Path, pid: u32) -> std::io::Result<HashSet<u64>> {
             .to_str()
             .and_then(|t| t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok());
         if let Some(inode) = inode {
-            inodes.insert(inode);
+            inodes.push(inode);
         }
     }
+    inodes.sort_unstable();
     Ok(inodes)
 }
 
@@ -177,10 +224,11 @@ fn find_holder(
     inode: u64,
     uid: u32,
     last: Option<u32>,
-) -> Result<(u32, HashSet<u64>), String> {
+    until: Instant,
+) -> Result<(u32, Vec<u64>), String> {
     if let Some(pid) = last
         && let Ok(inodes) = sockets_of(proc_root, pid)
-        && inodes.contains(&inode)
+        && inodes.binary_search(&inode).is_ok()
     {
         return Ok((pid, inodes));
     }
@@ -188,6 +236,9 @@ fn find_holder(
         .map_err(|e| format!("failed to list {}: {e}", proc_root.display()))?;
     let mut denied = None;
     for entry in dir.flatten() {
+        if Instant::now() >= until {
+            return Err("no time left to look for Envoy's process".to_string());
+        }
         let Some(pid) = entry
             .file_name()
             .to_str()
@@ -200,7 +251,7 @@ fn find_holder(
             continue;
         }
         match sockets_of(proc_root, pid) {
-            Ok(inodes) if inodes.contains(&inode) => return Ok((pid, inodes)),
+            Ok(inodes) if inodes.binary_search(&inode).is_ok() => return Ok((pid, inodes)),
             Ok(_) => {}
             Err(e) => {
                 denied = Some(format!(
@@ -233,12 +284,13 @@ mod tests {
         // SAFETY: getuid has no preconditions.
         let uid = unsafe { libc::getuid() };
         let me = std::process::id();
-        let (pid, inodes) = find_holder(Path::new("/proc"), mine, uid, None).unwrap();
+        let until = Instant::now() + std::time::Duration::from_secs(10);
+        let (pid, inodes) = find_holder(Path::new("/proc"), mine, uid, None, until).unwrap();
         assert_eq!(pid, me);
-        assert!(inodes.contains(&mine) && inodes.contains(&theirs));
-        let again = find_holder(Path::new("/proc"), mine, uid, Some(me)).unwrap();
+        assert!(inodes.binary_search(&mine).is_ok() && inodes.binary_search(&theirs).is_ok());
+        let again = find_holder(Path::new("/proc"), mine, uid, Some(me), until).unwrap();
         assert_eq!(again.0, me);
-        let e = find_holder(Path::new("/proc"), u64::MAX, uid, Some(me)).unwrap_err();
+        let e = find_holder(Path::new("/proc"), u64::MAX, uid, Some(me), until).unwrap_err();
         assert!(e.contains("shows socket:[18446744073709551615]"), "{e}");
     }
 }

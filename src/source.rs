@@ -39,6 +39,9 @@ pub struct Look {
     pub proc: Option<Result<Count, String>>,
 }
 
+/// The least time the socket table is given, even at the deadline.
+const PROC_GRACE: Duration = Duration::from_millis(100);
+
 pub struct Sources {
     pub mode: Mode,
     pub unit: Unit,
@@ -102,7 +105,10 @@ impl Sources {
             look.clusters = Some(self.clusters(until));
         }
         if self.mode != Mode::Stats && (every || decide(&look).result.is_err()) {
-            look.proc = Some(self.table.count());
+            // A hung admin API may have used up the time left: the socket table still gets its
+            // moment, which bounds how far past its deadline a run can end.
+            let proc_until = until.max(Instant::now() + PROC_GRACE);
+            look.proc = Some(self.table.count(proc_until));
         }
         look
     }
@@ -112,10 +118,10 @@ impl Sources {
         match self.stats_body(until.saturating_duration_since(Instant::now())) {
             Ok(body) => StatsLook {
                 connections: stats::parse(&body, &self.ignore)
-                    .map_err(|_| not_reported("downstream_cx_active")),
+                    .map_err(|e| unusable(e, "downstream_cx_active")),
                 requests: requests.then(|| {
                     stats::parse_requests(&body, &self.ignore)
-                        .map_err(|_| not_reported("downstream_rq_active"))
+                        .map_err(|e| unusable(e, "downstream_rq_active"))
                 }),
             },
             Err(why) => StatsLook {
@@ -154,8 +160,15 @@ impl Sources {
     }
 }
 
-fn not_reported(stat: &str) -> String {
-    format!("Envoy does not report {stat} (its stats_matcher leaves the stat out)")
+fn unusable(e: stats::Unusable, stat: &str) -> String {
+    match e {
+        stats::Unusable::NotEnabled => {
+            format!("Envoy does not report {stat} (its stats_matcher leaves the stat out)")
+        }
+        stats::Unusable::Unreadable(line) => {
+            format!("Envoy's stats answer has a line that is not '<name>: <count>': '{line}'")
+        }
+    }
 }
 
 /// The one decision: which count is in force, and why the preferred one is not. Requests from
@@ -270,7 +283,11 @@ mod tests {
     #[test]
     fn one_table_missing_is_fine_both_missing_is_unknown() {
         let d = dir("missing", Some(ONE));
-        let count = |d: &PathBuf| sources(Mode::Proc, d.clone()).count(Duration::ZERO).result;
+        let count = |d: &PathBuf| {
+            sources(Mode::Proc, d.clone())
+                .count(Duration::from_secs(1))
+                .result
+        };
         assert_eq!(count(&d).unwrap().total, 1);
         std::fs::remove_file(d.join("tcp")).unwrap();
         let e = count(&d).unwrap_err();

@@ -10,6 +10,9 @@ pub trait Clock {
     fn sleep(&mut self, d: Duration);
 }
 
+/// Time enough for a count before the deadline: the bound on one admin request.
+pub const LAST_COUNT: Duration = crate::admin::REQUEST_TIMEOUT;
+
 /// The rules of the wait; every duration is measured from the start of the run except the
 /// min-drain, which starts when the drain was sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,14 +27,22 @@ pub struct Rules {
 /// Counts at once, then every interval, until the count has stayed at or below the threshold for
 /// the settle time after the min-drain, or the deadline passes. `count` is given the time left
 /// (to bound its own I/O) and answers `None` when nothing could be counted: that never ends the
-/// wait early and breaks the settle time.
+/// wait early and breaks the settle time. The min-drain ends `LAST_COUNT` (or one interval, if
+/// shorter) before the deadline at the latest, so that a count can still see a quiet pod and end
+/// the wait in time: a min-drain as long as the deadline (a short --deadline, or
+/// MINIMUM_DRAIN_DURATION set for Istio) would otherwise end after it and turn every quiet
+/// shutdown into a deadline.
 pub fn wait(
     rules: &Rules,
     drained_at: Duration,
     clock: &mut impl Clock,
     mut count: impl FnMut(Duration) -> Option<u64>,
 ) -> Outcome {
-    let drain_done = drained_at.saturating_add(rules.min_drain);
+    let drain_done = drained_at.saturating_add(rules.min_drain).min(
+        rules
+            .deadline
+            .saturating_sub(rules.interval.min(LAST_COUNT)),
+    );
     let mut low_since: Option<Duration> = None;
     let mut counted = false;
     loop {
@@ -265,6 +276,37 @@ mod tests {
         assert_eq!(
             (o, end, at),
             (Outcome::Deadline, ms(25000), vec![ms(0), ms(2000)])
+        );
+    }
+
+    #[test]
+    fn a_min_drain_as_long_as_the_deadline_still_lets_a_quiet_pod_end_before_it() {
+        for drained_at in [ms(0), ms(40)] {
+            let now = Cell::new(drained_at);
+            let r = Rules {
+                min_drain: ms(3000),
+                deadline: ms(3000),
+                ..rules()
+            };
+            let o = wait(&r, drained_at, &mut FakeClock(&now), |_| Some(0));
+            assert_eq!(o, Outcome::Reached, "drained at {drained_at:?}");
+            assert!(
+                now.get() >= ms(2500) && now.get() < ms(3000),
+                "ends in the last interval before the deadline: {:?}",
+                now.get()
+            );
+        }
+        let now = Cell::new(ms(0));
+        let r = Rules {
+            min_drain: ms(3000),
+            deadline: ms(3000),
+            ..rules()
+        };
+        let o = wait(&r, ms(0), &mut FakeClock(&now), |_| Some(1));
+        assert_eq!(
+            o,
+            Outcome::Deadline,
+            "an open connection still waits it out"
         );
     }
 

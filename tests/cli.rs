@@ -5,7 +5,7 @@ mod support;
 
 use std::net::TcpListener;
 use std::time::Duration;
-use support::{command, one_open_connection, run, temp_dir};
+use support::{command, one_open_connection, run, temp_dir, watch_table};
 
 /// A loopback address nothing listens on.
 fn refused() -> String {
@@ -91,6 +91,27 @@ fn the_kill_switch_exits_0_at_once_with_one_line() {
 }
 
 #[test]
+fn the_kill_switch_wins_over_every_argument_error() {
+    // Before, an unknown flag (argh's own error) exited 2 before the switch was looked at.
+    for args in [
+        &["run", "--no-such-flag"][..],
+        &["run", "--deadline", "5x"],
+        &["run", "--deadline"],
+        &["run", "stray"],
+    ] {
+        let mut c = command(args);
+        c.env("ENVOY_DRAIN_DISABLED", "true");
+        let out = run(c);
+        assert_eq!(out.code, Some(0), "{args:?} {out}");
+        assert!(
+            out.stderr
+                .contains("ENVOY_DRAIN_DISABLED=true is set: not draining and not waiting"),
+            "{out}"
+        );
+    }
+}
+
+#[test]
 fn status_with_no_source_answering_exits_3() {
     let dir = temp_dir("cli-status3");
     let out = run(command(&[
@@ -143,14 +164,6 @@ fn run_that_never_counts_exits_3_at_the_deadline_and_says_why() {
         1,
         "the same failure is logged once {out}"
     );
-}
-
-/// `run` counting only from the socket table in `dir`, with no Envoy to drain.
-fn watch_table(dir: &std::path::Path, extra: &[&str]) -> std::process::Command {
-    let mut args = vec!["run", "--source", "proc", "--drain", "none", "--proc-net"];
-    args.push(dir.to_str().unwrap());
-    args.extend_from_slice(extra);
-    command(&args)
 }
 
 #[test]

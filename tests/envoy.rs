@@ -1,4 +1,4 @@
-//! envoy-drain against a real Envoy 1.40.0 shaped like an Istio sidecar, each scenario in a network
+//! envoy-drain against a real Envoy shaped like an Istio sidecar, each scenario in a network
 //! namespace of its own with Istio's real port numbers (15000 admin, 15001 outbound, 15006
 //! inbound, 15021 health, 15090 Prometheus) and a slow app on 8080. Without Envoy the tests say
 //! they were skipped; the README's test command installs Envoy and makes a missing one a failure.

@@ -101,3 +101,37 @@ fn a_destination_that_cannot_be_written_names_the_path_and_the_cause_and_exits_1
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(left, vec!["plain-file"]);
 }
+
+#[test]
+fn a_temporary_file_left_by_a_killed_install_with_the_same_pid_does_not_fail_the_next() {
+    // In a container the install is always the same pid: a copy killed half-way leaves its
+    // temporary file under the name the next one would take. It must install anyway, and leave
+    // files that are not its own alone. A PID namespace gives the same pid here: 1.
+    let dir = temp_dir("install-stale");
+    let stale = dir.join(".envoy-drain.1.0.tmp");
+    std::fs::write(&stale, b"half a binary").unwrap();
+    let other = dir.join(".envoy-drain.4242.0.tmp");
+    std::fs::write(&other, b"someone else's").unwrap();
+    let mut c = std::process::Command::new("unshare");
+    c.args(["--pid", "--fork", "--mount-proc", BIN, "install"])
+        .arg(&dir);
+    let out = run(c);
+    let installed = std::fs::read(dir.join("envoy-drain")).unwrap_or_default();
+    let names = entries(&dir);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        out.code,
+        Some(0),
+        "NOT RUN without unshare(1) and root, or failed: {out}"
+    );
+    assert_eq!(installed, std::fs::read(BIN).unwrap(), "a whole copy");
+    assert_eq!(
+        names,
+        vec![
+            ".envoy-drain.1.0.tmp",
+            ".envoy-drain.4242.0.tmp",
+            "envoy-drain"
+        ],
+        "the others' files are left as they were"
+    );
+}

@@ -32,6 +32,12 @@ pub enum Fault {
     /// Envoy with connection stats only, whose /clusters fails: /stats answers Envoy's lines,
     /// every other path 404.
     StatsOnly,
+    /// Envoy's lines with this value for the one traffic listener.
+    Value(&'static str),
+    /// Envoy's lines ending in a lone CR instead of LF.
+    CrOnly,
+    /// Nearly 4 MiB of distinct lines that are not counts, after the admin line.
+    ManyBadLines,
 }
 
 pub const FLOOD_BYTES: u64 = 50 << 20;
@@ -163,6 +169,26 @@ fn serve(conn: TcpStream, fault: Fault, written: &AtomicU64, stop: &AtomicBool) 
         }
         Fault::StatsOnly if path.starts_with("/stats") => {
             send(format!("{}{STATS}", head("200 OK", Some(STATS.len() as u64))).as_bytes());
+        }
+        Fault::Value(v) => {
+            let body = STATS.replace(
+                "listener.0.0.0.0_15006.downstream_cx_active: 1",
+                &format!("listener.0.0.0.0_15006.downstream_cx_active: {v}"),
+            );
+            send(format!("{}{body}", head("200 OK", Some(body.len() as u64))).as_bytes());
+        }
+        Fault::CrOnly => {
+            let body = STATS.replace('\n', "\r");
+            send(format!("{}{body}", head("200 OK", Some(body.len() as u64))).as_bytes());
+        }
+        Fault::ManyBadLines => {
+            let mut body = String::from("listener.admin.downstream_cx_active: 1\n");
+            let mut i = 0u64;
+            while body.len() < (4 << 20) - 64 {
+                body += &format!("listener.l{i}.downstream_cx_active: x{i}\n");
+                i += 1;
+            }
+            send(format!("{}{body}", head("200 OK", Some(body.len() as u64))).as_bytes());
         }
         Fault::NotFound | Fault::StatsOnly => {
             let body = "invalid path. admin commands are:\n  /: Admin home page\n";

@@ -104,6 +104,14 @@ pub fn command(args: &[&str]) -> Command {
     c
 }
 
+/// `run` counting only from the socket table in `dir`, with no Envoy to drain, and `extra` flags.
+pub fn watch_table(dir: &std::path::Path, extra: &[&str]) -> Command {
+    let mut args = vec!["run", "--source", "proc", "--drain", "none", "--proc-net"];
+    args.push(dir.to_str().expect("a UTF-8 temporary path"));
+    args.extend_from_slice(extra);
+    command(&args)
+}
+
 pub fn spawn(mut cmd: Command) -> Running {
     let command = format!("{cmd:?}");
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
