@@ -48,7 +48,8 @@ pub struct RunArgs {
     #[argh(option)]
     pub drain: Option<String>,
 
-    /// what to count: auto (stats, else /proc/net/tcp), stats or proc (default: auto)
+    /// what to count: auto (stats, else the kernel's socket table), stats or proc (default:
+    /// auto)
     #[argh(option)]
     pub source: Option<String>,
 
@@ -94,7 +95,8 @@ pub struct RunArgs {
     #[argh(option)]
     pub ignore_clusters: Option<String>,
 
-    /// directory holding the socket tables tcp and tcp6 (default: /proc/net)
+    /// read the text socket tables tcp and tcp6 in this directory, e.g. /proc/<pid>/net,
+    /// instead of asking the kernel over netlink (default: netlink, else /proc/net)
     #[argh(option)]
     pub proc_net: Option<String>,
 
@@ -150,7 +152,8 @@ pub struct StatusArgs {
     #[argh(option)]
     pub ignore_clusters: Option<String>,
 
-    /// directory holding the socket tables tcp and tcp6 (default: /proc/net)
+    /// read the text socket tables tcp and tcp6 in this directory, e.g. /proc/<pid>/net,
+    /// instead of asking the kernel over netlink (default: netlink, else /proc/net)
     #[argh(option)]
     pub proc_net: Option<String>,
 }

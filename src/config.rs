@@ -16,7 +16,6 @@ pub const DEFAULT_AGENT: &str = "127.0.0.1:15020";
 pub const DEFAULT_MIN_DRAIN: Duration = Duration::from_secs(5);
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(25);
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
-pub const DEFAULT_PROC_NET: &str = "/proc/net";
 pub const ENV_DISABLED: &str = "ENVOY_DRAIN_DISABLED";
 pub const ENV_MIN_DRAIN: &str = "MINIMUM_DRAIN_DURATION";
 
@@ -62,7 +61,8 @@ pub struct Counting {
     pub ignore: PortSet,
     pub only: Option<PortSet>,
     pub ignore_clusters: Names,
-    pub proc_net: PathBuf,
+    /// `--proc-net`: read the text tables there instead of asking the kernel over netlink.
+    pub proc_net: Option<PathBuf>,
 }
 
 impl Counting {
@@ -218,7 +218,16 @@ fn counting(a: CountingArgs<'_>) -> Result<Counting, UsageError> {
         ignore: ports("--ignore-ports", ignore.unwrap_or(ISTIO_INFRA_PORTS))?,
         only,
         ignore_clusters,
-        proc_net: PathBuf::from(proc_net.unwrap_or(DEFAULT_PROC_NET)),
+        proc_net: match proc_net {
+            Some("") => {
+                return Err(UsageError::new(
+                    "--proc-net",
+                    "",
+                    "a directory holding tcp and tcp6, like /proc/1234/net",
+                ));
+            }
+            other => other.map(PathBuf::from),
+        },
     })
 }
 
@@ -385,7 +394,7 @@ mod tests {
         assert_eq!(c.rules.exit_at, 0);
         assert!(c.counting.ignore.contains(15021) && !c.counting.ignore.contains(15006));
         assert_eq!(c.counting.only, None);
-        assert_eq!(c.counting.proc_net, PathBuf::from("/proc/net"));
+        assert_eq!(c.counting.proc_net, None, "netlink");
         assert_eq!(c.quit_agent, None);
         assert!(c.warnings.is_empty());
     }

@@ -1,6 +1,7 @@
 //! envoy-drain's parts, one file per role: arguments become a config (cli, config); a source
-//! becomes a count (admin and stats for Envoy; sockets reads the kernel's socket table and
-//! procnet interprets it; source makes the one choice between them); the wait turns counts and time into an outcome (wait, outcome); run,
+//! becomes a count (admin and stats for Envoy; sockets reads the kernel's socket table, over
+//! netlink with diag or as text, and procnet interprets it; source makes the one choice between
+//! them); the wait turns counts and time into an outcome (wait, outcome); run,
 //! status and install are the commands; log writes the lines. The binary is src/main.rs; the
 //! fuzz targets in fuzz/ call the parsers directly.
 
@@ -9,6 +10,7 @@ pub mod cli;
 pub mod clusters;
 pub mod config;
 pub mod count;
+pub mod diag;
 pub mod error;
 pub mod install;
 pub mod log;

@@ -1,8 +1,11 @@
-//! The socket-table source: reads `tcp` and `tcp6`, finds which sockets are Envoy's (the process
-//! holding its admin listener, through `/proc/<pid>/fd`), and counts with procnet's rule. Envoy's
-//! process and the listeners seen are remembered from one count to the next.
+//! The socket-table source: asks the kernel for its TCP sockets over netlink (diag), or reads the
+//! text tables `tcp` and `tcp6` (with `--proc-net`, and where netlink is unavailable), finds
+//! which sockets are Envoy's (the process holding its admin listener, through `/proc/<pid>/fd`),
+//! and counts with procnet's rule. The reader in use, Envoy's process and the listeners seen are
+//! remembered from one count to the next.
 
 use crate::count::{Basis, Count};
+use crate::diag::{self, Failure};
 use crate::procnet::{self, DEFAULT_EPHEMERAL, Envoy, Filter, Listeners, Rule, Table};
 use std::fs::{self, OpenOptions};
 use std::io::Read;
@@ -11,58 +14,97 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+/// Where the sockets come from.
+enum Reader {
+    Netlink,
+    /// The text tables in this directory; `why` says why netlink is not used, when it was meant
+    /// to be.
+    Text {
+        dir: PathBuf,
+        why: Option<String>,
+    },
+}
+
+/// The text tables netlink falls back to.
+const PROC_NET: &str = "/proc/net";
+
 pub struct SocketTable {
-    proc_net: PathBuf,
+    reader: Reader,
     filter: Filter,
     admin: SocketAddr,
     /// Where processes are listed, when the table is the live one of this machine; fixture
-    /// tables have no processes behind them.
-    proc_root: Option<PathBuf>,
+    /// tables have no processes behind them, which the error says.
+    proc_root: Result<PathBuf, String>,
     listeners: Listeners,
     envoy_pid: Option<u32>,
 }
 
 impl SocketTable {
-    pub fn new(proc_net: &Path, filter: Filter, admin: SocketAddr) -> SocketTable {
+    /// Netlink, unless `proc_net` names the text tables to read.
+    pub fn new(proc_net: Option<&Path>, filter: Filter, admin: SocketAddr) -> SocketTable {
+        let reader = match proc_net {
+            None => Reader::Netlink,
+            Some(dir) => Reader::Text {
+                dir: dir.to_path_buf(),
+                why: None,
+            },
+        };
         SocketTable {
-            proc_net: proc_net.to_path_buf(),
+            proc_root: match proc_net {
+                Some(dir) if !dir.starts_with("/proc") => {
+                    Err(format!("{} is not a live table", dir.display()))
+                }
+                _ => Ok(PathBuf::from("/proc")),
+            },
+            reader,
             filter,
             admin,
-            proc_root: proc_net
-                .starts_with("/proc")
-                .then(|| PathBuf::from("/proc")),
             listeners: Listeners::default(),
             envoy_pid: None,
         }
     }
 
-    /// `/proc/net/tcp and tcp6`, for log lines.
+    /// Where the sockets are read from, for log lines.
     pub fn names(&self) -> String {
-        format!("{}/tcp and tcp6", self.proc_net.display())
+        match &self.reader {
+            Reader::Netlink => "the kernel's socket table (netlink sock_diag)".to_string(),
+            Reader::Text { dir, .. } => format!("{}/tcp and tcp6", dir.display()),
+        }
     }
 
-    /// The kernel's count, made before `until`. A table may be missing (a kernel without IPv6
-    /// has no tcp6), not both; one that exists must be read whole and understood, or the count is
+    /// The kernel's count, made before `until`. Netlink that is unavailable gives way to the text
+    /// tables for the rest of the run, which a warning says; a dump that fails leaves this count
     /// unknown.
     pub fn count(&mut self, until: Instant) -> Result<Count, String> {
-        let mut table = Table::default();
-        let mut read_any = false;
-        for name in ["tcp", "tcp6"] {
-            read_any |= read_table(&self.proc_net.join(name), &mut table, until)?;
-        }
-        if !read_any {
-            return Err(format!(
-                "neither {0}/tcp nor {0}/tcp6 exists",
-                self.proc_net.display()
-            ));
-        }
+        let mut table = match &self.reader {
+            Reader::Netlink => match diag::dump(until) {
+                Ok(table) => table,
+                Err(Failure::Failed(why)) => return Err(why),
+                Err(Failure::Unavailable(why)) => {
+                    self.reader = Reader::Text {
+                        dir: PathBuf::from(PROC_NET),
+                        why: Some(why),
+                    };
+                    read_tables(Path::new(PROC_NET), until)?
+                }
+            },
+            Reader::Text { dir, .. } => read_tables(dir, until)?,
+        };
+        table.dedup();
         let (envoy, basis) = self.envoy(&table, until);
         let rule = Rule {
             filter: &self.filter,
             envoy: &envoy,
             ephemeral: self.ephemeral(),
         };
-        Ok(procnet::count(&table, &rule, &mut self.listeners).with_basis(basis))
+        let mut count = procnet::count(&table, &rule, &mut self.listeners).with_basis(basis);
+        if let Reader::Text { why: Some(why), .. } = &self.reader {
+            count.warnings.push(format!(
+                "netlink sock_diag is unavailable ({why}): reading {}/tcp and tcp6 instead",
+                PROC_NET
+            ));
+        }
+        Ok(count)
     }
 
     /// Who Envoy is, and a sentence saying how that was found.
@@ -83,8 +125,8 @@ impl SocketTable {
         };
         let uid = listener.uid;
         let found = match &self.proc_root {
-            Some(root) => find_holder(root, listener.inode, uid, self.envoy_pid, until),
-            None => Err(format!("{} is not a live table", self.proc_net.display())),
+            Ok(root) => find_holder(root, listener.inode, uid, self.envoy_pid, until),
+            Err(why) => Err(why.clone()),
         };
         match found {
             Ok((pid, inodes)) => {
@@ -123,6 +165,7 @@ impl SocketTable {
         };
         self.proc_root
             .as_ref()
+            .ok()
             .and_then(read)
             .unwrap_or(DEFAULT_EPHEMERAL)
     }
@@ -133,6 +176,23 @@ const MAX_TABLE: u64 = 128 << 20;
 
 /// The kernel's lines are under 200 bytes; a longer one is not a socket table's.
 const MAX_LINE: usize = 512;
+
+/// Both text tables in `dir`. A table may be missing (a kernel without IPv6 has no tcp6), not
+/// both; one that exists must be read whole and understood, or the count is unknown.
+fn read_tables(dir: &Path, until: Instant) -> Result<Table, String> {
+    let mut table = Table::default();
+    let mut read_any = false;
+    for name in ["tcp", "tcp6"] {
+        read_any |= read_table(&dir.join(name), &mut table, until)?;
+    }
+    if !read_any {
+        return Err(format!(
+            "neither {0}/tcp nor {0}/tcp6 exists",
+            dir.display()
+        ));
+    }
+    Ok(table)
+}
 
 /// Reads a table line by line (18,000 sockets are 2.7 MB of text that need not sit in memory),
 /// bounded in bytes, line length and time. `false` when it does not exist; an error when it

@@ -60,7 +60,7 @@ impl Sources {
             admin: Client::new(c.admin),
             ignore: c.ignore.clone(),
             clusters: c.clusters_rule(),
-            table: SocketTable::new(&c.proc_net, c.filter(), c.admin),
+            table: SocketTable::new(c.proc_net.as_deref(), c.filter(), c.admin),
         }
     }
 
@@ -252,7 +252,7 @@ mod tests {
             ignore: PortSet::default(),
             only: None,
             ignore_clusters: clusters::Names::default(),
-            proc_net,
+            proc_net: Some(proc_net),
         })
     }
 

@@ -138,9 +138,9 @@ fn without_connection_stats_run_counts_sockets_and_still_waits_for_requests() {
         assert!(
             out.stderr
                 .contains("stats unavailable (Envoy does not report downstream_cx_active")
-                && out
-                    .stderr
-                    .contains("counting from /proc/net/tcp and tcp6 instead"),
+                && out.stderr.contains(
+                    "counting from the kernel's socket table (netlink sock_diag) instead"
+                ),
             "{out}"
         );
         assert!(out.ended >= last, "exited before the last response {out}");
@@ -177,7 +177,10 @@ fn when_envoy_dies_run_counts_sockets_and_exits_by_what_is_really_open() {
             request.join().unwrap().is_err(),
             "the client lost its proxy"
         );
-        r.expect_line("counting from /proc/net/tcp and tcp6 instead", 10 * SECOND);
+        r.expect_line(
+            "counting from the kernel's socket table (netlink sock_diag) instead",
+            10 * SECOND,
+        );
         // The app still holds its half of the upstream connection until its handler ends.
         let answered = app.wait_answered(10 * SECOND);
         let out = r.finish();

@@ -3,34 +3,9 @@
 
 mod support;
 
-use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 use support::netns::in_private_netns;
-use support::{command, run, spawn};
-
-/// A listener and `n` connections to it: both ends of each stay open while these live.
-struct Held {
-    port: u16,
-    _listener: TcpListener,
-    ends: Vec<(TcpStream, TcpStream)>,
-}
-
-fn hold(n: usize) -> Held {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let ends = (0..n)
-        .map(|_| {
-            let client = TcpStream::connect(("127.0.0.1", port)).unwrap();
-            let (server, _) = listener.accept().unwrap();
-            (client, server)
-        })
-        .collect();
-    Held {
-        port,
-        _listener: listener,
-        ends,
-    }
-}
+use support::{command, hold, run, spawn, watch_sockets};
 
 #[test]
 fn status_counts_each_loopback_connection_once_under_its_listening_port() {
@@ -103,7 +78,7 @@ fn run_exits_0_soon_after_the_last_connection_closes() {
         ]));
         r.expect_line("failed to drain listeners", Duration::from_secs(10));
         r.expect_line(
-            "counting from /proc/net/tcp and tcp6 instead",
+            "counting from the kernel's socket table (netlink sock_diag) instead",
             Duration::from_secs(10),
         );
         r.expect_line("2 active connections (proc)", Duration::from_secs(10));
@@ -130,12 +105,7 @@ fn run_exits_0_soon_after_the_last_connection_closes() {
 fn run_exits_1_at_the_deadline_naming_the_port_still_open() {
     in_private_netns(|| {
         let held = hold(1);
-        let out = run(command(&[
-            "run",
-            "--source",
-            "proc",
-            "--drain",
-            "none",
+        let out = run(watch_sockets(&[
             "--min-drain",
             "0s",
             "--interval",

@@ -104,12 +104,40 @@ pub fn command(args: &[&str]) -> Command {
     c
 }
 
-/// `run` counting only from the socket table in `dir`, with no Envoy to drain, and `extra` flags.
+/// `run` counting only from the kernel's socket table, with no Envoy to drain, and `extra` flags.
+pub fn watch_sockets(extra: &[&str]) -> Command {
+    command(&[&["run", "--source", "proc", "--drain", "none"], extra].concat())
+}
+
+/// The same, reading the text tables in `dir`.
 pub fn watch_table(dir: &std::path::Path, extra: &[&str]) -> Command {
-    let mut args = vec!["run", "--source", "proc", "--drain", "none", "--proc-net"];
-    args.push(dir.to_str().expect("a UTF-8 temporary path"));
-    args.extend_from_slice(extra);
-    command(&args)
+    let dir = dir.to_str().expect("a UTF-8 temporary path");
+    watch_sockets(&[&["--proc-net", dir], extra].concat())
+}
+
+/// A listener on loopback and `n` connections to it: both ends of each stay open while these
+/// live.
+pub struct Held {
+    pub port: u16,
+    pub listener: std::net::TcpListener,
+    pub ends: Vec<(std::net::TcpStream, std::net::TcpStream)>,
+}
+
+pub fn hold(n: usize) -> Held {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    let port = listener.local_addr().expect("its address").port();
+    let ends = (0..n)
+        .map(|_| {
+            let client = std::net::TcpStream::connect(("127.0.0.1", port)).expect("a connection");
+            let (server, _) = listener.accept().expect("its other end");
+            (client, server)
+        })
+        .collect();
+    Held {
+        port,
+        listener,
+        ends,
+    }
 }
 
 pub fn spawn(mut cmd: Command) -> Running {

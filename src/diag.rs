@@ -1,0 +1,533 @@
+//! The kernel's TCP sockets over netlink (NETLINK_SOCK_DIAG), the way `ss` asks for them: one
+//! dump request, and replies that carry each socket's addresses, state, owner and inode, the
+//! columns procnet's rule reads from `/proc/net/tcp`. The kernel filters by state and skips other
+//! network namespaces' sockets, and writes no text, so this costs a fraction of reading the
+//! tables (BENCHMARKS.md). Message parsing is pure (`parse`, fuzzed); only `dump` talks to the
+//! kernel. Layouts and the kernel's behaviour are in docs/how-it-works.md ("Reading the socket
+//! table over netlink").
+
+use crate::procnet::{Endpoint, SYN_RECV, Socket, Table, taking};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Instant;
+
+/// `NETLINK_SOCK_DIAG` (linux/netlink.h).
+const NETLINK_SOCK_DIAG: i32 = 4;
+/// The first version of the request (linux/inet_diag.h). For a dump the kernel sets its family to
+/// AF_UNSPEC (net/ipv4/inet_diag.c, inet_diag_dump_compat), so one walk of the socket hash tables
+/// answers for IPv4 and IPv6; the family-specific request would walk them twice.
+const TCPDIAG_GETSOCK: u16 = 18;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_DUMP: u16 = 0x300;
+/// Set on a reply when the kernel saw the tables change under the dump.
+const NLM_F_DUMP_INTR: u16 = 0x10;
+const NLMSG_NOOP: u16 = 1;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+
+const HEADER: usize = 16;
+/// `struct inet_diag_req`: family, lengths, extensions (4), the socket id (48), states, tables.
+const REQUEST: usize = 60;
+/// `struct inet_diag_msg`: family, state, timer, retransmits (4), the socket id (48), expiry and
+/// queues (12), uid and inode (8); attributes may follow.
+const MESSAGE: usize = 72;
+
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+
+/// The states the rule looks at: LISTEN, ESTABLISHED, SYN_SENT, SYN_RECV (request sockets
+/// included) and CLOSE_WAIT. Sockets on their way out are never asked for.
+const STATES: u32 = (1 << 10) | (1 << 1) | (1 << 2) | (1 << 3) | (1 << 8);
+
+/// The kernel fills a dump's datagrams up to 32 KiB (SKB_WITH_OVERHEAD(32768) in
+/// net/netlink/af_netlink.c); a larger buffer is never used, a smaller one truncates.
+const DATAGRAM: usize = 32 * 1024;
+
+/// The most one dump may return: like the text reader's cap, about 900,000 sockets.
+const MAX_DUMP: usize = 128 << 20;
+
+/// The dump request, sequence number `seq`.
+pub fn request(seq: u32) -> [u8; HEADER + REQUEST] {
+    let mut b = [0u8; HEADER + REQUEST];
+    b[0..4].copy_from_slice(&((HEADER + REQUEST) as u32).to_ne_bytes());
+    b[4..6].copy_from_slice(&TCPDIAG_GETSOCK.to_ne_bytes());
+    b[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+    b[8..12].copy_from_slice(&seq.to_ne_bytes());
+    // Family, lengths, extensions and the socket id stay zero: a dump of everything.
+    b[HEADER + 52..HEADER + 56].copy_from_slice(&STATES.to_ne_bytes());
+    b
+}
+
+/// Why a reply cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bad {
+    /// The kernel answered with an error (a negative errno, as a positive number): it has no
+    /// sock_diag for TCP here.
+    Refused(i32),
+    /// Bytes that are not the reply to our request.
+    Malformed(String),
+}
+
+/// Reads one datagram of the reply to request `seq` into `table`; `true` once the dump is done.
+/// Every message must be whole and ours: a reply that is not is unusable, never partly counted.
+pub fn parse(datagram: &[u8], seq: u32, table: &mut Table) -> Result<bool, Bad> {
+    let malformed = |why: &str| Bad::Malformed(why.to_string());
+    let mut rest = datagram;
+    while !rest.is_empty() {
+        if rest.len() < HEADER {
+            return Err(malformed("a message shorter than its header"));
+        }
+        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let kind = u16::from_ne_bytes([rest[4], rest[5]]);
+        let flags = u16::from_ne_bytes([rest[6], rest[7]]);
+        let their_seq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
+        if len < HEADER || len > rest.len() {
+            return Err(malformed(
+                "a message whose length does not fit the datagram",
+            ));
+        }
+        if their_seq != seq {
+            return Err(malformed("a message for another request"));
+        }
+        if flags & NLM_F_DUMP_INTR != 0 {
+            return Err(malformed(
+                "the kernel says the tables changed under the dump",
+            ));
+        }
+        let body = &rest[HEADER..len];
+        match kind {
+            NLMSG_NOOP => {}
+            NLMSG_DONE | NLMSG_ERROR => {
+                // Both carry an int: 0 for a dump's end, else a negative errno.
+                let code = body
+                    .get(..4)
+                    .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                    .ok_or_else(|| malformed("an end or error message without its code"))?;
+                return match code {
+                    0 if kind == NLMSG_DONE => Ok(true),
+                    0 => Err(malformed("an acknowledgement where a dump was asked for")),
+                    c => Err(Bad::Refused(c.saturating_neg())),
+                };
+            }
+            TCPDIAG_GETSOCK => table.add(socket(body)?),
+            _ => return Err(malformed("a message of an unknown type")),
+        }
+        // Messages are aligned to 4 bytes; the last one's padding may be cut.
+        let next = (len + 3) & !3;
+        rest = rest.get(next..).unwrap_or_default();
+    }
+    Ok(false)
+}
+
+/// One `inet_diag_msg`: ports in network order, addresses as bytes, owner and inode in the
+/// host's order. IPv4 addresses become IPv4-mapped, as the text reader keeps them.
+fn socket(body: &[u8]) -> Result<Socket, Bad> {
+    let m: &[u8; MESSAGE] = body
+        .get(..MESSAGE)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| Bad::Malformed("a socket message shorter than inet_diag_msg".to_string()))?;
+    let address = |at: usize| -> Result<[u8; 16], Bad> {
+        let mut a = [0u8; 16];
+        match m[0] {
+            AF_INET => {
+                a[10] = 0xff;
+                a[11] = 0xff;
+                a[12..].copy_from_slice(&m[at..at + 4]);
+            }
+            AF_INET6 => a.copy_from_slice(&m[at..at + 16]),
+            _ => {
+                return Err(Bad::Malformed(
+                    "a socket of neither IPv4 nor IPv6".to_string(),
+                ));
+            }
+        }
+        Ok(a)
+    };
+    let local: Endpoint = (address(8)?, u16::from_be_bytes([m[4], m[5]]));
+    let remote: Endpoint = (address(24)?, u16::from_be_bytes([m[6], m[7]]));
+    Ok(Socket {
+        local,
+        remote,
+        state: m[1],
+        uid: u32::from_ne_bytes([m[64], m[65], m[66], m[67]]),
+        inode: u64::from(u32::from_ne_bytes([m[68], m[69], m[70], m[71]])),
+    })
+}
+
+/// A connection still in its listener's SYN queue has no owner in the dump (the kernel sends
+/// uid 0), where `/proc/net/tcp` shows its listener's owner; it gets that owner here, so both
+/// readers feed the rule the same thing.
+pub fn own_requests(table: &mut Table) {
+    let listening = table.listening();
+    let owners: Vec<Option<u32>> = table
+        .sockets
+        .iter()
+        .map(|s| {
+            (s.state == SYN_RECV && s.inode == 0)
+                .then(|| taking(&listening, &s.local).map(|l| l.uid))
+                .flatten()
+        })
+        .collect();
+    for (s, owner) in table.sockets.iter_mut().zip(owners) {
+        if let Some(uid) = owner {
+            s.uid = uid;
+        }
+    }
+}
+
+/// Why a dump failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// Netlink is not there or the kernel has no sock_diag for TCP (gVisor, a kernel without
+    /// inet_diag or tcp_diag): it will not change within a run.
+    Unavailable(String),
+    /// This dump could not be read whole in time: this count is unknown.
+    Failed(String),
+}
+
+/// Every TCP socket of this network namespace in the states the rule reads, before `until`.
+pub fn dump(until: Instant) -> Result<Table, Failure> {
+    let seq = 1;
+    let mut table = exchange(&request(seq), seq, until)?;
+    own_requests(&mut table);
+    Ok(table)
+}
+
+/// Sends `req` to the kernel and reads the reply whole.
+fn exchange(req: &[u8], seq: u32, until: Instant) -> Result<Table, Failure> {
+    let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    // SAFETY: socket() takes no pointers; the descriptor it returns is checked, then owned.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            NETLINK_SOCK_DIAG,
+        )
+    };
+    if fd < 0 {
+        return Err(Failure::Unavailable(os(
+            "socket(AF_NETLINK, NETLINK_SOCK_DIAG)",
+        )));
+    }
+    // SAFETY: fd is a new descriptor that nothing else owns; OwnedFd closes it once.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_nl is plain data for which all zeroes is valid (the kernel's address).
+    let mut kernel: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    kernel.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    // SAFETY: req and kernel live across the call, with the lengths passed.
+    let sent = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            req.as_ptr().cast(),
+            req.len(),
+            0,
+            (&raw const kernel).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    if sent != req.len() as isize {
+        return Err(Failure::Unavailable(os("sending the sock_diag request")));
+    }
+    let mut table = Table::default();
+    let mut buf = vec![0u8; DATAGRAM];
+    let mut total = 0usize;
+    loop {
+        let n = receive(&fd, &mut buf, until)?;
+        if n > buf.len() {
+            return Err(Failure::Failed(format!(
+                "a sock_diag reply of {n} bytes does not fit {DATAGRAM}"
+            )));
+        }
+        total += n;
+        if total > MAX_DUMP {
+            return Err(Failure::Failed(format!(
+                "the sock_diag dump is larger than {MAX_DUMP} bytes"
+            )));
+        }
+        match parse(&buf[..n], seq, &mut table) {
+            Ok(true) => break,
+            Ok(false) if n == 0 => {
+                return Err(Failure::Failed(
+                    "the sock_diag reply ended early".to_string(),
+                ));
+            }
+            Ok(false) => {}
+            Err(Bad::Refused(errno)) => {
+                return Err(Failure::Unavailable(format!(
+                    "the kernel refused the sock_diag dump: {}",
+                    std::io::Error::from_raw_os_error(errno)
+                )));
+            }
+            Err(Bad::Malformed(why)) => {
+                return Err(Failure::Failed(format!("a sock_diag reply: {why}")));
+            }
+        }
+    }
+    Ok(table)
+}
+
+/// One datagram from the kernel within the time left, its full length even when longer than
+/// `buf` (MSG_TRUNC); datagrams from anyone but the kernel are refused.
+fn receive(fd: &OwnedFd, buf: &mut [u8], until: Instant) -> Result<usize, Failure> {
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Failure::Failed(
+                "no time left to read the sock_diag reply".to_string(),
+            ));
+        }
+        // Never all zero, which would mean no timeout at all.
+        let timeout = libc::timeval {
+            tv_sec: left.as_secs().min(86_400).try_into().unwrap_or(86_400),
+            tv_usec: left.subsec_micros().max(1).into(),
+        };
+        // SAFETY: timeout lives across the call, with its size passed.
+        let set = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&raw const timeout).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if set != 0 {
+            return Err(Failure::Failed(format!(
+                "setting the sock_diag socket's timeout: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        // SAFETY: sockaddr_nl is plain data for which all zeroes is valid.
+        let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        let mut from_len = std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t;
+        // SAFETY: buf, from and from_len live across the call, with their lengths passed;
+        // MSG_TRUNC makes the kernel return the datagram's length but copy at most buf.len().
+        let n = unsafe {
+            libc::recvfrom(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_TRUNC,
+                (&raw mut from).cast(),
+                &mut from_len,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::Interrupted => continue,
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    return Err(Failure::Failed(
+                        "no time left to read the sock_diag reply".to_string(),
+                    ));
+                }
+                _ => {
+                    return Err(Failure::Failed(format!("reading the sock_diag reply: {e}")));
+                }
+            }
+        }
+        if from.nl_pid != 0 {
+            continue;
+        }
+        return Ok(n as usize);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A message as the kernel lays it out: header, then `body`, padded to 4 bytes.
+    fn message(kind: u16, flags: u16, seq: u32, body: &[u8]) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend_from_slice(&((HEADER + body.len()) as u32).to_ne_bytes());
+        m.extend_from_slice(&kind.to_ne_bytes());
+        m.extend_from_slice(&flags.to_ne_bytes());
+        m.extend_from_slice(&seq.to_ne_bytes());
+        m.extend_from_slice(&0u32.to_ne_bytes());
+        m.extend_from_slice(body);
+        while m.len() % 4 != 0 {
+            m.push(0);
+        }
+        m
+    }
+
+    /// An `inet_diag_msg` for a socket, with `extra` attribute bytes after it.
+    fn diag(
+        family: u8,
+        state: u8,
+        local: (&[u8], u16),
+        remote: (&[u8], u16),
+        uid: u32,
+        inode: u32,
+    ) -> Vec<u8> {
+        let mut m = vec![0u8; MESSAGE];
+        m[0] = family;
+        m[1] = state;
+        m[4..6].copy_from_slice(&local.1.to_be_bytes());
+        m[6..8].copy_from_slice(&remote.1.to_be_bytes());
+        m[8..8 + local.0.len()].copy_from_slice(local.0);
+        m[24..24 + remote.0.len()].copy_from_slice(remote.0);
+        m[64..68].copy_from_slice(&uid.to_ne_bytes());
+        m[68..72].copy_from_slice(&inode.to_ne_bytes());
+        // An INET_DIAG_SHUTDOWN attribute, as the kernel always adds: skipped by its length.
+        m.extend_from_slice(&[5, 0, 8, 0, 0, 0, 0, 0]);
+        m
+    }
+
+    fn done(seq: u32, code: i32) -> Vec<u8> {
+        message(NLMSG_DONE, 0x2, seq, &code.to_ne_bytes())
+    }
+
+    #[test]
+    fn the_request_asks_for_a_dump_of_the_rules_states() {
+        let r = request(7);
+        assert_eq!(u32::from_ne_bytes(r[0..4].try_into().unwrap()), 76);
+        assert_eq!(u16::from_ne_bytes(r[4..6].try_into().unwrap()), 18);
+        assert_eq!(u16::from_ne_bytes(r[6..8].try_into().unwrap()), 0x301);
+        assert_eq!(u32::from_ne_bytes(r[8..12].try_into().unwrap()), 7);
+        assert_eq!(u32::from_ne_bytes(r[68..72].try_into().unwrap()), 0x50e);
+    }
+
+    #[test]
+    fn sockets_of_both_families_become_what_the_text_reader_makes() {
+        let mut d = message(
+            TCPDIAG_GETSOCK,
+            0x2,
+            1,
+            &diag(
+                AF_INET,
+                1,
+                (&[127, 0, 0, 1], 8080),
+                (&[127, 0, 0, 2], 50000),
+                1337,
+                42,
+            ),
+        );
+        let v6 = std::net::Ipv6Addr::LOCALHOST.octets();
+        d.extend(message(
+            TCPDIAG_GETSOCK,
+            0x2,
+            1,
+            &diag(AF_INET6, 10, (&v6, 15006), (&[0; 16], 0), 1337, 43),
+        ));
+        let mut t = Table::default();
+        assert_eq!(parse(&d, 1, &mut t), Ok(false));
+        let line = "   0: 0100007F:1F90 0200007F:C350 01 00000000:00000000 00:00000000 00000000  1337        0 42";
+        let mut text = Table::default();
+        text.add_line(line);
+        assert_eq!(t.sockets[0], text.sockets[0]);
+        assert_eq!(t.sockets[1].local, (v6, 15006));
+        assert_eq!((t.sockets[1].state, t.sockets[1].inode), (10, 43));
+        assert_eq!(parse(&done(1, 0), 1, &mut t), Ok(true));
+    }
+
+    #[test]
+    fn the_kernels_refusals_are_told_from_bytes_that_make_no_sense() {
+        let mut t = Table::default();
+        // No inet_diag: an error message carrying -EOPNOTSUPP (TCPDIAG_GETSOCK) or -ENOENT
+        // (SOCK_DIAG_BY_FAMILY), then the request's header.
+        let mut error = (-libc::ENOENT).to_ne_bytes().to_vec();
+        error.extend_from_slice(&request(1)[..HEADER]);
+        assert_eq!(
+            parse(&message(NLMSG_ERROR, 0x100, 1, &error), 1, &mut t),
+            Err(Bad::Refused(libc::ENOENT))
+        );
+        // No protocol handler: the dump's end carries the error instead of 0.
+        assert_eq!(
+            parse(&done(1, -libc::ENOENT), 1, &mut t),
+            Err(Bad::Refused(libc::ENOENT))
+        );
+        for (bytes, why) in [
+            (done(2, 0), "another request"),
+            (
+                message(NLMSG_DONE, NLM_F_DUMP_INTR, 1, &0i32.to_ne_bytes()),
+                "changed",
+            ),
+            (message(99, 0, 1, &[]), "unknown type"),
+            (
+                message(TCPDIAG_GETSOCK, 0, 1, &[0; 8]),
+                "shorter than inet_diag_msg",
+            ),
+            (message(NLMSG_DONE, 0, 1, &[]), "without its code"),
+            (done(1, 0)[..10].to_vec(), "shorter than its header"),
+        ] {
+            match parse(&bytes, 1, &mut t) {
+                Err(Bad::Malformed(w)) => assert!(w.contains(why), "{w}"),
+                other => panic!("{other:?} for {why}"),
+            }
+        }
+        let mut long = done(1, 0);
+        long[0] = 200;
+        assert!(matches!(parse(&long, 1, &mut t), Err(Bad::Malformed(_))));
+        assert!(t.sockets.is_empty());
+    }
+
+    #[test]
+    fn a_request_in_the_syn_queue_gets_its_listeners_owner() {
+        let mut t = Table::default();
+        let any = [0u8; 4];
+        let lo = [127, 0, 0, 1];
+        let d = [
+            diag(AF_INET, 10, (&any, 8080), (&any, 0), 1337, 5),
+            diag(AF_INET, 3, (&lo, 8080), (&lo, 40000), 0, 0),
+            diag(AF_INET, 3, (&lo, 9090), (&lo, 40001), 0, 0),
+        ]
+        .iter()
+        .flat_map(|b| message(TCPDIAG_GETSOCK, 0x2, 1, b))
+        .collect::<Vec<u8>>();
+        parse(&d, 1, &mut t).unwrap();
+        own_requests(&mut t);
+        let uids: Vec<u32> = t.sockets.iter().map(|s| s.uid).collect();
+        assert_eq!(
+            uids,
+            vec![1337, 1337, 0],
+            "no listener on 9090: left as the kernel said"
+        );
+    }
+
+    /// A SOCK_DIAG_BY_FAMILY dump request (`inet_diag_req_v2`) for a family and protocol.
+    fn by_family(family: u8, protocol: u8) -> Vec<u8> {
+        let mut b = vec![0u8; HEADER + 56];
+        b[0..4].copy_from_slice(&((HEADER + 56) as u32).to_ne_bytes());
+        b[4..6].copy_from_slice(&20u16.to_ne_bytes());
+        b[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+        b[8..12].copy_from_slice(&1u32.to_ne_bytes());
+        b[HEADER] = family;
+        b[HEADER + 1] = protocol;
+        b[HEADER + 4..HEADER + 8].copy_from_slice(&STATES.to_ne_bytes());
+        b
+    }
+
+    /// The kernel's own refusals, asked for on purpose: no handler for a family is an error
+    /// message with ENOENT (net/core/sock_diag.c), no handler for a protocol is a dump whose
+    /// end carries -ENOENT (net/ipv4/inet_diag.c). Both make netlink unavailable, not a count.
+    #[test]
+    fn the_real_kernels_refusals_make_netlink_unavailable() {
+        let until = Instant::now() + std::time::Duration::from_secs(10);
+        // Family 4 (IPX) has had no sock_diag handler since IPX left the kernel.
+        let no_family = exchange(&by_family(4, 0), 1, until).unwrap_err();
+        assert_eq!(
+            no_family,
+            Failure::Unavailable(format!(
+                "the kernel refused the sock_diag dump: {}",
+                std::io::Error::from_raw_os_error(libc::ENOENT)
+            ))
+        );
+        // Protocol 253 is reserved for experiments: no inet_diag handler will ever exist.
+        let no_protocol = exchange(&by_family(AF_INET, 253), 1, until).unwrap_err();
+        assert_eq!(no_protocol, no_family);
+    }
+
+    /// The real kernel, in this process's namespace: a listener and a connection to it show up.
+    #[test]
+    fn a_real_dump_holds_this_processs_sockets() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let until = Instant::now() + std::time::Duration::from_secs(10);
+        let t = dump(until).unwrap();
+        let on_port = t.sockets.iter().filter(|s| s.local.1 == port).count();
+        assert_eq!(on_port, 2, "the listener and the accepted end");
+        assert!(t.sockets.iter().any(|s| s.remote.1 == port && s.state == 1));
+    }
+}
