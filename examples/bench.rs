@@ -35,9 +35,12 @@ fn main() {
     let drain = PathBuf::from(
         std::env::var_os("ENVOY_DRAIN").unwrap_or_else(|| "target/dist/amd64/envoy-drain".into()),
     );
-    let Some(envoy) = support::envoy::binary() else {
-        eprintln!("bench: run it as `bash scripts/bench`, which installs Envoy");
-        std::process::exit(2);
+    let envoy = match support::envoy::binary() {
+        Ok(bin) => bin,
+        Err(why) => {
+            eprintln!("bench: {why}; run it as `bash scripts/bench`, which installs Envoy");
+            std::process::exit(2);
+        }
     };
     println!("{}", sizes());
     let (d, e) = (drain.clone(), envoy.clone());
@@ -349,10 +352,9 @@ fn hold(n: usize) {
 }
 
 /// Processes in this thread's namespace that hold `n` loopback connections (2n sockets) between
-/// them, each ready when this returns.
-fn holders(n: usize) -> Vec<std::process::Child> {
-    let me = std::env::current_exe().expect("the bench's own path");
-    let mut children = Vec::new();
+/// them, each ready when this returns; or why they could not.
+fn holders(n: usize, children: &mut Vec<std::process::Child>) -> Result<(), String> {
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut left = n;
     while left > 0 {
         let here = left.min(PER_HOLDER);
@@ -361,15 +363,20 @@ fn holders(n: usize) -> Vec<std::process::Child> {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
-            .expect("a holder starts");
+            .map_err(|e| format!("a holder did not start: {e}"))?;
         let mut ready = String::new();
-        let out = child.stdout.take().expect("its stdout");
-        BufReader::new(out).read_line(&mut ready).expect("its word");
-        assert_eq!(ready.trim(), "ready", "a holder failed");
+        if let Some(out) = child.stdout.take() {
+            let _ = BufReader::new(out).read_line(&mut ready);
+        }
         children.push(child);
+        if ready.trim() != "ready" {
+            return Err(format!(
+                "a holder of {here} connections did not get them all"
+            ));
+        }
         left -= here;
     }
-    children
+    Ok(())
 }
 
 /// The ways to count a namespace's TCP sockets, each as a shell command.
@@ -458,7 +465,10 @@ fn socket_table(drain: &Path) -> String {
     let mut held = Vec::new();
     let mut open = 0;
     for n in [1_000, 9_000, 30_000] {
-        held.extend(holders(n - open));
+        if let Err(why) = holders(n - open, &mut held) {
+            out += &format!("\nNot measured at {} sockets and beyond: {why}.\n", 2 * n);
+            break;
+        }
         open = n;
         out += &counters_row(
             &format!("{} in the namespace", 2 * n),
@@ -544,6 +554,8 @@ fn signal(drain: &Path, envoy: &Path) -> String {
     let mut conn = Conn::open(INBOUND).expect("inbound listener");
     let _ = conn.get("/ok");
     let mut times = Vec::new();
+    let mut summaries = 0;
+    let mut other = String::new();
     for _ in 0..10 {
         let mut child = Command::new(drain)
             .args(["run", "--drain", "none", "--deadline", "30s"])
@@ -564,13 +576,21 @@ fn signal(drain: &Path, envoy: &Path) -> String {
         let summary = lines.map_while(Result::ok).last().unwrap_or_default();
         let _ = child.wait();
         times.push(sent.elapsed());
-        assert!(summary.contains("interrupted by SIGTERM"), "{summary}");
+        if summary.contains("interrupted by SIGTERM") {
+            summaries += 1;
+        } else {
+            other = summary;
+        }
     }
     let max = times.iter().max().copied().unwrap_or_default();
-    format!(
+    let mut out = format!(
         "## 7. SIGTERM to exit\n\nFrom SIGTERM during the wait to the process's exit with its summary line written, 10 trials: \
-         median {:.2} ms, max {:.2} ms (the promise is 100 ms).\n",
+         median {:.2} ms, max {:.2} ms (the promise is 100 ms); {summaries} of 10 ended with the SIGTERM summary line.\n",
         median(times).as_secs_f64() * 1000.0,
         max.as_secs_f64() * 1000.0
-    )
+    );
+    if summaries < 10 {
+        out += &format!("\nThe last line of another trial: `{other}`.\n");
+    }
+    out
 }

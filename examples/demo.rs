@@ -83,9 +83,12 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let Some(envoy) = support::envoy::binary() else {
-        eprintln!("demo: run it as `bash examples/demo.sh`, which installs Envoy");
-        std::process::exit(2);
+    let envoy = match support::envoy::binary() {
+        Ok(bin) => bin,
+        Err(why) => {
+            eprintln!("demo: {why}; run it as `bash examples/demo.sh`, which installs Envoy");
+            std::process::exit(2);
+        }
     };
     let drain = PathBuf::from(
         std::env::var_os("ENVOY_DRAIN").unwrap_or_else(|| "target/release/envoy-drain".into()),

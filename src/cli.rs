@@ -1,7 +1,65 @@
-//! The command line as users type it. Values stay strings here; config.rs checks them so that every
-//! error names the flag, the value and what was expected.
+//! The command line as users type it, and the kill switch that wins over it. Values stay strings
+//! here; config.rs checks them so that every error names the flag, the value and what was
+//! expected.
 
+use crate::config::ENV_DISABLED;
+use crate::outcome::EXIT_USAGE;
 use argh::FromArgs;
+use std::ffi::OsString;
+use std::io::Write;
+
+/// What the command line asks for.
+#[derive(Debug, PartialEq)]
+pub enum Parsed {
+    Run(RunArgs),
+    Status(StatusArgs),
+    Install(InstallArgs),
+    /// `run` with the kill switch set, to this value: whatever the flags say.
+    Disabled(String),
+    /// Help or the version, for stdout.
+    Print(String),
+    /// A usage error, for stderr.
+    Usage(String),
+}
+
+/// Reads the arguments (the program name first) and the kill switch from `env`.
+pub fn parse(args: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> Parsed {
+    let args: Vec<String> = match args.iter().map(|a| a.clone().into_string()).collect() {
+        Ok(a) => a,
+        Err(bad) => return Parsed::Usage(format!("argument {bad:?} is not UTF-8")),
+    };
+    let strs: Vec<&str> = args.iter().map(String::as_str).collect();
+    // The kill switch wins over everything, bad flags included: operators flip it to get a pod
+    // out of trouble without a new image.
+    if strs.get(1) == Some(&"run")
+        && let Some(v) = env(ENV_DISABLED).filter(|v| !v.is_empty())
+    {
+        return Parsed::Disabled(v.to_string_lossy().into_owned());
+    }
+    let cli = match Cli::from_args(&["envoy-drain"], strs.get(1..).unwrap_or_default()) {
+        Ok(cli) => cli,
+        Err(early) if early.status.is_ok() => return Parsed::Print(early.output),
+        Err(early) => return Parsed::Usage(early.output.trim_end().to_string()),
+    };
+    if cli.version {
+        return Parsed::Print(format!("envoy-drain {}\n", env!("CARGO_PKG_VERSION")));
+    }
+    match cli.command {
+        Some(Command::Run(a)) => Parsed::Run(a),
+        Some(Command::Status(a)) => Parsed::Status(a),
+        Some(Command::Install(a)) => Parsed::Install(a),
+        None => Parsed::Usage(
+            "no command given: expected run, status or install (see envoy-drain --help)"
+                .to_string(),
+        ),
+    }
+}
+
+/// Prints a usage error as one line and gives its exit code.
+pub fn usage_error(message: &str) -> i32 {
+    let _ = writeln!(std::io::stderr(), "envoy-drain: {message}");
+    EXIT_USAGE
+}
 
 /// Keeps an Envoy sidecar alive until its last connection is done: the preStop hook of istio-proxy.
 #[derive(FromArgs, Debug, PartialEq)]

@@ -2,11 +2,9 @@
 //! is passed in, so every rule is tested without touching the process.
 
 use crate::cli::{RunArgs, StatusArgs};
-use crate::clusters::{self, Names};
 use crate::count::Unit;
 use crate::error::UsageError;
-use crate::ports::{ISTIO_INFRA_PORTS, PortSet};
-use crate::procnet::Filter;
+use crate::lists::{ISTIO_INFRA_PORTS, Names, PortSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -72,20 +70,38 @@ impl Counting {
             only: self.only.clone(),
         }
     }
+}
 
-    pub fn clusters_rule(&self) -> clusters::Rule {
-        clusters::Rule {
-            ignore_clusters: self.ignore_clusters.clone(),
-            ignore_ports: self.ignore.clone(),
-        }
-    }
+/// Which sockets may count: not those on an ignored port (either end), and with `--ports` only
+/// those whose local port is listed.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    pub ignore: PortSet,
+    pub only: Option<PortSet>,
+}
+
+/// The rules of the wait; every duration is measured from the start of the run except the
+/// min-drain, which starts when the drain was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    pub min_drain: Duration,
+    /// Bounds the whole run, counted from the process's start: `Run::wait` gives the drain and
+    /// quit requests the time left; `wait::wait` stops counting at it and gives each count the
+    /// time left, which `Sources::look` turns into one instant for every source: each admin
+    /// request (at most `admin::REQUEST_TIMEOUT` of it), the socket table's dump or read and
+    /// its search for Envoy's process (given at least `PROC_GRACE`). After it, only the summary
+    /// may wait, at most `log::SUMMARY_WAIT`, for room in a full pipe.
+    pub deadline: Duration,
+    pub interval: Duration,
+    pub settle: Duration,
+    pub exit_at: u64,
 }
 
 #[derive(Debug, Clone)]
 pub struct RunConfig {
     pub counting: Counting,
     pub drain: Drain,
-    pub rules: crate::wait::Rules,
+    pub rules: Rules,
     pub log_file: Option<PathBuf>,
     /// Istio's agent: for `--drain agent`, and for /quitquitquit with `--then-quit`.
     pub agent: SocketAddr,
@@ -231,16 +247,23 @@ fn counting(a: CountingArgs<'_>) -> Result<Counting, UsageError> {
     })
 }
 
+/// The flags `run` and `status` share, which their argument structs name alike.
+macro_rules! counting_args {
+    ($a:expr) => {
+        CountingArgs {
+            admin: $a.admin.as_deref(),
+            source: $a.source.as_deref(),
+            count: $a.count.as_deref(),
+            ignore: $a.ignore_ports.as_deref(),
+            only: $a.ports.as_deref(),
+            ignore_clusters: $a.ignore_clusters.as_deref(),
+            proc_net: $a.proc_net.as_deref(),
+        }
+    };
+}
+
 pub fn status_config(a: &StatusArgs) -> Result<Counting, UsageError> {
-    counting(CountingArgs {
-        admin: a.admin.as_deref(),
-        source: a.source.as_deref(),
-        count: a.count.as_deref(),
-        ignore: a.ignore_ports.as_deref(),
-        only: a.ports.as_deref(),
-        ignore_clusters: a.ignore_clusters.as_deref(),
-        proc_net: a.proc_net.as_deref(),
-    })
+    counting(counting_args!(a))
 }
 
 /// `env` looks up an environment variable; empty values count as unset.
@@ -248,15 +271,7 @@ pub fn run_config(
     a: &RunArgs,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<RunConfig, UsageError> {
-    let counting = counting(CountingArgs {
-        admin: a.admin.as_deref(),
-        source: a.source.as_deref(),
-        count: a.count.as_deref(),
-        ignore: a.ignore_ports.as_deref(),
-        only: a.ports.as_deref(),
-        ignore_clusters: a.ignore_clusters.as_deref(),
-        proc_net: a.proc_net.as_deref(),
-    })?;
+    let counting = counting(counting_args!(a))?;
     let drain = match a.drain.as_deref().unwrap_or("inbound") {
         "inbound" => Drain::Inbound,
         "all" => Drain::All,
@@ -296,10 +311,18 @@ pub fn run_config(
         (Some(v), _) => {
             let d = parse_duration("--min-drain", v)?;
             if d > deadline {
+                let given = if a.deadline.is_some() {
+                    ""
+                } else {
+                    " by default; --deadline raises it"
+                };
                 return Err(UsageError::new(
-                    "--deadline",
-                    &humantime::format_duration(deadline).to_string(),
-                    format!("at least the min-drain ({v})"),
+                    "--min-drain",
+                    v,
+                    format!(
+                        "at most the deadline ({}{given})",
+                        humantime::format_duration(deadline)
+                    ),
                 ));
             }
             d
@@ -329,7 +352,7 @@ pub fn run_config(
     Ok(RunConfig {
         counting,
         drain,
-        rules: crate::wait::Rules {
+        rules: Rules {
             min_drain,
             deadline,
             interval,
@@ -472,10 +495,15 @@ mod tests {
     }
 
     #[test]
-    fn a_deadline_shorter_than_the_min_drain_flag_is_an_error() {
+    fn a_min_drain_flag_longer_than_the_deadline_is_an_error_naming_what_was_typed() {
         assert_eq!(
             err(&[("deadline", "3s"), ("min-drain", "5s")]),
-            "invalid value '3s' for --deadline: expected at least the min-drain (5s)"
+            "invalid value '5s' for --min-drain: expected at most the deadline (3s)"
+        );
+        assert_eq!(
+            err(&[("min-drain", "30s")]),
+            "invalid value '30s' for --min-drain: expected at most the deadline (25s by default; \
+             --deadline raises it)"
         );
         let short = run_config(&args(&[("deadline", "3s")]), &no_env).unwrap();
         assert_eq!(

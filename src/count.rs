@@ -1,4 +1,7 @@
-//! What a source reports: a total, the parts it is made of, and where it came from.
+//! What a source reports: a total, the parts it is made of, and where it came from (data only;
+//! text.rs words it).
+
+use std::net::SocketAddr;
 
 /// Keeps hostile text to one readable piece of a line.
 pub fn shorten(text: &str) -> String {
@@ -18,25 +21,6 @@ pub enum SourceKind {
     Proc,
     /// Envoy's per-host counters: `GET /clusters`.
     Clusters,
-}
-
-impl SourceKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            SourceKind::Stats => "stats",
-            SourceKind::Proc => "proc",
-            SourceKind::Clusters => "clusters",
-        }
-    }
-
-    /// How a part is named in log lines: stats parts are listener names, the others already
-    /// say what they are (`port 15006`, `port 8080 (TPROXY)`, `cluster inbound|8080||`).
-    pub fn label(self, part: &str) -> String {
-        match self {
-            SourceKind::Stats => format!("listener {part}"),
-            SourceKind::Proc | SourceKind::Clusters => part.to_string(),
-        }
-    }
 }
 
 /// What a count counts.
@@ -84,10 +68,22 @@ pub struct Count {
 
 /// How a socket-table count told Envoy's sockets from the rest.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Basis {
-    pub text: String,
-    /// Envoy's sockets could not be told apart, so the count may hold more than Envoy's.
-    pub degraded: bool,
+pub enum Basis {
+    /// Envoy is the process holding the admin listener; its sockets are the ones it holds.
+    Process {
+        pid: u32,
+        uid: u32,
+        admin: SocketAddr,
+    },
+    /// Its process could not be read (`why`): Envoy's sockets are its admin listener owner's.
+    Owner {
+        uid: u32,
+        admin: SocketAddr,
+        why: String,
+    },
+    /// Nothing listens on the admin address: any listener's connections count, which may hold
+    /// more than Envoy's.
+    Unknown { admin: SocketAddr },
 }
 
 impl Count {
@@ -122,115 +118,5 @@ impl Count {
     /// A request count from Envoy's stats; `NON_HTTP` names the part that is connections.
     pub fn requests(parts: Vec<Part>, warnings: Vec<String>) -> Count {
         Count::of(SourceKind::Stats, Unit::Requests, parts, warnings)
-    }
-
-    /// `3 active connections`; `2 active requests`, or with TCP streams
-    /// `2 active requests and 1 non-HTTP connection`.
-    pub fn describe(&self) -> String {
-        let plural =
-            |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
-        match self.unit {
-            Unit::Connections => plural(self.total, "active connection", "active connections"),
-            Unit::Requests => {
-                let tcp = self
-                    .parts
-                    .iter()
-                    .filter(|p| p.name == NON_HTTP)
-                    .map(|p| p.active)
-                    .sum::<u64>();
-                let requests = plural(self.total - tcp, "active request", "active requests");
-                if tcp == 0 {
-                    requests
-                } else {
-                    format!(
-                        "{requests} and {}",
-                        plural(tcp, "non-HTTP connection", "non-HTTP connections")
-                    )
-                }
-            }
-        }
-    }
-
-    /// `listener 0.0.0.0_15006=2, listener [__1]_15007=1`: the non-zero parts.
-    pub fn breakdown(&self) -> String {
-        let open: Vec<String> = self
-            .parts
-            .iter()
-            .filter(|p| p.active > 0)
-            .map(|p| match self.unit {
-                Unit::Connections => format!("{}={}", self.source.label(&p.name), p.active),
-                Unit::Requests => format!("{}={}", p.name, p.active),
-            })
-            .collect();
-        open.join(", ")
-    }
-
-    /// `: listener 0.0.0.0_15006=2`, or nothing when no part is open.
-    pub fn still_open(&self) -> String {
-        let b = self.breakdown();
-        if b.is_empty() { b } else { format!(": {b}") }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn part(name: &str, active: u64) -> Part {
-        Part {
-            name: name.to_string(),
-            active,
-        }
-    }
-
-    #[test]
-    fn total_sums_parts_and_breakdown_names_only_open_ones() {
-        let c = Count::new(
-            SourceKind::Stats,
-            vec![
-                part("b_15006", 2),
-                part("a_15001", 0),
-                part("[__1]_8080", 1),
-            ],
-            vec![],
-        );
-        assert_eq!(c.total, 3);
-        assert_eq!(c.describe(), "3 active connections");
-        assert_eq!(
-            c.breakdown(),
-            "listener b_15006=2, listener [__1]_8080=1",
-            "in the source's order, zero parts left out"
-        );
-    }
-
-    #[test]
-    fn a_request_count_says_what_is_requests_and_what_is_connections() {
-        let with_tcp = Count::requests(
-            vec![part("http inbound_0.0.0.0_8080", 2), part(NON_HTTP, 1)],
-            vec![],
-        );
-        assert_eq!(with_tcp.total, 3);
-        assert_eq!(
-            with_tcp.describe(),
-            "2 active requests and 1 non-HTTP connection"
-        );
-        assert_eq!(
-            with_tcp.breakdown(),
-            "http inbound_0.0.0.0_8080=2, non-HTTP connections=1"
-        );
-        let one = Count::requests(
-            vec![part("http inbound_0.0.0.0_8080", 1), part(NON_HTTP, 0)],
-            vec![],
-        );
-        assert_eq!(one.describe(), "1 active request");
-    }
-
-    #[test]
-    fn one_connection_is_singular_and_nothing_open_has_no_breakdown() {
-        let one = Count::new(SourceKind::Proc, vec![part("port 15006", 1)], vec![]);
-        assert_eq!(one.describe(), "1 active connection");
-        assert_eq!(one.still_open(), ": port 15006=1");
-        let none = Count::new(SourceKind::Proc, vec![], vec![]);
-        assert_eq!(none.still_open(), "");
     }
 }

@@ -2,6 +2,9 @@
 //! the FROM scratch image (no shell, no cp). Atomic: a temporary file in the same directory,
 //! flushed, made executable, then renamed over DEST, so a half-written binary is never visible.
 
+use crate::cli::InstallArgs;
+use crate::error::Failure;
+use crate::outcome::{EXIT_INSTALL_FAILED, EXIT_REACHED};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -18,9 +21,22 @@ fn target(dest: &Path) -> PathBuf {
     }
 }
 
-/// Installs and returns the path and size written. The error reads
-/// `failed to install to <path>: <cause>`.
-pub fn install(dest: &Path) -> Result<(PathBuf, u64), String> {
+/// The command: one line on stdout (path, size, version), or the failure on stderr.
+pub fn command(args: &InstallArgs) -> i32 {
+    match install(Path::new(&args.dest)) {
+        Ok((path, size)) => {
+            let _ = writeln!(io::stdout(), "{}", crate::text::installed(&path, size));
+            EXIT_REACHED
+        }
+        Err(e) => {
+            let _ = writeln!(io::stderr(), "envoy-drain: {e}");
+            EXIT_INSTALL_FAILED
+        }
+    }
+}
+
+/// Installs and returns the path and size written.
+fn install(dest: &Path) -> Result<(PathBuf, u64), Failure> {
     let (mut source, from) = open_self()?;
     let target = target(dest);
     let dir = match target.parent() {
@@ -31,7 +47,7 @@ pub fn install(dest: &Path) -> Result<(PathBuf, u64), String> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| BINARY_NAME.to_string());
-    let failed = |step: String| format!("failed to install to {}: {step}", target.display());
+    let failed = |step: String| Failure::new("install to", target.display().to_string(), step);
     let (temp, mut out) = create_temp(&dir, &name).map_err(|e| {
         failed(format!(
             "cannot create a temporary file in {}: {e}",
@@ -60,7 +76,7 @@ pub fn install(dest: &Path) -> Result<(PathBuf, u64), String> {
 }
 
 /// The running binary: /proc/self/exe, or argv[0] where /proc is not mounted.
-fn open_self() -> Result<(File, PathBuf), String> {
+fn open_self() -> Result<(File, PathBuf), Failure> {
     let proc_exe = PathBuf::from("/proc/self/exe");
     match File::open(&proc_exe) {
         Ok(f) => Ok((f, proc_exe)),
@@ -69,10 +85,11 @@ fn open_self() -> Result<(File, PathBuf), String> {
             match argv0.filter(|p| p.components().count() > 1) {
                 Some(p) => File::open(&p)
                     .map(|f| (f, p.clone()))
-                    .map_err(|e| format!("failed to open {}: {e}", p.display())),
-                None => Err(format!(
-                    "failed to open {}: {proc_err} (and argv[0] is not a path)",
-                    proc_exe.display()
+                    .map_err(|e| Failure::new("open", p.display().to_string(), e.to_string())),
+                None => Err(Failure::new(
+                    "open",
+                    proc_exe.display().to_string(),
+                    format!("{proc_err} (and argv[0] is not a path)"),
                 )),
             }
         }

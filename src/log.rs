@@ -3,6 +3,7 @@
 //! Writing never blocks the hook: a line that cannot be written at once (a full pipe whose reader
 //! has stalled) is dropped and counted, and only the final summary waits a little for room.
 
+use crate::error::Failure;
 use std::collections::HashSet;
 use std::fs::OpenOptions;
 use std::io::{ErrorKind, Write};
@@ -33,7 +34,7 @@ impl Level {
 const MAX_LINE: usize = 4096;
 
 /// How long the final summary may wait for room in a full pipe.
-const SUMMARY_WAIT: Duration = Duration::from_millis(100);
+pub const SUMMARY_WAIT: Duration = Duration::from_millis(100);
 
 /// Where lines go: a writer, and its descriptor when it has one (for poll).
 pub struct Out {
@@ -182,10 +183,8 @@ impl Logger {
                     Some(libc::ENXIO) => "nothing reads it".to_string(),
                     _ => e.to_string(),
                 };
-                self.warn(&format!(
-                    "failed to open log file {}: {why}; logging to stderr only",
-                    path.display()
-                ));
+                let failed = Failure::new("open", format!("log file {}", path.display()), why);
+                self.warn(&format!("{failed}; logging to stderr only"));
             }
         }
     }

@@ -1,23 +1,75 @@
-//! The `run` command: drain Envoy, wait for its connections to close or the deadline to pass,
-//! report, and (with --then-quit) tell the Istio agent to stop the proxy.
+//! The `run` command: its configuration, logger and signals; the drain, the wait and, with
+//! --then-quit, the agent's /quitquitquit; and exactly one summary line, also when a signal cuts
+//! the wait short. Every sentence comes from text.rs.
 
-use crate::admin::Client;
-use crate::config::{AGENT_DRAIN_PATH, Drain, Mode, RunConfig};
+use crate::cli::{RunArgs, usage_error};
+use crate::config::{self, AGENT_DRAIN_PATH, Drain, ENV_DISABLED, RunConfig};
 use crate::count::{Basis, Count, SourceKind, Unit};
 use crate::log::{Level, Logger};
-use crate::outcome::{self, Outcome, Progress, seconds};
+use crate::outcome::{EXIT_REACHED, Outcome, Progress};
+use crate::source::admin::Client;
+use crate::source::sockets::Reader;
 use crate::source::{Reading, Sources};
+use crate::text;
 use crate::wait::{self, Clock};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Without a new count line for this long, a line says we are still waiting.
 const HEARTBEAT: Duration = Duration::from_secs(5);
 
 /// A poisoned lock cannot happen with panic = "abort"; taking the value keeps this panic-free.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The command. `start` is when the process started: the deadline counts from it. `env` looks
+/// up an environment variable (MINIMUM_DRAIN_DURATION).
+pub fn command(args: &RunArgs, env: &dyn Fn(&str) -> Option<String>, start: Instant) -> i32 {
+    let cfg = match config::run_config(args, env) {
+        Ok(c) => c,
+        Err(e) => return usage_error(&e.to_string()),
+    };
+    let mut logger = Logger::stderr();
+    if let Some(path) = &cfg.log_file {
+        logger.add_file(path);
+    }
+    let run = Arc::new(Run::new(logger, start, cfg.rules.deadline));
+    let on_signal = Arc::clone(&run);
+    let caught = crate::signals::on_interrupt(move |sig| {
+        let outcome = Outcome::Interrupted(sig);
+        // When the wait has just ended, its own summary and exit code stand.
+        if on_signal.finish(outcome) {
+            std::process::exit(outcome.exit_code());
+        }
+    });
+    if !caught {
+        lock(&run.log).warn(
+            "failed to take over SIGINT and SIGTERM; a signal will end the wait without a summary",
+        );
+    }
+    let outcome = run.wait(&cfg);
+    run.finish(outcome);
+    outcome.exit_code()
+}
+
+/// `run` with the kill switch set: one line, and done.
+pub fn disabled(value: &str) -> i32 {
+    Logger::stderr().info(&format!(
+        "{ENV_DISABLED}={value} is set: not draining and not waiting"
+    ));
+    EXIT_REACHED
+}
+
+/// One run, shared with the signal thread: the log, what has been counted so far, and whether
+/// the summary has been written.
+pub struct Run {
+    log: Mutex<Logger>,
+    progress: Mutex<Progress>,
+    finished: AtomicBool,
+    start: Instant,
+    deadline: Duration,
 }
 
 struct RealClock(Instant);
@@ -31,156 +83,108 @@ impl Clock for RealClock {
     }
 }
 
-/// Drains, waits and reports. `start` is when the process started: the deadline counts from it.
-/// The final summary line is left to the caller, which also prints it on a signal.
-pub fn run(
-    cfg: &RunConfig,
-    log: &Mutex<Logger>,
-    progress: &Mutex<Progress>,
-    start: Instant,
-) -> Outcome {
-    let mut sources = Sources::new(&cfg.counting);
-    let mut clock = RealClock(start);
-    let left = |clock: &RealClock| cfg.rules.deadline.saturating_sub(clock.now());
-    for w in &cfg.warnings {
-        lock(log).warn(w);
-    }
-    lock(log).info(&start_line(cfg, &sources));
-    if let Some(path) = cfg.drain.path() {
-        let (done, what) = (
-            "Envoy accepted the drain",
-            "drain listeners (waiting anyway)",
-        );
-        post(&sources.admin, path, left(&clock), log, done, what);
-    }
-    if cfg.drain == Drain::Agent {
-        let (done, what) = (
-            "the Istio agent accepted the drain",
-            "ask the Istio agent to drain (waiting anyway)",
-        );
-        let agent = Client::new(cfg.agent);
-        post(&agent, AGENT_DRAIN_PATH, left(&clock), log, done, what);
-    }
-    let mut watch = Watch::new(log, progress, cfg, sources.proc_names(), clock.now());
-    let outcome = wait::wait(&cfg.rules, watch.drained_at, &mut clock, |left| {
-        watch.observe(sources.count(left), start.elapsed())
-    });
-    if outcome == Outcome::Reached
-        && let Some(agent) = cfg.quit_agent
-    {
-        let done = "asked the Istio agent to stop the proxy now";
-        let what = "ask the Istio agent to stop the proxy";
-        post(
-            &Client::new(agent),
-            "/quitquitquit",
-            left(&clock),
-            log,
-            done,
-            what,
-        );
-    }
-    outcome
-}
-
-/// Set by the first summary: a signal that arrives as the wait ends must not add a second one.
-static SUMMARY_WRITTEN: AtomicBool = AtomicBool::new(false);
-
-/// Writes the summary as the last line, unless one was written already; says whether it wrote.
-pub fn finish(
-    outcome: Outcome,
-    log: &Mutex<Logger>,
-    progress: &Mutex<Progress>,
-    start: Instant,
-    deadline: Duration,
-) -> bool {
-    if SUMMARY_WRITTEN.swap(true, Ordering::SeqCst) {
-        return false;
-    }
-    let level = match outcome {
-        Outcome::Reached => Level::Info,
-        Outcome::NothingCounted => Level::Error,
-        Outcome::Deadline | Outcome::Interrupted(_) => Level::Warn,
-    };
-    let mut log = lock(log);
-    // Timed once the logger is ours, so the line says when it was really written.
-    let mut line = outcome::summary(outcome, start.elapsed(), deadline, &lock(progress));
-    let dropped = log.dropped();
-    if dropped > 0 {
-        line += &format!(
-            "; {dropped} earlier log line{} dropped, as writing {} would have blocked",
-            if dropped == 1 { " was" } else { "s were" },
-            if dropped == 1 { "it" } else { "them" }
-        );
-    }
-    log.end_live();
-    log.last_line(level, &line);
-    true
-}
-
-fn start_line(cfg: &RunConfig, sources: &Sources) -> String {
-    let r = &cfg.rules;
-    let drain = match cfg.drain {
-        Drain::Inbound | Drain::All => {
-            let what = if cfg.drain == Drain::All {
-                "all"
-            } else {
-                "inbound"
-            };
-            let url = sources.admin.url(cfg.drain.path().unwrap_or_default());
-            format!("draining {what} listeners (POST {url})")
+impl Run {
+    pub fn new(log: Logger, start: Instant, deadline: Duration) -> Run {
+        Run {
+            log: Mutex::new(log),
+            progress: Mutex::new(Progress::default()),
+            finished: AtomicBool::new(false),
+            start,
+            deadline,
         }
-        Drain::Agent => format!(
-            "asking the Istio agent to drain (POST {})",
-            Client::new(cfg.agent).url(AGENT_DRAIN_PATH)
-        ),
-        Drain::None => "not draining (--drain none)".to_string(),
-    };
-    let target = if r.settle.is_zero() {
-        format!("at most {}", r.exit_at)
-    } else {
-        format!(
-            "at most {} for {}",
-            r.exit_at,
-            humantime::format_duration(r.settle)
-        )
-    };
-    let what_count = match sources.unit {
-        Unit::Connections => "active connections",
-        Unit::Requests => "active requests (and non-HTTP connections)",
-    };
-    let stats = match sources.unit {
-        Unit::Connections => format!("Envoy's stats ({})", sources.stats_url()),
-        Unit::Requests => format!(
-            "Envoy's stats ({}), else its /clusters",
-            sources.stats_url()
-        ),
-    };
-    let from = match sources.mode {
-        Mode::Auto => format!("{stats}, else {}", sources.proc_names()),
-        Mode::Stats => stats,
-        Mode::Proc => sources.proc_names(),
-    };
-    format!(
-        "{drain}, then waiting up to {} (at least {} after the drain) for {target} {what_count}, counting every {} from {from}",
-        humantime::format_duration(r.deadline),
-        humantime::format_duration(r.min_drain),
-        humantime::format_duration(r.interval),
-    )
-}
+    }
 
-/// One POST, one log line: `done` on a 200, else `failed to <what>` with the cause. Whatever
-/// happens, the hook goes on.
-fn post(client: &Client, path: &str, left: Duration, log: &Mutex<Logger>, done: &str, what: &str) {
-    let url = client.url(path);
-    match client.post(path, left) {
-        Ok(r) if r.status == 200 => {
-            lock(log).info(&format!("{done}: POST {url} answered {}", r.describe()))
+    /// Drains, waits and, with --then-quit, asks the agent to stop the proxy. The summary is
+    /// left to `finish`, which a signal may call first.
+    pub fn wait(&self, cfg: &RunConfig) -> Outcome {
+        let mut sources = Sources::new(&cfg.counting);
+        let mut clock = RealClock(self.start);
+        let left = |clock: &RealClock| cfg.rules.deadline.saturating_sub(clock.now());
+        for w in &cfg.warnings {
+            lock(&self.log).warn(w);
         }
-        Ok(r) => lock(log).warn(&format!(
-            "failed to {what}: POST {url} answered {}",
-            r.describe()
-        )),
-        Err(e) => lock(log).warn(&format!("failed to {what}: POST {url}: {e}")),
+        lock(&self.log).info(&text::start_line(cfg, &sources));
+        if let Some(path) = cfg.drain.path() {
+            let done = "Envoy accepted the drain";
+            self.post(
+                &sources.admin,
+                path,
+                left(&clock),
+                done,
+                "drain listeners (waiting anyway)",
+            );
+        }
+        if cfg.drain == Drain::Agent {
+            let done = "the Istio agent accepted the drain";
+            let what = "ask the Istio agent to drain (waiting anyway)";
+            self.post(
+                &Client::new(cfg.agent),
+                AGENT_DRAIN_PATH,
+                left(&clock),
+                done,
+                what,
+            );
+        }
+        let mut watch = Watch::new(&self.log, &self.progress, cfg, clock.now());
+        let outcome = wait::wait(&cfg.rules, watch.drained_at, &mut clock, |left| {
+            let reading = sources.count(left);
+            watch.observe(reading, sources.reader(), self.start.elapsed())
+        });
+        if outcome == Outcome::Reached
+            && let Some(agent) = cfg.quit_agent
+        {
+            let done = "asked the Istio agent to stop the proxy now";
+            let what = "ask the Istio agent to stop the proxy";
+            self.post(
+                &Client::new(agent),
+                "/quitquitquit",
+                left(&clock),
+                done,
+                what,
+            );
+        }
+        outcome
+    }
+
+    /// Writes the summary as the last line, unless one was written already; says whether it
+    /// wrote.
+    pub fn finish(&self, outcome: Outcome) -> bool {
+        if self.finished.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        let level = match outcome {
+            Outcome::Reached => Level::Info,
+            Outcome::NothingCounted => Level::Error,
+            Outcome::Deadline | Outcome::Interrupted(_) => Level::Warn,
+        };
+        let mut log = lock(&self.log);
+        // Timed once the logger is ours, so the line says when it was really written.
+        let line = text::summary(
+            outcome,
+            self.start.elapsed(),
+            self.deadline,
+            &lock(&self.progress),
+            log.dropped(),
+        );
+        log.end_live();
+        log.last_line(level, &line);
+        true
+    }
+
+    /// One POST, one log line: `done` on a 200, else the failure to do `what`. Whatever happens,
+    /// the hook goes on.
+    fn post(&self, client: &Client, path: &str, left: Duration, done: &str, what: &str) {
+        let url = client.url(path);
+        match client.post(path, left) {
+            Ok(r) if r.status == 200 => {
+                lock(&self.log).info(&format!("{done}: POST {url} answered {}", r.describe()))
+            }
+            Ok(r) => lock(&self.log).warn(&format!(
+                "failed to {what}: POST {url} answered {}",
+                r.describe()
+            )),
+            Err(f) => lock(&self.log).warn(&format!("failed to {what}: POST {url}: {}", f.cause)),
+        }
     }
 }
 
@@ -189,14 +193,10 @@ struct Watch<'a> {
     log: &'a Mutex<Logger>,
     progress: &'a Mutex<Progress>,
     cfg: &'a RunConfig,
-    proc_names: String,
     drained_at: Duration,
-    /// The source and unit of the last successful count.
+    /// The source and unit of the count in force, as the log last said.
     source: Option<(SourceKind, Unit)>,
-    total: Option<u64>,
-    /// Why the last attempt failed, while it keeps failing.
-    unknown: Option<String>,
-    /// How the last socket-table count told Envoy's sockets apart.
+    /// How the socket table last told Envoy's sockets apart, as the log last said.
     basis: Option<Basis>,
     line_at: Duration,
 }
@@ -206,123 +206,97 @@ impl<'a> Watch<'a> {
         log: &'a Mutex<Logger>,
         progress: &'a Mutex<Progress>,
         cfg: &'a RunConfig,
-        proc_names: String,
         drained_at: Duration,
     ) -> Watch<'a> {
         Watch {
             log,
             progress,
             cfg,
-            proc_names,
             drained_at,
             source: None,
-            total: None,
-            unknown: None,
             basis: None,
             line_at: Duration::ZERO,
         }
     }
 
-    fn observe(&mut self, reading: Reading, now: Duration) -> Option<u64> {
-        match reading.result {
+    /// Records the reading, says what is worth saying, and gives the count to the wait.
+    fn observe(&mut self, reading: Reading, proc: &Reader, now: Duration) -> Option<u64> {
+        // Progress first: a signal's summary must know what the log already says.
+        let (before, failing) = {
+            let mut p = lock(self.progress);
+            let before = (p.last.as_ref().map(|c| c.total), p.unknown.clone());
+            match &reading.result {
+                Ok(count) => {
+                    p.last = Some(count.clone());
+                    p.unknown = None;
+                }
+                Err(why) => p.unknown = Some(why.clone()),
+            }
+            before
+        };
+        match &reading.result {
             Ok(count) => {
-                let total = count.total;
-                self.counted(count, reading.fallback, now);
-                Some(total)
+                let news = failing.is_some() || before != Some(count.total);
+                self.counted(count, &reading, proc, news, now);
+                Some(count.total)
             }
             Err(why) => {
-                // Progress first: a signal's summary must know what the log already says.
-                lock(self.progress).unknown = Some(why.clone());
-                if self.unknown.as_deref() != Some(why.as_str()) {
-                    lock(self.log).warn(&format!(
-                        "cannot count: {why}; still waiting (an unknown count never ends the wait)"
-                    ));
+                if failing.as_deref() != Some(why.as_str()) {
+                    lock(self.log).warn(&text::cannot_count(why));
                 }
-                self.unknown = Some(why);
-                self.total = None;
                 None
             }
         }
     }
 
-    fn counted(&mut self, count: Count, fallback: Option<String>, now: Duration) {
-        // Progress first: a signal's summary must know what the log already says.
-        {
-            let mut p = lock(self.progress);
-            p.last = Some(count.clone());
-            p.unknown = None;
-        }
+    /// The lines a count is worth: its warnings once, a change of source or of how Envoy's
+    /// sockets are told apart, and the count itself when it is `news`, verbose or a heartbeat.
+    fn counted(
+        &mut self,
+        count: &Count,
+        reading: &Reading,
+        proc: &Reader,
+        news: bool,
+        now: Duration,
+    ) {
         let mut log = lock(self.log);
         for w in &count.warnings {
             log.warn_once(w);
         }
-
-        let wanted = self.cfg.counting.unit;
-        // Which count is in force: a change of source or of unit gets a line, with the reason.
-        let changed_source = self.source != Some((count.source, count.unit));
-        if changed_source {
-            match (count.source, fallback) {
-                (SourceKind::Proc, Some(why)) => log.warn(&format!(
-                    "stats unavailable ({why}); counting {}from {} instead",
-                    if wanted == Unit::Requests { "connections " } else { "" },
-                    self.proc_names
-                )),
-                (SourceKind::Clusters, Some(why)) => log.warn(&format!(
-                    "request stats unavailable ({why}); counting requests in flight from Envoy's /clusters instead"
-                )),
-                (SourceKind::Stats, Some(why)) => log.warn(&format!(
-                    "request stats unavailable ({why}); counting connections from Envoy's stats instead"
-                )),
-                (SourceKind::Stats, None) if self.source.is_some() => log.info(match wanted {
-                    Unit::Connections => "Envoy's stats answer again; counting from them",
-                    Unit::Requests => "Envoy's stats report requests again; counting requests",
-                }),
-                _ => {}
-            }
+        let in_force = Some((count.source, count.unit));
+        let changed_source = self.source != in_force;
+        if changed_source
+            && let Some((line, warn)) = text::switched(
+                count,
+                reading,
+                self.cfg.counting.unit,
+                proc,
+                self.source.is_some(),
+            )
+        {
+            log.line(if warn { Level::Warn } else { Level::Info }, &line);
         }
         if count.basis.is_some() && count.basis != self.basis {
             if let Some(b) = &count.basis {
-                log.line(if b.degraded { Level::Warn } else { Level::Info }, &b.text);
+                let (line, degraded) = text::basis(b);
+                log.line(if degraded { Level::Warn } else { Level::Info }, &line);
             }
             self.basis = count.basis.clone();
         }
         let worth_a_line = changed_source
-            || self.unknown.is_some()
-            || self.total != Some(count.total)
+            || news
             || self.cfg.verbose
             || now.saturating_sub(self.line_at) >= HEARTBEAT;
-        log.waiting(&self.count_line(&count, now), worth_a_line);
+        let min_drain_end = self.drained_at.saturating_add(self.cfg.rules.min_drain);
+        log.waiting(
+            &text::count_line(count, now, min_drain_end, self.cfg),
+            worth_a_line,
+        );
         drop(log);
         if worth_a_line {
             self.line_at = now;
         }
-        self.source = Some((count.source, count.unit));
-        self.total = Some(count.total);
-        self.unknown = None;
-    }
-
-    /// `3 active connections (stats); 21.5s left before the deadline`
-    fn count_line(&self, count: &Count, now: Duration) -> String {
-        let r = &self.cfg.rules;
-        let breakdown = if self.cfg.verbose {
-            count.still_open()
-        } else {
-            String::new()
-        };
-        let min_drain_end = self.drained_at.saturating_add(r.min_drain);
-        let when = if now < min_drain_end {
-            format!("min-drain ends in {}", seconds(min_drain_end - now))
-        } else {
-            format!(
-                "{} left before the deadline",
-                seconds(r.deadline.saturating_sub(now))
-            )
-        };
-        format!(
-            "{} ({}){breakdown}; {when}",
-            count.describe(),
-            count.source.name()
-        )
+        self.source = in_force;
     }
 }
 
@@ -377,17 +351,15 @@ mod tests {
         let sink = Sink::default();
         let log = Mutex::new(Logger::new(Out::new(Box::new(sink.clone())), false));
         let progress = Mutex::new(Progress::default());
-        let mut w = Watch::new(
-            &log,
-            &progress,
-            &cfg,
-            "/proc/net/tcp and tcp6".to_string(),
-            Duration::ZERO,
-        );
+        let mut w = Watch::new(&log, &progress, &cfg, Duration::ZERO);
+        let proc = Reader::Text {
+            dir: "/proc/net".into(),
+            why: None,
+        };
         let totals = readings
             .into_iter()
             .enumerate()
-            .map(|(i, r)| w.observe(r, Duration::from_secs(i as u64)))
+            .map(|(i, r)| w.observe(r, &proc, Duration::from_secs(i as u64)))
             .collect();
         let p = lock(&progress).clone();
         (sink.text(), p, totals)
@@ -510,5 +482,42 @@ mod tests {
         c.warnings = vec!["gauge wrapped".to_string()];
         let (log, _, _) = watch(vec![ok(c.clone(), None), ok(c, None)], false);
         assert_eq!(log.matches("gauge wrapped").count(), 1, "{log}");
+    }
+
+    /// A run whose log goes to `sink`, started `ago`.
+    fn run_logging_to(sink: &Sink, ago: Duration) -> Run {
+        let logger = Logger::new(Out::new(Box::new(sink.clone())), false);
+        Run::new(logger, Instant::now() - ago, Duration::from_secs(25))
+    }
+
+    #[test]
+    fn the_summary_is_written_once_whoever_finishes_first() {
+        let sink = Sink::default();
+        let run = run_logging_to(&sink, Duration::from_millis(1500));
+        lock(&run.progress).last = Some(count(SourceKind::Stats, 2));
+        // The signal thread's summary, then the wait's own end: only the first is written.
+        assert!(run.finish(Outcome::Interrupted(libc::SIGTERM)));
+        assert!(!run.finish(Outcome::Reached));
+        let log = sink.text();
+        assert_eq!(log.lines().count(), 1, "{log}");
+        let line = log.lines().next().unwrap();
+        assert!(line.contains("\twarn\tenvoy-drain\t"), "{line}");
+        assert!(
+            line.ends_with("interrupted by SIGTERM after 1.5s with 2 active connections (stats): listener 0.0.0.0_15006=2"),
+            "stated elapsed time from the run's start: {line}"
+        );
+    }
+
+    #[test]
+    fn a_run_that_reached_zero_ends_with_an_info_line() {
+        let sink = Sink::default();
+        let run = run_logging_to(&sink, Duration::from_secs(7));
+        lock(&run.progress).last = Some(count(SourceKind::Proc, 0));
+        assert!(run.finish(Outcome::Reached));
+        let log = sink.text();
+        assert!(
+            log.contains("\tinfo\tenvoy-drain\tdone after 7.0s: 0 active connections (proc); the proxy may stop now"),
+            "{log}"
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! The wait: turns counts and time into an outcome. Time is injected, so the rules (min-drain,
 //! settle, threshold, deadline, unknown counts) are tested with a fake clock and scripted counts.
 
+use crate::config::Rules;
 use crate::outcome::Outcome;
 use std::time::Duration;
 
@@ -11,18 +12,7 @@ pub trait Clock {
 }
 
 /// Time enough for a count before the deadline: the bound on one admin request.
-pub const LAST_COUNT: Duration = crate::admin::REQUEST_TIMEOUT;
-
-/// The rules of the wait; every duration is measured from the start of the run except the
-/// min-drain, which starts when the drain was sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rules {
-    pub min_drain: Duration,
-    pub deadline: Duration,
-    pub interval: Duration,
-    pub settle: Duration,
-    pub exit_at: u64,
-}
+pub const LAST_COUNT: Duration = crate::source::admin::REQUEST_TIMEOUT;
 
 /// Counts at once, then every interval, until the count has stayed at or below the threshold for
 /// the settle time after the min-drain, or the deadline passes. `count` is given the time left

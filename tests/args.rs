@@ -78,12 +78,12 @@ fn requests_from_the_socket_table_are_refused_because_it_knows_no_requests() {
 }
 
 #[test]
-fn a_min_drain_longer_than_the_deadline_is_an_error_naming_the_deadline() {
+fn a_min_drain_longer_than_the_deadline_is_an_error_naming_the_min_drain_as_typed() {
     let out = run(command(&["run", "--min-drain", "30s", "--deadline", "10s"]));
     assert_eq!(out.code, Some(2), "{out}");
     assert_eq!(
         out.stderr,
-        "envoy-drain: invalid value '10s' for --deadline: expected at least the min-drain (30s)\n"
+        "envoy-drain: invalid value '30s' for --min-drain: expected at most the deadline (10s)\n"
     );
 }
 

@@ -124,7 +124,8 @@ fn status_with_no_source_answering_exits_3() {
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(out.code, Some(3), "{out}");
     assert!(
-        out.stdout.contains("unavailable: GET http://127.0.0.1:"),
+        out.stdout
+            .contains("unavailable: failed to GET http://127.0.0.1:"),
         "{out}"
     );
     assert!(
@@ -156,7 +157,9 @@ fn run_that_never_counts_exits_3_at_the_deadline_and_says_why() {
         "{out}"
     );
     assert!(
-        last.contains("nothing could be counted: stats: GET") && last.contains("proc: neither"),
+        last.contains("nothing could be counted: stats: failed to GET")
+            && last.contains("proc: failed to read ")
+            && last.ends_with("/tcp and tcp6: neither exists"),
         "{out}"
     );
     assert_eq!(

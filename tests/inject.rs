@@ -345,6 +345,7 @@ fn fixture(name: &str) -> (String, bool) {
 }
 
 #[test]
+#[ignore = "needs Go, kubectl and kubernetes-validate (`bash scripts/test-tools`): `bash scripts/test` runs it"]
 fn both_templates_merge_into_every_injected_pod_without_losing_istios_hooks() {
     for (name, placed_in_init) in [
         ("classic.yaml", false),
@@ -362,6 +363,7 @@ fn both_templates_merge_into_every_injected_pod_without_losing_istios_hooks() {
 }
 
 #[test]
+#[ignore = "needs Go, kubectl and kubernetes-validate (`bash scripts/test-tools`): `bash scripts/test` runs it"]
 fn the_native_sidecars_own_prestop_is_replaced_and_the_holds_poststart_kept() {
     let (native, flag) = fixture("native-hold.yaml");
     let before = proxy(&native);
@@ -385,6 +387,7 @@ fn the_native_sidecars_own_prestop_is_replaced_and_the_holds_poststart_kept() {
 }
 
 #[test]
+#[ignore = "needs Go, kubectl and kubernetes-validate (`bash scripts/test-tools`): `bash scripts/test` runs it"]
 fn the_one_decision_follows_istios_flag_unless_the_pods_annotation_says_otherwise() {
     for variant in [Variant::Install, Variant::Image] {
         let text = template(variant.values());
@@ -424,6 +427,7 @@ fn the_one_decision_follows_istios_flag_unless_the_pods_annotation_says_otherwis
 }
 
 #[test]
+#[ignore = "needs Go, kubectl and kubernetes-validate (`bash scripts/test-tools`): `bash scripts/test` runs it"]
 fn aiming_the_classic_patch_at_a_native_pod_leaves_a_stub_the_checks_catch() {
     // Why the decision exists: with native sidecars, a patch for containers[name=istio-proxy]
     // adds a second, image-less istio-proxy (istio/istio #56455).

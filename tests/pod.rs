@@ -45,15 +45,19 @@ const HOOK: [&str; 7] = [
     "20s",
 ];
 
-/// The pod, or a skip where Envoy is not installed (a failure under the README's test command).
-fn pod(capture: Capture, stats: Stats, on_sigterm: &'static str) -> Option<Pod> {
+/// The pod.
+fn pod(capture: Capture, stats: Stats, on_sigterm: &'static str) -> Pod {
     let options = Options {
         capture,
         stats,
         on_sigterm,
         ..Options::default()
     };
-    support::envoy::binary().map(|bin| Pod::start(&bin, Path::new(support::BIN), options))
+    Pod::start(
+        &support::envoy::required(),
+        Path::new(support::BIN),
+        options,
+    )
 }
 
 /// The pod's deletion: the kubelet runs the proxy's preStop hook and, at the same moment, sends
@@ -104,11 +108,10 @@ fn ended_right_after(out: &Finished, last: Instant, stats: Stats, what: &str) {
 }
 
 #[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
 fn pools_left_open_by_earlier_requests_do_not_hold_the_hook_past_the_min_drain() {
     for stats in BOTH_STATS {
-        let Some(pod) = pod(Capture::Redirect, stats, "serve") else {
-            return;
-        };
+        let pod = pod(Capture::Redirect, stats, "serve");
         warm_up(&pod);
         let out = delete(&pod, &["run", "--min-drain", "1s", "--deadline", "8s"]).finish();
         assert_eq!(out.code, Some(0), "{stats:?} {out}");
@@ -134,13 +137,12 @@ fn deleted_during(pod: &mut Pod, path: &str) -> (Response, Instant, Finished) {
 }
 
 #[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
 fn a_request_that_calls_another_service_completes_and_the_hook_ends_right_after_it() {
     for capture in [Capture::Redirect, Capture::Tproxy] {
         for stats in BOTH_STATS {
             let what = format!("{capture:?} {stats:?}");
-            let Some(mut pod) = pod(capture, stats, "serve") else {
-                return;
-            };
+            let mut pod = pod(capture, stats, "serve");
             let (resp, answered, out) = deleted_during(&mut pod, "/call/2");
             assert_eq!(resp.status, 200, "{what} {resp:?}");
             assert_eq!(
@@ -153,14 +155,13 @@ fn a_request_that_calls_another_service_completes_and_the_hook_ends_right_after_
 }
 
 #[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
 fn an_app_that_closes_its_listener_at_sigterm_still_gets_its_request_finished() {
     // nginx's way: the listener goes at once, the request in flight is finished.
     for capture in [Capture::Redirect, Capture::Tproxy] {
         for stats in BOTH_STATS {
             let what = format!("{capture:?} {stats:?}");
-            let Some(mut pod) = pod(capture, stats, "close") else {
-                return;
-            };
+            let mut pod = pod(capture, stats, "close");
             let (resp, answered, out) = deleted_during(&mut pod, "/local/2");
             let closed = pod.app_event("closed listener", 10 * SECOND);
             assert!(closed < answered, "{what}: the listener closed first");
@@ -171,14 +172,13 @@ fn an_app_that_closes_its_listener_at_sigterm_still_gets_its_request_finished() 
 }
 
 #[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
 fn a_last_outbound_call_after_sigterm_is_waited_for_and_succeeds() {
     // A deregistration over HTTP, and a final TCP exchange (a database flush), each 1.5 s.
     for (on_sigterm, result) in [("call", "last call 200"), ("tcp", "last call done")] {
         for stats in BOTH_STATS {
             let what = format!("{on_sigterm} {stats:?}");
-            let Some(mut pod) = pod(Capture::Redirect, stats, on_sigterm) else {
-                return;
-            };
+            let mut pod = pod(Capture::Redirect, stats, on_sigterm);
             warm_up(&pod);
             let hook = delete(&pod, &HOOK);
             let done = pod.app_event("last call", 10 * SECOND);
@@ -195,6 +195,7 @@ fn a_last_outbound_call_after_sigterm_is_waited_for_and_succeeds() {
 }
 
 #[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
 fn an_idle_keep_alive_client_holds_a_connection_count_to_the_deadline_naming_its_listener() {
     for (capture, stats, open) in [
         (Capture::Redirect, Stats::IstioDefault, "port 15006=1"),
@@ -206,9 +207,7 @@ fn an_idle_keep_alive_client_holds_a_connection_count_to_the_deadline_naming_its
         (Capture::Tproxy, Stats::IstioDefault, "port 8080 (TPROXY)=1"),
     ] {
         let what = format!("{capture:?} {stats:?}");
-        let Some(pod) = pod(capture, stats, "serve") else {
-            return;
-        };
+        let pod = pod(capture, stats, "serve");
         let mut idle = pod.client(|| Conn::open(APP)).unwrap();
         assert_eq!(idle.get("/local/0").unwrap().status, 200);
         let out = delete(&pod, &["run", "--min-drain", "0s", "--deadline", "3s"]).finish();
@@ -236,10 +235,9 @@ fn rows<'a>(stdout: &'a str, heading: &str) -> Vec<(&'a str, u64)> {
 }
 
 #[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
 fn status_shows_what_counts_and_why_the_rest_of_the_pods_table_does_not() {
-    let Some(pod) = pod(Capture::Redirect, Stats::IstioDefault, "serve") else {
-        return;
-    };
+    let pod = pod(Capture::Redirect, Stats::IstioDefault, "serve");
     warm_up(&pod);
     let mut idle = pod.client(|| Conn::open(APP)).unwrap();
     assert_eq!(idle.get("/local/0").unwrap().status, 200);
@@ -309,16 +307,21 @@ fn requests_on(stdout: &str, cluster: &str) -> Option<u64> {
     })
 }
 
-/// The pod with an exporter of the user's own, or a skip (see `pod`).
-fn pod_with_exporter() -> Option<Pod> {
+/// The pod with an exporter of the user's own.
+fn pod_with_exporter() -> Pod {
     let options = Options {
         exporter: true,
         ..Options::default()
     };
-    support::envoy::binary().map(|bin| Pod::start(&bin, Path::new(support::BIN), options))
+    Pod::start(
+        &support::envoy::required(),
+        Path::new(support::BIN),
+        options,
+    )
 }
 
 #[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
 fn requests_ignore_an_idle_keep_alive_client_and_end_right_after_the_last_response() {
     for (capture, stats) in [
         (Capture::Redirect, Stats::IstioDefault),
@@ -326,9 +329,7 @@ fn requests_ignore_an_idle_keep_alive_client_and_end_right_after_the_last_respon
         (Capture::Tproxy, Stats::IstioDefault),
     ] {
         let what = format!("{capture:?} {stats:?}");
-        let Some(mut pod) = pod(capture, stats, "serve") else {
-            return;
-        };
+        let mut pod = pod(capture, stats, "serve");
         // A client's keep-alive pool: one connection, idle.
         let mut idle = pod.client(|| Conn::open(APP)).unwrap();
         assert_eq!(idle.get("/local/0").unwrap().status, 200);
@@ -372,10 +373,9 @@ fn requests_ignore_an_idle_keep_alive_client_and_end_right_after_the_last_respon
 }
 
 #[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
 fn a_tcp_exchange_after_sigterm_holds_a_request_count_until_it_ends() {
-    let Some(mut pod) = pod(Capture::Redirect, Stats::IstioDefault, "tcp") else {
-        return;
-    };
+    let mut pod = pod(Capture::Redirect, Stats::IstioDefault, "tcp");
     let hook = delete(&pod, &HOOK_REQUESTS);
     let done = pod.app_event("last call", 10 * SECOND);
     let out = hook.finish();
@@ -397,10 +397,9 @@ fn a_tcp_exchange_after_sigterm_holds_a_request_count_until_it_ends() {
 }
 
 #[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
 fn http2_streams_on_one_connection_are_several_requests_in_clusters() {
-    let Some(mut pod) = pod(Capture::Redirect, Stats::IstioDefault, "serve") else {
-        return;
-    };
+    let mut pod = pod(Capture::Redirect, Stats::IstioDefault, "serve");
     let mut h2 = pod.client(|| H2::open(APP)).unwrap();
     for _ in 0..3 {
         h2.get("/local/1.5").unwrap();
@@ -418,10 +417,9 @@ fn http2_streams_on_one_connection_are_several_requests_in_clusters() {
 }
 
 #[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
 fn an_exporters_long_lived_stream_holds_a_request_count_unless_its_cluster_is_ignored() {
-    let Some(pod) = pod_with_exporter() else {
-        return;
-    };
+    let pod = pod_with_exporter();
     let open = support::envoy::until(10 * SECOND, || pod.exporter_streams() > 0);
     assert!(
         open,
@@ -462,13 +460,12 @@ fn an_exporters_long_lived_stream_holds_a_request_count_unless_its_cluster_is_ig
 }
 
 #[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
 fn draining_through_the_agent_does_what_istios_native_sidecar_prestop_does() {
     // Istio's native-sidecar preStop is `pilot-agent request POST drain`: the agent drains the
     // inbound listeners and, on the SIGTERM that follows the app's exit, stops the proxy at once.
     // The injection template replaces that hook with envoy-drain, which must ask the same.
-    let Some(pod) = pod(Capture::Redirect, Stats::IstioDefault, "serve") else {
-        return;
-    };
+    let pod = pod(Capture::Redirect, Stats::IstioDefault, "serve");
     let mut r = spawn(pod.hook(&["run", "--drain", "agent", "--min-drain", "1s"]));
     r.expect_line(
         "the Istio agent accepted the drain: POST http://127.0.0.1:15020/drain answered 200 'OK'",

@@ -8,6 +8,7 @@ use support::netns::in_private_netns;
 use support::{command, hold, run, spawn, watch_sockets};
 
 #[test]
+#[ignore = "needs root (a network namespace): `bash scripts/test` runs it"]
 fn status_counts_each_loopback_connection_once_under_its_listening_port() {
     in_private_netns(|| {
         let held = hold(3);
@@ -28,6 +29,7 @@ fn status_counts_each_loopback_connection_once_under_its_listening_port() {
 }
 
 #[test]
+#[ignore = "needs root (a network namespace): `bash scripts/test` runs it"]
 fn ignored_and_unlisted_ports_are_not_counted() {
     in_private_netns(|| {
         let held = hold(2);
@@ -63,6 +65,7 @@ fn ignored_and_unlisted_ports_are_not_counted() {
 }
 
 #[test]
+#[ignore = "needs root (a network namespace): `bash scripts/test` runs it"]
 fn run_exits_0_soon_after_the_last_connection_closes() {
     in_private_netns(|| {
         let mut held = hold(2);
@@ -102,6 +105,7 @@ fn run_exits_0_soon_after_the_last_connection_closes() {
 }
 
 #[test]
+#[ignore = "needs root (a network namespace): `bash scripts/test` runs it"]
 fn run_exits_1_at_the_deadline_naming_the_port_still_open() {
     in_private_netns(|| {
         let held = hold(1);

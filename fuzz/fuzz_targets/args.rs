@@ -3,7 +3,7 @@
 #![no_main]
 
 use envoy_drain::config::{parse_addr, parse_duration};
-use envoy_drain::ports::PortSet;
+use envoy_drain::lists::PortSet;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

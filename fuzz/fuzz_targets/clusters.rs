@@ -2,8 +2,9 @@
 //! kept clusters hold.
 #![no_main]
 
-use envoy_drain::clusters::{Names, Rule, Tally};
-use envoy_drain::ports::{ISTIO_INFRA_PORTS, PortSet};
+use envoy_drain::lists::Names;
+use envoy_drain::source::clusters::{Rule, Tally};
+use envoy_drain::lists::{ISTIO_INFRA_PORTS, PortSet};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -2,8 +2,8 @@
 //! states the rule reads, and after the readers' clean-up no socket twice.
 #![no_main]
 
-use envoy_drain::diag;
-use envoy_drain::procnet::Table;
+use envoy_drain::source::diag;
+use envoy_drain::source::procnet::Table;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

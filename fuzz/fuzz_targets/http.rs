@@ -2,7 +2,7 @@
 //! bytes: no panic, the caps hold, and the body read whole and line by line agree.
 #![no_main]
 
-use envoy_drain::admin;
+use envoy_drain::source::admin;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

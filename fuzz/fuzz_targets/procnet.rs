@@ -3,8 +3,9 @@
 //! ESTABLISHED, SYN_SENT, SYN_RECV, CLOSE_WAIT) either counted or listed with why not.
 #![no_main]
 
-use envoy_drain::ports::{ISTIO_INFRA_PORTS, PortSet};
-use envoy_drain::procnet::{DEFAULT_EPHEMERAL, Envoy, Filter, Listeners, Rule, Table, count, parse_line};
+use envoy_drain::lists::{ISTIO_INFRA_PORTS, PortSet};
+use envoy_drain::config::Filter;
+use envoy_drain::source::procnet::{DEFAULT_EPHEMERAL, Envoy, Listeners, Rule, Table, count, parse_line};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

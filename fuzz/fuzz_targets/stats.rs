@@ -2,8 +2,8 @@
 //! up.
 #![no_main]
 
-use envoy_drain::ports::{ISTIO_INFRA_PORTS, PortSet};
-use envoy_drain::stats;
+use envoy_drain::lists::{ISTIO_INFRA_PORTS, PortSet};
+use envoy_drain::source::stats;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -4,7 +4,8 @@
 #![no_main]
 
 use envoy_drain::outcome::Outcome;
-use envoy_drain::wait::{Clock, Rules, wait};
+use envoy_drain::config::Rules;
+use envoy_drain::wait::{Clock, wait};
 use libfuzzer_sys::fuzz_target;
 use std::cell::Cell;
 use std::time::Duration;

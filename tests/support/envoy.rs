@@ -3,7 +3,6 @@
 //! the suites against 1.40.0 and 1.36.4), else 1.40.0 where `bash scripts/envoy` installs it.
 
 use super::http::Conn;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
@@ -21,10 +20,8 @@ fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
-/// The Envoy binary, or `None` when this run may skip the real-Envoy tests: then it says so on
-/// the terminal, past the test harness's capture. The README's test command sets
-/// ENVOY_DRAIN_REQUIRE_ENVOY=1, which turns a missing Envoy into a failure.
-pub fn binary() -> Option<PathBuf> {
+/// The Envoy binary, or why there is none to run.
+pub fn binary() -> Result<PathBuf, String> {
     let bin = std::env::var_os("ENVOY_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(installed);
@@ -33,17 +30,18 @@ pub fn binary() -> Option<PathBuf> {
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("RELEASE"));
     if runs {
-        return Some(bin);
+        return Ok(bin);
     }
-    let why = format!(
+    Err(format!(
         "no Envoy at {} (set ENVOY_BIN, or run `bash scripts/test`, which installs it)",
         bin.display()
-    );
-    if std::env::var_os("ENVOY_DRAIN_REQUIRE_ENVOY").is_some_and(|v| v == "1") {
-        panic!("{why}");
-    }
-    let _ = writeln!(std::io::stderr(), "SKIPPED real-Envoy test: {why}");
-    None
+    ))
+}
+
+/// The Envoy binary for a test, which fails loudly without one: such tests are ignored under a
+/// plain `cargo test` and run by the README's test command, which installs Envoy.
+pub fn required() -> PathBuf {
+    binary().unwrap_or_else(|why| panic!("NOT RUN: {why}"))
 }
 
 /// Where `bash scripts/envoy` installs the binary: inside the wheel, under target/envoy-<version>.

@@ -1,7 +1,8 @@
-//! Sets of TCP ports, as given by `--ignore-ports` and `--ports`.
+//! The comma-separated lists the flags take: ports (`--ignore-ports`, `--ports`) and cluster
+//! names (`--ignore-clusters`).
 
 /// Istio's infrastructure ports (admin, debug, xDS, CA, monitoring, agent, health, DNS,
-/// Prometheus): their connections are not application traffic. See REFERENCE.md, "Istio's ports".
+/// Prometheus): their connections are not application traffic. See docs/how-it-works.md, "Istio's ports".
 pub const ISTIO_INFRA_PORTS: &str = "15000,15004,15010,15012,15014,15020,15021,15053,15090";
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -29,6 +30,31 @@ impl PortSet {
 
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+}
+
+/// `--ignore-clusters`: names, and prefixes written `name*`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Names(Vec<String>);
+
+impl Names {
+    /// Parses `a,b,c*`; empty items are skipped. The error is an item that is only `*`.
+    pub fn parse(list: &str) -> Result<Names, String> {
+        let mut names = Vec::new();
+        for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            if item == "*" {
+                return Err(item.to_string());
+            }
+            names.push(item.to_string());
+        }
+        Ok(Names(names))
+    }
+
+    pub fn matches(&self, cluster: &str) -> bool {
+        self.0.iter().any(|n| match n.strip_suffix('*') {
+            Some(prefix) => cluster.starts_with(prefix),
+            None => cluster == n,
+        })
     }
 }
 
@@ -70,5 +96,11 @@ mod tests {
         assert_eq!(PortSet::parse("0"), Err("0".to_string()));
         assert_eq!(PortSet::parse("65536"), Err("65536".to_string()));
         assert_eq!(PortSet::parse("-1"), Err("-1".to_string()));
+    }
+
+    #[test]
+    fn only_a_lone_star_is_refused_as_a_cluster_name() {
+        assert_eq!(Names::parse("*"), Err("*".to_string()));
+        assert!(Names::parse("a*,b, ,").is_ok());
     }
 }

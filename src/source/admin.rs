@@ -4,6 +4,7 @@
 //! in time, connect, head and body together, and in the bytes it reads.
 
 use crate::count::shorten;
+use crate::error::Failure;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -59,17 +60,19 @@ impl Client {
         format!("{}{path}", self.base)
     }
 
-    pub fn get(&self, path: &str, left: Duration) -> Result<Reply, String> {
+    pub fn get(&self, path: &str, left: Duration) -> Result<Reply, Failure> {
         self.whole("GET", path, left)
     }
 
-    pub fn post(&self, path: &str, left: Duration) -> Result<Reply, String> {
+    pub fn post(&self, path: &str, left: Duration) -> Result<Reply, Failure> {
         self.whole("POST", path, left)
     }
 
     /// One request, its answer read whole.
-    fn whole(&self, method: &str, path: &str, left: Duration) -> Result<Reply, String> {
-        self.request(method, path, left)?.whole()
+    fn whole(&self, method: &'static str, path: &str, left: Duration) -> Result<Reply, Failure> {
+        self.request(method, path, left)
+            .and_then(Answer::whole)
+            .map_err(|cause| Failure::new(method, self.url(path), cause))
     }
 
     /// A GET whose 200 answer is handed to `each` line by line as it arrives, at most
@@ -80,8 +83,10 @@ impl Client {
         path: &str,
         left: Duration,
         each: impl FnMut(&str),
-    ) -> Result<(), String> {
-        self.request("GET", path, left)?.lines(each)
+    ) -> Result<(), Failure> {
+        self.request("GET", path, left)
+            .and_then(|a| a.lines(each))
+            .map_err(|cause| Failure::new("GET", self.url(path), cause))
     }
 
     /// Connects, sends the request and reads the answer's head, within `left` and at most
@@ -467,7 +472,9 @@ mod tests {
     /// The answer as read from a socket, checked to be what `replay` (the fuzzer's way) reads.
     fn get(answer: &'static [u8]) -> Result<Reply, String> {
         let (client, server) = serve(answer);
-        let reply = client.get("/stats", Duration::from_secs(5));
+        let reply = client
+            .get("/stats", Duration::from_secs(5))
+            .map_err(|f| f.cause);
         server.join().unwrap();
         assert_eq!(replay(answer, |_| {}).0, reply);
         reply
@@ -575,13 +582,17 @@ mod tests {
         let e = client
             .get("/stats", Duration::from_millis(300))
             .unwrap_err();
-        assert_eq!(e, "no complete answer within 300ms");
+        let url = client.url("/stats");
+        assert_eq!(
+            e.to_string(),
+            format!("failed to GET {url}: no complete answer within 300ms")
+        );
         assert!(started.elapsed() < Duration::from_secs(2));
         let refused = silent.local_addr().unwrap();
         drop(silent);
         let e = Client::new(refused)
             .get("/", Duration::from_secs(1))
             .unwrap_err();
-        assert_eq!(e, "connection refused");
+        assert_eq!(e.cause, "connection refused");
     }
 }

@@ -4,9 +4,11 @@
 //! and counts with procnet's rule. The reader in use, Envoy's process and the listeners seen are
 //! remembered from one count to the next.
 
+use crate::config::Filter;
 use crate::count::{Basis, Count};
-use crate::diag::{self, Failure};
-use crate::procnet::{self, DEFAULT_EPHEMERAL, Envoy, Filter, Listeners, Rule, Table};
+use crate::error::Failure;
+use crate::source::diag::{self, DumpError};
+use crate::source::procnet::{self, DEFAULT_EPHEMERAL, Envoy, Listeners, Rule, Table};
 use std::fs::{self, OpenOptions};
 use std::io::Read;
 use std::net::SocketAddr;
@@ -15,7 +17,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Where the sockets come from.
-enum Reader {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reader {
     Netlink,
     /// The text tables in this directory; `why` says why netlink is not used, when it was meant
     /// to be.
@@ -64,12 +67,9 @@ impl SocketTable {
         }
     }
 
-    /// Where the sockets are read from, for log lines.
-    pub fn names(&self) -> String {
-        match &self.reader {
-            Reader::Netlink => "the kernel's socket table (netlink sock_diag)".to_string(),
-            Reader::Text { dir, .. } => format!("{}/tcp and tcp6", dir.display()),
-        }
+    /// Where the sockets are read from.
+    pub fn reader(&self) -> &Reader {
+        &self.reader
     }
 
     /// The kernel's count, made before `until`. Netlink that is unavailable gives way to the text
@@ -79,16 +79,17 @@ impl SocketTable {
         let mut table = match &self.reader {
             Reader::Netlink => match diag::dump(until) {
                 Ok(table) => table,
-                Err(Failure::Failed(why)) => return Err(why),
-                Err(Failure::Unavailable(why)) => {
+                Err(DumpError::Failed(f)) => return Err(f.to_string()),
+                Err(DumpError::Unavailable(f)) => {
+                    let why = f.to_string();
                     self.reader = Reader::Text {
                         dir: PathBuf::from(PROC_NET),
                         why: Some(why),
                     };
-                    read_tables(Path::new(PROC_NET), until)?
+                    read_tables(Path::new(PROC_NET), until).map_err(|f| f.to_string())?
                 }
             },
-            Reader::Text { dir, .. } => read_tables(dir, until)?,
+            Reader::Text { dir, .. } => read_tables(dir, until).map_err(|f| f.to_string())?,
         };
         table.dedup();
         let (envoy, basis) = self.envoy(&table, until);
@@ -107,21 +108,11 @@ impl SocketTable {
         Ok(count)
     }
 
-    /// Who Envoy is, and a sentence saying how that was found.
+    /// Who Envoy is, and how that was found.
     fn envoy(&mut self, table: &Table, until: Instant) -> (Envoy, Basis) {
         let admin = self.admin;
         let Some(listener) = table.listener(admin) else {
-            let text = format!(
-                "nothing listens on Envoy's admin address {admin}, so Envoy's sockets cannot be \
-                 told apart: counting what any listener of the pod accepted"
-            );
-            return (
-                Envoy::Unknown,
-                Basis {
-                    text,
-                    degraded: true,
-                },
-            );
+            return (Envoy::Unknown, Basis::Unknown { admin });
         };
         let uid = listener.uid;
         let found = match &self.proc_root {
@@ -131,27 +122,12 @@ impl SocketTable {
         match found {
             Ok((pid, inodes)) => {
                 self.envoy_pid = Some(pid);
-                let text = format!(
-                    "counting what Envoy accepted: Envoy is pid {pid} (uid {uid}), which holds the \
-                     admin listener {admin}"
-                );
-                let basis = Basis {
-                    text,
-                    degraded: false,
-                };
-                (Envoy::Process { pid, uid, inodes }, basis)
+                (
+                    Envoy::Process { pid, uid, inodes },
+                    Basis::Process { pid, uid, admin },
+                )
             }
-            Err(why) => {
-                let text = format!(
-                    "counting what Envoy accepted, telling its sockets by their owner, uid {uid}, \
-                     the owner of the admin listener {admin} ({why})"
-                );
-                let basis = Basis {
-                    text,
-                    degraded: false,
-                };
-                (Envoy::User { uid }, basis)
-            }
+            Err(why) => (Envoy::User { uid }, Basis::Owner { uid, admin, why }),
         }
     }
 
@@ -179,17 +155,15 @@ const MAX_LINE: usize = 512;
 
 /// Both text tables in `dir`. A table may be missing (a kernel without IPv6 has no tcp6), not
 /// both; one that exists must be read whole and understood, or the count is unknown.
-fn read_tables(dir: &Path, until: Instant) -> Result<Table, String> {
+fn read_tables(dir: &Path, until: Instant) -> Result<Table, Failure> {
     let mut table = Table::default();
     let mut read_any = false;
     for name in ["tcp", "tcp6"] {
         read_any |= read_table(&dir.join(name), &mut table, until)?;
     }
     if !read_any {
-        return Err(format!(
-            "neither {0}/tcp nor {0}/tcp6 exists",
-            dir.display()
-        ));
+        let both = format!("{}/tcp and tcp6", dir.display());
+        return Err(Failure::new("read", both, "neither exists"));
     }
     Ok(table)
 }
@@ -197,8 +171,8 @@ fn read_tables(dir: &Path, until: Instant) -> Result<Table, String> {
 /// Reads a table line by line (18,000 sockets are 2.7 MB of text that need not sit in memory),
 /// bounded in bytes, line length and time. `false` when it does not exist; an error when it
 /// cannot be read whole before `until` or holds a line that is not a socket's.
-fn read_table(path: &Path, table: &mut Table, until: Instant) -> Result<bool, String> {
-    let failed = |why: String| format!("failed to read {}: {why}", path.display());
+fn read_table(path: &Path, table: &mut Table, until: Instant) -> Result<bool, Failure> {
+    let failed = |why: String| Failure::new("read", path.display().to_string(), why);
     // O_NONBLOCK: a FIFO in a table's place must not hang the open.
     let file = match OpenOptions::new()
         .read(true)
@@ -292,12 +266,18 @@ fn find_holder(
     {
         return Ok((pid, inodes));
     }
-    let dir = fs::read_dir(proc_root)
-        .map_err(|e| format!("failed to list {}: {e}", proc_root.display()))?;
+    let dir = fs::read_dir(proc_root).map_err(|e| {
+        Failure::new("list", proc_root.display().to_string(), e.to_string()).to_string()
+    })?;
     let mut denied = None;
     for entry in dir.flatten() {
         if Instant::now() >= until {
-            return Err("no time left to look for Envoy's process".to_string());
+            let late = Failure::new(
+                "find",
+                "Envoy's process",
+                "no time left before the deadline",
+            );
+            return Err(late.to_string());
         }
         let Some(pid) = entry
             .file_name()
@@ -314,10 +294,8 @@ fn find_holder(
             Ok(inodes) if inodes.binary_search(&inode).is_ok() => return Ok((pid, inodes)),
             Ok(_) => {}
             Err(e) => {
-                denied = Some(format!(
-                    "failed to read {}/{pid}/fd: {e}",
-                    proc_root.display()
-                ))
+                let fd = format!("{}/{pid}/fd", proc_root.display());
+                denied = Some(Failure::new("read", fd, e.to_string()).to_string());
             }
         }
     }

@@ -2,13 +2,21 @@
 //! stats over the admin API, else (auto) the kernel's socket table; with `--count requests`, the
 //! request gauge, else Envoy's per-host counters (`/clusters`), else connections.
 
-use crate::admin::Client;
-use crate::clusters::{self, CLUSTERS_PATH};
+pub mod admin;
+pub mod clusters;
+pub mod diag;
+pub mod procnet;
+pub mod sockets;
+pub mod stats;
+
 use crate::config::{Counting, Mode};
 use crate::count::{Count, Unit};
-use crate::ports::PortSet;
-use crate::sockets::SocketTable;
-use crate::stats::{self, Answer, Hcm, REQUESTS_PATH, STATS_PATH};
+use crate::error::Failure;
+use crate::lists::PortSet;
+use admin::Client;
+use clusters::CLUSTERS_PATH;
+use sockets::SocketTable;
+use stats::{Answer, Hcm, REQUESTS_PATH, STATS_PATH};
 use std::time::{Duration, Instant};
 
 /// One attempt to count.
@@ -59,14 +67,17 @@ impl Sources {
             unit: c.unit,
             admin: Client::new(c.admin),
             ignore: c.ignore.clone(),
-            clusters: c.clusters_rule(),
+            clusters: clusters::Rule {
+                ignore_clusters: c.ignore_clusters.clone(),
+                ignore_ports: c.ignore.clone(),
+            },
             table: SocketTable::new(c.proc_net.as_deref(), c.filter(), c.admin),
         }
     }
 
-    /// `/proc/net/tcp and tcp6`, for log lines.
-    pub fn proc_names(&self) -> String {
-        self.table.names()
+    /// Where the socket table is read from.
+    pub fn reader(&self) -> &sockets::Reader {
+        self.table.reader()
     }
 
     /// One query for whatever is counted: connections, or connections and requests together.
@@ -133,30 +144,29 @@ impl Sources {
 
     /// Envoy's per-host counters, read line by line as they arrive.
     fn clusters(&self, until: Instant) -> Result<clusters::Answer, String> {
-        let url = self.admin.url(CLUSTERS_PATH);
         let mut tally = clusters::Tally::default();
         let left = until.saturating_duration_since(Instant::now());
         self.admin
             .get_lines(CLUSTERS_PATH, left, |line| {
                 tally.add_line(line, &self.clusters)
             })
-            .map_err(|e| format!("GET {url} {e}"))?;
+            .map_err(|f| f.to_string())?;
         tally.finish()
     }
 
     /// Envoy's answer as text. Any failure (refused, timeout, non-200, bytes that are not text)
     /// is an error: unknown, never zero.
     fn stats_body(&self, left: Duration) -> Result<String, String> {
-        let url = self.stats_url();
+        let failed = |cause: String| Failure::new("GET", self.stats_url(), cause).to_string();
         let reply = self
             .admin
             .get(self.stats_path(), left)
-            .map_err(|e| format!("GET {url} failed: {e}"))?;
+            .map_err(|f| f.to_string())?;
         if reply.status != 200 {
-            return Err(format!("GET {url} answered {}", reply.describe()));
+            return Err(failed(format!("answered {}", reply.describe())));
         }
         String::from_utf8(reply.body)
-            .map_err(|_| format!("GET {url} answered with bytes that are not text"))
+            .map_err(|_| failed("answered with bytes that are not text".to_string()))
     }
 }
 
@@ -251,7 +261,7 @@ mod tests {
             unit: Unit::Connections,
             ignore: PortSet::default(),
             only: None,
-            ignore_clusters: clusters::Names::default(),
+            ignore_clusters: crate::lists::Names::default(),
             proc_net: Some(proc_net),
         })
     }
@@ -269,7 +279,12 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
         let c = r.result.unwrap();
         assert_eq!((c.source, c.total), (SourceKind::Proc, 1));
-        assert!(r.fallback.unwrap().ends_with("failed: connection refused"));
+        let why = r.fallback.unwrap();
+        assert!(
+            why.starts_with("failed to GET http://127.0.0.1:")
+                && why.ends_with(": connection refused"),
+            "{why}"
+        );
     }
 
     #[test]
@@ -293,7 +308,7 @@ mod tests {
         let e = count(&d).unwrap_err();
         std::fs::remove_dir_all(&d).unwrap();
         assert!(
-            e.starts_with("neither ") && e.ends_with("/tcp6 exists"),
+            e.starts_with("failed to read ") && e.ends_with("/tcp and tcp6: neither exists"),
             "{e}"
         );
     }
@@ -305,7 +320,9 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
         let e = r.result.unwrap_err();
         assert!(
-            e.starts_with("stats: GET http://127.0.0.1:") && e.contains("; proc: neither"),
+            e.starts_with("stats: failed to GET http://127.0.0.1:")
+                && e.contains("; proc: failed to read ")
+                && e.ends_with(": neither exists"),
             "{e}"
         );
     }

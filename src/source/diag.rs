@@ -6,7 +6,8 @@
 //! kernel. Layouts and the kernel's behaviour are in docs/how-it-works.md ("Reading the socket
 //! table over netlink").
 
-use crate::procnet::{Endpoint, SYN_RECV, Socket, Table, taking};
+use crate::error::Failure;
+use crate::source::procnet::{Endpoint, SYN_RECV, Socket, Table, taking};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Instant;
 
@@ -176,16 +177,21 @@ pub fn own_requests(table: &mut Table) {
 
 /// Why a dump failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure {
+pub enum DumpError {
     /// Netlink is not there or the kernel has no sock_diag for TCP (gVisor, a kernel without
     /// inet_diag or tcp_diag): it will not change within a run.
-    Unavailable(String),
+    Unavailable(Failure),
     /// This dump could not be read whole in time: this count is unknown.
-    Failed(String),
+    Failed(Failure),
+}
+
+/// This dump's reply could not be read, for `cause`.
+fn unread(cause: impl Into<String>) -> DumpError {
+    DumpError::Failed(Failure::new("read", "the sock_diag reply", cause))
 }
 
 /// Every TCP socket of this network namespace in the states the rule reads, before `until`.
-pub fn dump(until: Instant) -> Result<Table, Failure> {
+pub fn dump(until: Instant) -> Result<Table, DumpError> {
     let seq = 1;
     let mut table = exchange(&request(seq), seq, until)?;
     own_requests(&mut table);
@@ -193,8 +199,8 @@ pub fn dump(until: Instant) -> Result<Table, Failure> {
 }
 
 /// Sends `req` to the kernel and reads the reply whole.
-fn exchange(req: &[u8], seq: u32, until: Instant) -> Result<Table, Failure> {
-    let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+fn exchange(req: &[u8], seq: u32, until: Instant) -> Result<Table, DumpError> {
+    let os = || std::io::Error::last_os_error().to_string();
     // SAFETY: socket() takes no pointers; the descriptor it returns is checked, then owned.
     let fd = unsafe {
         libc::socket(
@@ -204,8 +210,10 @@ fn exchange(req: &[u8], seq: u32, until: Instant) -> Result<Table, Failure> {
         )
     };
     if fd < 0 {
-        return Err(Failure::Unavailable(os(
-            "socket(AF_NETLINK, NETLINK_SOCK_DIAG)",
+        return Err(DumpError::Unavailable(Failure::new(
+            "open",
+            "a NETLINK_SOCK_DIAG socket",
+            os(),
         )));
     }
     // SAFETY: fd is a new descriptor that nothing else owns; OwnedFd closes it once.
@@ -225,7 +233,11 @@ fn exchange(req: &[u8], seq: u32, until: Instant) -> Result<Table, Failure> {
         )
     };
     if sent != req.len() as isize {
-        return Err(Failure::Unavailable(os("sending the sock_diag request")));
+        return Err(DumpError::Unavailable(Failure::new(
+            "send",
+            "the sock_diag request",
+            os(),
+        )));
     }
     let mut table = Table::default();
     let mut buf = vec![0u8; DATAGRAM];
@@ -233,33 +245,31 @@ fn exchange(req: &[u8], seq: u32, until: Instant) -> Result<Table, Failure> {
     loop {
         let n = receive(&fd, &mut buf, until)?;
         if n > buf.len() {
-            return Err(Failure::Failed(format!(
-                "a sock_diag reply of {n} bytes does not fit {DATAGRAM}"
+            return Err(unread(format!(
+                "a datagram of {n} bytes does not fit {DATAGRAM}"
             )));
         }
         total += n;
         if total > MAX_DUMP {
-            return Err(Failure::Failed(format!(
-                "the sock_diag dump is larger than {MAX_DUMP} bytes"
-            )));
+            return Err(unread(format!("it is larger than {MAX_DUMP} bytes")));
         }
         match parse(&buf[..n], seq, &mut table) {
             Ok(true) => break,
             Ok(false) if n == 0 => {
-                return Err(Failure::Failed(
-                    "the sock_diag reply ended early".to_string(),
-                ));
+                return Err(unread("it ended early"));
             }
             Ok(false) => {}
             Err(Bad::Refused(errno)) => {
-                return Err(Failure::Unavailable(format!(
-                    "the kernel refused the sock_diag dump: {}",
-                    std::io::Error::from_raw_os_error(errno)
+                return Err(DumpError::Unavailable(Failure::new(
+                    "dump",
+                    "the kernel's TCP sockets over netlink",
+                    format!(
+                        "the kernel refused: {}",
+                        std::io::Error::from_raw_os_error(errno)
+                    ),
                 )));
             }
-            Err(Bad::Malformed(why)) => {
-                return Err(Failure::Failed(format!("a sock_diag reply: {why}")));
-            }
+            Err(Bad::Malformed(why)) => return Err(unread(why)),
         }
     }
     Ok(table)
@@ -267,13 +277,11 @@ fn exchange(req: &[u8], seq: u32, until: Instant) -> Result<Table, Failure> {
 
 /// One datagram from the kernel within the time left, its full length even when longer than
 /// `buf` (MSG_TRUNC); datagrams from anyone but the kernel are refused.
-fn receive(fd: &OwnedFd, buf: &mut [u8], until: Instant) -> Result<usize, Failure> {
+fn receive(fd: &OwnedFd, buf: &mut [u8], until: Instant) -> Result<usize, DumpError> {
     loop {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Failure::Failed(
-                "no time left to read the sock_diag reply".to_string(),
-            ));
+            return Err(unread("no time left before the deadline"));
         }
         // Never all zero, which would mean no timeout at all.
         let timeout = libc::timeval {
@@ -291,8 +299,8 @@ fn receive(fd: &OwnedFd, buf: &mut [u8], until: Instant) -> Result<usize, Failur
             )
         };
         if set != 0 {
-            return Err(Failure::Failed(format!(
-                "setting the sock_diag socket's timeout: {}",
+            return Err(unread(format!(
+                "setting its timeout: {}",
                 std::io::Error::last_os_error()
             )));
         }
@@ -316,13 +324,9 @@ fn receive(fd: &OwnedFd, buf: &mut [u8], until: Instant) -> Result<usize, Failur
             match e.kind() {
                 std::io::ErrorKind::Interrupted => continue,
                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-                    return Err(Failure::Failed(
-                        "no time left to read the sock_diag reply".to_string(),
-                    ));
+                    return Err(unread("no time left before the deadline"));
                 }
-                _ => {
-                    return Err(Failure::Failed(format!("reading the sock_diag reply: {e}")));
-                }
+                _ => return Err(unread(e.to_string())),
             }
         }
         if from.nl_pid != 0 {
@@ -508,9 +512,13 @@ mod tests {
         let no_family = exchange(&by_family(4, 0), 1, until).unwrap_err();
         assert_eq!(
             no_family,
-            Failure::Unavailable(format!(
-                "the kernel refused the sock_diag dump: {}",
-                std::io::Error::from_raw_os_error(libc::ENOENT)
+            DumpError::Unavailable(Failure::new(
+                "dump",
+                "the kernel's TCP sockets over netlink",
+                format!(
+                    "the kernel refused: {}",
+                    std::io::Error::from_raw_os_error(libc::ENOENT)
+                )
             ))
         );
         // Protocol 253 is reserved for experiments: no inet_diag handler will ever exist.

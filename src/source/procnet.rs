@@ -1,10 +1,11 @@
-//! Interprets `/proc/net/tcp` and `tcp6` (pure: lines in, count out) the way Envoy's own
-//! `downstream_cx_active` counts: the connections Envoy's listeners accepted, and nothing Envoy or
-//! the application opened. The rule, and the kernel and Istio facts behind it, are in the README
-//! ("Counting") and in docs/how-it-works.md.
+//! The socket table and its rule (pure: sockets in, count out): the table either reader fills
+//! (lines of `/proc/net/tcp` and `tcp6` are parsed here, netlink replies in diag.rs), counted the
+//! way Envoy's own `downstream_cx_active` counts: the connections Envoy's listeners accepted, and
+//! nothing Envoy or the application opened. The rule, and the kernel and Istio facts behind it,
+//! are in the README ("Counting") and in docs/how-it-works.md.
 
+use crate::config::Filter;
 use crate::count::{Count, Excluded, Part, SourceKind};
-use crate::ports::PortSet;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
@@ -115,14 +116,6 @@ fn serves(listening: &Endpoint, local: &Endpoint) -> bool {
         && (listening.0 == local.0
             || listening.0 == V6_ANY
             || (listening.0 == V4_ANY && local.0[..12] == V4_ANY[..12]))
-}
-
-/// Which sockets may count: not those on an ignored port (either end), and with `--ports` only
-/// those whose local port is listed.
-#[derive(Debug, Clone, Default)]
-pub struct Filter {
-    pub ignore: PortSet,
-    pub only: Option<PortSet>,
 }
 
 /// Both tables as read: the sockets the rule looks at.
@@ -401,6 +394,7 @@ pub fn count(table: &Table, rule: &Rule<'_>, listeners: &mut Listeners) -> Count
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lists::PortSet;
 
     const HEADER: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode";
     const HEADER6: &str = "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode";
@@ -431,7 +425,7 @@ mod tests {
 
     fn istio() -> Filter {
         Filter {
-            ignore: PortSet::parse(crate::ports::ISTIO_INFRA_PORTS).unwrap(),
+            ignore: PortSet::parse(crate::lists::ISTIO_INFRA_PORTS).unwrap(),
             only: None,
         }
     }

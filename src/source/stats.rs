@@ -1,10 +1,10 @@
 //! Interprets the body of `GET /stats?usedonly&filter=downstream_cx_active$` (pure: text in,
 //! count out), and with `--count requests` of `filter=downstream_(cx|rq)_active$`. The rules and
-//! the byte format are in REFERENCE.md, section 1.
+//! the byte format are in docs/how-it-works.md, "Envoy's stats".
 
 use crate::count::shorten;
 use crate::count::{Count, NON_HTTP, Part, SourceKind};
-use crate::ports::PortSet;
+use crate::lists::PortSet;
 use std::collections::HashMap;
 
 /// The path and query we ask Envoy for: the same query Istio's pilot-agent sends, so the stat is
@@ -232,7 +232,7 @@ fn skip_reason(listener: &str, ignore: &PortSet) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ports::ISTIO_INFRA_PORTS;
+    use crate::lists::ISTIO_INFRA_PORTS;
 
     fn istio() -> PortSet {
         PortSet::parse(ISTIO_INFRA_PORTS).unwrap()
@@ -246,7 +246,7 @@ mod tests {
             .collect()
     }
 
-    /// Real Envoy 1.40.0 with two workers (REFERENCE.md, section 1).
+    /// Real Envoy 1.40.0 with two workers (docs/how-it-works.md, "Envoy's stats").
     const REAL: &str = "http.admin.downstream_cx_active: 1
 http.inbound_0.0.0.0_8080.downstream_cx_active: 3
 http.outbound_0.0.0.0_80.downstream_cx_active: 2

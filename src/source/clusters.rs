@@ -6,7 +6,7 @@
 //! upstream host; an idle pooled connection is none. See docs/how-it-works.md.
 
 use crate::count::{Count, Part, SourceKind, Unit};
-use crate::ports::PortSet;
+use crate::lists::{Names, PortSet};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
@@ -29,31 +29,6 @@ pub const ISTIO_CLUSTERS: [&str; 11] = [
     "envoy_accesslog_service",
     "local_cluster",
 ];
-
-/// `--ignore-clusters`: names, and prefixes written `name*`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Names(Vec<String>);
-
-impl Names {
-    /// Parses `a,b,c*`; empty items are skipped. The error is an item that is only `*`.
-    pub fn parse(list: &str) -> Result<Names, String> {
-        let mut names = Vec::new();
-        for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            if item == "*" {
-                return Err(item.to_string());
-            }
-            names.push(item.to_string());
-        }
-        Ok(Names(names))
-    }
-
-    fn matches(&self, cluster: &str) -> bool {
-        self.0.iter().any(|n| match n.strip_suffix('*') {
-            Some(prefix) => cluster.starts_with(prefix),
-            None => cluster == n,
-        })
-    }
-}
 
 /// Which hosts count: not those of Istio's own clusters or of `--ignore-clusters`, not Unix
 /// sockets or internal addresses, and not those on an ignored port.
@@ -244,7 +219,7 @@ mod tests {
     fn istio() -> Rule {
         Rule {
             ignore_clusters: Names::default(),
-            ignore_ports: PortSet::parse(crate::ports::ISTIO_INFRA_PORTS).unwrap(),
+            ignore_ports: PortSet::parse(crate::lists::ISTIO_INFRA_PORTS).unwrap(),
         }
     }
 
@@ -356,11 +331,5 @@ mine::10.0.0.7:80::rq_active::4
         let bad_but_left_out =
             "xds-grpc::10.0.0.1:80::rq_active::x\nc::10.0.0.1:80::rq_active::0\n";
         assert_eq!(tally(bad_but_left_out, &istio()).unwrap().count.total, 0);
-    }
-
-    #[test]
-    fn only_a_lone_star_is_refused_as_a_name() {
-        assert_eq!(Names::parse("*"), Err("*".to_string()));
-        assert!(Names::parse("a*,b, ,").is_ok());
     }
 }

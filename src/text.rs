@@ -1,0 +1,643 @@
+//! Every sentence envoy-drain shows a person, in one place: the start line, count lines and the
+//! lines that say which source is in force, the summary, and the `status` report. The rest of the
+//! code hands data here; a change of wording is one edit in this file.
+
+use crate::config::{AGENT_DRAIN_PATH, Drain, Mode, RunConfig};
+use crate::count::{Basis, Count, NON_HTTP, SourceKind, Unit};
+use crate::outcome::{Outcome, Progress};
+use crate::source::clusters::{self, CLUSTERS_PATH};
+use crate::source::sockets::Reader;
+use crate::source::stats::{Answer, Hcm};
+use crate::source::{Look, Reading, Sources};
+use std::fmt::Write;
+use std::time::Duration;
+
+/// Seconds with one decimal, the precision a person reads in a log; rounded to the nearest tenth
+/// in integers, which keeps float formatting out of the binary.
+pub fn seconds(d: Duration) -> String {
+    let tenths = d.as_millis().saturating_add(50) / 100;
+    format!("{}.{}s", tenths / 10, tenths % 10)
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+impl SourceKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            SourceKind::Stats => "stats",
+            SourceKind::Proc => "proc",
+            SourceKind::Clusters => "clusters",
+        }
+    }
+
+    /// How a part is named in log lines: stats parts are listener names, the others already
+    /// say what they are (`port 15006`, `port 8080 (TPROXY)`, `cluster inbound|8080||`).
+    fn label(self, part: &str) -> String {
+        match self {
+            SourceKind::Stats => format!("listener {part}"),
+            SourceKind::Proc | SourceKind::Clusters => part.to_string(),
+        }
+    }
+}
+
+impl Count {
+    /// `3 active connections`; `2 active requests`, or with TCP streams
+    /// `2 active requests and 1 non-HTTP connection`.
+    pub fn describe(&self) -> String {
+        match self.unit {
+            Unit::Connections => plural(self.total, "active connection", "active connections"),
+            Unit::Requests => {
+                let tcp = self
+                    .parts
+                    .iter()
+                    .filter(|p| p.name == NON_HTTP)
+                    .map(|p| p.active)
+                    .sum::<u64>();
+                let requests = plural(self.total - tcp, "active request", "active requests");
+                if tcp == 0 {
+                    requests
+                } else {
+                    format!(
+                        "{requests} and {}",
+                        plural(tcp, "non-HTTP connection", "non-HTTP connections")
+                    )
+                }
+            }
+        }
+    }
+
+    /// `listener 0.0.0.0_15006=2, listener [__1]_15007=1`: the non-zero parts.
+    pub fn breakdown(&self) -> String {
+        let open: Vec<String> = self
+            .parts
+            .iter()
+            .filter(|p| p.active > 0)
+            .map(|p| match self.unit {
+                Unit::Connections => format!("{}={}", self.source.label(&p.name), p.active),
+                Unit::Requests => format!("{}={}", p.name, p.active),
+            })
+            .collect();
+        open.join(", ")
+    }
+
+    /// `: listener 0.0.0.0_15006=2`, or nothing when no part is open.
+    pub fn still_open(&self) -> String {
+        let b = self.breakdown();
+        if b.is_empty() { b } else { format!(": {b}") }
+    }
+}
+
+/// Where the socket table is read from.
+pub fn reader(r: &Reader) -> String {
+    match r {
+        Reader::Netlink => "the kernel's socket table (netlink sock_diag)".to_string(),
+        Reader::Text { dir, .. } => format!("{}/tcp and tcp6", dir.display()),
+    }
+}
+
+/// How Envoy's sockets were told apart, and whether that is a degraded count (a warning).
+pub fn basis(b: &Basis) -> (String, bool) {
+    match b {
+        Basis::Process { pid, uid, admin } => (
+            format!(
+                "counting what Envoy accepted: Envoy is pid {pid} (uid {uid}), which holds the \
+                 admin listener {admin}"
+            ),
+            false,
+        ),
+        Basis::Owner { uid, admin, why } => (
+            format!(
+                "counting what Envoy accepted, telling its sockets by their owner, uid {uid}, the \
+                 owner of the admin listener {admin} ({why})"
+            ),
+            false,
+        ),
+        Basis::Unknown { admin } => (
+            format!(
+                "nothing listens on Envoy's admin address {admin}, so Envoy's sockets cannot be \
+                 told apart: counting what any listener of the pod accepted"
+            ),
+            true,
+        ),
+    }
+}
+
+/// The run's first line: what it does and how long it may take.
+pub fn start_line(cfg: &RunConfig, sources: &Sources) -> String {
+    let r = &cfg.rules;
+    let drain = match cfg.drain {
+        Drain::Inbound | Drain::All => {
+            let what = if cfg.drain == Drain::All {
+                "all"
+            } else {
+                "inbound"
+            };
+            let url = sources.admin.url(cfg.drain.path().unwrap_or_default());
+            format!("draining {what} listeners (POST {url})")
+        }
+        Drain::Agent => format!(
+            "asking the Istio agent to drain (POST http://{}{AGENT_DRAIN_PATH})",
+            cfg.agent
+        ),
+        Drain::None => "not draining (--drain none)".to_string(),
+    };
+    let target = if r.settle.is_zero() {
+        format!("at most {}", r.exit_at)
+    } else {
+        format!(
+            "at most {} for {}",
+            r.exit_at,
+            humantime::format_duration(r.settle)
+        )
+    };
+    let what_count = match sources.unit {
+        Unit::Connections => "active connections",
+        Unit::Requests => "active requests (and non-HTTP connections)",
+    };
+    let stats = match sources.unit {
+        Unit::Connections => format!("Envoy's stats ({})", sources.stats_url()),
+        Unit::Requests => format!(
+            "Envoy's stats ({}), else its /clusters",
+            sources.stats_url()
+        ),
+    };
+    let proc = reader(sources.reader());
+    let from = match sources.mode {
+        Mode::Auto => format!("{stats}, else {proc}"),
+        Mode::Stats => stats,
+        Mode::Proc => proc,
+    };
+    format!(
+        "{drain}, then waiting up to {} (at least {} after the drain) for {target} {what_count}, counting every {} from {from}",
+        humantime::format_duration(r.deadline),
+        humantime::format_duration(r.min_drain),
+        humantime::format_duration(r.interval),
+    )
+}
+
+/// `3 active connections (stats); 21.5s left before the deadline`, with the breakdown when
+/// `verbose`.
+pub fn count_line(
+    count: &Count,
+    now: Duration,
+    min_drain_end: Duration,
+    cfg: &RunConfig,
+) -> String {
+    let breakdown = if cfg.verbose {
+        count.still_open()
+    } else {
+        String::new()
+    };
+    let when = if now < min_drain_end {
+        format!("min-drain ends in {}", seconds(min_drain_end - now))
+    } else {
+        format!(
+            "{} left before the deadline",
+            seconds(cfg.rules.deadline.saturating_sub(now))
+        )
+    };
+    format!(
+        "{} ({}){breakdown}; {when}",
+        count.describe(),
+        count.source.name()
+    )
+}
+
+/// When the count in force changes source or unit, the line that says so and why, and whether it
+/// is a warning; `returning` when an earlier count came from elsewhere.
+pub fn switched(
+    count: &Count,
+    reading: &Reading,
+    wanted: Unit,
+    proc: &Reader,
+    returning: bool,
+) -> Option<(String, bool)> {
+    match (count.source, &reading.fallback) {
+        (SourceKind::Proc, Some(why)) => Some((
+            format!(
+                "stats unavailable ({why}); counting {}from {} instead",
+                if wanted == Unit::Requests {
+                    "connections "
+                } else {
+                    ""
+                },
+                reader(proc)
+            ),
+            true,
+        )),
+        (SourceKind::Clusters, Some(why)) => Some((
+            format!(
+                "request stats unavailable ({why}); counting requests in flight from Envoy's /clusters instead"
+            ),
+            true,
+        )),
+        (SourceKind::Stats, Some(why)) => Some((
+            format!(
+                "request stats unavailable ({why}); counting connections from Envoy's stats instead"
+            ),
+            true,
+        )),
+        (SourceKind::Stats, None) if returning => Some((
+            match wanted {
+                Unit::Connections => "Envoy's stats answer again; counting from them",
+                Unit::Requests => "Envoy's stats report requests again; counting requests",
+            }
+            .to_string(),
+            false,
+        )),
+        _ => None,
+    }
+}
+
+pub fn cannot_count(why: &str) -> String {
+    format!("cannot count: {why}; still waiting (an unknown count never ends the wait)")
+}
+
+/// The final line: outcome, elapsed time, count, source, and for a deadline what is still open;
+/// and how many earlier lines could not be written.
+pub fn summary(
+    outcome: Outcome,
+    elapsed: Duration,
+    deadline: Duration,
+    p: &Progress,
+    dropped: u64,
+) -> String {
+    let took = seconds(elapsed);
+    let counted = match &p.last {
+        Some(c) => format!("{} ({})", c.describe(), c.source.name()),
+        None => "nothing counted".to_string(),
+    };
+    let stale = match (&p.last, &p.unknown) {
+        (Some(_), Some(why)) => {
+            format!("; the last count failed ({why}), so this is the last known count")
+        }
+        _ => String::new(),
+    };
+    let open = p.last.as_ref().map(Count::still_open).unwrap_or_default();
+    let mut line = match outcome {
+        Outcome::Reached => format!("done after {took}: {counted}; the proxy may stop now"),
+        Outcome::Deadline => format!(
+            "deadline of {} passed after {took} with {counted} still open{open}{stale}",
+            humantime::format_duration(deadline),
+        ),
+        Outcome::NothingCounted => format!(
+            "deadline of {} passed after {took} and nothing could be counted: {}",
+            humantime::format_duration(deadline),
+            p.unknown.as_deref().unwrap_or("no source answered")
+        ),
+        Outcome::Interrupted(sig) => format!(
+            "interrupted by {} after {took} with {counted}{open}{stale}",
+            if sig == libc::SIGINT {
+                "SIGINT"
+            } else {
+                "SIGTERM"
+            },
+        ),
+    };
+    if dropped > 0 {
+        line += &format!(
+            "; {dropped} earlier log line{} dropped, as writing {} would have blocked",
+            if dropped == 1 { " was" } else { "s were" },
+            if dropped == 1 { "it" } else { "them" }
+        );
+    }
+    line
+}
+
+/// What `install` says when it is done.
+pub fn installed(path: &std::path::Path, size: u64) -> String {
+    format!(
+        "installed {} ({size} bytes, envoy-drain {})",
+        path.display(),
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// The `status` report: each source that was read, what it counts and what it leaves out and
+/// why, then what `run` would count.
+pub fn status(look: &Look, reading: &Reading, sources: &Sources) -> String {
+    let mut out = String::new();
+    if let Some(stats) = &look.stats {
+        let _ = writeln!(out, "stats: GET {}", sources.stats_url());
+        match &stats.connections {
+            Ok(a) => stats_table(&mut out, a),
+            Err(why) => {
+                let _ = writeln!(out, "  unavailable: {why}");
+            }
+        }
+        match &stats.requests {
+            Some(Ok((a, hcms))) => requests_table(&mut out, &a.count, hcms),
+            Some(Err(why)) if stats.connections.is_ok() => {
+                let _ = writeln!(out, "  requests unavailable: {why}");
+            }
+            _ => {}
+        }
+    }
+    if let Some(clusters) = &look.clusters {
+        let _ = writeln!(out, "\nclusters: GET {}", sources.admin.url(CLUSTERS_PATH));
+        match clusters {
+            Ok(a) => clusters_table(&mut out, a),
+            Err(why) => {
+                let _ = writeln!(out, "  unavailable: {why}");
+            }
+        }
+    }
+    if let Some(proc) = &look.proc {
+        if look.stats.is_some() {
+            out.push('\n');
+        }
+        let _ = writeln!(out, "proc: {}", reader(sources.reader()));
+        match proc {
+            Ok(c) => proc_table(&mut out, c),
+            Err(why) => {
+                let _ = writeln!(out, "  unavailable: {why}");
+            }
+        }
+    }
+    match &reading.result {
+        Ok(c) => {
+            let why = match (c.source, &reading.fallback) {
+                (SourceKind::Proc, Some(_)) => ", because the stats are unavailable",
+                (SourceKind::Clusters, Some(_)) => ", because Envoy's stats do not report requests",
+                (SourceKind::Stats, Some(_)) => ", because Envoy does not report requests",
+                _ => "",
+            };
+            let _ = writeln!(
+                out,
+                "\nrun would count {} (from {}{why})",
+                c.describe(),
+                c.source.name()
+            );
+        }
+        Err(_) => out.push_str("\nrun could not count anything right now\n"),
+    }
+    out
+}
+
+fn stats_table(out: &mut String, a: &Answer) {
+    table(out, "listener", &a.count);
+    for s in &a.skipped {
+        let _ = writeln!(
+            out,
+            "  not counted: {} ({}), {} active",
+            s.name, s.why, s.active
+        );
+    }
+}
+
+/// What counts, then every other socket of the table with why it does not.
+fn proc_table(out: &mut String, c: &Count) {
+    if let Some(b) = &c.basis {
+        let _ = writeln!(out, "  {}", basis(b).0);
+    }
+    table(out, "accepted on", c);
+    if c.excluded.is_empty() {
+        return;
+    }
+    let heading = "not counted";
+    let width = c
+        .excluded
+        .iter()
+        .map(|e| e.why.chars().count())
+        .chain([heading.len()])
+        .max()
+        .unwrap_or_default();
+    let _ = writeln!(out, "  {heading:<width$}  sockets");
+    for e in &c.excluded {
+        let _ = writeln!(out, "  {:<width$}  {:>7}", e.why, e.n);
+    }
+}
+
+fn table(out: &mut String, heading: &str, c: &Count) {
+    let width = c
+        .parts
+        .iter()
+        .map(|p| p.name.chars().count())
+        .chain([heading.len(), "total".len()])
+        .max()
+        .unwrap_or_default();
+    let _ = writeln!(out, "  {heading:<width$}  active");
+    for p in &c.parts {
+        let _ = writeln!(out, "  {:<width$}  {:>6}", p.name, p.active);
+    }
+    let _ = writeln!(out, "  {:<width$}  {:>6}", "total", c.total);
+    for w in &c.warnings {
+        let _ = writeln!(out, "  warning: {w}");
+    }
+}
+
+/// Requests in flight and open connections per cluster that holds anything, then what is left
+/// out and why.
+fn clusters_table(out: &mut String, a: &clusters::Answer) {
+    let busy = |c: &clusters::Cluster| c.requests > 0 || c.connections > 0;
+    let (counted, left_out): (Vec<&clusters::Cluster>, Vec<_>) =
+        a.clusters.iter().partition(|c| c.left_out.is_none());
+    let shown: Vec<_> = counted.iter().filter(|c| busy(c)).collect();
+    let left_rows: Vec<(String, u64)> = left_out
+        .iter()
+        .filter(|c| busy(c))
+        .map(|c| {
+            (
+                format!("{} ({})", c.name, c.left_out.unwrap_or_default()),
+                c.requests,
+            )
+        })
+        .chain(a.hosts_left_out.iter().cloned())
+        .collect();
+    let heading = "cluster";
+    let width = shown
+        .iter()
+        .map(|c| c.name.chars().count())
+        .chain(left_rows.iter().map(|(n, _)| n.chars().count()))
+        .chain(["not counted".len()])
+        .max()
+        .unwrap_or_default();
+    let _ = writeln!(out, "  {heading:<width$}  requests  connections");
+    for c in &shown {
+        let _ = writeln!(
+            out,
+            "  {:<width$}  {:>8}  {:>11}",
+            c.name, c.requests, c.connections
+        );
+    }
+    let _ = writeln!(out, "  {:<width$}  {:>8}", "total", a.count.total);
+    let quiet = a.quiet;
+    if quiet > 0 {
+        let _ = writeln!(
+            out,
+            "  and {} with nothing open",
+            plural(quiet, "more cluster", "more clusters")
+        );
+    }
+    if !left_rows.is_empty() {
+        let _ = writeln!(out, "  {:<width$}  requests", "not counted");
+        for (name, n) in left_rows {
+            let _ = writeln!(out, "  {name:<width$}  {n:>8}");
+        }
+    }
+}
+
+/// Requests and connections side by side per HTTP connection manager, then what has no HTTP.
+fn requests_table(out: &mut String, c: &Count, hcms: &[Hcm]) {
+    let heading = "HTTP connection manager";
+    let width = hcms
+        .iter()
+        .map(|h| h.prefix.chars().count())
+        .chain([heading.len(), NON_HTTP.len()])
+        .max()
+        .unwrap_or_default();
+    let _ = writeln!(out, "\n  {heading:<width$}  requests  connections");
+    for h in hcms {
+        let _ = writeln!(
+            out,
+            "  {:<width$}  {:>8}  {:>11}",
+            h.prefix, h.requests, h.connections
+        );
+    }
+    let tcp = c
+        .parts
+        .iter()
+        .find(|p| p.name == NON_HTTP)
+        .map_or(0, |p| p.active);
+    let _ = writeln!(out, "  {NON_HTTP:<width$}  {:>8}  {tcp:>11}", "-");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::count::Part;
+
+    fn part(name: &str, active: u64) -> Part {
+        Part {
+            name: name.to_string(),
+            active,
+        }
+    }
+
+    #[test]
+    fn total_sums_parts_and_breakdown_names_only_open_ones() {
+        let c = Count::new(
+            SourceKind::Stats,
+            vec![
+                part("b_15006", 2),
+                part("a_15001", 0),
+                part("[__1]_8080", 1),
+            ],
+            vec![],
+        );
+        assert_eq!(c.total, 3);
+        assert_eq!(c.describe(), "3 active connections");
+        assert_eq!(
+            c.breakdown(),
+            "listener b_15006=2, listener [__1]_8080=1",
+            "in the source's order, zero parts left out"
+        );
+    }
+
+    #[test]
+    fn a_request_count_says_what_is_requests_and_what_is_connections() {
+        let with_tcp = Count::requests(
+            vec![part("http inbound_0.0.0.0_8080", 2), part(NON_HTTP, 1)],
+            vec![],
+        );
+        assert_eq!(with_tcp.total, 3);
+        assert_eq!(
+            with_tcp.describe(),
+            "2 active requests and 1 non-HTTP connection"
+        );
+        assert_eq!(
+            with_tcp.breakdown(),
+            "http inbound_0.0.0.0_8080=2, non-HTTP connections=1"
+        );
+        let one = Count::requests(
+            vec![part("http inbound_0.0.0.0_8080", 1), part(NON_HTTP, 0)],
+            vec![],
+        );
+        assert_eq!(one.describe(), "1 active request");
+    }
+
+    #[test]
+    fn one_connection_is_singular_and_nothing_open_has_no_breakdown() {
+        let one = Count::new(SourceKind::Proc, vec![part("port 15006", 1)], vec![]);
+        assert_eq!(one.describe(), "1 active connection");
+        assert_eq!(one.still_open(), ": port 15006=1");
+        let none = Count::new(SourceKind::Proc, vec![], vec![]);
+        assert_eq!(none.still_open(), "");
+    }
+
+    #[test]
+    fn seconds_round_to_the_nearest_tenth() {
+        for (ms, want) in [
+            (0, "0.0s"),
+            (49, "0.0s"),
+            (50, "0.1s"),
+            (1949, "1.9s"),
+            (1950, "2.0s"),
+            (25_000, "25.0s"),
+        ] {
+            assert_eq!(seconds(Duration::from_millis(ms)), want, "{ms} ms");
+        }
+        assert_eq!(
+            seconds(Duration::MAX),
+            "18446744073709551616.0s",
+            "no overflow"
+        );
+    }
+
+    fn progress(last: Option<Count>, unknown: Option<&str>) -> Progress {
+        Progress {
+            last,
+            unknown: unknown.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn a_summary_after_a_failed_count_says_its_count_is_the_last_known() {
+        let one = Count::new(SourceKind::Proc, vec![part("port 15006", 1)], vec![]);
+        let stale = progress(
+            Some(one),
+            Some("failed to GET http://127.0.0.1:15000/stats: connection refused"),
+        );
+        let deadline = summary(
+            Outcome::Deadline,
+            Duration::from_millis(25_040),
+            Duration::from_secs(25),
+            &stale,
+            0,
+        );
+        assert_eq!(
+            deadline,
+            "deadline of 25s passed after 25.0s with 1 active connection (proc) still open: \
+             port 15006=1; the last count failed (failed to GET http://127.0.0.1:15000/stats: \
+             connection refused), so this is the last known count"
+        );
+        let signal = summary(
+            Outcome::Interrupted(libc::SIGTERM),
+            Duration::from_secs(3),
+            Duration::from_secs(25),
+            &stale,
+            1,
+        );
+        assert_eq!(
+            signal,
+            "interrupted by SIGTERM after 3.0s with 1 active connection (proc): port 15006=1; \
+             the last count failed (failed to GET http://127.0.0.1:15000/stats: connection \
+             refused), so this is the last known count; 1 earlier log line was dropped, as \
+             writing it would have blocked"
+        );
+        let nothing = summary(
+            Outcome::NothingCounted,
+            Duration::from_secs(25),
+            Duration::from_secs(25),
+            &progress(None, None),
+            2,
+        );
+        assert_eq!(
+            nothing,
+            "deadline of 25s passed after 25.0s and nothing could be counted: no source \
+             answered; 2 earlier log lines were dropped, as writing them would have blocked"
+        );
+    }
+}
