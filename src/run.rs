@@ -45,9 +45,7 @@ pub fn command(args: &RunArgs, env: &dyn Fn(&str) -> Option<String>, start: Inst
         }
     });
     if !caught {
-        lock(&run.log).warn(
-            "failed to take over SIGINT and SIGTERM; a signal will end the wait without a summary",
-        );
+        lock(&run.log).warn(text::SIGNALS_NOT_TAKEN);
     }
     let outcome = run.wait(&cfg);
     run.finish(outcome);
@@ -56,9 +54,7 @@ pub fn command(args: &RunArgs, env: &dyn Fn(&str) -> Option<String>, start: Inst
 
 /// `run` with the kill switch set: one line, and done.
 pub fn disabled(value: &str) -> i32 {
-    Logger::stderr().info(&format!(
-        "{ENV_DISABLED}={value} is set: not draining and not waiting"
-    ));
+    Logger::stderr().info(&text::disabled(ENV_DISABLED, value));
     EXIT_REACHED
 }
 
@@ -176,14 +172,13 @@ impl Run {
     fn post(&self, client: &Client, path: &str, left: Duration, done: &str, what: &str) {
         let url = client.url(path);
         match client.post(path, left) {
-            Ok(r) if r.status == 200 => {
-                lock(&self.log).info(&format!("{done}: POST {url} answered {}", r.describe()))
-            }
-            Ok(r) => lock(&self.log).warn(&format!(
-                "failed to {what}: POST {url} answered {}",
-                r.describe()
+            Ok(r) if r.status == 200 => lock(&self.log).info(&text::posted(done, &url, &r)),
+            Ok(r) => lock(&self.log).warn(&text::post_failed(
+                what,
+                &url,
+                &format!("answered {}", r.describe()),
             )),
-            Err(f) => lock(&self.log).warn(&format!("failed to {what}: POST {url}: {}", f.cause)),
+            Err(f) => lock(&self.log).warn(&text::post_failed(what, &url, &f.cause)),
         }
     }
 }

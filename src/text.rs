@@ -5,6 +5,7 @@
 use crate::config::{AGENT_DRAIN_PATH, Drain, Mode, RunConfig};
 use crate::count::{Basis, Count, NON_HTTP, SourceKind, Unit};
 use crate::outcome::{Outcome, Progress};
+use crate::source::admin::Reply;
 use crate::source::clusters::{self, CLUSTERS_PATH};
 use crate::source::sockets::Reader;
 use crate::source::stats::{Answer, Hcm};
@@ -250,6 +251,24 @@ pub fn switched(
         _ => None,
     }
 }
+
+/// A POST that was answered 200: `done`, and Envoy's or the agent's answer.
+pub fn posted(done: &str, url: &str, reply: &Reply) -> String {
+    format!("{done}: POST {url} answered {}", reply.describe())
+}
+
+/// A POST that did not do `what`, and why, in the shape of `error::Failure`; the hook goes on.
+pub fn post_failed(what: &str, url: &str, cause: &str) -> String {
+    format!("failed to {what}: POST {url}: {cause}")
+}
+
+/// `run` with the kill switch set.
+pub fn disabled(variable: &str, value: &str) -> String {
+    format!("{variable}={value} is set: not draining and not waiting")
+}
+
+pub const SIGNALS_NOT_TAKEN: &str =
+    "failed to take over SIGINT and SIGTERM; a signal will end the wait without a summary";
 
 pub fn cannot_count(why: &str) -> String {
     format!("cannot count: {why}; still waiting (an unknown count never ends the wait)")
