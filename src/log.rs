@@ -34,7 +34,7 @@ impl Level {
 const MAX_LINE: usize = 4096;
 
 /// How long the final summary may wait for room in a full pipe.
-pub const SUMMARY_WAIT: Duration = Duration::from_millis(100);
+const SUMMARY_WAIT: Duration = Duration::from_millis(100);
 
 /// Where lines go: a writer, and its descriptor when it has one (for poll).
 pub struct Out {

@@ -127,14 +127,22 @@ impl Sources {
     fn stats(&self, until: Instant) -> StatsLook {
         let requests = self.unit == Unit::Requests;
         match self.stats_body(until.saturating_duration_since(Instant::now())) {
-            Ok(body) => StatsLook {
-                connections: stats::parse(&body, &self.ignore)
-                    .map_err(|e| unusable(e, "downstream_cx_active")),
-                requests: requests.then(|| {
-                    stats::parse_requests(&body, &self.ignore)
-                        .map_err(|e| unusable(e, "downstream_rq_active"))
-                }),
-            },
+            Ok(body) => {
+                // One pass over the answer for both counts.
+                let read = stats::read(&body);
+                let connections = read
+                    .as_ref()
+                    .map_err(Clone::clone)
+                    .and_then(|g| stats::connections(g, &self.ignore));
+                let requests = requests.then(|| match (&read, &connections) {
+                    (Ok(g), Ok(c)) => stats::requests(g, c),
+                    (Err(e), _) | (_, Err(e)) => Err(e.clone()),
+                });
+                StatsLook {
+                    connections: connections.map_err(|e| unusable(e, "downstream_cx_active")),
+                    requests: requests.map(|r| r.map_err(|e| unusable(e, "downstream_rq_active"))),
+                }
+            }
             Err(why) => StatsLook {
                 connections: Err(why.clone()),
                 requests: requests.then_some(Err(why)),

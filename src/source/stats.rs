@@ -55,12 +55,12 @@ pub struct Answer {
 }
 
 /// An answer's gauges by name, and a warning when some wrapped.
-type Gauges<'a> = (Vec<(&'a str, u64)>, Option<String>);
+pub type Gauges<'a> = (Vec<(&'a str, u64)>, Option<String>);
 
-/// Every line of an answer as a name and a count, in one pass. The filter asks for gauges only,
-/// so a line of any other shape makes the answer unreadable. A gauge that wrapped below zero
-/// counts as 0; one warning says how many did.
-fn gauges(body: &str) -> Result<Gauges<'_>, Unusable> {
+/// Every line of an answer as a name and a count, in one pass, which both counts then use. The
+/// filter asks for gauges only, so a line of any other shape makes the answer unreadable. A gauge
+/// that wrapped below zero counts as 0; one warning says how many did.
+pub fn read(body: &str) -> Result<Gauges<'_>, Unusable> {
     let mut gauges = Vec::new();
     let mut wrapped: (u64, Option<&str>) = (0, None);
     for line in body.lines().map(str::trim).filter(|l| !l.is_empty()) {
@@ -91,14 +91,25 @@ fn gauges(body: &str) -> Result<Gauges<'_>, Unusable> {
     Ok((gauges, warning))
 }
 
+/// `read` then `connections`.
+pub fn parse(body: &str, ignore: &PortSet) -> Result<Answer, Unusable> {
+    connections(&read(body)?, ignore)
+}
+
+/// `read`, `connections`, then `requests`.
+pub fn parse_requests(body: &str, ignore: &PortSet) -> Result<(Answer, Vec<Hcm>), Unusable> {
+    let gauges = read(body)?;
+    requests(&gauges, &connections(&gauges, ignore)?)
+}
+
 /// Counts `listener.<L>.downstream_cx_active` lines. An answer without the admin listener's line
 /// means Envoy does not create the stat (a `stats_matcher` leaves it out): unknown, never zero.
-pub fn parse(body: &str, ignore: &PortSet) -> Result<Answer, Unusable> {
-    let (gauges, warning) = gauges(body)?;
+pub fn connections(read: &Gauges<'_>, ignore: &PortSet) -> Result<Answer, Unusable> {
+    let (gauges, warning) = read;
     let mut enabled = false;
     let mut parts = Vec::new();
     let mut skipped = Vec::new();
-    for (name, active) in gauges {
+    for &(name, active) in gauges {
         enabled |= name == ADMIN_LINE;
         let Some(listener) = listener_name(name) else {
             continue;
@@ -119,7 +130,7 @@ pub fn parse(body: &str, ignore: &PortSet) -> Result<Answer, Unusable> {
         return Err(Unusable::NotEnabled);
     }
     Ok(Answer {
-        count: Count::new(SourceKind::Stats, parts, warning.into_iter().collect()),
+        count: Count::new(SourceKind::Stats, parts, warning.iter().cloned().collect()),
         skipped,
     })
 }
@@ -135,15 +146,14 @@ pub struct Hcm {
 /// Counts requests: `http.<prefix>.downstream_rq_active` over the HTTP connection managers that
 /// carry traffic, plus the connections of listeners that hold no HTTP (TCP proxy streams), found
 /// as the listeners' connections less the HTTP managers' ones. Needs both stats: an answer without
-/// `http.admin.downstream_rq_active` (or without the admin listener's connection line) is unknown.
-pub fn parse_requests(body: &str, ignore: &PortSet) -> Result<(Answer, Vec<Hcm>), Unusable> {
-    let connections = parse(body, ignore)?;
-    let (gauges, _) = gauges(body)?;
+/// `http.admin.downstream_rq_active` is unknown. `connections` is the same answer's connection
+/// count.
+pub fn requests(read: &Gauges<'_>, connections: &Answer) -> Result<(Answer, Vec<Hcm>), Unusable> {
     let mut enabled = false;
     let mut hcms: Vec<Hcm> = Vec::new();
     // Hashed: an answer may name many managers, and each line must cost the same.
     let mut index: HashMap<&str, usize> = HashMap::new();
-    for (name, active) in gauges {
+    for &(name, active) in &read.0 {
         enabled |= name == ADMIN_RQ_LINE;
         let Some(rest) = name.strip_prefix("http.") else {
             continue;
@@ -193,7 +203,7 @@ pub fn parse_requests(body: &str, ignore: &PortSet) -> Result<(Answer, Vec<Hcm>)
     });
     let answer = Answer {
         count: Count::requests(parts, connections.count.warnings.clone()),
-        skipped: connections.skipped,
+        skipped: connections.skipped.clone(),
     };
     Ok((answer, hcms))
 }
