@@ -28,7 +28,7 @@ pub fn parse(args: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> Parse
         Ok(a) => a,
         Err(bad) => return Parsed::Usage(format!("argument {bad:?} is not UTF-8")),
     };
-    let strs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let strs = split_equals(&args);
     // The kill switch wins over everything, bad flags included: operators flip it to get a pod
     // out of trouble without a new image.
     if strs.get(1) == Some(&"run")
@@ -53,6 +53,24 @@ pub fn parse(args: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> Parse
                 .to_string(),
         ),
     }
+}
+
+/// The arguments with every `--flag=value` split into `--flag value`, up to a `--`: argh takes
+/// only the second form, and manifests (ours among them) are written with the first, which argh
+/// would refuse, so the hook would end at once with exit 2 and not wait at all.
+fn split_equals(args: &[String]) -> Vec<&str> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut flags = true;
+    for a in args {
+        flags &= a != "--";
+        match a.split_once('=') {
+            Some((flag, value)) if flags && flag.len() > 2 && flag.starts_with("--") => {
+                out.extend([flag, value]);
+            }
+            _ => out.push(a.as_str()),
+        }
+    }
+    out
 }
 
 /// Prints a usage error as one line and gives its exit code.
@@ -224,4 +242,63 @@ pub struct InstallArgs {
     /// the directory or file path to install to, e.g. /envoy-drain
     #[argh(positional)]
     pub dest: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(args: &[&str]) -> Parsed {
+        let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+        parse(&args, &|_| None)
+    }
+
+    #[test]
+    fn a_flag_with_an_equals_sign_parses_as_the_flag_and_its_value() {
+        assert_eq!(
+            parsed(&[
+                "envoy-drain",
+                "run",
+                "--drain=agent",
+                "--deadline=30s",
+                "--count",
+                "requests"
+            ]),
+            parsed(&[
+                "envoy-drain",
+                "run",
+                "--drain",
+                "agent",
+                "--deadline",
+                "30s",
+                "--count",
+                "requests"
+            ]),
+        );
+        assert!(matches!(
+            parsed(&["envoy-drain", "run", "--log-file=/proc/1/fd/1", "--agent=127.0.0.1:15020"]),
+            Parsed::Run(a) if a.log_file.as_deref() == Some("/proc/1/fd/1")
+                && a.agent.as_deref() == Some("127.0.0.1:15020")
+        ));
+    }
+
+    #[test]
+    fn only_the_first_equals_sign_splits_and_nothing_after_a_double_dash() {
+        assert!(matches!(
+            parsed(&["envoy-drain", "run", "--log-file=/tmp/a=b"]),
+            Parsed::Run(a) if a.log_file.as_deref() == Some("/tmp/a=b")
+        ));
+        assert!(matches!(
+            parsed(&["envoy-drain", "install", "--", "--dest=x"]),
+            Parsed::Install(a) if a.dest == "--dest=x"
+        ));
+    }
+
+    #[test]
+    fn a_value_given_to_a_switch_is_a_usage_error_naming_it() {
+        assert_eq!(
+            parsed(&["envoy-drain", "run", "--then-quit=yes"]),
+            Parsed::Usage("Unrecognized argument: yes".to_string())
+        );
+    }
 }

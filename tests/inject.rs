@@ -265,6 +265,18 @@ fn check(pod: &str, native_flag: bool, variant: Variant) -> String {
         want.extend(["--drain=agent", "--agent=127.0.0.1:15020"]);
     }
     want.push("--log-file=/proc/1/fd/1");
+    // The binary takes the hook's arguments as written: with `--help` after them it prints its
+    // help, and refuses an argument it does not know (as it once did `--drain=agent`).
+    let parsed = Command::new(env!("CARGO_BIN_EXE_envoy-drain"))
+        .args(&want[1..])
+        .arg("--help")
+        .output()
+        .expect("the binary runs");
+    assert!(
+        parsed.status.success(),
+        "envoy-drain takes {want:?}: {}",
+        String::from_utf8_lossy(&parsed.stderr)
+    );
     let want = format!(
         "[{}]",
         want.iter()
