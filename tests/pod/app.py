@@ -6,11 +6,16 @@ unprivileged user, its outgoing connections are captured by the sidecar's iptabl
                         answers 200 with what it got
   GET /local/<seconds>  answers 200 after <seconds>, calling nothing
 
+A query string (`/local/10?long=1`) only tells requests apart.
+
 On SIGTERM it does what the first argument says, then exits once its requests are done:
-  serve   go on serving until killed
-  close   close its listener at once, finishing the requests in flight (nginx's way)
-  call    make one last HTTP call through the sidecar (a deregistration, say) taking 1.5 s
-  tcp     make one last TCP exchange through the sidecar (10.90.0.3:5432) taking 1.5 s
+  serve     go on serving until killed
+  close     close its listener at once, finishing the requests in flight (nginx's way)
+  call      make one last HTTP call through the sidecar (a deregistration, say) taking 1.5 s
+  tcp       make one last TCP exchange through the sidecar (10.90.0.3:5432) taking 1.5 s
+  graceful  keep serving until its endpoint is gone: no request in flight and none arrived for
+            QUIET seconds (clients have stopped sending), then close the listener
+  flush     the same, with one last HTTP call through the sidecar (1.5 s) at SIGTERM
 
 Every event is a line on stdout, for the test to wait on: `listening`, `received <path>`,
 `answered <path> <status>`, `closed listener`, `last call <result>`, `exiting`.
@@ -30,7 +35,10 @@ DATABASE = ("10.90.0.3", 5432)
 # Requests being answered: a graceful shutdown waits for these, not for idle keep-alive
 # connections (Envoy keeps its pool to the app open).
 in_flight = 0
+last_arrival = time.monotonic()
 quiet = threading.Condition()
+# How long a graceful app hears nothing before it takes its endpoint for gone.
+QUIET = 1.0
 
 
 def say(line):
@@ -58,9 +66,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self):
-        global in_flight
+        global in_flight, last_arrival
         with quiet:
             in_flight += 1
+            last_arrival = time.monotonic()
         try:
             self.answer()
         finally:
@@ -70,7 +79,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def answer(self):
         say("received " + self.path)
-        kind, _, seconds = self.path.strip("/").partition("/")
+        kind, _, seconds = self.path.partition("?")[0].strip("/").partition("/")
         try:
             delay = float(seconds)
         except ValueError:
@@ -110,13 +119,18 @@ def main():
         server.socket.close()
         say("closed listener")
     try:
-        if on_sigterm == "call":
+        if on_sigterm in ("call", "flush"):
             status, _ = call("/delay/1.5")
             say("last call %d" % status)
         elif on_sigterm == "tcp":
             say("last call %s" % exchange())
     except OSError as e:
         say("last call failed: %s" % e)
+    if on_sigterm in ("graceful", "flush"):
+        with quiet:
+            while not (in_flight == 0 and time.monotonic() - last_arrival >= QUIET):
+                quiet.wait(timeout=max(0.01, QUIET - (time.monotonic() - last_arrival)))
+        say("endpoint gone")
     server.shutdown()
     server.socket.close()
     with quiet:

@@ -1,6 +1,7 @@
 //! A replica of a Kubernetes pod with an Istio sidecar, from real parts:
-//! - two network namespaces joined by a veth pair: the pod (10.90.0.2) and the rest of the mesh
-//!   (10.90.0.3), where an HTTP service (9080) and a TCP service (5432) run;
+//! - the pod's network namespace, joined by a veth pair to a node's bridge (`Network`, 10.90.0.3)
+//!   where the rest of the mesh runs: an HTTP service (9080) and a TCP service (5432); several
+//!   pods may join one network, each with an address of its own (support/mesh.rs);
 //! - in the pod, the iptables rules istio-iptables writes (tests/pod/redirect.rules, or
 //!   tproxy.rules with its policy route);
 //! - Envoy as the proxy's user (uid 1337; uid 0 with gid 1337 under TPROXY, as Istio's injection
@@ -8,20 +9,22 @@
 //!   stats matcher or the one EXIT_ON_ZERO_ACTIVE_CONNECTIONS makes;
 //! - a stand-in agent holding Envoy's ADS stream over a Unix socket (support/agent.rs);
 //! - the application (tests/pod/app.py) as an unprivileged user, calling the other service
-//!   through the sidecar.
+//!   through the sidecar; or, in the mesh's client pod, no app of its own: the load generators
+//!   run there as that user, and its sidecar routes to the mesh's service over EDS
+//!   (tests/pod/client.yaml).
 //!
 //! The hook runs as the proxy's user inside the pod, as a preStop exec does. Everything is gone
 //! when the `Pod` is dropped, also when a test fails.
 
-use super::agent::Agent;
+use super::agent::{Agent, ControlPlane};
 use super::app::App;
 use super::netns::Netns;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::process::{Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -59,6 +62,9 @@ pub struct Options {
     pub drain_time_s: u32,
     /// Envoy streams its metrics to a collector on the other side (tests/pod/exporter.yaml).
     pub exporter: bool,
+    /// The mesh's client pod: no app; its sidecar also routes to the mesh's service
+    /// (tests/pod/client.yaml), whose endpoints come from the control plane over EDS.
+    pub client: bool,
 }
 
 impl Default for Options {
@@ -69,25 +75,161 @@ impl Default for Options {
             on_sigterm: "serve",
             drain_time_s: 45,
             exporter: false,
+            client: false,
         }
     }
 }
 
+/// A process of the pod (Envoy, the app) that other threads can signal, stop and wait for: a
+/// reaper thread waits for it and notes when it exited.
+pub struct Process {
+    pid: i32,
+    exited: Mutex<Option<Instant>>,
+    changed: Condvar,
+}
+
+impl Process {
+    /// Starts `cmd`. It must be spawned by a thread that outlives it: the pod's commands die with
+    /// the thread that started them (`Netns::command`).
+    fn spawn(mut cmd: Command) -> (Arc<Process>, Option<std::process::ChildStdout>) {
+        let shown = format!("{cmd:?}");
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{shown}: {e}"));
+        let process = Arc::new(Process {
+            pid: child.id() as i32,
+            exited: Mutex::new(None),
+            changed: Condvar::new(),
+        });
+        let (stdout, reaped) = (child.stdout.take(), Arc::clone(&process));
+        thread::spawn(move || {
+            let _ = child.wait();
+            *reaped.exited.lock().unwrap() = Some(Instant::now());
+            reaped.changed.notify_all();
+        });
+        (process, stdout)
+    }
+
+    pub fn signal(&self, signal: i32) {
+        if self.exited().is_none() {
+            // SAFETY: a signal to a child of ours that has not been reaped yet.
+            unsafe { libc::kill(self.pid, signal) };
+        }
+    }
+
+    /// When it exited, if it has.
+    pub fn exited(&self) -> Option<Instant> {
+        *self.exited.lock().unwrap()
+    }
+
+    /// Waits until it exits or `deadline` passes; when it exited.
+    pub fn wait_until(&self, deadline: Instant) -> Option<Instant> {
+        let mut exited = self.exited.lock().unwrap();
+        while exited.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            exited = self.changed.wait_timeout(exited, left).unwrap().0;
+        }
+        *exited
+    }
+
+    /// SIGKILL, then waits for the exit; when it exited.
+    pub fn kill(&self) -> Instant {
+        self.signal(libc::SIGKILL);
+        self.wait_until(Instant::now() + Duration::from_secs(10))
+            .expect("a killed process exits")
+    }
+}
+
+/// The node's network: a namespace with a bridge (10.90.0.3/24) that pods join with veth pairs,
+/// where the mesh's other services run, and the control plane every pod's agent serves xDS from.
+pub struct Network {
+    other: Netns,
+    /// Servers whose accept loops must be woken from inside the namespace when dropped.
+    servers: Mutex<Option<(App, Database, Option<Collector>)>>,
+    /// Metrics streams Envoy has opened to the collector, when there is one.
+    exporter_streams: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    pub control: ControlPlane,
+}
+
+impl Network {
+    /// The network, its services started; with `exporter`, a metrics collector too.
+    pub fn new(exporter: bool) -> Arc<Network> {
+        for (program, arg) in [
+            ("ip", "-V"),
+            ("iptables-restore", "--version"),
+            ("setpriv", "--version"),
+            ("/usr/bin/python3", "--version"),
+        ] {
+            require(program, arg);
+        }
+        let other = Netns::new();
+        ip(&other, &["link", "add", "br0", "type", "bridge"]);
+        ip(
+            &other,
+            &["addr", "add", &format!("{OTHER_IP}/24"), "dev", "br0"],
+        );
+        ip(&other, &["link", "set", "br0", "up"]);
+        let (service, database) =
+            other.enter(|| (App::start("10.90.0.3:9080", false), Database::start()));
+        let collector = exporter.then(|| other.enter(|| Collector::start("10.90.0.3:15999")));
+        Arc::new(Network {
+            other,
+            exporter_streams: collector.as_ref().map(|c| Arc::clone(&c.streams)),
+            servers: Mutex::new(Some((service, database, collector))),
+            control: ControlPlane::default(),
+        })
+    }
+
+    /// Joins `pod` to the bridge with address `addr`, its default route through the node.
+    fn attach(&self, pod: &Netns, addr: &str) {
+        let port = format!("veth{}", addr.rsplit('.').next().unwrap_or("0"));
+        let node = self.other.path();
+        ip(
+            pod,
+            &[
+                "link", "add", "eth0", "type", "veth", "peer", "name", &port, "netns", &node,
+            ],
+        );
+        ip(&self.other, &["link", "set", &port, "master", "br0", "up"]);
+        ip(pod, &["addr", "add", &format!("{addr}/24"), "dev", "eth0"]);
+        ip(pod, &["link", "set", "eth0", "up"]);
+        ip(pod, &["route", "add", "default", "via", OTHER_IP]);
+    }
+
+    /// Runs `f` on the node, outside every pod.
+    pub fn client<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        self.other.enter(f)
+    }
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        let servers = self.servers.lock().unwrap().take();
+        self.other.enter(move || drop(servers));
+    }
+}
+
+fn ip(ns: &Netns, args: &[&str]) {
+    let mut c = ns.command("ip");
+    c.args(args);
+    check(c);
+}
+
 pub struct Pod {
     pub options: Options,
+    /// The pod's address on the network.
+    pub ip: String,
     hook: PathBuf,
     pod: Netns,
-    other: Netns,
     dir: PathBuf,
-    envoy: Child,
-    app: Child,
-    app_events: Receiver<(String, Instant)>,
+    envoy: Arc<Process>,
+    app: Option<Arc<Process>>,
+    app_events: Mutex<Receiver<(String, Instant)>>,
     app_seen: Vec<String>,
-    /// Servers whose accept loops must be woken from inside their namespaces when dropped.
-    service: Option<App>,
-    database: Option<Database>,
-    collector: Option<Collector>,
     agent: Option<Agent>,
+    /// Dropped last: the network may be shared with other pods.
+    network: Arc<Network>,
 }
 
 fn repo(path: &str) -> PathBuf {
@@ -163,19 +305,28 @@ fn check(mut cmd: Command) {
 }
 
 impl Pod {
-    /// Builds the pod and waits until Envoy is live and the app listens. `envoy` is Envoy's
-    /// binary (support::envoy::binary), `hook` envoy-drain's.
+    /// Builds the pod on a network of its own and waits until Envoy is live and the app
+    /// listens. `envoy` is Envoy's binary (support::envoy::binary), `hook` envoy-drain's.
     pub fn start(envoy: &Path, hook: &Path, options: Options) -> Pod {
-        for (program, arg) in [
-            ("ip", "-V"),
-            ("iptables-restore", "--version"),
-            ("setpriv", "--version"),
-            ("/usr/bin/python3", "--version"),
-        ] {
-            require(program, arg);
-        }
+        Pod::join(
+            &Network::new(options.exporter),
+            POD_IP,
+            envoy,
+            hook,
+            options,
+        )
+    }
+
+    /// Builds the pod at `addr` on `network` and waits until Envoy is live and the app listens.
+    pub fn join(
+        network: &Arc<Network>,
+        addr: &str,
+        envoy: &Path,
+        hook: &Path,
+        options: Options,
+    ) -> Pod {
         let dir = std::env::temp_dir().join(format!(
-            "envoy-drain-pod-{}-{:?}",
+            "envoy-drain-pod-{}-{:?}-{addr}",
             std::process::id(),
             thread::current().id()
         ));
@@ -183,23 +334,8 @@ impl Pod {
         std::fs::create_dir_all(&dir).unwrap();
         set_mode(&dir, 0o755);
 
-        let (pod, other) = (Netns::new(), Netns::new());
-        let ip = |ns: &Netns, args: &[&str]| {
-            let mut c = ns.command("ip");
-            c.args(args);
-            check(c);
-        };
-        let peer = other.path();
-        ip(
-            &pod,
-            &[
-                "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", &peer,
-            ],
-        );
-        for (ns, addr) in [(&pod, POD_IP), (&other, OTHER_IP)] {
-            ip(ns, &["addr", "add", &format!("{addr}/24"), "dev", "eth0"]);
-            ip(ns, &["link", "set", "eth0", "up"]);
-        }
+        let pod = Netns::new();
+        network.attach(&pod, addr);
         let rules = match options.capture {
             Capture::Redirect => "tests/pod/redirect.rules",
             Capture::Tproxy => "tests/pod/tproxy.rules",
@@ -217,32 +353,34 @@ impl Pod {
             );
         }
 
-        let (service, database) =
-            other.enter(|| (App::start("10.90.0.3:9080", false), Database::start()));
-        let collector = options
-            .exporter
-            .then(|| other.enter(|| Collector::start("10.90.0.3:15999")));
         let (uid, gid) = proxy_user(options.capture);
-        let agent = pod.enter(|| Agent::start(uid, gid));
+        let exit_on_zero = options.stats == Stats::ExitOnZero;
+        let agent = pod.enter(|| Agent::start(uid, gid, &network.control, exit_on_zero));
         let envoy = start_envoy(&pod, envoy, &dir, options);
-        let (app, app_events) = start_app(&pod, &dir, options.on_sigterm);
+        agent.serves(&envoy);
+        let (app, app_events) = if options.client {
+            (None, channel().1)
+        } else {
+            let (app, events) = start_app(&pod, &dir, options.on_sigterm);
+            (Some(app), events)
+        };
         let mut p = Pod {
             options,
+            ip: addr.to_string(),
             hook: hook_binary(hook),
             pod,
-            other,
             dir,
             envoy,
             app,
-            app_events,
+            app_events: Mutex::new(app_events),
             app_seen: Vec::new(),
-            service: Some(service),
-            database: Some(database),
-            collector,
             agent: Some(agent),
+            network: Arc::clone(network),
         };
         p.wait_live();
-        p.app_event("listening", Duration::from_secs(10));
+        if !options.client {
+            p.app_event("listening", Duration::from_secs(10));
+        }
         p
     }
 
@@ -270,11 +408,34 @@ impl Pod {
             .is_some_and(|a| a.quit.load(std::sync::atomic::Ordering::SeqCst))
     }
 
+    /// The proxy container gets SIGTERM: the agent stand-in shuts Envoy down as pilot-agent does
+    /// (support/agent.rs); whatever still runs at `until` is killed, as the kubelet does at the
+    /// end of the grace period. Returns when Envoy has stopped.
+    pub fn sigterm_proxy(&self, until: Instant) -> Instant {
+        if let Some(agent) = &self.agent {
+            self.pod.enter(|| agent.on_sigterm(until));
+        }
+        self.envoy
+            .wait_until(until)
+            .unwrap_or_else(|| self.envoy.kill())
+    }
+
+    /// Envoy's process.
+    pub fn envoy(&self) -> &Process {
+        &self.envoy
+    }
+
+    /// The app's process (none in the client pod).
+    pub fn app(&self) -> Option<&Process> {
+        self.app.as_deref()
+    }
+
     /// Metrics streams Envoy has opened to the collector.
     pub fn exporter_streams(&self) -> usize {
-        self.collector
+        self.network
+            .exporter_streams
             .as_ref()
-            .map_or(0, |c| c.streams.load(std::sync::atomic::Ordering::SeqCst))
+            .map_or(0, |n| n.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     /// ADS streams Envoy has opened to the agent.
@@ -295,7 +456,18 @@ impl Pod {
 
     /// Runs `f` on the other side of the veth pair, where the pod's clients are.
     pub fn client<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        self.other.enter(f)
+        self.network.client(f)
+    }
+
+    /// `program` inside the pod as the app's user: the mesh's load generators in the client pod.
+    pub fn as_app(&self, program: &str) -> Command {
+        let mut c = self.pod.command("setpriv");
+        c.arg(format!("--reuid={APP_UID}"))
+            .arg(format!("--regid={APP_UID}"))
+            .args(["--clear-groups", "--pdeathsig", "SIGKILL"])
+            .arg(program)
+            .stdin(Stdio::null());
+        c
     }
 
     /// envoy-drain inside the pod, as the proxy container's user: a preStop exec.
@@ -320,8 +492,9 @@ impl Pod {
 
     /// SIGTERM to the app container, as the kubelet sends it when the pod is deleted.
     pub fn sigterm_app(&self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.app.id() as i32, libc::SIGTERM) };
+        if let Some(app) = &self.app {
+            app.signal(libc::SIGTERM);
+        }
     }
 
     /// The app's lines read so far.
@@ -329,12 +502,20 @@ impl Pod {
         &self.app_seen
     }
 
+    /// Whether the app has printed a line starting with `text`, without waiting.
+    pub fn app_said(&mut self, text: &str) -> bool {
+        while let Ok((line, _)) = self.app_events.get_mut().unwrap().try_recv() {
+            self.app_seen.push(line);
+        }
+        self.app_seen.iter().any(|l| l.starts_with(text))
+    }
+
     /// Waits for the app to print a line starting with `text`; returns when it was read.
     pub fn app_event(&mut self, text: &str, limit: Duration) -> Instant {
         let until = Instant::now() + limit;
         loop {
             let left = until.saturating_duration_since(Instant::now());
-            match self.app_events.recv_timeout(left) {
+            match self.app_events.get_mut().unwrap().recv_timeout(left) {
                 Ok((line, at)) => {
                     self.app_seen.push(line.clone());
                     if line.starts_with(text) {
@@ -354,20 +535,17 @@ impl Pod {
 
     /// Ends Envoy at once, as pilot-agent does at the end of its drain.
     pub fn stop_envoy(&mut self) {
-        let _ = self.envoy.kill();
-        let _ = self.envoy.wait();
+        self.envoy.kill();
     }
 }
 
 impl Drop for Pod {
     fn drop(&mut self) {
-        for child in [&mut self.app, &mut self.envoy] {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(app) = &self.app {
+            app.kill();
         }
-        let (service, database, agent) =
-            (self.service.take(), self.database.take(), self.agent.take());
-        self.other.enter(move || drop((service, database)));
+        self.envoy.kill();
+        let agent = self.agent.take();
         self.pod.enter(move || drop(agent));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -382,7 +560,7 @@ pub fn proxy_user(capture: Capture) -> (u32, u32) {
     }
 }
 
-fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: Options) -> Child {
+fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: Options) -> Arc<Process> {
     let mut bootstrap = std::fs::read_to_string(repo("tests/pod/envoy.yaml")).unwrap();
     if options.capture == Capture::Tproxy {
         bootstrap = bootstrap.replace("transparent: false", "transparent: true");
@@ -392,6 +570,8 @@ fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: Options) -> Child
     set_mode(&path, 0o644);
     let log = std::fs::File::create(dir.join("envoy.log")).unwrap();
     let (uid, gid) = proxy_user(options.capture);
+    // The access log goes to /dev/stdout, which Envoy opens again as the proxy's user.
+    std::os::unix::fs::chown(dir.join("envoy.log"), Some(uid), Some(gid)).unwrap();
     let mut cmd = pod.command("setpriv");
     cmd.arg(format!("--reuid={uid}"))
         .arg(format!("--regid={gid}"))
@@ -402,6 +582,8 @@ fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: Options) -> Child
         .args(["--drain-time-s", &options.drain_time_s.to_string()])
         .args(["--drain-strategy", "immediate", "--concurrency", "2"])
         .args(["--disable-hot-restart", "-l", "warning"])
+        // The client's access log is read while Envoy runs: flush it often (default: 10 s).
+        .args(["--file-flush-interval-msec", "100"])
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log);
@@ -412,6 +594,7 @@ fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: Options) -> Child
             "tests/pod/exit-on-zero-stats.yaml",
         ),
         (options.exporter, "tests/pod/exporter.yaml"),
+        (options.client, "tests/pod/client.yaml"),
     ];
     let merge: String = merges
         .iter()
@@ -421,10 +604,14 @@ fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: Options) -> Child
     if !merge.is_empty() {
         cmd.args(["--config-yaml", &merge]);
     }
-    cmd.spawn().expect("failed to start Envoy")
+    Process::spawn(cmd).0
 }
 
-fn start_app(pod: &Netns, dir: &Path, on_sigterm: &str) -> (Child, Receiver<(String, Instant)>) {
+fn start_app(
+    pod: &Netns,
+    dir: &Path,
+    on_sigterm: &str,
+) -> (Arc<Process>, Receiver<(String, Instant)>) {
     let script = dir.join("app.py");
     std::fs::copy(repo("tests/pod/app.py"), &script).unwrap();
     set_mode(&script, 0o644);
@@ -438,8 +625,8 @@ fn start_app(pod: &Netns, dir: &Path, on_sigterm: &str) -> (Child, Receiver<(Str
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(dir.join("app.log")).unwrap());
-    let mut app = cmd.spawn().expect("failed to start the app");
-    let out = app.stdout.take().unwrap();
+    let (app, out) = Process::spawn(cmd);
+    let out = out.expect("the app's stdout");
     let (tx, events) = channel();
     thread::spawn(move || {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
@@ -473,7 +660,10 @@ impl Collector {
                 }
                 let Ok(conn) = conn else { continue };
                 let n = Arc::clone(&n);
-                thread::spawn(move || super::agent::serve_grpc(conn, &n, false));
+                thread::spawn(move || {
+                    let writer = Mutex::new(conn.try_clone()?);
+                    super::agent::serve_grpc(conn, &writer, &n, |_, _| Ok(()))
+                });
             }
         });
         Collector {

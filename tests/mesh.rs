@@ -1,0 +1,100 @@
+//! Pods deleted under live traffic in the mesh replica (support/mesh.rs): a client pod whose
+//! sidecar learns of the deletion over EDS 2 s late sends 100 short requests a second (hey) to a
+//! service of two pods, three 10 s requests are in flight at pod A when the kubelet stand-in
+//! deletes it, and every request's outcome is counted. Each ordering of the kubelet runs with a
+//! graceful app, under Istio's own shutdown and under envoy-drain as the injection template sets
+//! it up.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+use support::kubelet::Ordering;
+use support::mesh::{self, AppKind, LONG, Load, Mode, RATE, Row, Scenario};
+
+/// A graceful app's pod deleted under load, with the proxy shutting down as `mode` says.
+fn deleted_under_load(ordering: Ordering, mode: Mode) -> Row {
+    let scenario = Scenario {
+        ordering,
+        app: AppKind::Graceful,
+        mode,
+        propagation: Duration::from_secs(2),
+        load: Load::Http1,
+    };
+    mesh::run(
+        &support::envoy::required(),
+        Path::new(support::BIN),
+        scenario,
+    )
+}
+
+/// The row as the table shows it, and the hook's summary.
+fn shown(row: &Row) -> String {
+    format!(
+        "\n{}hook: {}",
+        mesh::table(std::slice::from_ref(row)),
+        row.hook_summary.as_deref().unwrap_or("none")
+    )
+}
+
+/// The load ran for the whole deletion: at least half its rate over the seconds it lasted.
+fn load_ran(row: &Row) {
+    let least = (f64::from(RATE) / 2.0 * row.gone()) as usize;
+    assert!(
+        row.sent >= least,
+        "{} requests sent, expected at least {least} {}",
+        row.sent,
+        shown(row)
+    );
+}
+
+/// No request failed, the long ones included, and the hook ended at zero.
+fn no_request_failed(row: &Row) {
+    load_ran(row);
+    assert_eq!(row.failed, 0, "{}", shown(row));
+    assert_eq!(row.long_ok, LONG, "{}", shown(row));
+    let hook = row
+        .deletion
+        .hook
+        .as_ref()
+        .expect("the proxy's preStop hook ran");
+    assert_eq!(hook.code, Some(0), "{hook}");
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv, hey and Envoy: `bash scripts/test` runs it"]
+fn classic_sidecar_with_envoy_drain_fails_no_request_while_its_pod_is_deleted_under_load() {
+    let row = deleted_under_load(Ordering::Classic, Mode::EnvoyDrain);
+    no_request_failed(&row);
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv, hey and Envoy: `bash scripts/test` runs it"]
+fn native_sidecar_with_envoy_drain_fails_no_request_while_its_pod_is_deleted_under_load() {
+    let row = deleted_under_load(Ordering::Native, Mode::EnvoyDrain);
+    no_request_failed(&row);
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv, hey and Envoy: `bash scripts/test` runs it"]
+fn classic_sidecar_with_istios_default_cuts_the_long_requests_off_after_5s() {
+    // What the harness must be able to see: pilot-agent stops Envoy after its
+    // terminationDrainDuration, under the long requests.
+    let row = deleted_under_load(Ordering::Classic, Mode::Istio);
+    load_ran(&row);
+    assert_eq!(row.long_ok, 0, "{}", shown(&row));
+    assert!(row.kinds.reset >= LONG, "{}", shown(&row));
+    assert!(row.app_exit_to_proxy_stop() < 0.0, "{}", shown(&row));
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv, hey and Envoy: `bash scripts/test` runs it"]
+fn native_sidecar_with_istios_own_prestop_stops_the_proxy_as_the_app_exits() {
+    // The kubelet sends a native sidecar SIGTERM only once the app has exited, and after its
+    // `/drain` pilot-agent stops Envoy at once: nothing fails, nothing waits.
+    let row = deleted_under_load(Ordering::Native, Mode::Istio);
+    load_ran(&row);
+    assert_eq!(row.failed, 0, "{}", shown(&row));
+    let after = row.app_exit_to_proxy_stop();
+    assert!((0.0..1.0).contains(&after), "{}", shown(&row));
+}

@@ -1,0 +1,722 @@
+//! A mesh replica for the one number users judge a drain by: requests that fail while a pod is
+//! deleted under live traffic. Three pod replicas (support/pod.rs) on one network:
+//! - pods A (10.90.0.2) and B (10.90.0.4) serve the service `app` on 8080, each with Istio's
+//!   capture rules, Envoy as uid 1337 and the app (tests/pod/app.py) as uid 1000;
+//! - a client pod (10.90.0.5) whose sidecar routes the service's address (10.96.0.10:8080) to the
+//!   service's endpoints, which the control plane stand-in sends it over EDS
+//!   (tests/pod/client.yaml), and where real load generators run as uid 1000: `hey` for HTTP/1.1,
+//!   `h2load` for HTTP/2 (Debian's packages hey and nghttp2-client).
+//!
+//! A scenario deletes pod A with the kubelet stand-in (support/kubelet.rs) in one of its orderings
+//! while the load runs; the control plane removes A from the endpoints a propagation delay later,
+//! as istiod's EDS push reaches clients. Pod B stays. The outcome of every request comes from the
+//! load generators, the kind of each failure from the client sidecar's access log.
+
+use super::agent::SERVICE_CLUSTER;
+use super::http::Conn;
+use super::kubelet::{self, Deletion, Ordering, ProxyPreStop};
+use super::pod::{Capture, Network, Options, Pod, Stats};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub const A: &str = "10.90.0.2";
+pub const B: &str = "10.90.0.4";
+pub const CLIENT: &str = "10.90.0.5";
+/// The service's address, which the client's sidecar captures and routes.
+const SERVICE: &str = "http://10.96.0.10:8080";
+/// The steady load: short requests at a constant rate.
+pub const RATE: u32 = 100;
+const SHORT: &str = "/local/0.05";
+/// The long requests in flight at pod A when it is deleted.
+pub const LONG: usize = 3;
+const LONG_SECONDS: u32 = 10;
+/// How long the load runs before the deletion, and after both the pod is gone and the endpoint
+/// has left the client's list.
+const BEFORE: Duration = Duration::from_secs(2);
+const AFTER: Duration = Duration::from_secs(2);
+
+/// What the app does when it is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppKind {
+    /// Keeps serving after SIGTERM until its endpoint is gone (nothing in flight, nothing new for
+    /// 1 s), then exits.
+    Graceful,
+    /// Closes its listener at SIGTERM and finishes what it has (nginx's way).
+    Nginx,
+    /// A `sleep 5` preStop of its own (as Kubernetes guides advise), then nginx's way.
+    Sleep5,
+    /// Graceful, with one last outbound call through the sidecar at SIGTERM (a final flush).
+    Flush,
+}
+
+impl AppKind {
+    pub const ALL: [AppKind; 4] = [
+        AppKind::Graceful,
+        AppKind::Nginx,
+        AppKind::Sleep5,
+        AppKind::Flush,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AppKind::Graceful => "graceful",
+            AppKind::Nginx => "nginx-style",
+            AppKind::Sleep5 => "preStop sleep 5s",
+            AppKind::Flush => "final flush",
+        }
+    }
+
+    /// tests/pod/app.py's mode.
+    fn on_sigterm(self) -> &'static str {
+        match self {
+            AppKind::Graceful => "graceful",
+            AppKind::Nginx | AppKind::Sleep5 => "close",
+            AppKind::Flush => "flush",
+        }
+    }
+
+    fn pre_stop(self) -> Option<Duration> {
+        (self == AppKind::Sleep5).then_some(Duration::from_secs(5))
+    }
+}
+
+/// How the proxy container is set up to shut down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Istio's injection as it is: no preStop in classic mode (pilot-agent drains, sleeps
+    /// terminationDrainDuration, stops Envoy); `pilot-agent request POST drain` in native mode.
+    Istio,
+    /// The same with EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true.
+    ExitOnZero,
+    /// envoy-drain as the injection template (examples/istio-template-values.yaml) sets it.
+    EnvoyDrain,
+    /// The template with `--count requests`.
+    Requests,
+    /// The template with `--then-quit`.
+    ThenQuit,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 5] = [
+        Mode::Istio,
+        Mode::ExitOnZero,
+        Mode::EnvoyDrain,
+        Mode::Requests,
+        Mode::ThenQuit,
+    ];
+
+    pub fn name(self, ordering: Ordering) -> &'static str {
+        match (self, ordering) {
+            (Mode::Istio, Ordering::Classic) => "Istio default",
+            (Mode::Istio, Ordering::Native) => "Istio native preStop",
+            (Mode::ExitOnZero, _) => "EXIT_ON_ZERO",
+            (Mode::EnvoyDrain, _) => "envoy-drain (template)",
+            (Mode::Requests, _) => "envoy-drain --count requests",
+            (Mode::ThenQuit, _) => "envoy-drain --then-quit",
+        }
+    }
+
+    fn stats(self) -> Stats {
+        match self {
+            Mode::ExitOnZero => Stats::ExitOnZero,
+            _ => Stats::IstioDefault,
+        }
+    }
+
+    /// The proxy's preStop. The template's hook, as it renders for each ordering, without its
+    /// `--log-file=/proc/1/fd/1` (PID 1 here is not the proxy container's).
+    pub fn pre_stop(self, ordering: Ordering) -> ProxyPreStop {
+        let mut hook = vec!["run"];
+        if ordering == Ordering::Native {
+            hook.extend(["--drain=agent", "--agent=127.0.0.1:15020"]);
+        }
+        match self {
+            Mode::Istio | Mode::ExitOnZero => {
+                return match ordering {
+                    Ordering::Classic => ProxyPreStop::None,
+                    Ordering::Native => ProxyPreStop::AgentDrain,
+                };
+            }
+            Mode::EnvoyDrain => {}
+            Mode::Requests => hook.extend(["--count", "requests"]),
+            Mode::ThenQuit => hook.push("--then-quit"),
+        }
+        ProxyPreStop::Hook(hook.into_iter().map(String::from).collect())
+    }
+}
+
+/// Which load generator sends the short requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Load {
+    /// hey: HTTP/1.1 with keep-alive.
+    Http1,
+    /// h2load: HTTP/2 (prior knowledge), all the way to the server pods.
+    Http2,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Scenario {
+    pub ordering: Ordering,
+    pub app: AppKind,
+    pub mode: Mode,
+    /// From the deletion until the client's sidecar no longer has pod A.
+    pub propagation: Duration,
+    pub load: Load,
+}
+
+/// Failed requests by kind, as the client's sidecar saw them fail: `refused` (Envoy could not
+/// connect to pod A: response flag UF, or no host: UH), `reset` (the connection to pod A ended
+/// under the request: UC, UR, LR; and resets the load generator saw itself), `timeout` (UT, and
+/// the load generator's own), and `five_xx` (an answer of 500 or more from pod A itself).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Kinds {
+    pub five_xx: usize,
+    pub reset: usize,
+    pub refused: usize,
+    pub timeout: usize,
+}
+
+pub struct Row {
+    pub scenario: Scenario,
+    pub sent: usize,
+    pub failed: usize,
+    pub kinds: Kinds,
+    /// The long requests pod A was serving at the deletion, and how many of them succeeded.
+    pub long_at_a: usize,
+    pub long_ok: usize,
+    pub deletion: Deletion,
+    /// The end of the last request pod A answered with success.
+    pub last_request_end: Option<Instant>,
+    /// The hook's summary line, when there was a hook.
+    pub hook_summary: Option<String>,
+}
+
+impl Row {
+    /// Deletion to pod gone, in seconds.
+    pub fn gone(&self) -> f64 {
+        secs(self.deletion.pod_gone(), self.deletion.deleted)
+    }
+
+    /// App exit to proxy stop, in seconds: negative when the proxy stopped first.
+    pub fn app_exit_to_proxy_stop(&self) -> f64 {
+        secs(self.deletion.proxy_stopped, self.deletion.app_exited)
+    }
+
+    /// Last request end to proxy stop, in seconds.
+    pub fn last_request_to_proxy_stop(&self) -> Option<f64> {
+        self.last_request_end
+            .map(|end| secs(self.deletion.proxy_stopped, end))
+    }
+}
+
+/// `a - b` in seconds, signed.
+fn secs(a: Instant, b: Instant) -> f64 {
+    if a >= b {
+        (a - b).as_secs_f64()
+    } else {
+        -(b - a).as_secs_f64()
+    }
+}
+
+/// The three pods on one network.
+pub struct Mesh {
+    pub a: Pod,
+    pub b: Pod,
+    pub client: Pod,
+    network: Arc<Network>,
+}
+
+impl Mesh {
+    /// Starts the mesh, pod A's app and proxy set up by `app` and `stats`, and waits until the
+    /// client's sidecar has both endpoints.
+    pub fn start(envoy: &Path, hook: &Path, app: AppKind, stats: Stats) -> Mesh {
+        let network = Network::new(false);
+        network
+            .control
+            .set_endpoints(&[&format!("{A}:8080"), &format!("{B}:8080")]);
+        let server = |on_sigterm, stats| Options {
+            capture: Capture::Redirect,
+            stats,
+            on_sigterm,
+            ..Options::default()
+        };
+        let a = Pod::join(&network, A, envoy, hook, server(app.on_sigterm(), stats));
+        let b = Pod::join(
+            &network,
+            B,
+            envoy,
+            hook,
+            server("serve", Stats::IstioDefault),
+        );
+        let client_options = Options {
+            client: true,
+            ..Options::default()
+        };
+        let client = Pod::join(&network, CLIENT, envoy, hook, client_options);
+        let mesh = Mesh {
+            a,
+            b,
+            client,
+            network,
+        };
+        let both = mesh.wait_endpoints(&[A, B]);
+        assert!(
+            both,
+            "the client's sidecar got both endpoints over EDS; its log:\n{}",
+            mesh.client.envoy_log()
+        );
+        mesh
+    }
+
+    /// Waits until the client's sidecar routes to exactly `hosts`; false after 10 s.
+    fn wait_endpoints(&self, hosts: &[&str]) -> bool {
+        super::envoy::until(Duration::from_secs(10), || {
+            let answer = self
+                .client
+                .inside(|| Conn::open(super::envoy::ADMIN).and_then(|mut c| c.get("/clusters")));
+            let Ok(answer) = answer else { return false };
+            let mut seen: Vec<&str> = answer
+                .body
+                .lines()
+                .filter_map(|l| l.strip_prefix(SERVICE_CLUSTER)?.strip_prefix("::"))
+                .filter_map(|l| l.split_once(":8080::cx_active::").map(|(ip, _)| ip))
+                .collect();
+            seen.sort_unstable();
+            seen == hosts
+        })
+    }
+
+    /// A load generator in the client pod, its output captured.
+    fn generator(&self, program: &str, args: &[String]) -> Child {
+        let mut cmd: Command = self.client.as_app(program);
+        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.spawn().unwrap_or_else(|e| {
+            panic!("NOT RUN: {program}: {e}; `bash scripts/test-tools` installs it")
+        })
+    }
+}
+
+/// The outcome of one load generator's run.
+#[derive(Debug, Default)]
+struct Outcome {
+    sent: usize,
+    /// Answers of 500 or more.
+    five_xx: usize,
+    /// Other answers that are not 2xx or 3xx.
+    other_status: usize,
+    /// Requests without an answer, by kind.
+    errors: Kinds,
+}
+
+impl Outcome {
+    fn failed(&self) -> usize {
+        self.five_xx
+            + self.other_status
+            + self.errors.reset
+            + self.errors.refused
+            + self.errors.timeout
+    }
+}
+
+/// hey's summary: `Status code distribution:` with `[200]\t12 responses` lines, and
+/// `Error distribution:` with `[3]\tGet "...": EOF` lines.
+fn hey_outcome(out: &str) -> Outcome {
+    let mut o = Outcome::default();
+    let mut section = "";
+    for line in out.lines() {
+        let t = line.trim();
+        if t.ends_with("distribution:") {
+            section = t;
+            continue;
+        }
+        let Some((number, rest)) = t.strip_prefix('[').and_then(|r| r.split_once(']')) else {
+            continue;
+        };
+        let Ok(number) = number.parse::<usize>() else {
+            continue;
+        };
+        let rest = rest.trim();
+        if section.starts_with("Status code") {
+            let n: usize = rest
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            o.sent += n;
+            match number {
+                200..=399 => {}
+                500.. => o.five_xx += n,
+                _ => o.other_status += n,
+            }
+        } else if section.starts_with("Error") {
+            o.sent += number;
+            if rest.contains("refused") {
+                o.errors.refused += number;
+            } else if rest.contains("Timeout") || rest.contains("timeout") {
+                o.errors.timeout += number;
+            } else {
+                o.errors.reset += number;
+            }
+        }
+    }
+    o
+}
+
+/// h2load's summary: `requests: N total, N started, N done, N succeeded, N failed, N errored,
+/// N timeout` and `status codes: N 2xx, N 3xx, N 4xx, N 5xx`. Requests still in flight when its
+/// duration ends are cut off by h2load itself: only those done count.
+fn h2load_outcome(out: &str) -> Outcome {
+    let numbers = |prefix: &str| -> BTreeMap<String, usize> {
+        out.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(|rest| {
+                rest.split(',')
+                    .filter_map(|part| {
+                        let (n, name) = part.trim().split_once(' ')?;
+                        Some((name.to_string(), n.parse().ok()?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let requests = numbers("requests: ");
+    let codes = numbers("status codes: ");
+    let get = |m: &BTreeMap<String, usize>, k: &str| m.get(k).copied().unwrap_or(0);
+    let done = get(&requests, "done");
+    let answered: usize = codes.values().sum();
+    let timeout = get(&requests, "timeout");
+    Outcome {
+        sent: done,
+        five_xx: get(&codes, "5xx"),
+        other_status: get(&codes, "4xx"),
+        errors: Kinds {
+            timeout,
+            // Done without an answer: the stream or the connection was reset.
+            reset: done.saturating_sub(answered).saturating_sub(timeout),
+            ..Kinds::default()
+        },
+    }
+}
+
+/// One line of the client sidecar's access log (tests/pod/client.yaml):
+/// `ACCESS <start, epoch s.ms> <duration ms> <code> <flags> <upstream host> <path>`.
+struct Access {
+    end: SystemTime,
+    code: u16,
+    flags: String,
+    upstream: String,
+}
+
+fn access_log(log: &str) -> Vec<Access> {
+    log.lines()
+        .filter_map(|l| {
+            let mut w = l.strip_prefix("ACCESS ")?.split(' ');
+            let start: f64 = w.next()?.parse().ok()?;
+            let duration: u64 = w.next()?.parse().unwrap_or(0);
+            let code = w.next()?.parse().ok()?;
+            let flags = w.next()?.to_string();
+            let upstream = w.next()?.to_string();
+            Some(Access {
+                end: UNIX_EPOCH + Duration::from_secs_f64(start) + Duration::from_millis(duration),
+                code,
+                flags,
+                upstream,
+            })
+        })
+        .collect()
+}
+
+/// The kinds of the failures the sidecar answered, by its response flags.
+fn kinds_from_flags(log: &[Access]) -> Kinds {
+    let mut k = Kinds::default();
+    for a in log.iter().filter(|a| a.code >= 500 || a.code == 0) {
+        let has = |f: &str| a.flags.split(',').any(|x| x == f);
+        if has("UF") || has("UH") {
+            k.refused += 1;
+        } else if has("UC") || has("UR") || has("LR") || has("DC") {
+            k.reset += 1;
+        } else if has("UT") {
+            k.timeout += 1;
+        } else {
+            k.five_xx += 1;
+        }
+    }
+    k
+}
+
+/// Maps the access log's wall-clock times onto the harness's monotonic clock.
+struct Clock {
+    wall: SystemTime,
+    mono: Instant,
+}
+
+impl Clock {
+    fn now() -> Clock {
+        Clock {
+            wall: SystemTime::now(),
+            mono: Instant::now(),
+        }
+    }
+
+    fn instant(&self, t: SystemTime) -> Instant {
+        match t.duration_since(self.wall) {
+            Ok(after) => self.mono + after,
+            Err(e) => self.mono - e.duration(),
+        }
+    }
+}
+
+/// Runs one scenario in a mesh of its own, torn down after.
+pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
+    let mut mesh = Mesh::start(envoy, hook, s.app, s.mode.stats());
+    let clock = Clock::now();
+    let started = Instant::now();
+    let short_url = format!("{SERVICE}{SHORT}");
+    // h2load cannot be stopped early and still report: its run covers the longest deletion.
+    let h2_duration = BEFORE + kubelet::GRACE.max(s.propagation) + AFTER + Duration::from_secs(8);
+    let short = match s.load {
+        Load::Http1 => mesh.generator(
+            "hey",
+            &[
+                "-z".into(),
+                "600s".into(),
+                "-c".into(),
+                "10".into(),
+                "-q".into(),
+                (RATE / 10).to_string(),
+                "-t".into(),
+                "30".into(),
+                short_url,
+            ],
+        ),
+        Load::Http2 => mesh.generator(
+            "h2load",
+            &[
+                "-c".into(),
+                "4".into(),
+                // Streams at once per connection: enough for the rate at 50 ms a request.
+                "-m".into(),
+                "10".into(),
+                "--rps".into(),
+                (RATE / 4).to_string(),
+                "-D".into(),
+                h2_duration.as_secs().to_string(),
+                short_url,
+            ],
+        ),
+    };
+    let short = Generator::new(short);
+    let reached = super::envoy::until(Duration::from_secs(10), || {
+        mesh.a.app_said(&format!("received {SHORT}"))
+            && mesh.b.app_said(&format!("received {SHORT}"))
+    });
+    assert!(reached, "the load reaches both pods: {}", short.finish());
+    // Long requests, one at a time, until pod A serves `LONG` of them (the balancer spreads
+    // them over both pods).
+    let mut long = Vec::new();
+    let mut at_a = 0;
+    for i in 1..=4 * LONG {
+        if at_a == LONG {
+            break;
+        }
+        let path = format!("/local/{LONG_SECONDS}?long={i}");
+        long.push(Generator::new(mesh.generator(
+            "hey",
+            &[
+                "-n".into(),
+                "1".into(),
+                "-c".into(),
+                "1".into(),
+                "-t".into(),
+                "30".into(),
+                format!("{SERVICE}{path}"),
+            ],
+        )));
+        let received = format!("received {path}");
+        let mut at = None;
+        super::envoy::until(Duration::from_secs(10), || {
+            if mesh.a.app_said(&received) {
+                at = Some(true);
+            } else if mesh.b.app_said(&received) {
+                at = Some(false);
+            }
+            at.is_some()
+        });
+        match at {
+            Some(true) => at_a += 1,
+            Some(false) => {}
+            None => panic!("no pod received {path}"),
+        }
+    }
+    assert_eq!(at_a, LONG, "pod A got its long requests");
+    let wait = BEFORE.saturating_sub(started.elapsed());
+    thread::sleep(wait);
+
+    let network = Arc::clone(&mesh.network);
+    let deletion = thread::scope(|scope| {
+        let propagated = scope.spawn(|| {
+            thread::sleep(s.propagation);
+            network.control.set_endpoints(&[&format!("{B}:8080")]);
+            Instant::now()
+        });
+        let deletion = kubelet::delete(
+            &mesh.a,
+            s.ordering,
+            &s.mode.pre_stop(s.ordering),
+            s.app.pre_stop(),
+            kubelet::GRACE,
+        );
+        let propagated = propagated.join().expect("the control plane's push");
+        let gone = mesh.wait_endpoints(&[B]);
+        assert!(gone, "the client's sidecar dropped pod A");
+        thread::sleep(
+            (deletion.pod_gone().max(propagated) + AFTER).saturating_duration_since(Instant::now()),
+        );
+        deletion
+    });
+
+    let short = match s.load {
+        Load::Http1 => {
+            short.interrupt();
+            hey_outcome(&short.finish())
+        }
+        Load::Http2 => h2load_outcome(&short.finish()),
+    };
+    let long: Vec<Outcome> = long.into_iter().map(|g| hey_outcome(&g.finish())).collect();
+    let log = access_log(&mesh.client.envoy_log());
+    let a_host = format!("{A}:8080");
+    let last_request_end = log
+        .iter()
+        .filter(|a| a.upstream == a_host && (200..400).contains(&a.code))
+        .map(|a| clock.instant(a.end))
+        .max();
+    let mut kinds = kinds_from_flags(&log);
+    let mut failed = short.failed();
+    let mut sent = short.sent;
+    for o in long.iter().chain([&short]) {
+        kinds.reset += o.errors.reset;
+        kinds.refused += o.errors.refused;
+        kinds.timeout += o.errors.timeout;
+    }
+    for o in &long {
+        failed += o.failed();
+        sent += o.sent;
+    }
+    let long_failed: usize = long.iter().map(Outcome::failed).sum();
+    Row {
+        scenario: s,
+        sent,
+        failed,
+        kinds,
+        long_at_a: at_a,
+        long_ok: at_a.saturating_sub(long_failed),
+        hook_summary: deletion.hook.as_ref().map(|h| {
+            h.last_line()
+                .split('\t')
+                .next_back()
+                .unwrap_or_default()
+                .to_string()
+        }),
+        deletion,
+        last_request_end,
+    }
+}
+
+/// A running load generator whose output is collected as it runs.
+struct Generator {
+    child: Child,
+    /// What it printed, once its output has ended.
+    output: std::sync::mpsc::Receiver<String>,
+}
+
+impl Generator {
+    fn new(mut child: Child) -> Generator {
+        let mut out = child.stdout.take().expect("piped");
+        let mut err = child.stderr.take().expect("piped");
+        let (tx, output) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            use std::io::Read;
+            let mut s = String::new();
+            let _ = out.read_to_string(&mut s);
+            let _ = err.read_to_string(&mut s);
+            let _ = tx.send(s);
+        });
+        Generator { child, output }
+    }
+
+    /// SIGINT: hey stops sending, waits for what is in flight and prints its summary.
+    fn interrupt(&self) {
+        // SAFETY: a signal to a child of ours that has not been reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+    }
+
+    /// Waits for its output to end (killing it after 60 s) and returns what it printed.
+    fn finish(mut self) -> String {
+        let printed = self.output.recv_timeout(Duration::from_secs(60));
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        printed.unwrap_or_else(|_| "(killed after 60 s: no summary)".to_string())
+    }
+}
+
+/// The table, one row per scenario, in Markdown.
+pub fn table(rows: &[Row]) -> String {
+    let mut t = String::from(
+        "| ordering | app | proxy shutdown | propagation | load | sent | failed | 5xx | reset | refused | timeout | long at A ok | deletion to pod gone | app exit to proxy stop | last request end to proxy stop |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let s = r.scenario;
+        let ordering = match s.ordering {
+            Ordering::Classic => "classic",
+            Ordering::Native => "native",
+        };
+        let load = match s.load {
+            Load::Http1 => "HTTP/1.1",
+            Load::Http2 => "HTTP/2",
+        };
+        t.push_str(&format!(
+            "| {ordering} | {} | {} | {}s | {load} | {} | {} | {} | {} | {} | {} | {}/{} | {:.1}s | {:+.1}s | {} |\n",
+            s.app.name(),
+            s.mode.name(s.ordering),
+            s.propagation.as_secs(),
+            r.sent,
+            r.failed,
+            r.kinds.five_xx,
+            r.kinds.reset,
+            r.kinds.refused,
+            r.kinds.timeout,
+            r.long_ok,
+            r.long_at_a,
+            r.gone(),
+            r.app_exit_to_proxy_stop(),
+            r.last_request_to_proxy_stop()
+                .map_or("-".to_string(), |d| format!("{d:+.1}s")),
+        ));
+    }
+    t
+}
+
+/// The demo's short table: per proxy shutdown, what a user sees.
+pub fn short_table(rows: &[Row]) -> String {
+    let mut t = format!(
+        "{:<32} {:>6} {:>6} {:>12} {:>10} {:>22}\n",
+        "pod shutdown", "sent", "failed", "long at A ok", "pod gone", "proxy stop after app"
+    );
+    for r in rows {
+        t.push_str(&format!(
+            "{:<32} {:>6} {:>6} {:>12} {:>9.1}s {:>21.1}s\n",
+            r.scenario.mode.name(r.scenario.ordering),
+            r.sent,
+            r.failed,
+            format!("{}/{}", r.long_ok, r.long_at_a),
+            r.gone(),
+            r.app_exit_to_proxy_stop(),
+        ));
+    }
+    t
+}
