@@ -607,6 +607,25 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
         sent += o.sent;
     }
     let long_failed: usize = long.iter().map(Outcome::failed).sum();
+    if s.app == AppKind::Flush {
+        // The app's last call through its own sidecar is a request too.
+        mesh.a.app_said("last call");
+        let last = mesh
+            .a
+            .app_lines()
+            .iter()
+            .find(|l| l.starts_with("last call"));
+        sent += 1;
+        match last.map(String::as_str) {
+            Some("last call 200") => {}
+            Some(l) if l.contains("refused") => kinds.refused += 1,
+            Some(l) if l.starts_with("last call failed") => kinds.reset += 1,
+            Some(_) => kinds.five_xx += 1,
+            // Killed before it ended.
+            None => kinds.reset += 1,
+        }
+        failed += usize::from(last.map(String::as_str) != Some("last call 200"));
+    }
     Row {
         scenario: s,
         sent,
