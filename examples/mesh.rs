@@ -1,9 +1,13 @@
 //! The mesh's table: requests that fail while a pod is deleted under live traffic
 //! (tests/support/mesh.rs), one row per kubelet ordering x app kind x proxy shutdown x propagation
-//! delay, and one HTTP/2 row. Arguments narrow it down: any of `classic`, `native`, an app kind
-//! (`graceful`, `nginx`, `sleep`, `flush`), a mode (`istio`, `exit-on-zero`, `envoy-drain`,
-//! `requests`, `then-quit`), a propagation delay (`2s`, `10s`), `http2`; several of one sort are
-//! all run. Run it with `bash examples/mesh.sh [ARG...]`, as root.
+//! delay. Arguments narrow it down: any of `classic`, `native`, an app kind (`graceful`, `nginx`,
+//! `sleep`, `flush`), a mode (`istio`, `exit-on-zero`, `envoy-drain`, `requests`, `then-quit`), a
+//! propagation delay (`2s`, `10s`), `http2` (h2load instead of hey); several of one sort are all
+//! run. Run it with `bash examples/mesh.sh [ARG...]`, as root.
+//!
+//! `demo` first: the demo (`bash examples/demo.sh`), the table's top rows (classic ordering,
+//! graceful app, 2 s) for Istio's default, EXIT_ON_ZERO, envoy-drain and `--then-quit` unless
+//! modes are named, in a short table.
 
 #[allow(dead_code)]
 #[path = "../tests/support"]
@@ -30,7 +34,16 @@ use support::mesh::{AppKind, Load, Mode, Scenario};
 const PROPAGATIONS: [u64; 2] = [2, 10];
 
 fn main() {
-    let scenarios = match scenarios(std::env::args().skip(1).collect()) {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let demo = args.first().is_some_and(|a| a == "demo");
+    if demo {
+        args[0] = "classic".to_string();
+        args.extend(["graceful", "2s"].map(String::from));
+        if !args.iter().any(|a| is_mode(a)) {
+            args.extend(["istio", "exit-on-zero", "envoy-drain", "then-quit"].map(String::from));
+        }
+    }
+    let scenarios = match scenarios(args) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("mesh: {e}");
@@ -70,7 +83,18 @@ fn main() {
         );
         rows.push(row);
     }
-    print!("{}", support::mesh::table(&rows));
+    if demo {
+        print!("{}", support::mesh::short_table(&rows));
+    } else {
+        print!("{}", support::mesh::table(&rows));
+    }
+}
+
+fn is_mode(arg: &str) -> bool {
+    matches!(
+        arg,
+        "istio" | "exit-on-zero" | "envoy-drain" | "requests" | "then-quit"
+    )
 }
 
 /// The scenarios the arguments select, in the table's order.

@@ -109,15 +109,10 @@ impl Process {
     }
 
     pub fn signal(&self, signal: i32) {
-        if self.exited().is_none() {
+        if self.exited.lock().unwrap().is_none() {
             // SAFETY: a signal to a child of ours that has not been reaped yet.
             unsafe { libc::kill(self.pid, signal) };
         }
-    }
-
-    /// When it exited, if it has.
-    pub fn exited(&self) -> Option<Instant> {
-        *self.exited.lock().unwrap()
     }
 
     /// Waits until it exits or `deadline` passes; when it exited.
@@ -218,8 +213,6 @@ fn ip(ns: &Netns, args: &[&str]) {
 
 pub struct Pod {
     pub options: Options,
-    /// The pod's address on the network.
-    pub ip: String,
     hook: PathBuf,
     pod: Netns,
     dir: PathBuf,
@@ -366,7 +359,6 @@ impl Pod {
         };
         let mut p = Pod {
             options,
-            ip: addr.to_string(),
             hook: hook_binary(hook),
             pod,
             dir,
