@@ -30,11 +30,16 @@ pub enum Drain {
 }
 
 impl Drain {
-    /// The request to Envoy's admin API, or none.
+    /// The request to Envoy's admin API, or none. `skip_exit`: Envoy keeps its listeners
+    /// accepting for as long as it runs, instead of stopping them when its own drain time
+    /// (`--drain-time-s`, Istio's drainDuration) has passed while the hook still waits: clients
+    /// that have not yet learnt the pod is going (endpoints propagate late) are still served.
+    /// Always with `graceful`: a non-graceful `skip_exit` would make every later graceful drain a
+    /// no-op (docs/how-it-works.md).
     pub fn path(self) -> Option<&'static str> {
         match self {
-            Drain::Inbound => Some("/drain_listeners?inboundonly&graceful"),
-            Drain::All => Some("/drain_listeners?graceful"),
+            Drain::Inbound => Some("/drain_listeners?inboundonly&graceful&skip_exit"),
+            Drain::All => Some("/drain_listeners?graceful&skip_exit"),
             Drain::None | Drain::Agent => None,
         }
     }

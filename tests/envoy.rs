@@ -224,7 +224,7 @@ fn drain_inbound_leaves_outbound_responses_alone_and_drain_all_does_not() {
         assert_eq!(all.code, Some(0), "{all}");
         assert!(
             all.stderr
-                .contains("drain_listeners?graceful answered 200 'OK'"),
+                .contains("drain_listeners?graceful&skip_exit answered 200 'OK'"),
             "{all}"
         );
         let outbound = Conn::open(OUTBOUND).unwrap().get("/ok").unwrap();
@@ -250,6 +250,44 @@ fn a_request_arriving_during_the_min_drain_is_served() {
         let out = r.finish();
         assert_eq!(out.code, Some(0), "{out}");
         assert!(out.ended >= served_at, "{out}");
+    });
+}
+
+#[test]
+#[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
+fn a_connection_made_after_envoys_own_drain_time_is_still_served_while_the_hook_waits() {
+    // Envoy stops a gracefully drained listener when its --drain-time-s has passed, unless the
+    // drain said skip_exit: clients whose endpoint list still has the pod must not be refused.
+    scenario(|bin| {
+        let _app = App::start(APP, false);
+        let _envoy = Envoy::start(
+            &bin,
+            Options {
+                drain_time_s: 1,
+                merge: None,
+            },
+        );
+        let mut r = spawn(command(&["run", "--min-drain", "4s", "--deadline", "6s"]));
+        r.expect_line("Envoy accepted the drain", 10 * SECOND);
+        let drained = Instant::now();
+        // A new connection every 200 ms, until well past Envoy's drain time of 1 s.
+        let mut served = 0;
+        while drained.elapsed() < 3 * SECOND && served < 20 {
+            let late = Conn::open(INBOUND)
+                .and_then(|mut c| c.get("/delay/0.2"))
+                .unwrap_or_else(|e| panic!("refused {:?} after the drain: {e}", drained.elapsed()));
+            assert_eq!(late.status, 200, "{late:?}");
+            assert!(late.says_close(), "the listener is draining {late:?}");
+            served += 1;
+        }
+        assert!(drained.elapsed() >= 2 * SECOND, "{served} served");
+        let out = r.finish();
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(
+            out.stderr
+                .contains("drain_listeners?inboundonly&graceful&skip_exit answered 200 'OK'"),
+            "{out}"
+        );
     });
 }
 
