@@ -728,7 +728,7 @@ pub fn short_table(rows: &[Row]) -> String {
     );
     for r in rows {
         t.push_str(&format!(
-            "{:<32} {:>6} {:>6} {:>12} {:>9.1}s {:>21.1}s\n",
+            "{:<32} {:>6} {:>6} {:>12} {:>9.1}s {:>+21.1}s\n",
             r.scenario.mode.name(r.scenario.ordering),
             r.sent,
             r.failed,
