@@ -180,8 +180,9 @@ pub struct RunArgs {
     #[argh(option)]
     pub log_file: Option<String>,
 
-    /// after reaching the threshold, POST /quitquitquit to the Istio agent so the proxy exits
-    /// at once (default: off)
+    /// after reaching the threshold and once the app has exited (no socket of another user
+    /// than the proxy's left in the pod), POST /quitquitquit to the Istio agent so the proxy
+    /// exits at once (default: off)
     #[argh(switch)]
     pub then_quit: bool,
 

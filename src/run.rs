@@ -128,6 +128,7 @@ impl Run {
         });
         if outcome == Outcome::Reached
             && let Some(agent) = cfg.quit_agent
+            && self.app_gone(&mut sources, cfg, &mut clock)
         {
             let done = "asked the Istio agent to stop the proxy now";
             let what = "ask the Istio agent to stop the proxy";
@@ -140,6 +141,30 @@ impl Run {
             );
         }
         outcome
+    }
+
+    /// Waits until the app has exited: no socket of another user than the proxy's is left in
+    /// the pod (an app that is still shutting down may still call out through the proxy). Counts
+    /// every interval, until the deadline; false when the app is still there, or unknown, then.
+    fn app_gone(&self, sources: &mut Sources, cfg: &RunConfig, clock: &mut RealClock) -> bool {
+        let mut said = false;
+        loop {
+            let left = cfg.rules.deadline.saturating_sub(clock.now());
+            let others = sources.others(left);
+            match &others {
+                Ok(o) if o.is_empty() => return true,
+                Ok(o) if !said => lock(&self.log).info(&text::waiting_for_app(o)),
+                Err(why) if !said => lock(&self.log).warn(&text::app_unknown(why)),
+                _ => {}
+            }
+            said = true;
+            let left = cfg.rules.deadline.saturating_sub(clock.now());
+            if left <= cfg.rules.interval {
+                lock(&self.log).warn(&text::app_still_running(others.as_ref().ok()));
+                return false;
+            }
+            clock.sleep(cfg.rules.interval);
+        }
     }
 
     /// Writes the summary as the last line, unless one was written already; says whether it

@@ -262,6 +262,38 @@ pub fn post_failed(what: &str, url: &str, cause: &str) -> String {
     format!("failed to {what}: POST {url}: {cause}")
 }
 
+/// The app's sockets, as in `uid 1000: 2 sockets, uid 1001: 1 socket`.
+fn sockets_by_user(others: &std::collections::BTreeMap<u32, u64>) -> String {
+    others
+        .iter()
+        .map(|(uid, n)| format!("uid {uid}: {n} socket{}", if *n == 1 { "" } else { "s" }))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `--then-quit` waiting for the app before it stops the proxy.
+pub fn waiting_for_app(others: &std::collections::BTreeMap<u32, u64>) -> String {
+    format!(
+        "waiting for the app to exit before asking the Istio agent to stop the proxy: {} still open",
+        sockets_by_user(others)
+    )
+}
+
+/// `--then-quit` that cannot see the app.
+pub fn app_unknown(why: &str) -> String {
+    format!(
+        "cannot tell whether the app has exited ({why}): the proxy is not stopped until it is known"
+    )
+}
+
+/// `--then-quit` given up at the deadline.
+pub fn app_still_running(others: Option<&std::collections::BTreeMap<u32, u64>>) -> String {
+    let open = others.map_or("unknown".to_string(), sockets_by_user);
+    format!(
+        "the app has not exited by the deadline ({open}): not asking the Istio agent to stop the proxy; its own shutdown follows"
+    )
+}
+
 /// `run` with the kill switch set.
 pub fn disabled(variable: &str, value: &str) -> String {
     format!("{variable}={value} is set: not draining and not waiting")

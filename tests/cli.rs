@@ -258,6 +258,49 @@ fn then_quit_asks_the_agent_to_stop_the_proxy_once_the_count_is_reached() {
 }
 
 #[test]
+fn then_quit_leaves_the_proxy_alone_while_the_app_still_holds_sockets() {
+    // The app (uid 1000, not the proxy's user) still listens: it has not exited, and may still
+    // call out through the proxy, so the proxy must not be stopped under it.
+    let dir = temp_dir("cli-quit-app");
+    std::fs::write(
+        dir.join("tcp"),
+        "  sl  local_address rem_address   st\n   \
+         0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 7\n",
+    )
+    .unwrap();
+    let agent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = agent.local_addr().unwrap().to_string();
+    let out = run(watch_table(
+        &dir,
+        &[
+            "--min-drain",
+            "0s",
+            "--deadline",
+            "1s",
+            "--then-quit",
+            "--agent",
+            &addr,
+        ],
+    ));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.code, Some(0), "the count was reached {out}");
+    agent.set_nonblocking(true).unwrap();
+    assert!(
+        agent
+            .accept()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+        "the agent was not asked to stop the proxy {out}"
+    );
+    for line in [
+        "waiting for the app to exit before asking the Istio agent to stop the proxy: uid 1000: 1 socket still open",
+        "the app has not exited by the deadline (uid 1000: 1 socket): not asking the Istio agent to stop the proxy",
+    ] {
+        assert!(out.stderr.contains(line), "{line:?} {out}");
+    }
+    assert!(out.last_line().contains("done after"), "{out}");
+}
+
+#[test]
 fn a_hanging_admin_api_does_not_hold_the_hook_past_its_deadline() {
     let dir = one_open_connection("cli-hang");
     // Connections complete in the backlog but are never accepted: requests get no answer.

@@ -487,3 +487,30 @@ fn draining_through_the_agent_does_what_istios_native_sidecar_prestop_does() {
         "{out}"
     );
 }
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
+fn then_quit_stops_the_proxy_only_once_the_app_has_exited() {
+    // A graceful app keeps serving for a while after SIGTERM: the count is zero at once, but
+    // the proxy must outlive the app, which may still be called or call out.
+    let mut pod = pod(Capture::Redirect, Stats::IstioDefault, "graceful");
+    let hook = delete(&pod, &[&HOOK[..], &["--then-quit"]].concat());
+    pod.app_event("exiting", 10 * SECOND);
+    let out = hook.finish();
+    let exited = pod
+        .app()
+        .and_then(|app| app.wait_until(Instant::now() + 10 * SECOND))
+        .expect("the app exited");
+    assert_eq!(out.code, Some(0), "{out}");
+    assert!(
+        out.stderr.contains(
+            "waiting for the app to exit before asking the Istio agent to stop the proxy: uid 1000:"
+        ),
+        "{out}"
+    );
+    assert!(pod.agent_asked_to_quit(), "{out}");
+    assert!(
+        out.ended >= exited && out.ended - exited < INTERVAL + MARGIN,
+        "asked to stop the proxy right after the app exited {out}"
+    );
+}

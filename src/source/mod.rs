@@ -92,6 +92,15 @@ impl Sources {
         self.admin.url(self.stats_path())
     }
 
+    /// Sockets of other users than the proxy's, by user, read within `left`: the app's, until it
+    /// has exited.
+    pub fn others(
+        &mut self,
+        left: Duration,
+    ) -> Result<std::collections::BTreeMap<u32, u64>, String> {
+        self.table.others(Instant::now() + left.max(PROC_GRACE))
+    }
+
     /// Counts by the configured mode and unit within `left`.
     pub fn count(&mut self, left: Duration) -> Reading {
         decide(&self.look(left, false))

@@ -391,6 +391,17 @@ pub fn count(table: &Table, rule: &Rule<'_>, listeners: &mut Listeners) -> Count
     Count::new(SourceKind::Proc, parts, vec![]).with_excluded(excluded)
 }
 
+/// Sockets held by users other than the proxy's, by user: the app's (and any other container's).
+/// A process that has exited holds none: its listeners are gone, and its connections are on their
+/// way out, in states the table leaves out.
+pub fn others(table: &Table, proxy_uid: u32) -> BTreeMap<u32, u64> {
+    let mut by_uid = BTreeMap::new();
+    for s in table.sockets.iter().filter(|s| s.uid != proxy_uid) {
+        *by_uid.entry(s.uid).or_default() += 1;
+    }
+    by_uid
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -784,5 +795,23 @@ mod tests {
         ]);
         assert_eq!((t.bad_lines, t.first_bad.as_deref()), (2, Some("garbage")));
         assert_eq!(t.sockets.len(), 1);
+    }
+
+    #[test]
+    fn sockets_of_other_users_are_the_apps_and_a_process_that_exited_leaves_none() {
+        let live = table(&[
+            line("00000000:1F90", "00000000:0000", "0A", 1000, 1),
+            line("0200000A:1F90", "0600007F:A000", "01", 1000, 2),
+            line("0100007F:3A98", "00000000:0000", "0A", 1337, 3),
+            line("0200000A:3A9E", "0300000A:C000", "01", 1337, 4),
+        ]);
+        assert_eq!(others(&live, 1337), BTreeMap::from([(1000, 2)]));
+        // After the app's exit: its connection in FIN_WAIT2 and TIME_WAIT (uid 0) are not read.
+        let gone = table(&[
+            line("0200000A:1F90", "0600007F:A000", "05", 1000, 0),
+            line("0200000A:1F90", "0600007F:A001", "06", 0, 0),
+            line("0100007F:3A98", "00000000:0000", "0A", 1337, 3),
+        ]);
+        assert!(others(&gone, 1337).is_empty());
     }
 }

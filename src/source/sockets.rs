@@ -9,6 +9,7 @@ use crate::count::{Basis, Count};
 use crate::error::Failure;
 use crate::source::diag::{self, DumpError};
 use crate::source::procnet::{self, DEFAULT_EPHEMERAL, Envoy, Listeners, Rule, Table};
+use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 use std::io::Read;
 use std::net::SocketAddr;
@@ -76,6 +77,38 @@ impl SocketTable {
     /// tables for the rest of the run, which a warning says; a dump that fails leaves this count
     /// unknown.
     pub fn count(&mut self, until: Instant) -> Result<Count, String> {
+        let table = self.read(until)?;
+        let (envoy, basis) = self.envoy(&table, until);
+        let rule = Rule {
+            filter: &self.filter,
+            envoy: &envoy,
+            ephemeral: self.ephemeral(),
+        };
+        let mut count = procnet::count(&table, &rule, &mut self.listeners).with_basis(basis);
+        if let Reader::Text { why: Some(why), .. } = &self.reader {
+            count.warnings.push(format!(
+                "netlink sock_diag is unavailable ({why}): reading {}/tcp and tcp6 instead",
+                PROC_NET
+            ));
+        }
+        Ok(count)
+    }
+
+    /// Sockets held by other users than the proxy's, by user: while the app runs, its own. The
+    /// proxy's user is the admin listener's owner, else this process's (a preStop runs as the
+    /// proxy container's user).
+    pub fn others(&mut self, until: Instant) -> Result<BTreeMap<u32, u64>, String> {
+        let table = self.read(until)?;
+        let proxy = match table.listener(self.admin) {
+            Some(admin) => admin.uid,
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            None => unsafe { libc::geteuid() },
+        };
+        Ok(procnet::others(&table, proxy))
+    }
+
+    /// Both tables, read once, before `until`.
+    fn read(&mut self, until: Instant) -> Result<Table, String> {
         let mut table = match &self.reader {
             Reader::Netlink => match diag::dump(until) {
                 Ok(table) => table,
@@ -92,20 +125,7 @@ impl SocketTable {
             Reader::Text { dir, .. } => read_tables(dir, until).map_err(|f| f.to_string())?,
         };
         table.dedup();
-        let (envoy, basis) = self.envoy(&table, until);
-        let rule = Rule {
-            filter: &self.filter,
-            envoy: &envoy,
-            ephemeral: self.ephemeral(),
-        };
-        let mut count = procnet::count(&table, &rule, &mut self.listeners).with_basis(basis);
-        if let Reader::Text { why: Some(why), .. } = &self.reader {
-            count.warnings.push(format!(
-                "netlink sock_diag is unavailable ({why}): reading {}/tcp and tcp6 instead",
-                PROC_NET
-            ));
-        }
-        Ok(count)
+        Ok(table)
     }
 
     /// Who Envoy is, and how that was found.

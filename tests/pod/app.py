@@ -14,7 +14,8 @@ On SIGTERM it does what the first argument says, then exits once its requests ar
   call      make one last HTTP call through the sidecar (a deregistration, say) taking 1.5 s
   tcp       make one last TCP exchange through the sidecar (10.90.0.3:5432) taking 1.5 s
   graceful  keep serving until its endpoint is gone: no request in flight and none arrived for
-            QUIET seconds (clients have stopped sending), then close the listener
+            QUIET seconds, counted from SIGTERM at the earliest (clients have stopped sending),
+            then close the listener
   flush     the same, with one last HTTP call through the sidecar (1.5 s) at SIGTERM
 
 Every event is a line on stdout, for the test to wait on: `listening`, `received <path>`,
@@ -102,6 +103,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 
 def main():
+    global last_arrival
     on_sigterm = sys.argv[1] if len(sys.argv) > 1 else "serve"
     server = http.server.ThreadingHTTPServer(("0.0.0.0", 8080), Handler)
     stopping = threading.Event()
@@ -112,6 +114,7 @@ def main():
     serving.start()
     say("listening")
     stopping.wait()
+    stopped_at = time.monotonic()
     if on_sigterm == "serve":
         threading.Event().wait()
     if on_sigterm == "close":
@@ -128,6 +131,7 @@ def main():
         say("last call failed: %s" % e)
     if on_sigterm in ("graceful", "flush"):
         with quiet:
+            last_arrival = max(last_arrival, stopped_at)
             while not (in_flight == 0 and time.monotonic() - last_arrival >= QUIET):
                 quiet.wait(timeout=max(0.01, QUIET - (time.monotonic() - last_arrival)))
         say("endpoint gone")
