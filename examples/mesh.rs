@@ -1,13 +1,13 @@
 //! The mesh's table: requests that fail while a pod is deleted under live traffic
 //! (tests/support/mesh.rs), one row per kubelet ordering x app kind x proxy shutdown x propagation
 //! delay. Arguments narrow it down: any of `classic`, `native`, an app kind (`graceful`, `nginx`,
-//! `sleep`, `flush`), a mode (`istio`, `exit-on-zero`, `envoy-drain`, `requests`, `then-quit`), a
+//! `sleep`, `flush`), a mode (`istio`, `exit-on-zero`, `envoy-drain`, `requests`, `plain`), a
 //! propagation delay (`2s`, `10s`), `http2` (h2load instead of hey); several of one sort are all
 //! run. Run it with `bash examples/mesh.sh [ARG...]`, as root.
 //!
 //! `demo` first: the demo (`bash examples/demo.sh`), the table's top rows (classic ordering,
-//! graceful app, 2 s) for Istio's default, EXIT_ON_ZERO, envoy-drain and `--then-quit` unless
-//! modes are named, in a short table.
+//! graceful app, 2 s) for Istio's default, EXIT_ON_ZERO and envoy-drain as the template sets it
+//! unless modes are named, in a short table.
 
 #[allow(dead_code)]
 #[path = "../tests/support"]
@@ -40,7 +40,7 @@ fn main() {
         args[0] = "classic".to_string();
         args.extend(["graceful", "2s"].map(String::from));
         if !args.iter().any(|a| is_mode(a)) {
-            args.extend(["istio", "exit-on-zero", "envoy-drain", "then-quit"].map(String::from));
+            args.extend(["istio", "exit-on-zero", "envoy-drain"].map(String::from));
         }
     }
     let scenarios = match scenarios(args) {
@@ -93,7 +93,7 @@ fn main() {
 fn is_mode(arg: &str) -> bool {
     matches!(
         arg,
-        "istio" | "exit-on-zero" | "envoy-drain" | "requests" | "then-quit"
+        "istio" | "exit-on-zero" | "envoy-drain" | "requests" | "plain"
     )
 }
 
@@ -116,14 +116,14 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
             "exit-on-zero" => modes.push(Mode::ExitOnZero),
             "envoy-drain" => modes.push(Mode::EnvoyDrain),
             "requests" => modes.push(Mode::Requests),
-            "then-quit" => modes.push(Mode::ThenQuit),
+            "plain" => modes.push(Mode::Plain),
             "http2" => http2 = true,
             other => match other.strip_suffix('s').and_then(|n| n.parse::<u64>().ok()) {
                 Some(n) => propagations.push(n),
                 None => {
                     return Err(format!(
                         "unknown argument '{other}': expected classic, native, graceful, nginx, \
-                         sleep, flush, istio, exit-on-zero, envoy-drain, requests, then-quit, \
+                         sleep, flush, istio, exit-on-zero, envoy-drain, requests, plain, \
                          <n>s or http2"
                     ));
                 }

@@ -64,6 +64,32 @@ pub struct Count {
     pub excluded: Vec<Excluded>,
     /// How the count told what counts (whose sockets are Envoy's), worth a line when it changes.
     pub basis: Option<Basis>,
+    /// What tells a new connection or request from those counted before.
+    pub arrivals: Arrivals,
+}
+
+/// What tells whether a request has arrived since an earlier count: while one still does, the
+/// pod is still in some client's endpoints, whatever the count (between two short requests it
+/// touches zero).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Arrivals {
+    /// The source cannot tell: Istio's stats matcher leaves Envoy's `_total` counters out, and
+    /// the socket table only shows what is open at the moment it is read.
+    #[default]
+    Unknown,
+    /// Requests so far (`rq_total` of the hosts that count, from /clusters), a counter.
+    Requests(u64),
+}
+
+impl Arrivals {
+    /// Whether a request arrived between `before` and this: the counter moved (one that went
+    /// back belongs to a restarted Envoy). False when either side cannot tell.
+    pub fn since(self, before: Arrivals) -> bool {
+        match (before, self) {
+            (Arrivals::Requests(a), Arrivals::Requests(b)) => a != b,
+            _ => false,
+        }
+    }
 }
 
 /// How a socket-table count told Envoy's sockets from the rest.
@@ -101,7 +127,12 @@ impl Count {
             warnings,
             excluded: Vec::new(),
             basis: None,
+            arrivals: Arrivals::Unknown,
         }
+    }
+
+    pub fn with_arrivals(self, arrivals: Arrivals) -> Count {
+        Count { arrivals, ..self }
     }
 
     pub fn with_excluded(self, excluded: Vec<Excluded>) -> Count {

@@ -20,6 +20,8 @@ pub const EXIT_SIGTERM: i32 = 143;
 pub enum Outcome {
     /// The count was at or below the threshold, after the min-drain and the settle time.
     Reached,
+    /// The app has exited: what is still open, nothing can answer.
+    AppExited,
     /// The deadline passed; at least one count succeeded on the way.
     Deadline,
     /// The deadline passed and no source ever answered.
@@ -31,7 +33,7 @@ pub enum Outcome {
 impl Outcome {
     pub fn exit_code(self) -> i32 {
         match self {
-            Outcome::Reached => EXIT_REACHED,
+            Outcome::Reached | Outcome::AppExited => EXIT_REACHED,
             Outcome::Deadline => EXIT_DEADLINE,
             Outcome::NothingCounted => EXIT_NOTHING_COUNTED,
             Outcome::Interrupted(libc::SIGINT) => EXIT_SIGINT,

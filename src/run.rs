@@ -4,14 +4,14 @@
 
 use crate::cli::{RunArgs, usage_error};
 use crate::config::{self, AGENT_DRAIN_PATH, Drain, ENV_DISABLED, RunConfig};
-use crate::count::{Basis, Count, SourceKind, Unit};
+use crate::count::{Arrivals, Basis, Count, SourceKind, Unit};
 use crate::log::{Level, Logger};
 use crate::outcome::{EXIT_REACHED, Outcome, Progress};
 use crate::source::admin::Client;
-use crate::source::sockets::Reader;
+use crate::source::sockets::{Pod, Reader};
 use crate::source::{Reading, Sources};
 use crate::text;
-use crate::wait::{self, Clock};
+use crate::wait::{self, App, Clock, Tick};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -123,13 +123,18 @@ impl Run {
         }
         let mut watch = Watch::new(&self.log, &self.progress, cfg, clock.now());
         let outcome = wait::wait(&cfg.rules, watch.drained_at, &mut clock, |left| {
-            let reading = sources.count(left);
-            watch.observe(reading, sources.reader(), self.start.elapsed())
+            let (reading, pod) = sources.tick(left);
+            watch.observe(reading, pod, sources.reader(), self.start.elapsed())
         });
-        if outcome == Outcome::Reached
-            && let Some(agent) = cfg.quit_agent
-            && self.app_gone(&mut sources, cfg, &mut clock)
-        {
+        let quit = match outcome {
+            Outcome::AppExited => true,
+            Outcome::Reached => {
+                cfg.quit_agent.is_some()
+                    && self.app_gone(&mut sources, &mut watch.follow, cfg, &mut clock)
+            }
+            _ => false,
+        };
+        if quit && let Some(agent) = cfg.quit_agent {
             let done = "asked the Istio agent to stop the proxy now";
             let what = "ask the Istio agent to stop the proxy";
             self.post(
@@ -143,27 +148,48 @@ impl Run {
         outcome
     }
 
-    /// Waits until the app has exited: no socket of another user than the proxy's is left in
-    /// the pod (an app that is still shutting down may still call out through the proxy). Counts
-    /// every interval, until the deadline; false when the app is still there, or unknown, then.
-    fn app_gone(&self, sources: &mut Sources, cfg: &RunConfig, clock: &mut RealClock) -> bool {
+    /// With --then-quit, once the count is reached: waits until the app has exited, as the
+    /// socket table shows it (an app that is still shutting down may still call out through the
+    /// proxy). Looks every interval until the deadline; false when the app is still there or
+    /// unknown then, or was never seen (an app without sockets cannot be told from one that has
+    /// exited).
+    fn app_gone(
+        &self,
+        sources: &mut Sources,
+        follow: &mut Follow,
+        cfg: &RunConfig,
+        clock: &mut RealClock,
+    ) -> bool {
         let mut said = false;
         loop {
             let left = cfg.rules.deadline.saturating_sub(clock.now());
-            let others = sources.others(left);
-            match &others {
-                Ok(o) if o.is_empty() => return true,
-                Ok(o) if !said => lock(&self.log).info(&text::waiting_for_app(o)),
-                Err(why) if !said => lock(&self.log).warn(&text::app_unknown(why)),
+            let pod = sources.pod(left);
+            let app = follow.app(&pod);
+            let others = pod.as_ref().ok().map(|p| &p.others);
+            match (app, &pod) {
+                (App::Gone, _) => return true,
+                (App::NotSeen, _) => {
+                    lock(&self.log).warn(text::APP_NOT_SEEN);
+                    return false;
+                }
+                (App::Running, Ok(p)) if !said => {
+                    lock(&self.log).info(&text::waiting_for_app(&p.others))
+                }
+                (App::Unknown, Err(why)) if !said => lock(&self.log).warn(&text::app_unknown(why)),
                 _ => {}
             }
-            said = true;
+            said |= app != App::Leaving;
             let left = cfg.rules.deadline.saturating_sub(clock.now());
-            if left <= cfg.rules.interval {
-                lock(&self.log).warn(&text::app_still_running(others.as_ref().ok()));
+            let pause = if app == App::Leaving {
+                wait::RECHECK
+            } else {
+                cfg.rules.interval
+            };
+            if left <= pause {
+                lock(&self.log).warn(&text::app_still_running(others));
                 return false;
             }
-            clock.sleep(cfg.rules.interval);
+            clock.sleep(pause);
         }
     }
 
@@ -174,7 +200,7 @@ impl Run {
             return false;
         }
         let level = match outcome {
-            Outcome::Reached => Level::Info,
+            Outcome::Reached | Outcome::AppExited => Level::Info,
             Outcome::NothingCounted => Level::Error,
             Outcome::Deadline | Outcome::Interrupted(_) => Level::Warn,
         };
@@ -219,6 +245,52 @@ struct Watch<'a> {
     /// How the socket table last told Envoy's sockets apart, as the log last said.
     basis: Option<Basis>,
     line_at: Duration,
+    follow: Follow,
+    /// Whether the last count line said that new ones were still arriving.
+    arriving: bool,
+}
+
+/// Follows the app and what arrives, from one look at the pod to the next.
+#[derive(Debug, Default)]
+pub struct Follow {
+    app_seen: bool,
+    /// The last look found none of the app's sockets.
+    app_missing: bool,
+    /// The last known request counter.
+    requests: Arrivals,
+}
+
+impl Follow {
+    /// What this look says of the app.
+    pub fn app(&mut self, pod: &Result<Pod, String>) -> App {
+        let missing = match pod {
+            Err(_) => {
+                self.app_missing = false;
+                return App::Unknown;
+            }
+            Ok(p) => p.others.is_empty(),
+        };
+        let was_missing = std::mem::replace(&mut self.app_missing, missing);
+        match (missing, self.app_seen, was_missing) {
+            (false, ..) => {
+                self.app_seen = true;
+                App::Running
+            }
+            (true, false, _) => App::NotSeen,
+            (true, true, false) => App::Leaving,
+            (true, true, true) => App::Gone,
+        }
+    }
+
+    /// Whether a request arrived since the last count that could tell.
+    pub fn arrived(&mut self, count: Option<&Count>) -> bool {
+        match count.map(|c| c.arrivals) {
+            Some(now @ Arrivals::Requests(_)) => {
+                now.since(std::mem::replace(&mut self.requests, now))
+            }
+            _ => false,
+        }
+    }
 }
 
 impl<'a> Watch<'a> {
@@ -236,11 +308,39 @@ impl<'a> Watch<'a> {
             source: None,
             basis: None,
             line_at: Duration::ZERO,
+            follow: Follow::default(),
+            arriving: false,
         }
     }
 
-    /// Records the reading, says what is worth saying, and gives the count to the wait.
-    fn observe(&mut self, reading: Reading, proc: &Reader, now: Duration) -> Option<u64> {
+    /// Records the look, says what is worth saying, and gives the wait what it needs.
+    fn observe(
+        &mut self,
+        reading: Reading,
+        pod: Result<Pod, String>,
+        proc: &Reader,
+        now: Duration,
+    ) -> Tick {
+        let app = self.follow.app(&pod);
+        let arrived = self.follow.arrived(reading.result.as_ref().ok());
+        if app == App::Gone {
+            lock(self.log).info(text::APP_EXITED);
+        }
+        Tick {
+            count: self.count(reading, arrived, proc, now),
+            arrived,
+            app,
+        }
+    }
+
+    /// Records the reading and logs its count.
+    fn count(
+        &mut self,
+        reading: Reading,
+        arrived: bool,
+        proc: &Reader,
+        now: Duration,
+    ) -> Option<u64> {
         // Progress first: a signal's summary must know what the log already says.
         let (before, failing) = {
             let mut p = lock(self.progress);
@@ -256,8 +356,11 @@ impl<'a> Watch<'a> {
         };
         match &reading.result {
             Ok(count) => {
-                let news = failing.is_some() || before != Some(count.total);
-                self.counted(count, &reading, proc, news, now);
+                let arriving = arrived && count.total <= self.cfg.rules.exit_at;
+                let news = failing.is_some()
+                    || before != Some(count.total)
+                    || arriving != std::mem::replace(&mut self.arriving, arriving);
+                self.counted(count, &reading, proc, news, arriving, now);
                 Some(count.total)
             }
             Err(why) => {
@@ -277,6 +380,7 @@ impl<'a> Watch<'a> {
         reading: &Reading,
         proc: &Reader,
         news: bool,
+        arriving: bool,
         now: Duration,
     ) {
         let mut log = lock(self.log);
@@ -309,7 +413,7 @@ impl<'a> Watch<'a> {
             || now.saturating_sub(self.line_at) >= HEARTBEAT;
         let min_drain_end = self.drained_at.saturating_add(self.cfg.rules.min_drain);
         log.waiting(
-            &text::count_line(count, now, min_drain_end, self.cfg),
+            &text::count_line(count, arriving, now, min_drain_end, self.cfg),
             worth_a_line,
         );
         drop(log);
@@ -379,7 +483,11 @@ mod tests {
         let totals = readings
             .into_iter()
             .enumerate()
-            .map(|(i, r)| w.observe(r, &proc, Duration::from_secs(i as u64)))
+            .map(|(i, r)| {
+                let table = Err("not read in this test".to_string());
+                w.observe(r, table, &proc, Duration::from_secs(i as u64))
+                    .count
+            })
             .collect();
         let p = lock(&progress).clone();
         (sink.text(), p, totals)
@@ -539,5 +647,68 @@ mod tests {
             log.contains("\tinfo\tenvoy-drain\tdone after 7.0s: 0 active connections (proc); the proxy may stop now"),
             "{log}"
         );
+    }
+
+    fn pod(others: &[(u32, u64)]) -> Result<Pod, String> {
+        Ok(Pod {
+            others: others.iter().copied().collect(),
+        })
+    }
+
+    #[test]
+    fn the_app_is_gone_only_after_it_was_seen_and_then_missed_twice_in_a_row() {
+        let mut f = Follow::default();
+        let apps: Vec<App> = [
+            pod(&[]),
+            pod(&[(1000, 2)]),
+            pod(&[]),
+            pod(&[(1000, 1)]),
+            pod(&[]),
+            Err("dump failed".to_string()),
+            pod(&[]),
+            pod(&[]),
+        ]
+        .iter()
+        .map(|p| f.app(p))
+        .collect();
+        assert_eq!(
+            apps,
+            vec![
+                App::NotSeen,
+                App::Running,
+                App::Leaving,
+                App::Running,
+                App::Leaving,
+                App::Unknown,
+                App::Leaving,
+                App::Gone
+            ]
+        );
+    }
+
+    #[test]
+    fn a_request_counter_that_moved_is_an_arrival() {
+        let mut f = Follow::default();
+        let requests = |n| {
+            Count::of(SourceKind::Clusters, Unit::Requests, vec![], vec![])
+                .with_arrivals(Arrivals::Requests(n))
+        };
+        assert!(
+            !f.arrived(Some(&requests(40))),
+            "the first count has nothing to compare"
+        );
+        assert!(!f.arrived(Some(&requests(40))), "no new request");
+        assert!(
+            f.arrived(Some(&requests(41))),
+            "a request, on a kept connection or a new one"
+        );
+        assert!(!f.arrived(None), "an unknown count tells nothing");
+        let stats = Count::new(SourceKind::Stats, vec![], vec![]);
+        assert!(!f.arrived(Some(&stats)), "stats cannot tell");
+        assert!(
+            !f.arrived(Some(&requests(41))),
+            "compared with the last counter"
+        );
+        assert!(f.arrived(Some(&requests(3))), "a restarted Envoy's counter");
     }
 }

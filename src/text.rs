@@ -182,6 +182,7 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources) -> String {
 /// `verbose`.
 pub fn count_line(
     count: &Count,
+    arriving: bool,
     now: Duration,
     min_drain_end: Duration,
     cfg: &RunConfig,
@@ -199,8 +200,16 @@ pub fn count_line(
             seconds(cfg.rules.deadline.saturating_sub(now))
         )
     };
+    let arriving = if arriving {
+        match count.unit {
+            Unit::Connections => ", and new connections still arriving",
+            Unit::Requests => ", and new requests still arriving",
+        }
+    } else {
+        ""
+    };
     format!(
-        "{} ({}){breakdown}; {when}",
+        "{} ({}){breakdown}{arriving}; {when}",
         count.describe(),
         count.source.name()
     )
@@ -279,6 +288,13 @@ pub fn waiting_for_app(others: &std::collections::BTreeMap<u32, u64>) -> String 
     )
 }
 
+/// The app's sockets are gone, at two looks in a row.
+pub const APP_EXITED: &str =
+    "the app has exited: no socket of another user than the proxy's is left in the pod";
+
+/// `--then-quit` when the app never held a socket while the hook looked.
+pub const APP_NOT_SEEN: &str = "no socket of the app seen while waiting, so its exit cannot be told: not asking the Istio agent to stop the proxy; its own shutdown follows";
+
 /// `--then-quit` that cannot see the app.
 pub fn app_unknown(why: &str) -> String {
     format!(
@@ -329,6 +345,9 @@ pub fn summary(
     let open = p.last.as_ref().map(Count::still_open).unwrap_or_default();
     let mut line = match outcome {
         Outcome::Reached => format!("done after {took}: {counted}; the proxy may stop now"),
+        Outcome::AppExited => format!(
+            "done after {took}: the app has exited, which leaves nothing to answer the {counted} still open; the proxy may stop now"
+        ),
         Outcome::Deadline => format!(
             "deadline of {} passed after {took} with {counted} still open{open}{stale}",
             humantime::format_duration(deadline),

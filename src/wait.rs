@@ -1,5 +1,6 @@
 //! The wait: turns counts and time into an outcome. Time is injected, so the rules (min-drain,
-//! settle, threshold, deadline, unknown counts) are tested with a fake clock and scripted counts.
+//! settle, arrivals, the app's exit, threshold, deadline, unknown counts) are tested with a fake
+//! clock and scripted looks.
 
 use crate::config::Rules;
 use crate::outcome::Outcome;
@@ -14,10 +15,43 @@ pub trait Clock {
 /// Time enough for a count before the deadline: the bound on one admin request.
 pub const LAST_COUNT: Duration = crate::source::admin::REQUEST_TIMEOUT;
 
-/// Counts at once, then every interval, until the count has stayed at or below the threshold for
-/// the settle time after the min-drain, or the deadline passes. `count` is given the time left
-/// (to bound its own I/O) and answers `None` when nothing could be counted: that never ends the
-/// wait early and breaks the settle time. The min-drain ends `LAST_COUNT` (or one interval, if
+/// How soon the pod is looked at again when the app's sockets have just gone: an app between
+/// closing its listener and a last call out holds none for a moment.
+pub const RECHECK: Duration = Duration::from_millis(100);
+
+/// What one look gave the wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tick {
+    /// The count; `None` when nothing could be counted.
+    pub count: Option<u64>,
+    /// A request arrived since the last look: the pod is still in some client's endpoints, even
+    /// when the count is at zero between two requests.
+    pub arrived: bool,
+    pub app: App,
+}
+
+/// What the socket table says of the app: its sockets are those of other users than the proxy's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum App {
+    /// The table could not be read.
+    #[default]
+    Unknown,
+    /// No socket of the app seen yet: an app that holds none cannot be told from one that has
+    /// exited.
+    NotSeen,
+    Running,
+    /// Its sockets have gone, at one look: the next one, shortly after, tells.
+    Leaving,
+    /// Its sockets have gone, at two looks in a row: it has exited, and nothing is left that
+    /// could answer a request.
+    Gone,
+}
+
+/// Counts at once, then every interval, until the count has stayed at or below the threshold,
+/// at counts that saw no new request arrive, for the settle time after the min-drain; or until the app has
+/// exited (whatever is still open, nothing can answer it); or the deadline passes. `look` is
+/// given the time left (to bound its own I/O); a count of `None` (nothing could be counted) never
+/// ends the wait early and breaks the settle time, as an arrival does. The min-drain ends `LAST_COUNT` (or one interval, if
 /// shorter) before the deadline at the latest, so that a count can still see a quiet pod and end
 /// the wait in time: a min-drain as long as the deadline (a short --deadline, or
 /// MINIMUM_DRAIN_DURATION set for Istio) would otherwise end after it and turn every quiet
@@ -26,7 +60,7 @@ pub fn wait(
     rules: &Rules,
     drained_at: Duration,
     clock: &mut impl Clock,
-    mut count: impl FnMut(Duration) -> Option<u64>,
+    mut look: impl FnMut(Duration) -> Tick,
 ) -> Outcome {
     let drain_done = drained_at.saturating_add(rules.min_drain).min(
         rules
@@ -40,16 +74,22 @@ pub fn wait(
         if started >= rules.deadline {
             break;
         }
-        let n = count(rules.deadline - started);
+        let tick = look(rules.deadline - started);
         let now = clock.now();
-        counted |= n.is_some();
-        match n {
-            Some(n) if n <= rules.exit_at => {
+        counted |= tick.count.is_some();
+        if tick.app == App::Gone {
+            return Outcome::AppExited;
+        }
+        match tick.count {
+            Some(n) if n <= rules.exit_at && !tick.arrived => {
                 low_since.get_or_insert(now);
             }
             _ => low_since = None,
         }
         let mut next = started.saturating_add(rules.interval);
+        if tick.app == App::Leaving {
+            next = next.min(now.saturating_add(RECHECK));
+        }
         if let Some(since) = low_since {
             // Saturating: durations up to u64::MAX seconds parse, and must not overflow here.
             let done_at = drain_done.max(since.saturating_add(rules.settle));
@@ -103,6 +143,13 @@ mod tests {
         }
     }
 
+    fn counted(n: u64) -> Tick {
+        Tick {
+            count: Some(n),
+            ..Tick::default()
+        }
+    }
+
     /// Runs the loop with counts given as (from time in ms, count) steps; each count takes
     /// `cost` of fake time. Returns the outcome, when it ended and the times counted at.
     fn run(
@@ -110,7 +157,28 @@ mod tests {
         script: &[(u64, Option<u64>)],
         cost: Duration,
     ) -> (Outcome, Duration, Vec<Duration>) {
+        let ticks: Vec<(u64, Tick)> = script
+            .iter()
+            .map(|&(from, count)| {
+                let tick = Tick {
+                    count,
+                    ..Tick::default()
+                };
+                (from, tick)
+            })
+            .collect();
+        run_ticks(rules, &ticks, cost)
+    }
+
+    /// `run` with whole looks: each (from time in ms, look) step holds from then on, except
+    /// that an arrival is seen only at the first look of its step.
+    fn run_ticks(
+        rules: &Rules,
+        script: &[(u64, Tick)],
+        cost: Duration,
+    ) -> (Outcome, Duration, Vec<Duration>) {
         let now = Cell::new(ms(0));
+        let mut last_step = None;
         let mut at = Vec::new();
         let outcome = wait(rules, ms(0), &mut FakeClock(&now), |left| {
             let t = now.get();
@@ -120,11 +188,13 @@ mod tests {
                 "time left is bounded by the deadline"
             );
             now.set(t + cost.min(left));
-            script
-                .iter()
-                .rev()
-                .find(|(from, _)| ms(*from) <= t)
-                .and_then(|(_, n)| *n)
+            let Some(step) = script.iter().rposition(|(from, _)| ms(*from) <= t) else {
+                return Tick::default();
+            };
+            let mut tick = script[step].1;
+            tick.arrived &= last_step != Some(step);
+            last_step = Some(step);
+            tick
         });
         (outcome, now.get(), at)
     }
@@ -278,7 +348,7 @@ mod tests {
                 deadline: ms(3000),
                 ..rules()
             };
-            let o = wait(&r, drained_at, &mut FakeClock(&now), |_| Some(0));
+            let o = wait(&r, drained_at, &mut FakeClock(&now), |_| counted(0));
             assert_eq!(o, Outcome::Reached, "drained at {drained_at:?}");
             assert!(
                 now.get() >= ms(2500) && now.get() < ms(3000),
@@ -292,7 +362,7 @@ mod tests {
             deadline: ms(3000),
             ..rules()
         };
-        let o = wait(&r, ms(0), &mut FakeClock(&now), |_| Some(1));
+        let o = wait(&r, ms(0), &mut FakeClock(&now), |_| counted(1));
         assert_eq!(
             o,
             Outcome::Deadline,
@@ -307,7 +377,53 @@ mod tests {
             min_drain: ms(1000),
             ..rules()
         };
-        let o = wait(&r, ms(800), &mut FakeClock(&now), |_| Some(0));
+        let o = wait(&r, ms(800), &mut FakeClock(&now), |_| counted(0));
         assert_eq!((o, now.get()), (Outcome::Reached, ms(1800)));
+    }
+
+    #[test]
+    fn arrivals_hold_a_zero_count_until_a_count_sees_none() {
+        let r = rules();
+        let arriving = Tick {
+            arrived: true,
+            ..counted(0)
+        };
+        // Zero at every look, but a new request at every one up to 9 s: the endpoint has not yet
+        // left the clients' lists.
+        let script: Vec<(u64, Tick)> = (0..19).map(|i| (i * 500, arriving)).collect();
+        let (o, end, _) = run_ticks(&r, &script, ms(0));
+        assert_eq!((o, end), (Outcome::Reached, ms(9500)));
+        // Without arrivals the same zeros end at the min-drain.
+        let (o, end, _) = run_ticks(&r, &[(0, counted(0))], ms(0));
+        assert_eq!((o, end), (Outcome::Reached, ms(5000)));
+    }
+
+    #[test]
+    fn the_app_gone_ends_the_wait_at_once_whatever_is_open_and_is_checked_twice() {
+        let leaving = Tick {
+            app: App::Leaving,
+            ..counted(3)
+        };
+        let gone = Tick {
+            app: App::Gone,
+            ..counted(3)
+        };
+        let script = [(0, counted(3)), (2000, leaving), (2100, gone)];
+        let (o, end, at) = run_ticks(&rules(), &script, ms(0));
+        assert_eq!((o, end), (Outcome::AppExited, ms(2100)));
+        assert_eq!(
+            &at[at.len() - 2..],
+            &[ms(2000), ms(2100)],
+            "looks again 100ms after the sockets went"
+        );
+        // Before the min-drain too: nothing is left to serve.
+        let (o, end, _) = run_ticks(&rules(), &[(0, counted(0)), (1000, gone)], ms(0));
+        assert_eq!((o, end), (Outcome::AppExited, ms(1000)));
+        // An app never seen, or a table that cannot be read, never ends the wait.
+        for app in [App::NotSeen, App::Unknown, App::Running, App::Leaving] {
+            let tick = Tick { app, ..counted(1) };
+            let (o, _, _) = run_ticks(&rules(), &[(0, tick)], ms(0));
+            assert_eq!(o, Outcome::Deadline, "{app:?}");
+        }
     }
 }

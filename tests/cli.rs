@@ -5,7 +5,7 @@ mod support;
 
 use std::net::TcpListener;
 use std::time::Duration;
-use support::{command, one_open_connection, run, temp_dir, watch_table};
+use support::{command, one_open_connection, run, spawn, temp_dir, watch_table};
 
 /// A loopback address nothing listens on.
 fn refused() -> String {
@@ -233,15 +233,36 @@ fn fake_agent() -> (String, std::thread::JoinHandle<String>) {
     (addr, handle)
 }
 
+/// A socket table holding the app's listener (uid 1000, not the proxy's user), or nothing.
+const APP_LISTENING: &str = "  sl  local_address rem_address   st\n   \
+     0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 7\n";
+const NOTHING: &str = "  sl  local_address rem_address   st\n";
+
+/// Nobody may connect to `agent` by now.
+fn never_asked(agent: &TcpListener) -> bool {
+    agent.set_nonblocking(true).unwrap();
+    agent
+        .accept()
+        .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
 #[test]
-fn then_quit_asks_the_agent_to_stop_the_proxy_once_the_count_is_reached() {
+fn then_quit_asks_the_agent_to_stop_the_proxy_once_the_app_has_exited() {
     let dir = temp_dir("cli-quit");
-    std::fs::write(dir.join("tcp"), "  sl  local_address rem_address   st\n").unwrap();
+    std::fs::write(dir.join("tcp"), APP_LISTENING).unwrap();
     let (agent, request) = fake_agent();
-    let out = run(watch_table(
+    let mut hook = spawn(watch_table(
         &dir,
         &["--min-drain", "0s", "--then-quit", "--agent", &agent],
     ));
+    hook.expect_line(
+        "waiting for the app to exit before asking the Istio agent to stop the proxy: uid 1000: 1 socket still open",
+        Duration::from_secs(5),
+    );
+    // The app exits: its listener leaves the table, replaced whole as the kernel's would be.
+    std::fs::write(dir.join("tcp.next"), NOTHING).unwrap();
+    std::fs::rename(dir.join("tcp.next"), dir.join("tcp")).unwrap();
+    let out = hook.finish();
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(out.code, Some(0), "{out}");
     assert_eq!(request.join().unwrap(), "POST /quitquitquit HTTP/1.1");
@@ -258,16 +279,34 @@ fn then_quit_asks_the_agent_to_stop_the_proxy_once_the_count_is_reached() {
 }
 
 #[test]
+fn then_quit_leaves_the_proxy_alone_when_it_never_saw_the_app() {
+    // An app without a socket cannot be told from one that has exited.
+    let dir = temp_dir("cli-quit-unseen");
+    std::fs::write(dir.join("tcp"), NOTHING).unwrap();
+    let agent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = agent.local_addr().unwrap().to_string();
+    let out = run(watch_table(
+        &dir,
+        &["--min-drain", "0s", "--then-quit", "--agent", &addr],
+    ));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.code, Some(0), "the count was reached {out}");
+    assert!(
+        never_asked(&agent),
+        "the agent was not asked to stop the proxy {out}"
+    );
+    assert!(
+        out.stderr.contains("no socket of the app seen while waiting, so its exit cannot be told: not asking the Istio agent to stop the proxy"),
+        "{out}"
+    );
+}
+
+#[test]
 fn then_quit_leaves_the_proxy_alone_while_the_app_still_holds_sockets() {
     // The app (uid 1000, not the proxy's user) still listens: it has not exited, and may still
     // call out through the proxy, so the proxy must not be stopped under it.
     let dir = temp_dir("cli-quit-app");
-    std::fs::write(
-        dir.join("tcp"),
-        "  sl  local_address rem_address   st\n   \
-         0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 7\n",
-    )
-    .unwrap();
+    std::fs::write(dir.join("tcp"), APP_LISTENING).unwrap();
     let agent = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = agent.local_addr().unwrap().to_string();
     let out = run(watch_table(
@@ -284,11 +323,8 @@ fn then_quit_leaves_the_proxy_alone_while_the_app_still_holds_sockets() {
     ));
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(out.code, Some(0), "the count was reached {out}");
-    agent.set_nonblocking(true).unwrap();
     assert!(
-        agent
-            .accept()
-            .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+        never_asked(&agent),
         "the agent was not asked to stop the proxy {out}"
     );
     for line in [

@@ -261,10 +261,14 @@ fn check(pod: &str, native_flag: bool, variant: Variant) -> String {
         "istio-proxy stays where Istio put it\n{merged}"
     );
     let mut want = vec!["/envoy-drain/envoy-drain", "run"];
-    if after.in_init {
-        want.extend(["--drain=agent", "--agent=127.0.0.1:15020"]);
-    }
-    want.push("--log-file=/proc/1/fd/1");
+    // Native: the agent drains, and stops the proxy at once on the SIGTERM that follows the
+    // app's exit. Classic: the hook asks the agent to stop the proxy once the app has exited.
+    want.push(if after.in_init {
+        "--drain=agent"
+    } else {
+        "--then-quit"
+    });
+    want.extend(["--agent=127.0.0.1:15020", "--log-file=/proc/1/fd/1"]);
     // The binary takes the hook's arguments as written: with `--help` after them it prints its
     // help, and refuses an argument it does not know (as it once did `--drain=agent`).
     let parsed = Command::new(env!("CARGO_BIN_EXE_envoy-drain"))

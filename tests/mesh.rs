@@ -66,6 +66,9 @@ fn no_request_failed(row: &Row) {
 fn classic_sidecar_with_envoy_drain_fails_no_request_while_its_pod_is_deleted_under_load() {
     let row = deleted_under_load(Ordering::Classic, Mode::EnvoyDrain);
     no_request_failed(&row);
+    // --then-quit: the proxy stops once the app has exited, not after pilot-agent's own 5 s.
+    let after = row.app_exit_to_proxy_stop();
+    assert!((0.0..2.5).contains(&after), "{}", shown(&row));
 }
 
 #[test]
@@ -73,6 +76,9 @@ fn classic_sidecar_with_envoy_drain_fails_no_request_while_its_pod_is_deleted_un
 fn native_sidecar_with_envoy_drain_fails_no_request_while_its_pod_is_deleted_under_load() {
     let row = deleted_under_load(Ordering::Native, Mode::EnvoyDrain);
     no_request_failed(&row);
+    // The hook never holds a proxy whose app has gone.
+    let after = row.app_exit_to_proxy_stop();
+    assert!((0.0..2.5).contains(&after), "{}", shown(&row));
 }
 
 #[test]

@@ -514,3 +514,70 @@ fn then_quit_stops_the_proxy_only_once_the_app_has_exited() {
         "asked to stop the proxy right after the app exited {out}"
     );
 }
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
+fn new_requests_still_arriving_hold_the_wait_though_the_count_touches_zero_between_them() {
+    // The endpoint has not left the clients' lists yet: short requests keep coming. Between two
+    // of them nothing is in flight, so the count alone would end the wait at the min-drain and
+    // a proxy stopped then would refuse the next one.
+    for stats in BOTH_STATS {
+        let pod = pod(Capture::Redirect, stats, "serve");
+        let hook = delete(&pod, &HOOK_REQUESTS);
+        let last = pod.client(|| {
+            for _ in 0..25 {
+                let resp = Conn::open(APP).and_then(|mut c| c.get("/local/0"));
+                assert_eq!(resp.expect("served while draining").status, 200);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Instant::now()
+        });
+        let out = hook.finish();
+        assert_eq!(out.code, Some(0), "{stats:?} {out}");
+        assert!(
+            out.stderr
+                .contains("0 active requests (clusters), and new requests still arriving"),
+            "{stats:?} {out}"
+        );
+        assert!(
+            out.ended >= last,
+            "{stats:?}: the hook ended while requests still arrived {out}"
+        );
+        // A count that sees the last one arrive, then one that sees none.
+        let after = out.ended - last;
+        assert!(
+            after < 2 * INTERVAL + MARGIN,
+            "{stats:?}: ended {after:?} after the last request {out}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
+fn an_app_that_has_exited_ends_the_wait_though_a_client_still_holds_a_connection() {
+    // Nothing is left to answer the idle client: the proxy would be held for nothing until the
+    // deadline (in native ordering the kubelet stops it only after the hook).
+    for stats in BOTH_STATS {
+        let mut pod = pod(Capture::Redirect, stats, "graceful");
+        let mut idle = pod.client(|| Conn::open(APP)).unwrap();
+        assert_eq!(idle.get("/local/0").unwrap().status, 200);
+        let hook = delete(&pod, &["run", "--min-drain", "0s", "--interval", "200ms"]);
+        pod.app_event("exiting", 10 * SECOND);
+        let exited = pod
+            .app()
+            .and_then(|app| app.wait_until(Instant::now() + 10 * SECOND))
+            .expect("the app exited");
+        let out = hook.finish();
+        assert_eq!(out.code, Some(0), "{stats:?} {out}");
+        let want = format!(
+            "the app has exited, which leaves nothing to answer the 1 active connection {} still open",
+            source(stats)
+        );
+        assert!(out.last_line().contains(&want), "{stats:?} {out}");
+        assert!(
+            out.ended >= exited && out.ended - exited < INTERVAL + MARGIN,
+            "{stats:?}: ended right after the app exited {out}"
+        );
+        drop(idle);
+    }
+}

@@ -5,7 +5,7 @@
 //! and the app's calls through Envoy (outbound clusters); a TCP proxy stream is one request on its
 //! upstream host; an idle pooled connection is none. See docs/how-it-works.md.
 
-use crate::count::{Count, Part, SourceKind, Unit};
+use crate::count::{Arrivals, Count, Part, SourceKind, Unit};
 use crate::lists::{Names, PortSet};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -74,9 +74,11 @@ pub struct Tally {
     hosts: bool,
     /// A counted host's value that is not a count: the count cannot be trusted.
     bad: Option<String>,
+    /// `rq_total` over the hosts that count: requests so far, which tells new ones apart.
+    arrived: u64,
 }
 
-const LISTED: [&str; 3] = ["rq_active", "rq_pending_active", "cx_active"];
+const LISTED: [&str; 4] = ["rq_active", "rq_pending_active", "cx_active", "rq_total"];
 
 impl Tally {
     /// Takes one line: `<cluster>::<host>::<stat>::<value>`; other lines are skipped.
@@ -111,6 +113,8 @@ impl Tally {
             return;
         };
         match (stat, why_host) {
+            ("rq_total", _) if counted => self.arrived = self.arrived.wrapping_add(n),
+            ("rq_total", _) => {}
             ("cx_active", _) if counted => {
                 cluster.connections = cluster.connections.saturating_add(n)
             }
@@ -184,7 +188,8 @@ impl Tally {
             })
             .collect();
         Ok(Answer {
-            count: Count::of(SourceKind::Clusters, Unit::Requests, parts, vec![]),
+            count: Count::of(SourceKind::Clusters, Unit::Requests, parts, vec![])
+                .with_arrivals(Arrivals::Requests(self.arrived)),
             clusters: self.clusters,
             quiet: self.quiet,
             hosts_left_out: self.hosts_left_out.into_iter().collect(),
@@ -331,5 +336,20 @@ mine::10.0.0.7:80::rq_active::4
         let bad_but_left_out =
             "xds-grpc::10.0.0.1:80::rq_active::x\nc::10.0.0.1:80::rq_active::0\n";
         assert_eq!(tally(bad_but_left_out, &istio()).unwrap().count.total, 0);
+    }
+
+    #[test]
+    fn requests_so_far_add_up_over_the_hosts_that_count_only() {
+        let body = "inbound|8080||::10.90.0.2:8080::rq_active::0
+inbound|8080||::10.90.0.2:8080::rq_total::40
+outbound|9080||svc.other.svc.cluster.local::10.90.0.3:9080::rq_active::0
+outbound|9080||svc.other.svc.cluster.local::10.90.0.3:9080::rq_total::2
+xds-grpc::@envoy-drain-pod-xds::rq_total::1
+agent::127.0.0.1:15020::rq_total::9
+inbound|15090||::127.0.0.1:15090::rq_total::5
+";
+        let a = tally(body, &istio()).unwrap();
+        assert_eq!(a.count.total, 0);
+        assert_eq!(a.count.arrivals, Arrivals::Requests(42));
     }
 }

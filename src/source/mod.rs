@@ -15,7 +15,7 @@ use crate::error::Failure;
 use crate::lists::PortSet;
 use admin::Client;
 use clusters::CLUSTERS_PATH;
-use sockets::SocketTable;
+use sockets::{Pod, SocketTable};
 use stats::{Answer, Hcm, REQUESTS_PATH, STATS_PATH};
 use std::time::{Duration, Instant};
 
@@ -92,13 +92,19 @@ impl Sources {
         self.admin.url(self.stats_path())
     }
 
-    /// Sockets of other users than the proxy's, by user, read within `left`: the app's, until it
-    /// has exited.
-    pub fn others(
-        &mut self,
-        left: Duration,
-    ) -> Result<std::collections::BTreeMap<u32, u64>, String> {
-        self.table.others(Instant::now() + left.max(PROC_GRACE))
+    /// One count, and what the socket table says about the pod (read within `left`, from the
+    /// count's own table when it counted from it).
+    pub fn tick(&mut self, left: Duration) -> (Reading, Result<Pod, String>) {
+        let until = Instant::now() + left.max(PROC_GRACE);
+        self.table.forget();
+        let reading = self.count(left);
+        (reading, self.table.pod(until))
+    }
+
+    /// What the socket table says about the pod now, read within `left`.
+    pub fn pod(&mut self, left: Duration) -> Result<Pod, String> {
+        self.table.forget();
+        self.table.pod(Instant::now() + left.max(PROC_GRACE))
     }
 
     /// Counts by the configured mode and unit within `left`.

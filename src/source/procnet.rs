@@ -396,7 +396,10 @@ pub fn count(table: &Table, rule: &Rule<'_>, listeners: &mut Listeners) -> Count
 /// way out, in states the table leaves out.
 pub fn others(table: &Table, proxy_uid: u32) -> BTreeMap<u32, u64> {
     let mut by_uid = BTreeMap::new();
-    for s in table.sockets.iter().filter(|s| s.uid != proxy_uid) {
+    // A half-open connection belongs to its listener, whose owner has a socket of its own (and
+    // netlink gives it uid 0).
+    let held = |s: &&Socket| s.uid != proxy_uid && s.state != SYN_RECV;
+    for s in table.sockets.iter().filter(held) {
         *by_uid.entry(s.uid).or_default() += 1;
     }
     by_uid

@@ -41,6 +41,16 @@ pub struct SocketTable {
     proc_root: Result<PathBuf, String>,
     listeners: Listeners,
     envoy_pid: Option<u32>,
+    /// What the last count's table said about the pod, until `pod` takes it.
+    pod: Option<Pod>,
+}
+
+/// What the socket table says besides the count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pod {
+    /// Sockets held by other users than the proxy's, by user: while the app runs, its own (and
+    /// any other container's); a process that has exited holds none.
+    pub others: BTreeMap<u32, u64>,
 }
 
 impl SocketTable {
@@ -65,6 +75,7 @@ impl SocketTable {
             admin,
             listeners: Listeners::default(),
             envoy_pid: None,
+            pod: None,
         }
     }
 
@@ -85,6 +96,16 @@ impl SocketTable {
             ephemeral: self.ephemeral(),
         };
         let mut count = procnet::count(&table, &rule, &mut self.listeners).with_basis(basis);
+        // The proxy's user: the admin listener's owner, else this process's (a preStop runs as
+        // the proxy container's user).
+        let proxy = match table.listener(self.admin) {
+            Some(admin) => admin.uid,
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            None => unsafe { libc::geteuid() },
+        };
+        self.pod = Some(Pod {
+            others: procnet::others(&table, proxy),
+        });
         if let Reader::Text { why: Some(why), .. } = &self.reader {
             count.warnings.push(format!(
                 "netlink sock_diag is unavailable ({why}): reading {}/tcp and tcp6 instead",
@@ -94,17 +115,21 @@ impl SocketTable {
         Ok(count)
     }
 
-    /// Sockets held by other users than the proxy's, by user: while the app runs, its own. The
-    /// proxy's user is the admin listener's owner, else this process's (a preStop runs as the
-    /// proxy container's user).
-    pub fn others(&mut self, until: Instant) -> Result<BTreeMap<u32, u64>, String> {
-        let table = self.read(until)?;
-        let proxy = match table.listener(self.admin) {
-            Some(admin) => admin.uid,
-            // SAFETY: geteuid has no preconditions and cannot fail.
-            None => unsafe { libc::geteuid() },
-        };
-        Ok(procnet::others(&table, proxy))
+    /// What the pod holds besides the count, read before `until`: the count's own table when
+    /// `count` has just read one, else a fresh one.
+    pub fn pod(&mut self, until: Instant) -> Result<Pod, String> {
+        if let Some(pod) = self.pod.take() {
+            return Ok(pod);
+        }
+        self.count(until)?;
+        self.pod
+            .take()
+            .ok_or_else(|| "the socket table was not read".to_string())
+    }
+
+    /// Forgets the table of the last count, so that `pod` reads a fresh one.
+    pub fn forget(&mut self) {
+        self.pod = None;
     }
 
     /// Both tables, read once, before `until`.

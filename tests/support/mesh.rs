@@ -92,12 +92,13 @@ pub enum Mode {
     Istio,
     /// The same with EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true.
     ExitOnZero,
-    /// envoy-drain as the injection template (examples/istio-template-values.yaml) sets it.
+    /// envoy-drain as the injection template (examples/istio-template-values.yaml) sets it:
+    /// classic, `--then-quit`; native, `--drain=agent`.
     EnvoyDrain,
     /// The template with `--count requests`.
     Requests,
-    /// The template with `--then-quit`.
-    ThenQuit,
+    /// The hook with neither: a classic proxy is then stopped by pilot-agent's own shutdown.
+    Plain,
 }
 
 impl Mode {
@@ -106,7 +107,7 @@ impl Mode {
         Mode::ExitOnZero,
         Mode::EnvoyDrain,
         Mode::Requests,
-        Mode::ThenQuit,
+        Mode::Plain,
     ];
 
     pub fn name(self, ordering: Ordering) -> &'static str {
@@ -116,7 +117,7 @@ impl Mode {
             (Mode::ExitOnZero, _) => "EXIT_ON_ZERO",
             (Mode::EnvoyDrain, _) => "envoy-drain (template)",
             (Mode::Requests, _) => "envoy-drain --count requests",
-            (Mode::ThenQuit, _) => "envoy-drain --then-quit",
+            (Mode::Plain, _) => "envoy-drain run (no flags)",
         }
     }
 
@@ -130,22 +131,18 @@ impl Mode {
     /// The proxy's preStop. The template's hook, as it renders for each ordering, without its
     /// `--log-file=/proc/1/fd/1` (PID 1 here is not the proxy container's).
     pub fn pre_stop(self, ordering: Ordering) -> ProxyPreStop {
-        let mut hook = vec!["run"];
-        if ordering == Ordering::Native {
-            hook.extend(["--drain=agent", "--agent=127.0.0.1:15020"]);
+        let hook = match (self, ordering) {
+            (Mode::Istio | Mode::ExitOnZero, Ordering::Classic) => return ProxyPreStop::None,
+            (Mode::Istio | Mode::ExitOnZero, Ordering::Native) => return ProxyPreStop::AgentDrain,
+            (Mode::Plain, _) => vec!["run"],
+            (_, Ordering::Classic) => vec!["run", "--then-quit", "--agent=127.0.0.1:15020"],
+            (_, Ordering::Native) => vec!["run", "--drain=agent", "--agent=127.0.0.1:15020"],
+        };
+        let mut hook: Vec<String> = hook.into_iter().map(String::from).collect();
+        if self == Mode::Requests {
+            hook.extend(["--count".to_string(), "requests".to_string()]);
         }
-        match self {
-            Mode::Istio | Mode::ExitOnZero => {
-                return match ordering {
-                    Ordering::Classic => ProxyPreStop::None,
-                    Ordering::Native => ProxyPreStop::AgentDrain,
-                };
-            }
-            Mode::EnvoyDrain => {}
-            Mode::Requests => hook.extend(["--count", "requests"]),
-            Mode::ThenQuit => hook.push("--then-quit"),
-        }
-        ProxyPreStop::Hook(hook.into_iter().map(String::from).collect())
+        ProxyPreStop::Hook(hook)
     }
 }
 
