@@ -82,7 +82,8 @@ pub fn usage_error(message: &str) -> i32 {
 /// Keeps an Envoy sidecar alive until its last connection is done: the preStop hook of istio-proxy.
 #[derive(FromArgs, Debug, PartialEq)]
 #[argh(note = "Exit codes:
-  0    the count reached the threshold (or ENVOY_DRAIN_DISABLED is set)
+  0    the count reached the threshold, or the app has exited (or
+       ENVOY_DRAIN_DISABLED is set)
   1    the deadline passed with connections still open
   2    usage error: a flag or environment variable has a bad value
   3    nothing could be counted at any point of the run
