@@ -252,7 +252,7 @@ struct Watch<'a> {
 
 /// Follows the app and what arrives, from one look at the pod to the next.
 #[derive(Debug, Default)]
-pub struct Follow {
+struct Follow {
     app_seen: bool,
     /// The last look found none of the app's sockets.
     app_missing: bool,
@@ -262,7 +262,7 @@ pub struct Follow {
 
 impl Follow {
     /// What this look says of the app.
-    pub fn app(&mut self, pod: &Result<Pod, String>) -> App {
+    fn app(&mut self, pod: &Result<Pod, String>) -> App {
         let missing = match pod {
             Err(_) => {
                 self.app_missing = false;
@@ -283,7 +283,7 @@ impl Follow {
     }
 
     /// Whether a request arrived since the last count that could tell.
-    pub fn arrived(&mut self, count: Option<&Count>) -> bool {
+    fn arrived(&mut self, count: Option<&Count>) -> bool {
         match count.map(|c| c.arrivals) {
             Some(now @ Arrivals::Requests(_)) => {
                 now.since(std::mem::replace(&mut self.requests, now))
@@ -633,6 +633,29 @@ mod tests {
         assert!(
             line.ends_with("interrupted by SIGTERM after 1.5s with 2 active connections (stats): listener 0.0.0.0_15006=2"),
             "stated elapsed time from the run's start: {line}"
+        );
+    }
+
+    #[test]
+    fn a_run_the_apps_exit_ended_says_so_and_what_it_left_open() {
+        let sink = Sink::default();
+        let run = run_logging_to(&sink, Duration::from_secs(3));
+        assert!(run.finish(Outcome::AppExited));
+        let sink2 = Sink::default();
+        let run2 = run_logging_to(&sink2, Duration::from_secs(3));
+        lock(&run2.progress).last = Some(count(SourceKind::Proc, 1));
+        assert!(run2.finish(Outcome::AppExited));
+        assert!(
+            sink.text().contains(
+                "\tinfo\tenvoy-drain\tdone after 3.0s: the app has exited; the proxy may stop now"
+            ),
+            "{}",
+            sink.text()
+        );
+        assert!(
+            sink2.text().contains("\tinfo\tenvoy-drain\tdone after 3.0s: the app has exited, which leaves nothing to answer the 1 active connection (proc) still open; the proxy may stop now"),
+            "{}",
+            sink2.text()
         );
     }
 

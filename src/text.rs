@@ -345,8 +345,11 @@ pub fn summary(
     let open = p.last.as_ref().map(Count::still_open).unwrap_or_default();
     let mut line = match outcome {
         Outcome::Reached => format!("done after {took}: {counted}; the proxy may stop now"),
+        Outcome::AppExited if p.last.is_none() => {
+            format!("done after {took}: the app has exited; the proxy may stop now")
+        }
         Outcome::AppExited => format!(
-            "done after {took}: the app has exited, which leaves nothing to answer the {counted} still open; the proxy may stop now"
+            "done after {took}: the app has exited, which leaves nothing to answer the {counted} still open{stale}; the proxy may stop now"
         ),
         Outcome::Deadline => format!(
             "deadline of {} passed after {took} with {counted} still open{open}{stale}",

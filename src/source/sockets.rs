@@ -96,16 +96,7 @@ impl SocketTable {
             ephemeral: self.ephemeral(),
         };
         let mut count = procnet::count(&table, &rule, &mut self.listeners).with_basis(basis);
-        // The proxy's user: the admin listener's owner, else this process's (a preStop runs as
-        // the proxy container's user).
-        let proxy = match table.listener(self.admin) {
-            Some(admin) => admin.uid,
-            // SAFETY: geteuid has no preconditions and cannot fail.
-            None => unsafe { libc::geteuid() },
-        };
-        self.pod = Some(Pod {
-            others: procnet::others(&table, proxy),
-        });
+        self.pod = Some(self.pod_of(&table));
         if let Reader::Text { why: Some(why), .. } = &self.reader {
             count.warnings.push(format!(
                 "netlink sock_diag is unavailable ({why}): reading {}/tcp and tcp6 instead",
@@ -116,15 +107,27 @@ impl SocketTable {
     }
 
     /// What the pod holds besides the count, read before `until`: the count's own table when
-    /// `count` has just read one, else a fresh one.
+    /// `count` has just read one, else a fresh one (the dump alone: whose sockets are the app's
+    /// needs no search for Envoy's process).
     pub fn pod(&mut self, until: Instant) -> Result<Pod, String> {
         if let Some(pod) = self.pod.take() {
             return Ok(pod);
         }
-        self.count(until)?;
-        self.pod
-            .take()
-            .ok_or_else(|| "the socket table was not read".to_string())
+        let table = self.read(until)?;
+        Ok(self.pod_of(&table))
+    }
+
+    /// The app's sockets: those of other users than the proxy's, which is the admin listener's
+    /// owner, else this process's (a preStop runs as the proxy container's user).
+    fn pod_of(&self, table: &Table) -> Pod {
+        let proxy = match table.listener(self.admin) {
+            Some(admin) => admin.uid,
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            None => unsafe { libc::geteuid() },
+        };
+        Pod {
+            others: procnet::others(table, proxy),
+        }
     }
 
     /// Forgets the table of the last count, so that `pod` reads a fresh one.
