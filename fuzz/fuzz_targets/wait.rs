@@ -1,11 +1,12 @@
 //! The wait loop on any rules (durations up to u64::MAX seconds, any threshold) and any script of
-//! counts, costs and unknowns: no panic, it ends, and it never reports reaching the threshold on
-//! a count above it.
+//! counts, costs, unknowns, arrivals and app states: no panic, it ends, it never reports reaching
+//! the threshold on a count above it or one that saw a request arrive, and it never reports the
+//! app's exit unless the last look saw it gone.
 #![no_main]
 
 use envoy_drain::outcome::Outcome;
 use envoy_drain::config::Rules;
-use envoy_drain::wait::{Clock, wait};
+use envoy_drain::wait::{App, Clock, Tick, wait};
 use libfuzzer_sys::fuzz_target;
 use std::cell::Cell;
 use std::time::Duration;
@@ -43,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
         exit_at: u64::from(head[36] % 4),
     };
     let now = Cell::new(Duration::ZERO);
-    let mut last = None;
+    let mut last = Tick::default();
     let mut calls = 0;
     let outcome = wait(&rules, Duration::ZERO, &mut Fake(&now), |left| {
         assert!(now.get().saturating_add(left) <= rules.deadline);
@@ -51,14 +52,33 @@ fuzz_target!(|data: &[u8]| {
         calls += 1;
         let Some(b) = step.filter(|_| calls <= MAX_COUNTS) else {
             now.set(rules.deadline);
-            last = None;
-            return None;
+            last = Tick::default();
+            return last;
         };
         now.set(now.get().saturating_add(Duration::from_millis(u64::from(b >> 4) * 100)).min(rules.deadline));
-        last = (b & 0xf != 0xf).then_some(u64::from(b & 0x7));
+        // The low nibble: 0xf unknown, else a count of 0 to 7 and whether a request arrived; the
+        // count's value also picks the app's state.
+        let count = (b & 0xf != 0xf).then_some(u64::from(b & 0x7));
+        let app = match b & 0x7 {
+            0 => App::Gone,
+            1 => App::Leaving,
+            2 => App::NotSeen,
+            3 => App::Unknown,
+            _ => App::Running,
+        };
+        last = Tick {
+            count,
+            arrived: b & 0x8 != 0,
+            app,
+        };
         last
     });
-    if outcome == Outcome::Reached {
-        assert!(last.is_some_and(|n| n <= rules.exit_at), "reached on {last:?}");
+    match outcome {
+        Outcome::Reached => assert!(
+            last.count.is_some_and(|n| n <= rules.exit_at) && !last.arrived,
+            "reached on {last:?}"
+        ),
+        Outcome::AppExited => assert_eq!(last.app, App::Gone, "app exit on {last:?}"),
+        _ => {}
     }
 });
