@@ -10,7 +10,7 @@ use support::hostile::{FLOOD_BYTES, Fault, Hostile};
 use support::netns::in_private_netns;
 use support::{Finished, command, one_open_connection, run, spawn};
 
-/// The cap on what envoy-drain reads of one answer (README, "Counting").
+/// The cap on what envoy-drain reads of one answer (docs/running.md, "Counting").
 const BODY_LIMIT: u64 = 4 << 20;
 const DEADLINE: Duration = Duration::from_millis(1500);
 

@@ -2,7 +2,7 @@
 //! (lines of `/proc/net/tcp` and `tcp6` are parsed here, netlink replies in diag.rs), counted the
 //! way Envoy's own `downstream_cx_active` counts: the connections Envoy's listeners accepted, and
 //! nothing Envoy or the application opened. The rule, and the kernel and Istio facts behind it,
-//! are in the README ("Counting") and in docs/how-it-works.md.
+//! are in docs/running.md ("Counting") and in docs/how-it-works.md.
 
 use crate::config::Filter;
 use crate::count::{Count, Excluded, Part, SourceKind};
