@@ -12,7 +12,12 @@ fn readme() -> String {
 #[test]
 fn readme_holds_every_help_text_verbatim() {
     let readme = readme();
-    for args in [&["--help"][..], &["run", "--help"], &["status", "--help"]] {
+    for args in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["status", "--help"],
+        &["install", "--help"],
+    ] {
         let out = run(command(args));
         assert_eq!(out.code, Some(0), "{out}");
         assert!(
