@@ -200,11 +200,9 @@ pub fn count_line(
             seconds(cfg.rules.deadline.saturating_sub(now))
         )
     };
+    // Only /clusters' request counter tells arrivals apart.
     let arriving = if arriving {
-        match count.unit {
-            Unit::Connections => ", and new connections still arriving",
-            Unit::Requests => ", and new requests still arriving",
-        }
+        ", and new requests still arriving"
     } else {
         ""
     };
