@@ -120,6 +120,9 @@ pub struct Logger {
     /// The live line on screen, redrawn after any other line.
     shown: Option<String>,
     warned: HashSet<String>,
+    /// The summary has been written: it stays the last line, whatever another thread still logs
+    /// before the process exits.
+    closed: bool,
 }
 
 /// Formats one line, at most `MAX_LINE` bytes. Control characters (a hostile admin body can hold
@@ -152,6 +155,7 @@ impl Logger {
             live,
             shown: None,
             warned: HashSet::new(),
+            closed: false,
         }
     }
 
@@ -216,9 +220,13 @@ impl Logger {
     /// The last line: it may wait a little for room that the others do not.
     pub fn last_line(&mut self, level: Level, message: &str) {
         self.write(level, message, SUMMARY_WAIT);
+        self.closed = true;
     }
 
     fn write(&mut self, level: Level, message: &str, wait: Duration) {
+        if self.closed {
+            return;
+        }
         let text = format_line(SystemTime::now(), level, message);
         if let Some(f) = &mut self.file {
             f.put(text.as_bytes(), wait);
@@ -235,6 +243,9 @@ impl Logger {
     /// A waiting update. On a terminal it redraws the live line every time; elsewhere it becomes
     /// a log line only when `worth_a_line` (the count changed, or it has been a while).
     pub fn waiting(&mut self, message: &str, worth_a_line: bool) {
+        if self.closed {
+            return;
+        }
         if !self.live {
             if worth_a_line {
                 self.info(message);
@@ -333,6 +344,27 @@ mod tests {
         log.warn_once("gauge wrapped");
         log.warn_once("other");
         assert_eq!(sink.text().lines().count(), 2);
+    }
+
+    #[test]
+    fn nothing_follows_the_last_line() {
+        for live in [false, true] {
+            let sink = Sink::default();
+            let mut log = Logger::new(Out::new(Box::new(sink.clone())), live);
+            log.last_line(Level::Warn, "interrupted by SIGTERM");
+            log.info("1 active connection (proc)");
+            log.waiting("1 active connection (proc)", true);
+            let text = sink.text();
+            assert!(
+                text.ends_with("interrupted by SIGTERM\n"),
+                "{live}: {text:?}"
+            );
+            assert_eq!(
+                text.matches("active connection").count(),
+                0,
+                "{live}: {text:?}"
+            );
+        }
     }
 
     #[test]
