@@ -2,7 +2,7 @@
 //! here; config.rs checks them so that every error names the flag, the value and what was
 //! expected.
 
-use crate::config::ENV_DISABLED;
+use crate::config::{ANNOTATION_DISABLED, ENV_DISABLED};
 use crate::outcome::EXIT_USAGE;
 use argh::FromArgs;
 use std::ffi::OsString;
@@ -10,11 +10,16 @@ use std::io::Write;
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "made once per process: boxing saves nothing"
+)]
 pub enum Parsed {
     Run(RunArgs),
     Status(StatusArgs),
     Install(InstallArgs),
-    /// `run` with the kill switch set, to this value: whatever the flags say.
+    /// `run` with a kill switch set (the variable or the pod's annotation, as `NAME=VALUE`):
+    /// whatever the other flags say.
     Disabled(String),
     /// Help or the version, for stdout.
     Print(String),
@@ -34,7 +39,7 @@ pub fn parse(args: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> Parse
     if strs.get(1) == Some(&"run")
         && let Some(v) = env(ENV_DISABLED).filter(|v| !v.is_empty())
     {
-        return Parsed::Disabled(v.to_string_lossy().into_owned());
+        return Parsed::Disabled(format!("{ENV_DISABLED}={}", v.to_string_lossy()));
     }
     let cli = match Cli::from_args(&["envoy-drain"], strs.get(1..).unwrap_or_default()) {
         Ok(cli) => cli,
@@ -45,7 +50,10 @@ pub fn parse(args: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> Parse
         return Parsed::Print(format!("envoy-drain {}\n", env!("CARGO_PKG_VERSION")));
     }
     match cli.command {
-        Some(Command::Run(a)) => Parsed::Run(a),
+        Some(Command::Run(a)) => match a.pod_annotation.iter().find(|p| is_disabled(p)) {
+            Some(p) => Parsed::Disabled(format!("annotation {}", p.trim())),
+            None => Parsed::Run(a),
+        },
         Some(Command::Status(a)) => Parsed::Status(a),
         Some(Command::Install(a)) => Parsed::Install(a),
         None => Parsed::Usage(
@@ -53,6 +61,14 @@ pub fn parse(args: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> Parse
                 .to_string(),
         ),
     }
+}
+
+/// `envoy-drain.io/disabled=true`: the pod's own kill switch, which the template normally acts
+/// on itself by leaving the pod out.
+fn is_disabled(pod_annotation: &str) -> bool {
+    pod_annotation
+        .split_once('=')
+        .is_some_and(|(name, value)| name == ANNOTATION_DISABLED && value.trim() == "true")
 }
 
 /// The arguments with every `--flag=value` split into `--flag value`, up to a `--`: argh takes
@@ -82,10 +98,11 @@ pub fn usage_error(message: &str) -> i32 {
 /// Keeps an Envoy sidecar alive until its last connection is done: the preStop hook of istio-proxy.
 #[derive(FromArgs, Debug, PartialEq)]
 #[argh(note = "Exit codes:
-  0    the count reached the threshold, or the app has exited (or
-       ENVOY_DRAIN_DISABLED is set)
+  0    the count reached the threshold, or the app has exited (or a kill
+       switch is set: ENVOY_DRAIN_DISABLED, envoy-drain.io/disabled=true)
   1    the deadline passed with connections still open
-  2    usage error: a flag or environment variable has a bad value
+  2    usage error: a flag or environment variable has a bad value (never
+       a --pod-annotation: a bad one is a warning)
   3    nothing could be counted at any point of the run
   130  interrupted by SIGINT (143: by SIGTERM); the summary line is printed first
 
@@ -103,6 +120,10 @@ pub struct Cli {
 
 #[derive(FromArgs, Debug, PartialEq)]
 #[argh(subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "made once per process: boxing saves nothing"
+)]
 pub enum Command {
     Run(RunArgs),
     Status(StatusArgs),
@@ -194,6 +215,12 @@ pub struct RunArgs {
     /// log the per-listener breakdown at every count
     #[argh(switch)]
     pub verbose: bool,
+
+    /// one of the pod's envoy-drain.io/ annotations, as NAME=VALUE, which the injection
+    /// template passes on; repeatable: deadline, min-drain and count win over their flags,
+    /// disabled=true is a kill switch; a bad one is a warning and changes nothing
+    #[argh(option)]
+    pub pod_annotation: Vec<String>,
 }
 
 /// Print what `run` would count right now, per source, and what it leaves out and why; changes
@@ -301,6 +328,32 @@ mod tests {
         assert_eq!(
             parsed(&["envoy-drain", "run", "--then-quit=yes"]),
             Parsed::Usage("Unrecognized argument: yes".to_string())
+        );
+    }
+    #[test]
+    fn the_pods_disabled_annotation_is_a_kill_switch_and_only_true_turns_it_on() {
+        assert_eq!(
+            parsed(&[
+                "envoy-drain",
+                "run",
+                "--pod-annotation=envoy-drain.io/disabled=true",
+                "--deadline=24s",
+            ]),
+            Parsed::Disabled("annotation envoy-drain.io/disabled=true".to_string())
+        );
+        for other in ["false", "yes", "True"] {
+            assert!(
+                matches!(
+                    parsed(&["envoy-drain", "run", &format!("--pod-annotation=envoy-drain.io/disabled={other}")]),
+                    Parsed::Run(a) if a.pod_annotation.len() == 1
+                ),
+                "{other}"
+            );
+        }
+        let args: Vec<OsString> = ["envoy-drain", "run"].iter().map(OsString::from).collect();
+        assert_eq!(
+            parse(&args, &|k| (k == ENV_DISABLED).then(|| OsString::from("1"))),
+            Parsed::Disabled("ENVOY_DRAIN_DISABLED=1".to_string())
         );
     }
 }

@@ -16,6 +16,11 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(25);
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
 pub const ENV_DISABLED: &str = "ENVOY_DRAIN_DISABLED";
 pub const ENV_MIN_DRAIN: &str = "MINIMUM_DRAIN_DURATION";
+/// A pod's own settings are its annotations under this prefix, which the injection template
+/// passes to the hook as `--pod-annotation NAME=VALUE`.
+pub const ANNOTATION_PREFIX: &str = "envoy-drain.io/";
+/// The one annotation the template acts on itself: `true` leaves the pod to Istio's own preStop.
+pub const ANNOTATION_DISABLED: &str = "envoy-drain.io/disabled";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Drain {
@@ -276,7 +281,12 @@ pub fn run_config(
     a: &RunArgs,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<RunConfig, UsageError> {
-    let counting = counting(counting_args!(a))?;
+    let mut counting = counting(counting_args!(a))?;
+    let mut warnings = Vec::new();
+    let pod = pod_settings(&a.pod_annotation, counting.mode, &mut warnings);
+    if let Some(unit) = pod.count {
+        counting.unit = unit;
+    }
     let drain = match a.drain.as_deref().unwrap_or("inbound") {
         "inbound" => Drain::Inbound,
         "all" => Drain::All,
@@ -295,6 +305,7 @@ pub fn run_config(
         None => Ok(default),
     };
     let deadline = opt_duration("--deadline", &a.deadline, DEFAULT_DEADLINE)?;
+    let deadline = pod.deadline.unwrap_or(deadline);
     let interval = opt_duration("--interval", &a.interval, DEFAULT_INTERVAL)?;
     let settle = opt_duration("--settle", &a.settle, Duration::ZERO)?;
     if interval.is_zero() {
@@ -311,41 +322,59 @@ pub fn run_config(
             "a duration above zero, like 25s",
         ));
     }
-    let mut warnings = Vec::new();
-    let min_drain = match (&a.min_drain, env(ENV_MIN_DRAIN).filter(|v| !v.is_empty())) {
-        (Some(v), _) => {
-            let d = parse_duration("--min-drain", v)?;
-            if d > deadline {
-                let given = if a.deadline.is_some() {
-                    ""
-                } else {
-                    " by default; --deadline raises it"
-                };
-                return Err(UsageError::new(
-                    "--min-drain",
-                    v,
-                    format!(
-                        "at most the deadline ({}{given})",
-                        humantime::format_duration(deadline)
-                    ),
-                ));
-            }
+    let min_drain_flag = match &a.min_drain {
+        Some(v) => Some((v, parse_duration("--min-drain", v)?)),
+        None => None,
+    };
+    // Longer than the deadline: a usage error only for the flag, which whoever typed it can
+    // fix; the pod's annotations and Istio's variable never fail the hook.
+    let mut too_long = |what: String| {
+        warnings.push(format!(
+            "{what} is longer than the deadline ({}); using the deadline as the min-drain",
+            humantime::format_duration(deadline)
+        ));
+        deadline
+    };
+    let min_drain = if let Some(d) = pod.min_drain {
+        if d > deadline {
+            too_long(format!(
+                "annotation {ANNOTATION_PREFIX}min-drain={}",
+                humantime::format_duration(d)
+            ))
+        } else {
             d
         }
-        (None, Some(v)) => {
-            let d = parse_duration(ENV_MIN_DRAIN, &v)?;
-            // The pod may set this for Istio, not for us: never fail the hook over it.
-            if d > deadline {
-                warnings.push(format!(
-                    "{ENV_MIN_DRAIN}={v} is longer than the deadline ({}); using the deadline as the min-drain",
-                    humantime::format_duration(deadline)
-                ));
-                deadline
+    } else if let Some((v, d)) = min_drain_flag {
+        if d <= deadline {
+            d
+        } else if pod.deadline.is_some() {
+            too_long(format!(
+                "--min-drain {v}, with annotation {ANNOTATION_PREFIX}deadline,"
+            ))
+        } else {
+            let given = if a.deadline.is_some() {
+                ""
             } else {
-                d
-            }
+                " by default; --deadline raises it"
+            };
+            return Err(UsageError::new(
+                "--min-drain",
+                v,
+                format!(
+                    "at most the deadline ({}{given})",
+                    humantime::format_duration(deadline)
+                ),
+            ));
         }
-        (None, None) => DEFAULT_MIN_DRAIN.min(deadline),
+    } else if let Some(v) = env(ENV_MIN_DRAIN).filter(|v| !v.is_empty()) {
+        let d = parse_duration(ENV_MIN_DRAIN, &v)?;
+        if d > deadline {
+            too_long(format!("{ENV_MIN_DRAIN}={v}"))
+        } else {
+            d
+        }
+    } else {
+        DEFAULT_MIN_DRAIN.min(deadline)
     };
     let exit_at = match &a.exit_at {
         None => 0,
@@ -372,6 +401,60 @@ pub fn run_config(
     })
 }
 
+/// What a pod's annotations set, each value checked.
+#[derive(Debug, Default, PartialEq)]
+struct PodSettings {
+    deadline: Option<Duration>,
+    min_drain: Option<Duration>,
+    count: Option<Unit>,
+}
+
+/// Reads `--pod-annotation` values. A bad one is a warning and leaves the flag's value: a typo
+/// in one workload's annotation must never cost the pod its wait, so nothing here is an error.
+fn pod_settings(given: &[String], mode: Mode, warnings: &mut Vec<String>) -> PodSettings {
+    let mut pod = PodSettings::default();
+    for item in given {
+        let Some((name, value)) = item.split_once('=') else {
+            warnings.push(format!(
+                "ignoring --pod-annotation {item:?}: expected {ANNOTATION_PREFIX}NAME=VALUE"
+            ));
+            continue;
+        };
+        let mut ignore = |expected: &str| {
+            warnings.push(format!(
+                "ignoring annotation {name}={value:?}: expected {expected}"
+            ));
+        };
+        let duration = || humantime::parse_duration(value.trim()).ok();
+        match name.strip_prefix(ANNOTATION_PREFIX) {
+            Some("deadline") => match duration() {
+                Some(d) if !d.is_zero() => pod.deadline = Some(d),
+                _ => ignore("a duration above zero, like 25s, 2m or 1h"),
+            },
+            Some("min-drain") => match duration() {
+                Some(d) => pod.min_drain = Some(d),
+                None => ignore(DURATION),
+            },
+            Some("count") => match value.trim() {
+                "connections" => pod.count = Some(Unit::Connections),
+                "requests" if mode == Mode::Proc => {
+                    ignore("connections with --source proc: only Envoy's stats know requests")
+                }
+                "requests" => pod.count = Some(Unit::Requests),
+                _ => ignore("connections or requests"),
+            },
+            // `true` never reaches here: cli.rs turns it into the kill switch.
+            Some("disabled") => match value.trim() {
+                "false" | "true" => {}
+                _ => ignore("true (envoy-drain off for this pod) or false"),
+            },
+            Some(_) => ignore("one of the names deadline, min-drain, count or disabled"),
+            None => ignore(&format!("a name under {ANNOTATION_PREFIX}")),
+        }
+    }
+    pod
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,8 +465,8 @@ mod tests {
 
     fn args(pairs: &[(&str, &str)]) -> RunArgs {
         let mut a = RunArgs::default();
-        for (k, v) in pairs {
-            let v = Some(v.to_string());
+        for (k, value) in pairs {
+            let v = Some(value.to_string());
             match *k {
                 "admin" => a.admin = v,
                 "drain" => a.drain = v,
@@ -398,6 +481,7 @@ mod tests {
                 "ignore-clusters" => a.ignore_clusters = v,
                 "count" => a.count = v,
                 "agent" => a.agent = v,
+                "pod-annotation" => a.pod_annotation.push(value.to_string()),
                 _ => panic!("unknown flag {k}"),
             }
         }
@@ -604,5 +688,102 @@ mod tests {
         assert!(c.counting.ignore.is_empty());
         let only = c.counting.only.unwrap();
         assert!(only.contains(15006) && only.contains(15001) && !only.contains(8080));
+    }
+    #[test]
+    fn a_pods_annotations_win_over_the_templates_flags() {
+        let c = run_config(
+            &args(&[
+                ("deadline", "24s"),
+                ("count", "connections"),
+                ("pod-annotation", "envoy-drain.io/deadline=10m"),
+                ("pod-annotation", "envoy-drain.io/min-drain=1m"),
+                ("pod-annotation", "envoy-drain.io/count= requests"),
+                ("pod-annotation", "envoy-drain.io/disabled=false"),
+            ]),
+            &no_env,
+        )
+        .unwrap();
+        assert_eq!(c.rules.deadline, Duration::from_secs(600));
+        assert_eq!(c.rules.min_drain, Duration::from_secs(60));
+        assert_eq!(c.counting.unit, Unit::Requests);
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    }
+
+    #[test]
+    fn a_bad_annotation_is_a_warning_naming_it_and_the_flags_stay() {
+        let c = run_config(
+            &args(&[
+                ("deadline", "24s"),
+                ("min-drain", "2s"),
+                ("pod-annotation", "envoy-drain.io/deadline=2 mins please"),
+                ("pod-annotation", "envoy-drain.io/deadline=0s"),
+                ("pod-annotation", "envoy-drain.io/min-drain=soon"),
+                ("pod-annotation", "envoy-drain.io/count=streams"),
+                ("pod-annotation", "envoy-drain.io/disabled=yes"),
+                ("pod-annotation", "envoy-drain.io/deadlin=10s"),
+                ("pod-annotation", "sidecar.istio.io/inject=true"),
+                ("pod-annotation", "envoy-drain.io/deadline"),
+            ]),
+            &no_env,
+        )
+        .unwrap();
+        assert_eq!(c.rules.deadline, Duration::from_secs(24));
+        assert_eq!(c.rules.min_drain, Duration::from_secs(2));
+        assert_eq!(c.counting.unit, Unit::Connections);
+        assert_eq!(
+            c.warnings,
+            [
+                "ignoring annotation envoy-drain.io/deadline=\"2 mins please\": expected a duration above zero, like 25s, 2m or 1h",
+                "ignoring annotation envoy-drain.io/deadline=\"0s\": expected a duration above zero, like 25s, 2m or 1h",
+                "ignoring annotation envoy-drain.io/min-drain=\"soon\": expected a duration like 500ms, 25s or 1m30s",
+                "ignoring annotation envoy-drain.io/count=\"streams\": expected connections or requests",
+                "ignoring annotation envoy-drain.io/disabled=\"yes\": expected true (envoy-drain off for this pod) or false",
+                "ignoring annotation envoy-drain.io/deadlin=\"10s\": expected one of the names deadline, min-drain, count or disabled",
+                "ignoring annotation sidecar.istio.io/inject=\"true\": expected a name under envoy-drain.io/",
+                "ignoring --pod-annotation \"envoy-drain.io/deadline\": expected envoy-drain.io/NAME=VALUE",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_min_drain_past_the_pods_own_deadline_is_a_warning_not_a_failed_hook() {
+        let flag = run_config(
+            &args(&[
+                ("min-drain", "20s"),
+                ("pod-annotation", "envoy-drain.io/deadline=5s"),
+            ]),
+            &no_env,
+        )
+        .unwrap();
+        assert_eq!(flag.rules.min_drain, Duration::from_secs(5));
+        assert_eq!(
+            flag.warnings,
+            [
+                "--min-drain 20s, with annotation envoy-drain.io/deadline, is longer than the deadline (5s); using the deadline as the min-drain"
+            ]
+        );
+        let annotation = run_config(
+            &args(&[("pod-annotation", "envoy-drain.io/min-drain=1m")]),
+            &no_env,
+        )
+        .unwrap();
+        assert_eq!(annotation.rules.min_drain, annotation.rules.deadline);
+        assert_eq!(annotation.warnings.len(), 1, "{:?}", annotation.warnings);
+        let proc = run_config(
+            &args(&[
+                ("source", "proc"),
+                ("pod-annotation", "envoy-drain.io/count=requests"),
+            ]),
+            &no_env,
+        )
+        .unwrap();
+        assert_eq!(proc.counting.unit, Unit::Connections);
+        assert!(
+            proc.warnings[0].ends_with(
+                "expected connections with --source proc: only Envoy's stats know requests"
+            ),
+            "{:?}",
+            proc.warnings
+        );
     }
 }

@@ -15,7 +15,7 @@ fn main() {
         Parsed::Run(a) => run::command(&a, &|k| std::env::var(k).ok(), start),
         Parsed::Status(a) => status::command(&a),
         Parsed::Install(a) => install::command(&a),
-        Parsed::Disabled(value) => run::disabled(&value),
+        Parsed::Disabled(setting) => run::disabled(&setting),
         Parsed::Print(text) => {
             let _ = write!(std::io::stdout(), "{text}");
             EXIT_REACHED

@@ -3,7 +3,7 @@
 //! the wait short. Every sentence comes from text.rs.
 
 use crate::cli::{RunArgs, usage_error};
-use crate::config::{self, AGENT_DRAIN_PATH, Drain, ENV_DISABLED, RunConfig};
+use crate::config::{self, AGENT_DRAIN_PATH, Drain, RunConfig};
 use crate::count::{Arrivals, Basis, Count, SourceKind, Unit};
 use crate::log::{Level, Logger};
 use crate::outcome::{EXIT_REACHED, Outcome, Progress};
@@ -53,8 +53,8 @@ pub fn command(args: &RunArgs, env: &dyn Fn(&str) -> Option<String>, start: Inst
 }
 
 /// `run` with the kill switch set: one line, and done.
-pub fn disabled(value: &str) -> i32 {
-    Logger::stderr().info(&text::disabled(ENV_DISABLED, value));
+pub fn disabled(setting: &str) -> i32 {
+    Logger::stderr().info(&text::disabled(setting));
     EXIT_REACHED
 }
 

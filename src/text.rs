@@ -309,8 +309,8 @@ pub fn app_still_running(others: Option<&std::collections::BTreeMap<u32, u64>>) 
 }
 
 /// `run` with the kill switch set.
-pub fn disabled(variable: &str, value: &str) -> String {
-    format!("{variable}={value} is set: not draining and not waiting")
+pub fn disabled(setting: &str) -> String {
+    format!("{setting} is set: not draining and not waiting")
 }
 
 pub const SIGNALS_NOT_TAKEN: &str =

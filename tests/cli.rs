@@ -386,3 +386,94 @@ fn status_reads_a_pods_socket_table_as_the_fixture_expects() {
     let want = std::fs::read_to_string("tests/fixtures/proc-net-status.txt").unwrap();
     assert_eq!(out.stdout, want, "{out}");
 }
+
+#[test]
+fn a_pods_annotations_win_over_the_flags_and_a_bad_one_is_a_warning_not_a_lost_wait() {
+    let dir = one_open_connection("cli-annotations");
+    let good = run(watch_table(
+        &dir,
+        &[
+            "--deadline=20s",
+            "--min-drain=0s",
+            "--pod-annotation=envoy-drain.io/deadline=400ms",
+        ],
+    ));
+    let bad = run(watch_table(
+        &dir,
+        &[
+            "--deadline=300ms",
+            "--min-drain=0s",
+            "--pod-annotation=envoy-drain.io/deadline=2 mins please",
+            "--pod-annotation=envoy-drain.io/count=streams",
+        ],
+    ));
+    let off = run(watch_table(
+        &dir,
+        &[
+            "--deadline=20s",
+            "--pod-annotation=envoy-drain.io/disabled=true",
+        ],
+    ));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(good.code, Some(1), "{good}");
+    assert!(
+        good.last_line().contains("deadline of 400ms passed"),
+        "the pod's deadline, not the flag's 20s: {good}"
+    );
+    // A bad value costs nothing: the hook waits as its flags say, and says what it ignored.
+    assert_eq!(bad.code, Some(1), "{bad}");
+    assert!(
+        bad.stderr.contains(
+            "\twarn\tenvoy-drain\tignoring annotation envoy-drain.io/deadline=\"2 mins please\": \
+             expected a duration above zero, like 25s, 2m or 1h\n"
+        ) && bad.stderr.contains(
+            "\twarn\tenvoy-drain\tignoring annotation envoy-drain.io/count=\"streams\": expected \
+             connections or requests\n"
+        ),
+        "{bad}"
+    );
+    assert!(
+        bad.last_line().contains("deadline of 300ms passed"),
+        "{bad}"
+    );
+    assert_eq!(off.code, Some(0), "{off}");
+    assert_eq!(
+        off.stderr.lines().count(),
+        1,
+        "the pod's kill switch: {off}"
+    );
+    assert!(
+        off.stderr.contains(
+            "annotation envoy-drain.io/disabled=true is set: not draining and not waiting"
+        ),
+        "{off}"
+    );
+}
+
+#[test]
+fn a_deadline_of_centuries_from_a_flag_or_an_annotation_is_waited_on_without_a_panic() {
+    // Once an overflow adding it to the clock's instant (a panic, no summary).
+    let dir = temp_dir("cli-centuries");
+    std::fs::write(dir.join("tcp"), "  sl  local_address rem_address   st\n").unwrap();
+    let most = format!("{}s", u64::MAX);
+    let flag = run(watch_table(
+        &dir,
+        &["--deadline", &most, "--min-drain", "0s"],
+    ));
+    let annotation = run(watch_table(
+        &dir,
+        &[
+            "--min-drain=0s",
+            &format!("--pod-annotation=envoy-drain.io/deadline={most}"),
+        ],
+    ));
+    std::fs::remove_dir_all(&dir).unwrap();
+    for out in [flag, annotation] {
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(
+            out.last_line()
+                .contains("done after 0.0s: 0 active connections (proc)"),
+            "{out}"
+        );
+    }
+}

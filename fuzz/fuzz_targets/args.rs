@@ -1,8 +1,9 @@
 //! The flag value parsers (durations, port lists, addresses) on any text: no panic, and what they
-//! accept is usable.
+//! accept is usable; a pod's annotation, whatever it holds, is never an error.
 #![no_main]
 
-use envoy_drain::config::{parse_addr, parse_duration};
+use envoy_drain::cli::RunArgs;
+use envoy_drain::config::{parse_addr, parse_duration, run_config};
 use envoy_drain::lists::PortSet;
 use libfuzzer_sys::fuzz_target;
 
@@ -20,4 +21,9 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(set) = PortSet::parse(value) {
         assert!(!set.contains(0));
     }
+    let annotated = RunArgs {
+        pod_annotation: vec![value.to_string(), format!("envoy-drain.io/deadline={value}")],
+        ..RunArgs::default()
+    };
+    assert!(run_config(&annotated, &|_| None).is_ok());
 });

@@ -50,6 +50,15 @@ pub struct Look {
 /// The least time the socket table is given, even at the deadline.
 const PROC_GRACE: Duration = Duration::from_millis(100);
 
+/// The instant `left` from now; a deadline of centuries (`--deadline 18446744073709551615s`) is
+/// not an instant the clock can hold, and any look ends long before a year anyway.
+fn within(left: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(left)
+        .or_else(|| now.checked_add(Duration::from_secs(365 * 24 * 3600)))
+        .unwrap_or(now)
+}
+
 pub struct Sources {
     pub mode: Mode,
     pub unit: Unit,
@@ -95,7 +104,7 @@ impl Sources {
     /// One count, and what the socket table says about the pod (read within `left`, from the
     /// count's own table when it counted from it).
     pub fn tick(&mut self, left: Duration) -> (Reading, Result<Pod, String>) {
-        let until = Instant::now() + left.max(PROC_GRACE);
+        let until = within(left.max(PROC_GRACE));
         self.table.forget();
         let reading = self.count(left);
         (reading, self.table.pod(until))
@@ -104,7 +113,7 @@ impl Sources {
     /// What the socket table says about the pod now, read within `left`.
     pub fn pod(&mut self, left: Duration) -> Result<Pod, String> {
         self.table.forget();
-        self.table.pod(Instant::now() + left.max(PROC_GRACE))
+        self.table.pod(within(left.max(PROC_GRACE)))
     }
 
     /// Counts by the configured mode and unit within `left`.
@@ -116,7 +125,7 @@ impl Sources {
     /// when requests are wanted and the stats have none, then the socket table when nothing so
     /// far can count; with `every`, all of them (`status` shows each).
     pub fn look(&mut self, left: Duration, every: bool) -> Look {
-        let until = Instant::now() + left;
+        let until = within(left);
         let admin = self.mode != Mode::Proc;
         let stats = admin.then(|| self.stats(until));
         let stats_requests = stats
