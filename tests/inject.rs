@@ -59,17 +59,20 @@ impl Drop for Scratch {
     }
 }
 
-/// The renderer, built once.
+/// The renderer, built once, in GOPATH mode against Debian's sprig (`bash scripts/test-tools`).
 fn renderer() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let bin = repo("target/inject-render");
         let mut go = Command::new("go");
-        go.arg("build")
+        go.env("GO111MODULE", "off")
+            .env("GOPATH", "/usr/share/gocode")
+            .env("GOFLAGS", "")
+            .arg("build")
             .arg("-o")
             .arg(&bin)
             .arg(repo("tests/inject/render.go"));
-        output(go, "building the template renderer with Go");
+        output(go, "building the template renderer with Go and sprig");
         bin
     })
 }
@@ -95,21 +98,80 @@ fn template(values: &str) -> String {
         .collect()
 }
 
-/// What istiod gives a template: the pod's annotations, the mesh's native-sidecar flag, values.
-fn render(template: &str, native_flag: bool, annotations: &[(String, String)]) -> String {
+/// The mesh a pod is injected in: Istio's native-sidecar flag, and its proxy config's
+/// terminationDrainDuration in seconds (Istio's default 5s).
+#[derive(Clone, Copy, Debug)]
+struct Mesh {
+    native_flag: bool,
+    termination_drain: f64,
+}
+
+impl Mesh {
+    fn with_flag(native_flag: bool) -> Mesh {
+        Mesh {
+            native_flag,
+            termination_drain: 5.0,
+        }
+    }
+}
+
+/// What istiod gives a template for a pod (tests/inject/context.py), and what the checks read
+/// of the pod: its grace period and the annotations the templates decide on.
+struct Facts {
+    context: String,
+    grace: Option<u64>,
+    annotations: Vec<(String, String)>,
+}
+
+impl Facts {
+    fn of(pod: &str, mesh: Mesh) -> Facts {
+        let scratch = Scratch::new("facts");
+        let file = scratch.write("pod.yaml", pod);
+        let mut cmd = Command::new(repo("target/tools-venv/bin/python"));
+        cmd.arg(repo("tests/inject/context.py"))
+            .arg(&file)
+            .arg(mesh.native_flag.to_string())
+            .arg(mesh.termination_drain.to_string());
+        let out = output(cmd, "what istiod passes the template");
+        let mut lines = out.lines();
+        let context = lines.next().expect("the context").to_string();
+        let mut facts = Facts {
+            context,
+            grace: None,
+            annotations: Vec::new(),
+        };
+        for line in lines {
+            match line.split('\t').collect::<Vec<_>>()[..] {
+                ["grace", ""] => {}
+                ["grace", g] => facts.grace = Some(g.parse().expect("seconds")),
+                ["annotation", name, value] => facts
+                    .annotations
+                    .push((name.to_string(), value.to_string())),
+                _ => panic!("context.py: {line:?}"),
+            }
+        }
+        facts
+    }
+
+    fn annotation(&self, name: &str) -> Option<&str> {
+        self.annotations
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// A gateway names Istio's gateway template among its own.
+    fn gateway(&self) -> bool {
+        self.annotation("inject.istio.io/templates")
+            .is_some_and(|t| t.split(',').any(|n| n.trim() == "gateway"))
+    }
+}
+
+fn render(template: &str, facts: &Facts) -> String {
     let scratch = Scratch::new("render");
     let file = scratch.write("template", template);
-    let json = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
-    let annotations: Vec<String> = annotations
-        .iter()
-        .map(|(k, v)| format!("{}:{}", json(k), json(v)))
-        .collect();
-    let context = format!(
-        r#"{{"ObjectMeta":{{"Annotations":{{{}}}}},"NativeSidecars":{native_flag},"Values":{{"global":{{"proxy":{{"statusPort":15020}}}}}}}}"#,
-        annotations.join(",")
-    );
     let mut cmd = Command::new(renderer());
-    cmd.arg(&file).arg(context);
+    cmd.arg(&file).arg(&facts.context);
     output(cmd, "rendering the template")
 }
 
@@ -166,23 +228,6 @@ fn validate(pod: &str) {
         )
         .arg(&file);
     output(cmd, "kubernetes-validate on the merged pod");
-}
-
-/// The pod's annotations that decide the template's outcome.
-fn deciding_annotations(pod: &str) -> Vec<(String, String)> {
-    [
-        "sidecar.istio.io/nativeSidecar",
-        "status.sidecar.istio.io/port",
-    ]
-    .iter()
-    .filter_map(|k| {
-        let v = query(
-            pod,
-            &format!("{{.metadata.annotations['{}']}}", k.replace('.', "\\.")),
-        );
-        (!v.is_empty()).then(|| (k.to_string(), v))
-    })
-    .collect()
 }
 
 /// Where istio-proxy is, and what each of its hooks is, as JSON text.
@@ -245,39 +290,73 @@ impl Variant {
     }
 }
 
-/// Renders the template for `pod` (an injected pod, YAML) as istiod would with the mesh's
-/// `native_flag`, merges it, and checks what a user relies on; returns the merged pod.
-fn check(pod: &str, native_flag: bool, variant: Variant) -> String {
+/// A JSON string, as kubectl's jsonpath prints one.
+fn json_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// The deadline the template gives a pod: its grace period (Kubernetes' default 30s) less what
+/// must fit after the hook (the kubelet's 2s to stop a native sidecar; pilot-agent's
+/// terminationDrainDuration, in whole seconds up, after a classic one) and 1s, at least 1s.
+fn expected_deadline(grace: Option<u64>, native: bool, mesh: Mesh) -> u64 {
+    let after = if native {
+        2
+    } else {
+        mesh.termination_drain.ceil() as u64
+    };
+    grace.unwrap_or(30).saturating_sub(after + 1).max(1)
+}
+
+/// Renders the template for `pod` (an injected pod, YAML) as istiod would in `mesh`, merges it,
+/// and checks what a user relies on; returns the merged pod.
+fn check(pod: &str, mesh: Mesh, variant: Variant) -> String {
+    let facts = Facts::of(pod, mesh);
+    let patch = render(&template(variant.values()), &facts);
+    if facts.annotation("envoy-drain.io/disabled") == Some("true") {
+        assert!(
+            patch.trim().is_empty(),
+            "a disabled pod gets nothing:\n{patch}"
+        );
+        return pod.to_string();
+    }
     let before = proxy(pod);
-    let patch = render(
-        &template(variant.values()),
-        native_flag,
-        &deciding_annotations(pod),
-    );
     let merged = merge(pod, &patch);
     let after = proxy(&merged);
     assert_eq!(
         after.in_init, before.in_init,
         "istio-proxy stays where Istio put it\n{merged}"
     );
-    let mut want = vec!["/envoy-drain/envoy-drain", "run"];
-    // Native: the agent drains, and stops the proxy at once on the SIGTERM that follows the
-    // app's exit. Classic: the hook asks the agent to stop the proxy once the app has exited.
-    // Neither where the pod turns the agent's status server off (port 0).
-    let port = deciding_annotations(pod)
-        .into_iter()
-        .find(|(k, _)| k == "status.sidecar.istio.io/port")
-        .map_or("15020".to_string(), |(_, v)| v);
-    let agent = format!("--agent=127.0.0.1:{port}");
-    if port != "0" {
-        want.push(if after.in_init {
-            "--drain=agent"
-        } else {
-            "--then-quit"
-        });
-        want.push(&agent);
+    let mut want = vec!["/envoy-drain/envoy-drain".to_string(), "run".to_string()];
+    let port = facts
+        .annotation("status.sidecar.istio.io/port")
+        .unwrap_or("15020");
+    if facts.gateway() {
+        // No app: every listener drains, and requests count, not a load balancer's idle pools.
+        want.extend(["--drain=all".to_string(), "--count=requests".to_string()]);
+    } else if port != "0" {
+        // Native: the agent drains, and stops the proxy at once on the SIGTERM that follows the
+        // app's exit. Classic: the hook asks the agent to stop the proxy once the app has
+        // exited. Neither where the pod turns the agent's status server off (port 0).
+        want.push(
+            if after.in_init {
+                "--drain=agent"
+            } else {
+                "--then-quit"
+            }
+            .to_string(),
+        );
+        want.push(format!("--agent=127.0.0.1:{port}"));
     }
-    want.push("--log-file=/proc/1/fd/1");
+    want.push(format!(
+        "--deadline={}s",
+        expected_deadline(facts.grace, after.in_init, mesh)
+    ));
+    want.push("--log-file=/proc/1/fd/1".to_string());
+    for (name, value) in &facts.annotations {
+        if name.starts_with("envoy-drain.io/") {
+            want.push(format!("--pod-annotation={name}={value}"));
+        }
+    }
     // The binary takes the hook's arguments as written: with `--help` after them it prints its
     // help, and refuses an argument it does not know (as it once did `--drain=agent`).
     let parsed = Command::new(env!("CARGO_BIN_EXE_envoy-drain"))
@@ -293,7 +372,7 @@ fn check(pod: &str, native_flag: bool, variant: Variant) -> String {
     let want = format!(
         "[{}]",
         want.iter()
-            .map(|w| format!("\"{w}\""))
+            .map(|w| json_string(w))
             .collect::<Vec<_>>()
             .join(",")
     );
@@ -381,7 +460,7 @@ fn both_templates_merge_into_every_injected_pod_without_losing_istios_hooks() {
     ] {
         let (pod, flag) = fixture(name);
         for variant in [Variant::Install, Variant::Image] {
-            let merged = check(&pod, flag, variant);
+            let merged = check(&pod, Mesh::with_flag(flag), variant);
             assert_eq!(proxy(&merged).in_init, placed_in_init, "{name} {variant:?}");
         }
     }
@@ -397,7 +476,7 @@ fn the_native_sidecars_own_prestop_is_replaced_and_the_holds_poststart_kept() {
         "{}",
         before.pre_stop
     );
-    let merged = check(&native, flag, Variant::Install);
+    let merged = check(&native, Mesh::with_flag(flag), Variant::Install);
     let after = proxy(&merged);
     assert!(
         !after.pre_stop.contains("pilot-agent"),
@@ -418,11 +497,14 @@ fn the_one_decision_follows_istios_flag_unless_the_pods_annotation_says_otherwis
         let text = template(variant.values());
         // Where the rendered patch puts istio-proxy, and whether it drains through the agent.
         let outcome = |flag: bool, annotation: Option<&str>| {
-            let annotations: Vec<(String, String)> = annotation
-                .map(|v| ("sidecar.istio.io/nativeSidecar".to_string(), v.to_string()))
+            let annotations: Vec<(&str, &str)> = annotation
+                .map(|v| ("sidecar.istio.io/nativeSidecar", v))
                 .into_iter()
                 .collect();
-            let patch = render(&text, flag, &annotations);
+            let patch = render(
+                &text,
+                &Facts::of(&bare_pod(&annotations), Mesh::with_flag(flag)),
+            );
             let as_pod = format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: patch\n{patch}");
             let inits = query(&as_pod, "{.spec.initContainers[*].name}");
             let containers = query(&as_pod, "{.spec.containers[*].name}");
@@ -457,13 +539,71 @@ fn aiming_the_classic_patch_at_a_native_pod_leaves_a_stub_the_checks_catch() {
     // Why the decision exists: with native sidecars, a patch for containers[name=istio-proxy]
     // adds a second, image-less istio-proxy (istio/istio #56455).
     let (native, _) = fixture("native.yaml");
-    let classic_patch = render(&template(Variant::Install.values()), false, &[]);
+    let classic_patch = render(
+        &template(Variant::Install.values()),
+        &Facts::of(&bare_pod(&[]), Mesh::with_flag(false)),
+    );
     let merged = merge(&native, &classic_patch);
     let caught = std::panic::catch_unwind(|| no_stub(&merged));
     assert!(
         caught.is_err(),
         "a stub istio-proxy must be caught:\n{merged}"
     );
+}
+
+/// A pod with only these annotations, for what the template renders from them alone.
+fn bare_pod(annotations: &[(&str, &str)]) -> String {
+    let mut pod =
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: bare\n  annotations: {}\n".to_string();
+    for (k, v) in annotations {
+        pod = annotate(&pod, k, v);
+    }
+    pod
+}
+
+/// The pod (YAML) with one annotation set, through kubectl's merge patch.
+fn annotate(pod: &str, name: &str, value: &str) -> String {
+    set(
+        pod,
+        &format!(
+            "{{\"metadata\":{{\"annotations\":{{{}:{}}}}}}}",
+            json_string(name),
+            json_string(value)
+        ),
+    )
+}
+
+/// The pod (YAML) with a JSON merge patch applied.
+fn set(pod: &str, patch: &str) -> String {
+    let scratch = Scratch::new("set");
+    let file = scratch.write("pod.yaml", pod);
+    let mut cmd = kubectl();
+    cmd.args(["patch", "--local", "--type", "merge", "-o", "yaml", "-p"])
+        .arg(patch)
+        .arg("-f")
+        .arg(&file);
+    output(cmd, "kubectl patch --local --type merge")
+}
+
+/// A golden as a cluster running envoy-drain has it, and the mesh Istio injected it in. A pod
+/// that names its own templates (a gateway's `gateway`) lists envoy-drain too, as docs/install.md
+/// says. Istio's native-sidecar flag: on where istio-proxy is an init container or the pod opted
+/// out by annotation; for a gateway, which Istio never makes native, on as well, the default of
+/// new clusters and the one where a template could go wrong.
+fn as_operators_have_it(golden: &str) -> (String, Mesh) {
+    let facts = Facts::of(golden, Mesh::with_flag(false));
+    let pod = match facts.annotation("inject.istio.io/templates") {
+        Some(t) if !t.contains("envoy-drain") => annotate(
+            golden,
+            "inject.istio.io/templates",
+            &format!("{t},envoy-drain"),
+        ),
+        _ => golden.to_string(),
+    };
+    let flag = proxy(golden).in_init
+        || facts.gateway()
+        || facts.annotation("sidecar.istio.io/nativeSidecar") == Some("false");
+    (pod, Mesh::with_flag(flag))
 }
 
 /// Istio's injected goldens: ENVOY_DRAIN_ISTIO_GOLDENS, else `../shared/istio-goldens` beside the
@@ -523,14 +663,9 @@ fn both_templates_merge_into_istios_own_injected_goldens() {
             s.spawn(move || {
                 for (golden, pod) in half {
                     let checked = std::panic::catch_unwind(|| {
-                        // Istio's flag when it injected the golden: istio-proxy is an init
-                        // container unless the pod opted out.
-                        let flag = proxy(pod).in_init
-                            || deciding_annotations(pod)
-                                .iter()
-                                .any(|(k, v)| k.ends_with("nativeSidecar") && v == "false");
+                        let (pod, mesh) = as_operators_have_it(pod);
                         for variant in [Variant::Install, Variant::Image] {
-                            check(pod, flag, variant);
+                            check(&pod, mesh, variant);
                         }
                     });
                     if checked.is_err() {
@@ -557,4 +692,158 @@ fn both_templates_merge_into_istios_own_injected_goldens() {
         goldens.len(),
         dir.display()
     );
+}
+
+/// The `--deadline=` seconds of the merged pod's preStop.
+fn rendered_deadline(merged: &str) -> u64 {
+    let pre_stop = proxy(merged).pre_stop;
+    let at = pre_stop.find("\"--deadline=").expect("a deadline") + "\"--deadline=".len();
+    pre_stop[at..]
+        .split('s')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a deadline in whole seconds: {pre_stop}"))
+}
+
+#[test]
+#[ignore = "needs Go, kubectl and kubernetes-validate (`bash scripts/test-tools`): `bash scripts/test` runs it"]
+fn the_deadline_is_the_pods_grace_period_less_what_must_follow_the_hook() {
+    let mut table = Vec::new();
+    for (fixture_name, ordering) in [("classic.yaml", "classic"), ("native.yaml", "native")] {
+        let (pod, flag) = fixture(fixture_name);
+        // Kubernetes' default when unset, three of users' own, and one too short to hold anything.
+        for grace in [None, Some(30), Some(120), Some(3600), Some(3)] {
+            let pod = match grace {
+                Some(g) => set(
+                    &pod,
+                    &format!("{{\"spec\":{{\"terminationGracePeriodSeconds\":{g}}}}}"),
+                ),
+                None => pod.clone(),
+            };
+            for variant in [Variant::Install, Variant::Image] {
+                let merged = check(&pod, Mesh::with_flag(flag), variant);
+                table.push((ordering, grace, variant, rendered_deadline(&merged)));
+            }
+        }
+    }
+    eprintln!("ordering, terminationGracePeriodSeconds, template, deadline: {table:#?}");
+    let deadlines: Vec<(&str, Option<u64>, u64)> = table
+        .iter()
+        .filter(|(_, _, v, _)| *v == Variant::Install)
+        .map(|(o, g, _, d)| (*o, *g, *d))
+        .collect();
+    assert_eq!(
+        deadlines,
+        [
+            // Classic: pilot-agent's terminationDrainDuration (5s) and 1s follow the hook.
+            ("classic", None, 24),
+            ("classic", Some(30), 24),
+            ("classic", Some(120), 114),
+            ("classic", Some(3600), 3594),
+            ("classic", Some(3), 1),
+            // Native: the kubelet's 2s to stop the sidecar and 1s.
+            ("native", None, 27),
+            ("native", Some(30), 27),
+            ("native", Some(120), 117),
+            ("native", Some(3600), 3597),
+            ("native", Some(3), 1),
+        ]
+    );
+    assert!(
+        table.chunks(2).all(|both| both[0].3 == both[1].3),
+        "both templates give the same deadline: {table:?}"
+    );
+    // A mesh or pod proxy config with a longer terminationDrainDuration leaves the hook less,
+    // counted up to whole seconds; a native sidecar never waits it.
+    for (fixture_name, want) in [("classic.yaml", 120 - 21 - 1), ("native.yaml", 117)] {
+        let (pod, flag) = fixture(fixture_name);
+        let pod = set(&pod, "{\"spec\":{\"terminationGracePeriodSeconds\":120}}");
+        let mesh = Mesh {
+            native_flag: flag,
+            termination_drain: 20.5,
+        };
+        let merged = check(&pod, mesh, Variant::Install);
+        assert_eq!(rendered_deadline(&merged), want, "{fixture_name}");
+    }
+}
+
+#[test]
+#[ignore = "needs Go, kubectl and kubernetes-validate (`bash scripts/test-tools`): `bash scripts/test` runs it"]
+fn a_pods_envoy_drain_annotations_reach_its_hook_and_disabled_leaves_the_pod_to_istio() {
+    for (fixture_name, istios_own) in [("classic.yaml", ""), ("native-hold.yaml", "pilot-agent")] {
+        let (pod, flag) = fixture(fixture_name);
+        let mesh = Mesh::with_flag(flag);
+        // Every envoy-drain.io/ annotation is passed on, good or bad: the hook warns about a
+        // bad one and keeps its flags (tests/cli.rs), so a typo never costs the pod its wait.
+        let tuned = [
+            ("envoy-drain.io/count", "requests"),
+            ("envoy-drain.io/deadline", "10m"),
+            ("envoy-drain.io/disabled", "yes"),
+            ("envoy-drain.io/min-drain", "2 \"mins\" please"),
+        ]
+        .iter()
+        .fold(pod.clone(), |p, (k, v)| annotate(&p, k, v));
+        for variant in [Variant::Install, Variant::Image] {
+            let pre_stop = proxy(&check(&tuned, mesh, variant)).pre_stop;
+            assert!(
+                pre_stop.ends_with(
+                    r#""--pod-annotation=envoy-drain.io/count=requests","--pod-annotation=envoy-drain.io/deadline=10m","--pod-annotation=envoy-drain.io/disabled=yes","--pod-annotation=envoy-drain.io/min-drain=2 \"mins\" please"]"#
+                ),
+                "{fixture_name} {variant:?}: {pre_stop}"
+            );
+        }
+        // The kill switch: nothing rendered, so the pod keeps Istio's own preStop (a native
+        // sidecar's pilot-agent drain; none on a classic one).
+        let off = annotate(&pod, "envoy-drain.io/disabled", "true");
+        for variant in [Variant::Install, Variant::Image] {
+            let kept = check(&off, mesh, variant);
+            assert_eq!(proxy(&kept).pre_stop, proxy(&pod).pre_stop);
+            assert!(
+                proxy(&kept).pre_stop.contains(istios_own),
+                "{fixture_name}: {}",
+                proxy(&kept).pre_stop
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs Go, kubectl, kubernetes-validate (`bash scripts/test-tools`) and Istio's goldens in \
+            ../shared/istio-goldens: `bash scripts/test` runs it"]
+fn a_gateway_drains_every_listener_and_counts_requests_even_where_sidecars_are_native() {
+    let mut cmd = Command::new(repo("target/tools-venv/bin/python"));
+    cmd.arg(repo("tests/inject/goldens.py")).arg(goldens());
+    let listed = output(cmd, "splitting the goldens into pods");
+    let gateways: Vec<(&str, &str)> = listed
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .filter(|(golden, _)| golden.starts_with("gateway"))
+        .collect();
+    assert_eq!(
+        gateways.iter().map(|(g, _)| *g).collect::<Vec<_>>(),
+        [
+            "gateway-spire.yaml.injected",
+            "gateway-with-default-container.yaml.injected",
+            "gateway.yaml.injected"
+        ]
+    );
+    for (golden, pod) in gateways {
+        let (pod, mesh) = as_operators_have_it(pod);
+        assert!(
+            mesh.native_flag,
+            "{golden}: the flag that could misplace it"
+        );
+        for variant in [Variant::Install, Variant::Image] {
+            let merged = check(&pod, mesh, variant);
+            let after = proxy(&merged);
+            assert!(!after.in_init, "{golden}: a gateway's proxy is a container");
+            assert!(
+                after
+                    .pre_stop
+                    .starts_with(r#"["/envoy-drain/envoy-drain","run","--drain=all","--count=requests","--deadline=24s""#),
+                "{golden} {variant:?}: {}",
+                after.pre_stop
+            );
+        }
+    }
 }

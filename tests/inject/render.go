@@ -1,57 +1,62 @@
-// Renders an Istio injection template the way istiod does, with Go's text/template, for
-// tests/inject.rs. istiod parses templates with sprig's functions and its own
-// (istio/istio pkg/kube/inject/template.go); the templates under test use two of them, defined
-// here with the same meaning: sprig's `default` and Istio's `annotation`.
+// Renders an Istio injection template the way istiod does, for tests/inject.rs: Go's
+// text/template with sprig's functions, and Istio's own over them (istio/istio
+// pkg/kube/inject/inject.go parseDryTemplate and runTemplate; template.go createInjectionFuncmap).
+// Sprig is the real one, Debian's golang-github-masterminds-sprig-dev, built in GOPATH mode.
+// Of Istio's functions the two the templates use are defined here with Istio's meaning
+// (`annotation`, and `contains` with its arguments flipped); sprig's `indent`, `env` and `omit`,
+// which Istio replaces with functions of other meanings, are removed, so a template using them
+// fails here rather than render differently.
 //
-// Usage: go run tests/inject/render.go TEMPLATE_FILE CONTEXT_JSON
-// CONTEXT_JSON holds what istiod passes: ObjectMeta (with Annotations), NativeSidecars, Values.
+// The data holds the fields of istiod's SidecarTemplateData the templates read, with istiod's Go
+// types, so that field access, nil pointers and sprig's conversions behave as there:
+// ObjectMeta (metav1.ObjectMeta: Annotations), Spec (corev1.PodSpec: TerminationGracePeriodSeconds,
+// a *int64, nil when the pod does not set it), ProxyConfig (*meshconfig.ProxyConfig:
+// TerminationDrainDuration, a *durationpb.Duration), NativeSidecars and Values. A template that
+// reads any other field fails to render.
+//
+// Usage: render TEMPLATE_FILE CONTEXT_JSON
 package main
 
 import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"reflect"
+	"strings"
 	"text/template"
+
+	"github.com/Masterminds/sprig"
 )
 
-// isEmpty is sprig's notion of an empty value, which `default` replaces.
-func isEmpty(v interface{}) bool {
-	if v == nil {
-		return true
-	}
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Array, reflect.Map, reflect.Slice, reflect.String:
-		return rv.Len() == 0
-	case reflect.Bool:
-		return !rv.Bool()
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		return rv.Int() == 0
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return rv.Uint() == 0
-	case reflect.Float32, reflect.Float64:
-		return rv.Float() == 0
-	case reflect.Ptr, reflect.Interface:
-		return rv.IsNil()
-	}
-	return false
+type objectMeta struct {
+	Annotations map[string]string
 }
 
-// dflt is sprig's `default`: the given value, or the default when the given one is empty.
-func dflt(d interface{}, given ...interface{}) interface{} {
-	if len(given) == 0 || isEmpty(given[0]) {
-		return d
-	}
-	return given[0]
+type podSpec struct {
+	TerminationGracePeriodSeconds *int64 `json:"terminationGracePeriodSeconds"`
+}
+
+// duration has durationpb.Duration's fields.
+type duration struct {
+	Seconds int64
+	Nanos   int32
+}
+
+type proxyConfig struct {
+	TerminationDrainDuration *duration
+}
+
+type data struct {
+	ObjectMeta     objectMeta
+	Spec           podSpec
+	ProxyConfig    *proxyConfig
+	NativeSidecars bool
+	Values         map[string]interface{}
 }
 
 // annotation is Istio's: the pod's annotation, or the default printed as text.
-func annotation(meta map[string]interface{}, name string, def interface{}) string {
-	if annotations, ok := meta["Annotations"].(map[string]interface{}); ok {
-		if v, ok := annotations[name]; ok {
-			return fmt.Sprint(v)
-		}
+func annotation(meta objectMeta, name string, def interface{}) string {
+	if v, ok := meta.Annotations[name]; ok {
+		return v
 	}
 	return fmt.Sprint(def)
 }
@@ -66,18 +71,24 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	var data map[string]interface{}
-	if err := json.Unmarshal([]byte(os.Args[2]), &data); err != nil {
+	var d data
+	decoder := json.NewDecoder(strings.NewReader(os.Args[2]))
+	if err := decoder.Decode(&d); err != nil {
 		fmt.Fprintln(os.Stderr, "context:", err)
 		os.Exit(1)
 	}
-	funcs := template.FuncMap{"default": dflt, "annotation": annotation}
+	funcs := sprig.TxtFuncMap()
+	for _, replaced := range []string{"indent", "env", "omit"} {
+		delete(funcs, replaced)
+	}
+	funcs["annotation"] = annotation
+	funcs["contains"] = func(needle, haystack string) bool { return strings.Contains(haystack, needle) }
 	t, err := template.New("inject").Funcs(funcs).Parse(string(text))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "template:", err)
 		os.Exit(1)
 	}
-	if err := t.Execute(os.Stdout, data); err != nil {
+	if err := t.Execute(os.Stdout, &d); err != nil {
 		fmt.Fprintln(os.Stderr, "render:", err)
 		os.Exit(1)
 	}
