@@ -128,15 +128,26 @@ impl Mode {
         }
     }
 
-    /// The proxy's preStop. The template's hook, as it renders for each ordering, without its
-    /// `--log-file=/proc/1/fd/1` (PID 1 here is not the proxy container's).
+    /// The proxy's preStop. The template's hook, as it renders for each ordering at the
+    /// kubelet's 30 s grace period (docs/install.md), without its `--log-file=/proc/1/fd/1` (PID 1
+    /// here is not the proxy container's).
     pub fn pre_stop(self, ordering: Ordering) -> ProxyPreStop {
         let hook = match (self, ordering) {
             (Mode::Istio | Mode::ExitOnZero, Ordering::Classic) => return ProxyPreStop::None,
             (Mode::Istio | Mode::ExitOnZero, Ordering::Native) => return ProxyPreStop::AgentDrain,
             (Mode::Plain, _) => vec!["run"],
-            (_, Ordering::Classic) => vec!["run", "--then-quit", "--agent=127.0.0.1:15020"],
-            (_, Ordering::Native) => vec!["run", "--drain=agent", "--agent=127.0.0.1:15020"],
+            (_, Ordering::Classic) => vec![
+                "run",
+                "--then-quit",
+                "--agent=127.0.0.1:15020",
+                "--deadline=24s",
+            ],
+            (_, Ordering::Native) => vec![
+                "run",
+                "--drain=agent",
+                "--agent=127.0.0.1:15020",
+                "--deadline=27s",
+            ],
         };
         let mut hook: Vec<String> = hook.into_iter().map(String::from).collect();
         if self == Mode::Requests {
