@@ -239,38 +239,55 @@ struct Proxy {
 }
 
 fn proxy(pod: &str) -> Proxy {
-    let names = |list: &str| query(pod, &format!("{{.spec.{list}[*].name}}"));
-    let count = |list: &str| {
-        names(list)
+    let field =
+        |list: &str, field: &str| format!("{{.spec.{list}[?(@.name==\"istio-proxy\")].{field}}}");
+    let mut paths = vec![
+        "{.spec.initContainers[*].name}".to_string(),
+        "{.spec.containers[*].name}".to_string(),
+    ];
+    for list in ["initContainers", "containers"] {
+        for f in [
+            "lifecycle.preStop.exec.command",
+            "lifecycle.postStart",
+            "volumeMounts",
+        ] {
+            paths.push(field(list, f));
+        }
+    }
+    let got = fields(pod, &paths);
+    let count = |names: &str| {
+        names
             .split_whitespace()
             .filter(|n| *n == "istio-proxy")
             .count()
     };
-    let (inits, containers) = (count("initContainers"), count("containers"));
+    let (inits, containers) = (count(&got[0]), count(&got[1]));
     assert_eq!(
         inits + containers,
         1,
         "exactly one istio-proxy: init containers {:?}, containers {:?}",
-        names("initContainers"),
-        names("containers")
+        got[0],
+        got[1]
     );
-    let list = if inits == 1 {
-        "initContainers"
-    } else {
-        "containers"
-    };
-    let of = |field: &str| {
-        query(
-            pod,
-            &format!("{{.spec.{list}[?(@.name==\"istio-proxy\")].{field}}}"),
-        )
-    };
+    let of = if inits == 1 { &got[2..5] } else { &got[5..8] };
     Proxy {
         in_init: inits == 1,
-        pre_stop: of("lifecycle.preStop.exec.command"),
-        post_start: of("lifecycle.postStart"),
-        mounts: of("volumeMounts"),
+        pre_stop: of[0].clone(),
+        post_start: of[1].clone(),
+        mounts: of[2].clone(),
     }
+}
+
+/// Several JSONPath queries on a pod (YAML) at once, with kubectl's own evaluator: one process.
+fn fields(pod: &str, paths: &[String]) -> Vec<String> {
+    const SEPARATOR: &str = "\n<<envoy-drain>>\n";
+    let joined = paths.join(&format!("{{\"{}\"}}", SEPARATOR.escape_default()));
+    let got: Vec<String> = query(pod, &joined)
+        .split(SEPARATOR)
+        .map(str::to_string)
+        .collect();
+    assert_eq!(got.len(), paths.len(), "{paths:?}: {got:?}");
+    got
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -388,11 +405,14 @@ fn check(pod: &str, mesh: Mesh, variant: Variant) -> String {
         "istio-proxy mounts the binary read-only: {}\n{merged}",
         after.mounts
     );
-    let volume = query(&merged, "{.spec.volumes[?(@.name==\"envoy-drain\")]}");
-    let install = query(
+    let [volume, install] = <[String; 2]>::try_from(fields(
         &merged,
-        "{.spec.initContainers[?(@.name==\"envoy-drain-install\")]}",
-    );
+        &[
+            "{.spec.volumes[?(@.name==\"envoy-drain\")]}".to_string(),
+            "{.spec.initContainers[?(@.name==\"envoy-drain-install\")]}".to_string(),
+        ],
+    ))
+    .expect("two fields");
     match variant {
         Variant::Install => {
             assert!(volume.contains("emptyDir"), "{volume}\n{merged}");
@@ -423,11 +443,10 @@ fn check(pod: &str, mesh: Mesh, variant: Variant) -> String {
 /// Every container has an image: a patch aimed at the wrong list leaves an istio-proxy without
 /// one (istio/istio #56455).
 fn no_stub(pod: &str) {
-    for list in ["initContainers", "containers"] {
-        let rows = query(
-            pod,
-            &format!("{{range .spec.{list}[*]}}{{.name}}={{.image}}{{\"\\n\"}}{{end}}"),
-        );
+    let lists = ["initContainers", "containers"];
+    let paths = lists
+        .map(|list| format!("{{range .spec.{list}[*]}}{{.name}}={{.image}}{{\"\\n\"}}{{end}}"));
+    for (list, rows) in lists.iter().zip(fields(pod, &paths)) {
         for row in rows.lines() {
             assert!(
                 !row.ends_with('='),
