@@ -124,7 +124,8 @@ impl Run {
         let mut watch = Watch::new(&self.log, &self.progress, cfg, clock.now());
         let outcome = wait::wait(&cfg.rules, watch.drained_at, &mut clock, |left| {
             let (reading, pod) = sources.tick(left);
-            watch.observe(reading, pod, sources.reader(), self.start.elapsed())
+            let admin = sources.admin_time();
+            watch.observe(reading, pod, sources.reader(), self.start.elapsed(), admin)
         });
         let quit = match outcome {
             Outcome::AppExited => true,
@@ -248,6 +249,8 @@ struct Watch<'a> {
     follow: Follow,
     /// Whether the last count line said that new ones were still arriving.
     arriving: bool,
+    /// The time between counts, as the log last said (the interval until Envoy is slow).
+    pace: Duration,
 }
 
 /// Follows the app and what arrives, from one look at the pod to the next.
@@ -310,6 +313,7 @@ impl<'a> Watch<'a> {
             line_at: Duration::ZERO,
             follow: Follow::default(),
             arriving: false,
+            pace: cfg.rules.interval,
         }
     }
 
@@ -320,7 +324,9 @@ impl<'a> Watch<'a> {
         pod: Result<Pod, String>,
         proc: &Reader,
         now: Duration,
+        admin: Duration,
     ) -> Tick {
+        self.pace(admin);
         let app = self.follow.app(&pod);
         let arrived = self.follow.arrived(reading.result.as_ref().ok());
         if app == App::Gone {
@@ -330,6 +336,21 @@ impl<'a> Watch<'a> {
             count: self.count(reading, arrived, proc, now),
             arrived,
             app,
+            admin,
+        }
+    }
+
+    /// Says when the time between counts changes by half or more, and why: Envoy's answers
+    /// took long, or are quick again.
+    fn pace(&mut self, admin: Duration) {
+        let pace = wait::pause(self.cfg.rules.interval, admin);
+        let (low, high) = (
+            self.pace.saturating_mul(2) / 3,
+            self.pace.saturating_mul(3) / 2,
+        );
+        if pace != self.pace && (pace <= low || pace >= high || pace == self.cfg.rules.interval) {
+            lock(self.log).info(&text::pace(pace, self.cfg.rules.interval, admin));
+            self.pace = pace;
         }
     }
 
@@ -485,12 +506,65 @@ mod tests {
             .enumerate()
             .map(|(i, r)| {
                 let table = Err("not read in this test".to_string());
-                w.observe(r, table, &proc, Duration::from_secs(i as u64))
-                    .count
+                w.observe(
+                    r,
+                    table,
+                    &proc,
+                    Duration::from_secs(i as u64),
+                    Duration::ZERO,
+                )
+                .count
             })
             .collect();
         let p = lock(&progress).clone();
         (sink.text(), p, totals)
+    }
+
+    #[test]
+    fn the_pace_is_logged_when_envoys_answers_change_it_by_half_or_more() {
+        let cfg = crate::config::run_config(&RunArgs::default(), &|_| None).unwrap();
+        let sink = Sink::default();
+        let log = Mutex::new(Logger::new(Out::new(Box::new(sink.clone())), false));
+        let progress = Mutex::new(Progress::default());
+        let mut w = Watch::new(&log, &progress, &cfg, Duration::ZERO);
+        let proc = Reader::Text {
+            dir: "/proc/net".into(),
+            why: None,
+        };
+        for (i, admin) in [5, 250, 260, 400, 5, 6].into_iter().enumerate() {
+            let table = Err("not read in this test".to_string());
+            let reading = ok(count(SourceKind::Clusters, 1), None);
+            let tick = w.observe(
+                reading,
+                table,
+                &proc,
+                Duration::from_secs(i as u64),
+                Duration::from_millis(admin),
+            );
+            assert_eq!(
+                tick.admin,
+                Duration::from_millis(admin),
+                "the wait paces by it"
+            );
+        }
+        let text = sink.text();
+        let paces: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.split('\t').nth(3))
+            .filter(|m| m.starts_with("counting every"))
+            .collect();
+        assert_eq!(
+            paces,
+            [
+                "counting every 5.0s instead of every 500ms: Envoy took 250ms to answer, and \
+                 answers on the thread that also runs its configuration, so the counts take at \
+                 most 1/20 of it",
+                "counting every 8.0s instead of every 500ms: Envoy took 400ms to answer, and \
+                 answers on the thread that also runs its configuration, so the counts take at \
+                 most 1/20 of it",
+                "counting every 500ms again: Envoy answered in 5ms",
+            ]
+        );
     }
 
     #[test]

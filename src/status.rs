@@ -5,9 +5,13 @@
 use crate::cli::{StatusArgs, usage_error};
 use crate::config;
 use crate::outcome::{EXIT_NOTHING_COUNTED, EXIT_REACHED};
-use crate::source::admin::REQUEST_TIMEOUT;
 use crate::source::{self, Sources};
 use std::io::Write;
+use std::time::Duration;
+
+/// The most one look may take: each request is bounded as in `run` (a second), except /clusters,
+/// which a proxy with tens of thousands of clusters takes seconds to answer.
+const LOOK: Duration = Duration::from_secs(10);
 
 /// Prints the report; exits 0 when the source `run` would use can count now, else 3.
 pub fn command(args: &StatusArgs) -> i32 {
@@ -16,7 +20,7 @@ pub fn command(args: &StatusArgs) -> i32 {
         Err(e) => return usage_error(&e.to_string()),
     };
     let mut sources = Sources::new(&counting);
-    let look = sources.look(REQUEST_TIMEOUT, true);
+    let look = sources.look(LOOK, true);
     let reading = source::decide(&look);
     let _ = write!(
         std::io::stdout(),

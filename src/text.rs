@@ -20,6 +20,15 @@ pub fn seconds(d: Duration) -> String {
     format!("{}.{}s", tenths / 10, tenths % 10)
 }
 
+/// Milliseconds below a second, else `seconds`.
+fn brief(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        seconds(d)
+    }
+}
+
 fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
@@ -309,6 +318,26 @@ pub fn app_still_running(others: Option<&std::collections::BTreeMap<u32, u64>>) 
 }
 
 /// `run` with the kill switch set.
+/// The time between counts has changed with the time Envoy took to answer.
+pub fn pace(pace: Duration, interval: Duration, admin: Duration) -> String {
+    if pace == interval {
+        format!(
+            "counting every {} again: Envoy answered in {}",
+            humantime::format_duration(interval),
+            brief(admin)
+        )
+    } else {
+        format!(
+            "counting every {} instead of every {}: Envoy took {} to answer, and answers on the \
+             thread that also runs its configuration, so the counts take at most 1/{} of it",
+            brief(pace),
+            humantime::format_duration(interval),
+            brief(admin),
+            crate::wait::PACE
+        )
+    }
+}
+
 pub fn disabled(setting: &str) -> String {
     format!("{setting} is set: not draining and not waiting")
 }

@@ -19,6 +19,17 @@ pub const LAST_COUNT: Duration = crate::source::admin::REQUEST_TIMEOUT;
 /// closing its listener and a last call out holds none for a moment.
 pub const RECHECK: Duration = Duration::from_millis(100);
 
+/// Envoy answers the admin API on its main thread, which also applies configuration and serves
+/// the pod's other admin needs: two counts start at least this many times the last answer's time
+/// apart, so that the counts keep it busy at most 1/PACE of the time (5%).
+pub const PACE: u32 = 20;
+
+/// The time from the start of one count to the next: the interval, or more when Envoy took long
+/// to answer (a sidecar or gateway with thousands of clusters, whose /clusters answer is large).
+pub fn pause(interval: Duration, admin: Duration) -> Duration {
+    interval.max(admin.saturating_mul(PACE))
+}
+
 /// What one look gave the wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Tick {
@@ -28,6 +39,8 @@ pub struct Tick {
     /// when the count is at zero between two requests.
     pub arrived: bool,
     pub app: App,
+    /// How long Envoy took to answer, which paces the next count.
+    pub admin: Duration,
 }
 
 /// What the socket table says of the app: its sockets are those of other users than the proxy's.
@@ -86,7 +99,15 @@ pub fn wait(
             }
             _ => low_since = None,
         }
-        let mut next = started.saturating_add(rules.interval);
+        let pause = pause(rules.interval, tick.admin);
+        let mut next = started.saturating_add(pause);
+        // A paced wait still counts once more where a count can end before the deadline.
+        let last_chance = rules
+            .deadline
+            .saturating_sub((now - started).saturating_mul(2));
+        if pause > rules.interval && next > last_chance && last_chance > now {
+            next = last_chance;
+        }
         if tick.app == App::Leaving {
             next = next.min(now.saturating_add(RECHECK));
         }
@@ -242,6 +263,44 @@ mod tests {
         ];
         let (o, end, _) = run(&r, &script, ms(0));
         assert_eq!((o, end), (Outcome::Reached, ms(5000)));
+    }
+
+    #[test]
+    fn the_pause_between_counts_is_twenty_times_envoys_answer_never_less_than_the_interval() {
+        assert_eq!(pause(ms(500), ms(5)), ms(500), "a small pod: the interval");
+        assert_eq!(pause(ms(500), ms(25)), ms(500));
+        assert_eq!(pause(ms(500), ms(240)), ms(4800), "10,000 clusters");
+        assert_eq!(pause(ms(500), ms(1500)), ms(30000), "50,000 clusters");
+        let most = Duration::from_secs(u64::MAX);
+        assert_eq!(pause(ms(500), most), Duration::MAX, "saturates");
+    }
+
+    #[test]
+    fn slow_answers_space_the_counts_and_one_last_count_comes_before_the_deadline() {
+        let r = Rules {
+            min_drain: ms(0),
+            ..rules()
+        };
+        let slow = |count| Tick {
+            count: Some(count),
+            admin: ms(250),
+            ..Tick::default()
+        };
+        // Each look takes 250 ms, all of it Envoy's: a count every 5 s, and one at 24.5 s, where
+        // a count that takes as long still ends before the 25 s deadline.
+        let (o, end, at) = run_ticks(&r, &[(0, slow(1))], ms(250));
+        assert_eq!((o, end), (Outcome::Deadline, ms(25000)));
+        assert_eq!(at, [0, 5000, 10000, 15000, 20000, 24500].map(ms), "{at:?}");
+        // Envoy's load is Envoy's: a slow look that was not waiting on it keeps the interval.
+        let busy = Tick {
+            count: Some(1),
+            ..Tick::default()
+        };
+        let (_, _, at) = run_ticks(&r, &[(0, busy)], ms(250));
+        assert_eq!(at.len(), 50, "every 500 ms: {at:?}");
+        // The count reaching zero is seen at the next paced count.
+        let (o, end, _) = run_ticks(&r, &[(0, slow(1)), (12000, slow(0))], ms(250));
+        assert_eq!((o, end), (Outcome::Reached, ms(15250)));
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub struct Rule {
 }
 
 /// One cluster as `status` shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Cluster {
     pub name: String,
     /// Requests in flight (`rq_active` and `rq_pending_active`) on the hosts that count.
@@ -76,7 +76,16 @@ pub struct Tally {
     bad: Option<String>,
     /// `rq_total` over the hosts that count: requests so far, which tells new ones apart.
     arrived: u64,
+    /// What the counted clusters past the first `KEPT` that hold anything hold, added up, and
+    /// how many they are.
+    more: Cluster,
+    more_clusters: u64,
 }
+
+/// How many clusters that hold something are kept by name: a gateway's answer may list tens of
+/// thousands with pooled connections (and a hostile one, without end); past these, they are added
+/// up as one, which keeps the count whole and the memory flat.
+const KEPT: usize = 1000;
 
 const LISTED: [&str; 4] = ["rq_active", "rq_pending_active", "cx_active", "rq_total"];
 
@@ -158,7 +167,13 @@ impl Tally {
     /// Keeps a finished cluster if it holds anything.
     fn close(&mut self, c: Cluster) {
         if c.requests > 0 || c.connections > 0 {
-            self.clusters.push(c);
+            if self.clusters.len() < KEPT {
+                self.clusters.push(c);
+            } else if c.left_out.is_none() {
+                self.more.requests = self.more.requests.saturating_add(c.requests);
+                self.more.connections = self.more.connections.saturating_add(c.connections);
+                self.more_clusters += 1;
+            }
         } else if c.left_out.is_none() {
             self.quiet += 1;
         }
@@ -169,6 +184,11 @@ impl Tally {
     pub fn finish(mut self) -> Result<Answer, String> {
         if let Some(c) = self.current.take() {
             self.close(c);
+        }
+        if self.more_clusters > 0 {
+            let mut more = std::mem::take(&mut self.more);
+            more.name = format!("({} more clusters)", self.more_clusters);
+            self.clusters.push(more);
         }
         if let Some(line) = self.bad {
             return Err(format!(
@@ -336,6 +356,25 @@ mine::10.0.0.7:80::rq_active::4
         let bad_but_left_out =
             "xds-grpc::10.0.0.1:80::rq_active::x\nc::10.0.0.1:80::rq_active::0\n";
         assert_eq!(tally(bad_but_left_out, &istio()).unwrap().count.total, 0);
+    }
+
+    #[test]
+    fn past_a_thousand_busy_clusters_the_rest_are_added_up_as_one_and_the_count_stays_whole() {
+        let mut t = Tally::default();
+        for i in 0..5000 {
+            let name = format!("outbound|80||s{i}.ns.svc.cluster.local");
+            t.add_line(&format!("{name}::10.0.0.1:80::cx_active::1"), &istio());
+            t.add_line(
+                &format!("{name}::10.0.0.1:80::rq_active::{}", i % 2),
+                &istio(),
+            );
+        }
+        let a = t.finish().unwrap();
+        assert_eq!(a.count.total, 2500);
+        assert_eq!(a.clusters.len(), KEPT + 1, "memory stays flat");
+        let more = a.clusters.last().unwrap();
+        assert_eq!(more.name, "(4000 more clusters)");
+        assert_eq!((more.requests, more.connections), (2000, 4000));
     }
 
     #[test]

@@ -67,6 +67,9 @@ pub struct Sources {
     ignore: PortSet,
     clusters: clusters::Rule,
     table: SocketTable,
+    /// How long the last look waited on Envoy's admin API: what the count cost Envoy's main
+    /// thread, at most.
+    admin_time: Duration,
 }
 
 impl Sources {
@@ -81,7 +84,13 @@ impl Sources {
                 ignore_ports: c.ignore.clone(),
             },
             table: SocketTable::new(c.proc_net.as_deref(), c.filter(), c.admin),
+            admin_time: Duration::ZERO,
         }
+    }
+
+    /// How long the last look waited on Envoy's admin API.
+    pub fn admin_time(&self) -> Duration {
+        self.admin_time
     }
 
     /// Where the socket table is read from.
@@ -127,7 +136,11 @@ impl Sources {
     pub fn look(&mut self, left: Duration, every: bool) -> Look {
         let until = within(left);
         let admin = self.mode != Mode::Proc;
+        let asked = Instant::now();
         let stats = admin.then(|| self.stats(until));
+        // An admin API that let the stats time out is stuck (one thread answers both): /clusters
+        // would only hold the count up until the deadline.
+        let stuck = asked.elapsed() >= admin::REQUEST_TIMEOUT;
         let stats_requests = stats
             .as_ref()
             .is_some_and(|s| matches!(s.requests, Some(Ok(_))));
@@ -136,9 +149,10 @@ impl Sources {
             clusters: None,
             proc: None,
         };
-        if admin && self.unit == Unit::Requests && (every || !stats_requests) {
+        if admin && !stuck && self.unit == Unit::Requests && (every || !stats_requests) {
             look.clusters = Some(self.clusters(until));
         }
+        self.admin_time = asked.elapsed();
         if self.mode != Mode::Stats && (every || decide(&look).result.is_err()) {
             // A hung admin API may have used up the time left: the socket table still gets its
             // moment, which bounds how far past its deadline a run can end.
