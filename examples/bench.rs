@@ -764,8 +764,9 @@ fn scale(drain: &Path, envoy: &Path) -> String {
     out += "\nThe answer holds every cluster and host (about 1.8 KB a host), built whole on Envoy's main thread \
             before its first byte. The hook reads it line by line as it arrives, keeping three counters a host, so \
             memory stays flat at any size, and gives it time up to the deadline rather than a byte cap. The time between \
-            counts grows with the time the answer took (20 times it, so counting keeps Envoy's main thread at most 5% \
-            busy), with one last count where it can still end before the deadline.\n\n\
+            counts grows with the time a count took (20 times it, so counting keeps Envoy's main thread and the proxy \
+            container's CPU at most 5% busy), with a count when the min-drain ends, or one last count where it can still \
+            end before the deadline.\n\n\
             ### Connections from the socket table (netlink)\n\n\
             | connections | sockets in the namespace | one count | hook CPU | hook peak RSS | counts | last count |\n\
             |---:|---:|---:|---:|---:|---:|---|\n";
@@ -818,9 +819,11 @@ fn listeners_row(drain: &Path, envoy: &Path, dir: &Path, n: usize) -> String {
     }
     let config = dir.join("listeners.yaml");
     std::fs::write(&config, yaml).expect("the config");
+    // Envoy holds a socket a listener per worker (2) and each accepted connection; the bench the
+    // other ends.
     let limit = libc::rlimit {
-        rlim_cur: n as u64 + 1024,
-        rlim_max: n as u64 + 1024,
+        rlim_cur: 4 * n as u64 + 1024,
+        rlim_max: 4 * n as u64 + 1024,
     };
     // SAFETY: setrlimit with a valid struct; raising the hard limit needs root, which the bench has.
     unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };

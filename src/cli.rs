@@ -165,7 +165,7 @@ pub struct RunArgs {
     #[argh(option)]
     pub deadline: Option<String>,
 
-    /// time between counts (default: 500ms)
+    /// time between counts; longer when a count takes long: 20 times its time (default: 500ms)
     #[argh(option)]
     pub interval: Option<String>,
 

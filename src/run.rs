@@ -123,9 +123,13 @@ impl Run {
         }
         let mut watch = Watch::new(&self.log, &self.progress, cfg, clock.now());
         let outcome = wait::wait(&cfg.rules, watch.drained_at, &mut clock, |left| {
+            let asked = Instant::now();
             let (reading, pod) = sources.tick(left);
-            let admin = sources.admin_time();
-            watch.observe(reading, pod, sources.reader(), self.start.elapsed(), admin)
+            let cost = Cost {
+                look: asked.elapsed(),
+                admin: sources.admin_time(),
+            };
+            watch.observe(reading, pod, sources.reader(), self.start.elapsed(), cost)
         });
         let quit = match outcome {
             Outcome::AppExited => true,
@@ -253,6 +257,13 @@ struct Watch<'a> {
     pace: Duration,
 }
 
+/// What one look took: all of it, and the part spent waiting on Envoy's admin API.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cost {
+    pub look: Duration,
+    pub admin: Duration,
+}
+
 /// Follows the app and what arrives, from one look at the pod to the next.
 #[derive(Debug, Default)]
 struct Follow {
@@ -324,9 +335,9 @@ impl<'a> Watch<'a> {
         pod: Result<Pod, String>,
         proc: &Reader,
         now: Duration,
-        admin: Duration,
+        cost: Cost,
     ) -> Tick {
-        self.pace(admin);
+        self.pace(cost);
         let app = self.follow.app(&pod);
         let arrived = self.follow.arrived(reading.result.as_ref().ok());
         if app == App::Gone {
@@ -336,20 +347,20 @@ impl<'a> Watch<'a> {
             count: self.count(reading, arrived, proc, now),
             arrived,
             app,
-            admin,
+            cost: cost.look,
         }
     }
 
-    /// Says when the time between counts changes by half or more, and why: Envoy's answers
-    /// took long, or are quick again.
-    fn pace(&mut self, admin: Duration) {
-        let pace = wait::pause(self.cfg.rules.interval, admin);
+    /// Says when the time between counts changes by half or more, and why: counts took long,
+    /// or are quick again.
+    fn pace(&mut self, cost: Cost) {
+        let pace = wait::pause(self.cfg.rules.interval, cost.look);
         let (low, high) = (
             self.pace.saturating_mul(2) / 3,
             self.pace.saturating_mul(3) / 2,
         );
         if pace != self.pace && (pace <= low || pace >= high || pace == self.cfg.rules.interval) {
-            lock(self.log).info(&text::pace(pace, self.cfg.rules.interval, admin));
+            lock(self.log).info(&text::pace(pace, self.cfg.rules.interval, cost));
             self.pace = pace;
         }
     }
@@ -511,7 +522,7 @@ mod tests {
                     table,
                     &proc,
                     Duration::from_secs(i as u64),
-                    Duration::ZERO,
+                    Cost::default(),
                 )
                 .count
             })
@@ -531,7 +542,7 @@ mod tests {
             dir: "/proc/net".into(),
             why: None,
         };
-        for (i, admin) in [5, 250, 260, 400, 5, 6].into_iter().enumerate() {
+        for (i, look) in [5, 250, 260, 400, 5, 6].into_iter().enumerate() {
             let table = Err("not read in this test".to_string());
             let reading = ok(count(SourceKind::Clusters, 1), None);
             let tick = w.observe(
@@ -539,11 +550,14 @@ mod tests {
                 table,
                 &proc,
                 Duration::from_secs(i as u64),
-                Duration::from_millis(admin),
+                Cost {
+                    look: Duration::from_millis(look),
+                    admin: Duration::from_millis(look / 2),
+                },
             );
             assert_eq!(
-                tick.admin,
-                Duration::from_millis(admin),
+                tick.cost,
+                Duration::from_millis(look),
                 "the wait paces by it"
             );
         }
@@ -556,13 +570,13 @@ mod tests {
         assert_eq!(
             paces,
             [
-                "counting every 5.0s instead of every 500ms: Envoy took 250ms to answer, and \
-                 answers on the thread that also runs its configuration, so the counts take at \
-                 most 1/20 of it",
-                "counting every 8.0s instead of every 500ms: Envoy took 400ms to answer, and \
-                 answers on the thread that also runs its configuration, so the counts take at \
-                 most 1/20 of it",
-                "counting every 500ms again: Envoy answered in 5ms",
+                "counting every 5.0s instead of every 500ms: a count took 250ms (125ms of it \
+                 Envoy's answers), and counting takes at most 1/20 of Envoy's main thread, which \
+                 also runs its configuration, and of the proxy container's CPU",
+                "counting every 8.0s instead of every 500ms: a count took 400ms (200ms of it \
+                 Envoy's answers), and counting takes at most 1/20 of Envoy's main thread, which \
+                 also runs its configuration, and of the proxy container's CPU",
+                "counting every 500ms again: a count took 5ms (2ms of it Envoy's answers)",
             ]
         );
     }

@@ -318,21 +318,25 @@ pub fn app_still_running(others: Option<&std::collections::BTreeMap<u32, u64>>) 
 }
 
 /// `run` with the kill switch set.
-/// The time between counts has changed with the time Envoy took to answer.
-pub fn pace(pace: Duration, interval: Duration, admin: Duration) -> String {
+/// The time between counts has changed with the time a count took.
+pub fn pace(pace: Duration, interval: Duration, cost: crate::run::Cost) -> String {
+    let took = format!(
+        "{} ({} of it Envoy's answers)",
+        brief(cost.look),
+        brief(cost.admin)
+    );
     if pace == interval {
         format!(
-            "counting every {} again: Envoy answered in {}",
-            humantime::format_duration(interval),
-            brief(admin)
+            "counting every {} again: a count took {took}",
+            humantime::format_duration(interval)
         )
     } else {
         format!(
-            "counting every {} instead of every {}: Envoy took {} to answer, and answers on the \
-             thread that also runs its configuration, so the counts take at most 1/{} of it",
+            "counting every {} instead of every {}: a count took {took}, and counting takes at \
+             most 1/{} of Envoy's main thread, which also runs its configuration, and of the \
+             proxy container's CPU",
             brief(pace),
             humantime::format_duration(interval),
-            brief(admin),
             crate::wait::PACE
         )
     }

@@ -19,15 +19,17 @@ pub const LAST_COUNT: Duration = crate::source::admin::REQUEST_TIMEOUT;
 /// closing its listener and a last call out holds none for a moment.
 pub const RECHECK: Duration = Duration::from_millis(100);
 
-/// Envoy answers the admin API on its main thread, which also applies configuration and serves
-/// the pod's other admin needs: two counts start at least this many times the last answer's time
-/// apart, so that the counts keep it busy at most 1/PACE of the time (5%).
+/// Two counts start at least this many times the last one's time apart, so that counting takes
+/// at most 1/PACE (5%) of the time of what it runs on: Envoy's main thread, which answers the
+/// admin API and also applies its configuration, and the proxy container's CPU, which the hook
+/// shares with Envoy (a preStop runs in its container).
 pub const PACE: u32 = 20;
 
-/// The time from the start of one count to the next: the interval, or more when Envoy took long
-/// to answer (a sidecar or gateway with thousands of clusters, whose /clusters answer is large).
-pub fn pause(interval: Duration, admin: Duration) -> Duration {
-    interval.max(admin.saturating_mul(PACE))
+/// The time from the start of one count to the next: the interval, or more when a count took
+/// long (a sidecar or gateway with thousands of clusters, whose /clusters answer runs to hundreds
+/// of megabytes; a gateway with 100,000 connections in its socket table).
+pub fn pause(interval: Duration, cost: Duration) -> Duration {
+    interval.max(cost.saturating_mul(PACE))
 }
 
 /// What one look gave the wait.
@@ -39,8 +41,8 @@ pub struct Tick {
     /// when the count is at zero between two requests.
     pub arrived: bool,
     pub app: App,
-    /// How long Envoy took to answer, which paces the next count.
-    pub admin: Duration,
+    /// How long the look took, which paces the next count.
+    pub cost: Duration,
 }
 
 /// What the socket table says of the app: its sockets are those of other users than the proxy's.
@@ -99,15 +101,8 @@ pub fn wait(
             }
             _ => low_since = None,
         }
-        let pause = pause(rules.interval, tick.admin);
+        let pause = pause(rules.interval, tick.cost);
         let mut next = started.saturating_add(pause);
-        // A paced wait still counts once more where a count can end before the deadline.
-        let last_chance = rules
-            .deadline
-            .saturating_sub((now - started).saturating_mul(2));
-        if pause > rules.interval && next > last_chance && last_chance > now {
-            next = last_chance;
-        }
         if tick.app == App::Leaving {
             next = next.min(now.saturating_add(RECHECK));
         }
@@ -119,6 +114,14 @@ pub fn wait(
             }
             // Wake exactly when the min-drain or the settle time ends, not at the next tick.
             next = next.min(done_at);
+        }
+        // A paced wait with no count due before the deadline counts once more where a count
+        // can still end before it.
+        let last_chance = rules
+            .deadline
+            .saturating_sub((now - started).saturating_mul(2));
+        if pause > rules.interval && next >= rules.deadline && last_chance > now {
+            next = last_chance;
         }
         if now >= rules.deadline {
             break;
@@ -283,24 +286,35 @@ mod tests {
         };
         let slow = |count| Tick {
             count: Some(count),
-            admin: ms(250),
+            cost: ms(250),
             ..Tick::default()
         };
-        // Each look takes 250 ms, all of it Envoy's: a count every 5 s, and one at 24.5 s, where
-        // a count that takes as long still ends before the 25 s deadline.
+        // Each look takes 250 ms: a count every 5 s, and one at 24.5 s, where a count that takes
+        // as long still ends before the 25 s deadline.
         let (o, end, at) = run_ticks(&r, &[(0, slow(1))], ms(250));
         assert_eq!((o, end), (Outcome::Deadline, ms(25000)));
         assert_eq!(at, [0, 5000, 10000, 15000, 20000, 24500].map(ms), "{at:?}");
-        // Envoy's load is Envoy's: a slow look that was not waiting on it keeps the interval.
-        let busy = Tick {
+        // A quick look keeps the interval.
+        let quick = Tick {
             count: Some(1),
+            cost: ms(20),
             ..Tick::default()
         };
-        let (_, _, at) = run_ticks(&r, &[(0, busy)], ms(250));
+        let (_, _, at) = run_ticks(&r, &[(0, quick)], ms(20));
         assert_eq!(at.len(), 50, "every 500 ms: {at:?}");
         // The count reaching zero is seen at the next paced count.
         let (o, end, _) = run_ticks(&r, &[(0, slow(1)), (12000, slow(0))], ms(250));
         assert_eq!((o, end), (Outcome::Reached, ms(15250)));
+        // The bench's wait (min-drain 9 s, deadline 10 s), quiet: paced counts, one when the
+        // min-drain ends, and no last count before the deadline beside it.
+        let bench = Rules {
+            min_drain: ms(9000),
+            deadline: ms(10000),
+            ..rules()
+        };
+        let (o, end, at) = run_ticks(&bench, &[(0, slow(0))], ms(250));
+        assert_eq!((o, end), (Outcome::Reached, ms(9250)));
+        assert_eq!(at, [0, 5000, 9000].map(ms));
     }
 
     #[test]

@@ -69,18 +69,19 @@ impl Client {
         format!("{}{path}", self.base)
     }
 
-    pub fn get(&self, path: &str, left: Duration) -> Result<Reply, Failure> {
-        self.whole("GET", path, left)
+    /// A GET within `timeout`, which the caller bounds.
+    pub fn get(&self, path: &str, timeout: Duration) -> Result<Reply, Failure> {
+        self.whole("GET", path, timeout)
     }
 
+    /// A POST within `left` and at most `REQUEST_TIMEOUT`.
     pub fn post(&self, path: &str, left: Duration) -> Result<Reply, Failure> {
-        self.whole("POST", path, left)
+        self.whole("POST", path, left.min(REQUEST_TIMEOUT))
     }
 
-    /// One request, its answer read whole, at most `BODY_LIMIT` bytes, within `left` and at most
-    /// `REQUEST_TIMEOUT`.
-    fn whole(&self, method: &'static str, path: &str, left: Duration) -> Result<Reply, Failure> {
-        self.call(method, path, left.min(REQUEST_TIMEOUT))
+    /// One request, its answer read whole, at most `BODY_LIMIT` bytes, within `timeout`.
+    fn whole(&self, method: &'static str, path: &str, timeout: Duration) -> Result<Reply, Failure> {
+        self.call(method, path, timeout)
             .and_then(|(answer, timeout)| read_whole(answer, timeout))
             .map_err(|cause| Failure::new(method, self.url(path), cause))
     }
