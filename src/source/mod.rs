@@ -70,11 +70,11 @@ pub struct Sources {
     /// How long the last look waited on Envoy's admin API: what the count cost Envoy's main
     /// thread, at most.
     admin_time: Duration,
-    /// Why the stats report no requests, once an answer has shown it. Envoy's stats matcher is
-    /// fixed when it starts, so later counts go to /clusters first and ask the stats only when
-    /// /clusters fails: at 10,000 clusters a filtered /stats answer costs Envoy 0.11 s of CPU,
-    /// almost half of what /clusters costs.
-    no_request_stats: Option<String>,
+    /// Why the stats gave no requests at the last count, whose requests came from /clusters:
+    /// the next count asks /clusters first, and the stats only when it fails. Envoy's stats
+    /// matcher is fixed when it starts, and at 10,000 clusters a filtered /stats answer costs
+    /// Envoy 0.11 s of CPU, almost half of what /clusters costs (at 50,000, over a second).
+    clusters_first: Option<String>,
     /// The time the next stats request is given: a second, doubled after each one that ran out
     /// of it (an Envoy with 50,000 clusters takes over a second to filter its stats), up to
     /// `MAX_STATS_TIMEOUT`.
@@ -97,7 +97,7 @@ impl Sources {
             },
             table: SocketTable::new(c.proc_net.as_deref(), c.filter(), c.admin),
             admin_time: Duration::ZERO,
-            no_request_stats: None,
+            clusters_first: None,
             stats_timeout: admin::REQUEST_TIMEOUT,
         }
     }
@@ -151,7 +151,7 @@ impl Sources {
         let until = within(left);
         let admin = self.mode != Mode::Proc;
         let asked = Instant::now();
-        let known = match &self.no_request_stats {
+        let known = match &self.clusters_first {
             Some(why) if admin && !every && self.unit == Unit::Requests => Some(why.clone()),
             _ => None,
         };
@@ -177,6 +177,16 @@ impl Sources {
         if known.is_some() && matches!(look.clusters, Some(Err(_))) {
             look.stats = Some(self.stats(until));
         }
+        self.clusters_first = match (&look.clusters, &look.stats) {
+            (
+                Some(Ok(_)),
+                Some(StatsLook {
+                    requests: Some(Err(why)),
+                    ..
+                }),
+            ) if !every => Some(why.clone()),
+            _ => None,
+        };
         self.admin_time = asked.elapsed();
         if self.mode != Mode::Stats && (every || decide(&look).result.is_err()) {
             // A hung admin API may have used up the time left: the socket table still gets its
@@ -209,9 +219,6 @@ impl Sources {
                     (Ok(g), Ok(c)) => stats::requests(g, c),
                     (Err(e), _) | (_, Err(e)) => Err(e.clone()),
                 });
-                if let Some(Err(e @ stats::Unusable::NotEnabled)) = &requests {
-                    self.no_request_stats = Some(unusable(e.clone(), "downstream_rq_active"));
-                }
                 StatsLook {
                     connections: connections.map_err(|e| unusable(e, "downstream_cx_active")),
                     requests: requests.map(|r| r.map_err(|e| unusable(e, "downstream_rq_active"))),
