@@ -637,8 +637,20 @@ struct Wait {
     envoy_share: Option<f64>,
     cpu: Duration,
     rss_kib: u64,
-    counts: usize,
-    last: String,
+    /// Every count line's count, without the time left.
+    counts: Vec<String>,
+}
+
+impl Wait {
+    /// `counts (right)`: how many counts, and how many of them said `right`.
+    fn counts(&self, right: &str) -> String {
+        let good = self.counts.iter().filter(|c| c.starts_with(right)).count();
+        format!("{} ({good} right)", self.counts.len())
+    }
+
+    fn last(&self) -> &str {
+        self.counts.last().map_or("", String::as_str)
+    }
 }
 
 fn ten_second_wait(drain: &Path, envoy_pid: Option<u32>, extra: &[&str]) -> Wait {
@@ -670,10 +682,11 @@ fn ten_second_wait(drain: &Path, envoy_pid: Option<u32>, extra: &[&str]) -> Wait
     let (rss_kib, cpu) = wait_usage(child);
     let wall = started.elapsed();
     let lines = lines.join().unwrap_or_default();
-    let count_lines: Vec<&str> = lines
+    let counts: Vec<String> = lines
         .iter()
         .filter_map(|l| l.split('\t').nth(3))
         .filter(|m| m.starts_with(|c: char| c.is_ascii_digit()) || m.starts_with("cannot count"))
+        .map(|m| m.split(';').next().unwrap_or_default().to_string())
         .collect();
     Wait {
         envoy_share: envoy_pid
@@ -681,11 +694,7 @@ fn ten_second_wait(drain: &Path, envoy_pid: Option<u32>, extra: &[&str]) -> Wait
             .map(|(pid, b)| (cpu_of(pid) - b).as_secs_f64() / wall.as_secs_f64()),
         cpu,
         rss_kib,
-        counts: count_lines.len(),
-        last: count_lines
-            .last()
-            .map(|l| l.split(';').next().unwrap_or_default().to_string())
-            .unwrap_or_default(),
+        counts,
     }
 }
 
@@ -720,11 +729,11 @@ fn scale(drain: &Path, envoy: &Path) -> String {
         "## 9. Scale: the biggest sidecars and gateways\n\n\
          Each row is one hook waiting 10 s (`run --drain none --min-drain 9s --deadline 10s --verbose`, default \
          500 ms interval): Envoy's CPU share over the wait (from `/proc/<pid>/stat`), the hook's own CPU and peak RSS \
-         (VmHWM), how many counts it made and its last count. One count is the median wall time of `status` with the \
+         (VmHWM), how many counts it made and how many of them were right, and its last count. One count is the median wall time of `status` with the \
          same flags. Nothing is in flight: the right count is 0 requests from /clusters (not unknown, not a fallback), \
          the number of connections held, and 0 connections at 10,000 listeners.\n\n\
          ### `--count requests` from /clusters (Istio's default stats matcher, clusters of 3 hosts)\n\n\
-         | clusters | /clusters answer | Envoy's answer (read whole) | one count | Envoy's CPU over the wait | hook CPU | hook peak RSS | counts | last count |\n\
+         | clusters | /clusters answer | Envoy's answer (read whole) | one count | Envoy's CPU over the wait | hook CPU | hook peak RSS | counts (right) | last count |\n\
          |---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for n in [1_000, 10_000, 50_000] {
@@ -755,8 +764,8 @@ fn scale(drain: &Path, envoy: &Path) -> String {
             w.envoy_share.unwrap_or_default() * 100.0,
             ms(w.cpu),
             w.rss_kib as f64 / 1024.0,
-            w.counts,
-            w.last,
+            w.counts("0 active requests (clusters)"),
+            w.last(),
         );
         let _ = child.kill();
         let _ = child.wait();
@@ -768,7 +777,7 @@ fn scale(drain: &Path, envoy: &Path) -> String {
             container's CPU at most 5% busy), with a count when the min-drain ends, or one last count where it can still \
             end before the deadline.\n\n\
             ### Connections from the socket table (netlink)\n\n\
-            | connections | sockets in the namespace | one count | hook CPU | hook peak RSS | counts | last count |\n\
+            | connections | sockets in the namespace | one count | hook CPU | hook peak RSS | counts (right) | last count |\n\
             |---:|---:|---:|---:|---:|---:|---|\n";
     let mut held = Vec::new();
     let mut open = 0;
@@ -786,8 +795,8 @@ fn scale(drain: &Path, envoy: &Path) -> String {
             ms(one),
             ms(w.cpu),
             w.rss_kib as f64 / 1024.0,
-            w.counts,
-            w.last,
+            w.counts(&format!("{n} active connections (proc)")),
+            w.last(),
         );
     }
     for mut child in held {
@@ -830,7 +839,7 @@ fn listeners_row(drain: &Path, envoy: &Path, dir: &Path, n: usize) -> String {
         .spawn()
         .expect("Envoy starts");
     let header = "\n### `/stats` at 10,000 listeners (connection stats on, as `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` sets them)\n\n\
-                  | listeners | /stats answer | one count | Envoy's CPU over the wait | hook CPU | hook peak RSS | counts | last count |\n\
+                  | listeners | /stats answer | one count | Envoy's CPU over the wait | hook CPU | hook peak RSS | counts (right) | last count |\n\
                   |---:|---:|---:|---:|---:|---:|---:|---|\n";
     let ready = support::envoy::until(Duration::from_secs(300), || {
         TcpStream::connect(("127.0.0.1", (20_000 + n - 1) as u16)).is_ok()
@@ -852,8 +861,8 @@ fn listeners_row(drain: &Path, envoy: &Path, dir: &Path, n: usize) -> String {
             w.envoy_share.unwrap_or_default() * 100.0,
             w.cpu.as_secs_f64() * 1000.0,
             w.rss_kib as f64 / 1024.0,
-            w.counts,
-            w.last,
+            w.counts("0 active connections (stats)"),
+            w.last(),
         )
     } else {
         format!("| {n} | Envoy's listeners did not come up within 300 s |||||||\n")
