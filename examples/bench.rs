@@ -203,6 +203,26 @@ fn wait_usage(child: std::process::Child) -> (u64, Duration) {
     (peak, tv(usage.ru_utime) + tv(usage.ru_stime))
 }
 
+/// `run` with `args`, its log read as it comes: its lines, peak RSS (KiB) and CPU time.
+fn watched_run(drain: &Path, args: &[&str]) -> (Vec<String>, u64, Duration) {
+    let mut child = Command::new(drain)
+        .arg("run")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("envoy-drain starts");
+    let err = child.stderr.take().expect("stderr");
+    let lines = thread::spawn(move || {
+        BufReader::new(err)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    let (rss_kib, cpu) = wait_usage(child);
+    (lines.join().unwrap_or_default(), rss_kib, cpu)
+}
+
 /// A 3 s wait with one connection open, from each source: peak RSS, and CPU per count.
 fn waiting_costs(drain: &Path, envoy: &Path) -> String {
     let _envoy = Envoy::start(envoy, Options::default());
@@ -224,34 +244,24 @@ fn waiting_costs(drain: &Path, envoy: &Path) -> String {
             &["--proc-net", "/proc/net"][..],
         ),
     ] {
-        let child = Command::new(drain)
-            .args([
-                "run",
-                "--drain",
-                "none",
-                "--source",
-                source,
-                "--deadline",
-                "3s",
-                "--min-drain",
-                "0s",
-                "--verbose",
-            ])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("envoy-drain starts");
-        let mut child = child;
-        let err = child.stderr.take().expect("stderr");
-        let lines = thread::spawn(move || {
-            BufReader::new(err)
-                .lines()
-                .map_while(Result::ok)
-                .collect::<Vec<_>>()
-        });
-        let (rss_kib, cpu) = wait_usage(child);
-        let lines = lines.join().unwrap_or_default();
+        let (lines, rss_kib, cpu) = watched_run(
+            drain,
+            &[
+                &[
+                    "--drain",
+                    "none",
+                    "--source",
+                    source,
+                    "--deadline",
+                    "3s",
+                    "--min-drain",
+                    "0s",
+                    "--verbose",
+                ],
+                extra,
+            ]
+            .concat(),
+        );
         // With --verbose every count is a line whose message starts with the count.
         let counts = lines
             .iter()
@@ -656,32 +666,17 @@ impl Wait {
 fn ten_second_wait(drain: &Path, envoy_pid: Option<u32>, extra: &[&str]) -> Wait {
     let before = envoy_pid.map(cpu_of);
     let started = Instant::now();
-    let mut child = Command::new(drain)
-        .args([
-            "run",
-            "--drain",
-            "none",
-            "--min-drain",
-            "9s",
-            "--deadline",
-            "10s",
-            "--verbose",
-        ])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("envoy-drain starts");
-    let err = child.stderr.take().expect("stderr");
-    let lines = thread::spawn(move || {
-        BufReader::new(err)
-            .lines()
-            .map_while(Result::ok)
-            .collect::<Vec<_>>()
-    });
-    let (rss_kib, cpu) = wait_usage(child);
+    let args = [
+        "--drain",
+        "none",
+        "--min-drain",
+        "9s",
+        "--deadline",
+        "10s",
+        "--verbose",
+    ];
+    let (lines, rss_kib, cpu) = watched_run(drain, &[&args[..], extra].concat());
     let wall = started.elapsed();
-    let lines = lines.join().unwrap_or_default();
     let counts: Vec<String> = lines
         .iter()
         .filter_map(|l| l.split('\t').nth(3))

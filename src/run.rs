@@ -503,6 +503,14 @@ mod tests {
     }
 
     fn watch_with(args: RunArgs, readings: Vec<Reading>) -> (String, Progress, Vec<Option<u64>>) {
+        let looks = readings.into_iter().map(|r| (r, Cost::default())).collect();
+        let (log, progress, ticks) = watch_costs(args, looks);
+        (log, progress, ticks.iter().map(|t| t.count).collect())
+    }
+
+    /// Feeds readings, each with what its look cost, one second apart; returns the log, the last
+    /// progress and the ticks.
+    fn watch_costs(args: RunArgs, looks: Vec<(Reading, Cost)>) -> (String, Progress, Vec<Tick>) {
         let cfg = crate::config::run_config(&args, &|_| None).unwrap();
         let sink = Sink::default();
         let log = Mutex::new(Logger::new(Out::new(Box::new(sink.clone())), false));
@@ -512,56 +520,31 @@ mod tests {
             dir: "/proc/net".into(),
             why: None,
         };
-        let totals = readings
+        let ticks = looks
             .into_iter()
             .enumerate()
-            .map(|(i, r)| {
+            .map(|(i, (r, cost))| {
                 let table = Err("not read in this test".to_string());
-                w.observe(
-                    r,
-                    table,
-                    &proc,
-                    Duration::from_secs(i as u64),
-                    Cost::default(),
-                )
-                .count
+                w.observe(r, table, &proc, Duration::from_secs(i as u64), cost)
             })
             .collect();
         let p = lock(&progress).clone();
-        (sink.text(), p, totals)
+        (sink.text(), p, ticks)
     }
 
     #[test]
-    fn the_pace_is_logged_when_envoys_answers_change_it_by_half_or_more() {
-        let cfg = crate::config::run_config(&RunArgs::default(), &|_| None).unwrap();
-        let sink = Sink::default();
-        let log = Mutex::new(Logger::new(Out::new(Box::new(sink.clone())), false));
-        let progress = Mutex::new(Progress::default());
-        let mut w = Watch::new(&log, &progress, &cfg, Duration::ZERO);
-        let proc = Reader::Text {
-            dir: "/proc/net".into(),
-            why: None,
-        };
-        for (i, look) in [5, 250, 260, 400, 5, 6].into_iter().enumerate() {
-            let table = Err("not read in this test".to_string());
-            let reading = ok(count(SourceKind::Clusters, 1), None);
-            let tick = w.observe(
-                reading,
-                table,
-                &proc,
-                Duration::from_secs(i as u64),
-                Cost {
-                    look: Duration::from_millis(look),
-                    admin: Duration::from_millis(look / 2),
-                },
-            );
-            assert_eq!(
-                tick.cost,
-                Duration::from_millis(look),
-                "the wait paces by it"
-            );
+    fn the_pace_is_logged_when_long_counts_change_it_by_half_or_more() {
+        let looks = [5, 250, 260, 400, 5, 6].map(|ms| {
+            let cost = Cost {
+                look: Duration::from_millis(ms),
+                admin: Duration::from_millis(ms / 2),
+            };
+            (ok(count(SourceKind::Clusters, 1), None), cost)
+        });
+        let (text, _, ticks) = watch_costs(RunArgs::default(), looks.to_vec());
+        for (tick, (_, cost)) in ticks.iter().zip(&looks) {
+            assert_eq!(tick.cost, cost.look, "the wait paces by it");
         }
-        let text = sink.text();
         let paces: Vec<&str> = text
             .lines()
             .filter_map(|l| l.split('\t').nth(3))
