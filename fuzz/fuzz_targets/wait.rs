@@ -55,7 +55,9 @@ fuzz_target!(|data: &[u8]| {
             last = Tick::default();
             return last;
         };
-        now.set(now.get().saturating_add(Duration::from_millis(u64::from(b >> 4) * 100)).min(rules.deadline));
+        // The high nibble: what the look took, which also paces the next.
+        let cost = Duration::from_millis(u64::from(b >> 4) * 100);
+        now.set(now.get().saturating_add(cost).min(rules.deadline));
         // The low nibble: 0xf unknown, else a count of 0 to 7 and whether a request arrived; the
         // count's value also picks the app's state.
         let count = (b & 0xf != 0xf).then_some(u64::from(b & 0x7));
@@ -70,6 +72,7 @@ fuzz_target!(|data: &[u8]| {
             count,
             arrived: b & 0x8 != 0,
             app,
+            cost,
         };
         last
     });
