@@ -98,7 +98,8 @@ pub struct Rules {
     /// Bounds the whole run, counted from the process's start: `Run::wait` gives the drain and
     /// quit requests the time left; `wait::wait` stops counting at it and gives each count the
     /// time left, which `Sources::look` turns into one instant for every source: each admin
-    /// request (at most `admin::REQUEST_TIMEOUT` of it), the socket table's dump or read and
+    /// request (a stats request at most its own timeout, a second to begin with; /clusters all of
+    /// it), the socket table's dump or read and
     /// its search for Envoy's process (given at least `PROC_GRACE`). After it, only the summary
     /// may wait, at most `log::SUMMARY_WAIT`, for room in a full pipe.
     pub deadline: Duration,

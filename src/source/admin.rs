@@ -13,8 +13,10 @@ use std::time::Duration;
 use ureq::http::Response;
 use ureq::{Agent, Body};
 
-/// No single request may take longer: a loopback admin API answers in milliseconds, and one that
-/// does not must not hold up the count (auto falls back to the socket table for that count).
+/// The time a request is given: a loopback admin API answers in milliseconds, and one that does
+/// not must not hold up the count (auto falls back to the socket table for that count). POSTs
+/// never take longer; a stats request that ran out of it gets more the next time, and /clusters
+/// is given the time left (`Sources`).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The most we read of any answer. The filtered /stats answer is about 60 bytes per listener and
