@@ -103,21 +103,7 @@ fn clusters_cost(drain: &Path, envoy: &Path) -> String {
         answers.push(started.elapsed());
         bytes = body.len();
     }
-    let mut counts = Vec::new();
-    let mut said = String::new();
-    for _ in 0..15 {
-        let started = Instant::now();
-        let out = Command::new(drain)
-            .args(["status", "--count", "requests", "--source", "stats"])
-            .output()
-            .expect("envoy-drain runs");
-        counts.push(started.elapsed());
-        said = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .to_string();
-    }
+    let (count, said) = status_time(drain, &["--count", "requests", "--source", "stats"], 15);
     // Nothing in flight: a 3 s settle time keeps it counting every 500 ms.
     let hook = Command::new(drain)
         .args([
@@ -156,7 +142,7 @@ fn clusters_cost(drain: &Path, envoy: &Path) -> String {
          long it may take (section 9 goes to 50,000 clusters). Last status line: `{said}`.\n",
         ms(median(answers.clone())),
         ms(answers.iter().max().copied().unwrap_or_default()),
-        ms(median(counts)),
+        ms(count),
         rss_kib as f64 / 1024.0,
         ms(cpu),
     )
