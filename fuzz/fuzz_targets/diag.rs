@@ -1,9 +1,11 @@
 //! The sock_diag reply parser on any bytes, as the datagrams of one dump: no panic, only the
-//! states the rule reads, and after the readers' clean-up no socket twice.
+//! states the rule reads, and the same sockets whether kept as a table or counted as they come.
 #![no_main]
 
+use envoy_drain::config::Filter;
+use envoy_drain::lists::PortSet;
 use envoy_drain::source::diag;
-use envoy_drain::source::procnet::Table;
+use envoy_drain::source::procnet::{DEFAULT_EPHEMERAL, Envoy, Listeners, Rule, Sink, Table, Tally, count};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -19,9 +21,23 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     assert!(table.sockets.iter().all(|s| matches!(s.state, 1 | 2 | 3 | 8 | 10)));
-    diag::own_requests(&mut table);
-    table.dedup();
-    let mut keys: Vec<_> = table.sockets.iter().map(|s| (s.local, s.remote, s.inode)).collect();
-    keys.dedup();
-    assert_eq!(keys.len(), table.sockets.len());
+    // Counted from the whole table, and counted as a stream beside its listening sockets.
+    let filter = Filter {
+        ignore: PortSet::default(),
+        only: None,
+    };
+    let envoy = Envoy::User { uid: 1337 };
+    let rule = Rule {
+        filter: &filter,
+        envoy: &envoy,
+        ephemeral: DEFAULT_EPHEMERAL,
+    };
+    let mut listeners = Listeners::default();
+    let whole = count(&table, &rule, &mut listeners);
+    let mut tally = Tally::new(&table, Some((rule, &listeners)), true);
+    for s in &table.sockets {
+        tally.add(*s);
+    }
+    let (streamed, _) = tally.count(|| None);
+    assert_eq!(whole, streamed);
 });

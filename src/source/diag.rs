@@ -7,7 +7,7 @@
 //! table over netlink").
 
 use crate::error::Failure;
-use crate::source::procnet::{Endpoint, SYN_RECV, Socket, Table, taking};
+use crate::source::procnet::{Endpoint, Sink, Socket, Table};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Instant;
 
@@ -35,9 +35,13 @@ const MESSAGE: usize = 72;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
-/// The states the rule looks at: LISTEN, ESTABLISHED, SYN_SENT, SYN_RECV (request sockets
-/// included) and CLOSE_WAIT. Sockets on their way out are never asked for.
-const STATES: u32 = (1 << 10) | (1 << 1) | (1 << 2) | (1 << 3) | (1 << 8);
+/// The states the rule looks at, in two dumps: LISTEN first, then ESTABLISHED, SYN_SENT,
+/// SYN_RECV (request sockets included) and CLOSE_WAIT. Sockets on their way out are never asked
+/// for. Each dump walks only its own hash table (`inet_diag_dump_icsk` in
+/// net/ipv4/inet_diag.c skips the listening table when LISTEN is not asked, and the established
+/// one when only LISTEN is).
+pub const LISTENING: u32 = 1 << 10;
+pub const OPEN: u32 = (1 << 1) | (1 << 2) | (1 << 3) | (1 << 8);
 
 /// The kernel fills a dump's datagrams up to 32 KiB (SKB_WITH_OVERHEAD(32768) in
 /// net/netlink/af_netlink.c); a larger buffer is never used, a smaller one truncates.
@@ -46,15 +50,15 @@ const DATAGRAM: usize = 32 * 1024;
 /// The most one dump may return: like the text reader's cap, about 900,000 sockets.
 const MAX_DUMP: usize = 128 << 20;
 
-/// The dump request, sequence number `seq`.
-pub fn request(seq: u32) -> [u8; HEADER + REQUEST] {
+/// The dump request for the sockets in `states`, sequence number `seq`.
+pub fn request(seq: u32, states: u32) -> [u8; HEADER + REQUEST] {
     let mut b = [0u8; HEADER + REQUEST];
     b[0..4].copy_from_slice(&((HEADER + REQUEST) as u32).to_ne_bytes());
     b[4..6].copy_from_slice(&TCPDIAG_GETSOCK.to_ne_bytes());
     b[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
     b[8..12].copy_from_slice(&seq.to_ne_bytes());
     // Family, lengths, extensions and the socket id stay zero: a dump of everything.
-    b[HEADER + 52..HEADER + 56].copy_from_slice(&STATES.to_ne_bytes());
+    b[HEADER + 52..HEADER + 56].copy_from_slice(&states.to_ne_bytes());
     b
 }
 
@@ -68,9 +72,9 @@ pub enum Bad {
     Malformed(String),
 }
 
-/// Reads one datagram of the reply to request `seq` into `table`; `true` once the dump is done.
+/// Reads one datagram of the reply to request `seq` into `sink`; `true` once the dump is done.
 /// Every message must be whole and ours: a reply that is not is unusable, never partly counted.
-pub fn parse(datagram: &[u8], seq: u32, table: &mut Table) -> Result<bool, Bad> {
+pub fn parse(datagram: &[u8], seq: u32, sink: &mut impl Sink) -> Result<bool, Bad> {
     let malformed = |why: &str| Bad::Malformed(why.to_string());
     let mut rest = datagram;
     while !rest.is_empty() {
@@ -109,7 +113,7 @@ pub fn parse(datagram: &[u8], seq: u32, table: &mut Table) -> Result<bool, Bad> 
                     c => Err(Bad::Refused(c.saturating_neg())),
                 };
             }
-            TCPDIAG_GETSOCK => table.add(socket(body)?),
+            TCPDIAG_GETSOCK => sink.add(socket(body)?),
             _ => return Err(malformed("a message of an unknown type")),
         }
         // Messages are aligned to 4 bytes; the last one's padding may be cut.
@@ -154,27 +158,6 @@ fn socket(body: &[u8]) -> Result<Socket, Bad> {
     })
 }
 
-/// A connection still in its listener's SYN queue has no owner in the dump (the kernel sends
-/// uid 0), where `/proc/net/tcp` shows its listener's owner; it gets that owner here, so both
-/// readers feed the rule the same thing.
-pub fn own_requests(table: &mut Table) {
-    let listening = table.listening();
-    let owners: Vec<Option<u32>> = table
-        .sockets
-        .iter()
-        .map(|s| {
-            (s.state == SYN_RECV && s.inode == 0)
-                .then(|| taking(&listening, &s.local).map(|l| l.uid))
-                .flatten()
-        })
-        .collect();
-    for (s, owner) in table.sockets.iter_mut().zip(owners) {
-        if let Some(uid) = owner {
-            s.uid = uid;
-        }
-    }
-}
-
 /// Why a dump failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DumpError {
@@ -190,16 +173,23 @@ fn unread(cause: impl Into<String>) -> DumpError {
     DumpError::Failed(Failure::new("read", "the sock_diag reply", cause))
 }
 
-/// Every TCP socket of this network namespace in the states the rule reads, before `until`.
-pub fn dump(until: Instant) -> Result<Table, DumpError> {
-    let seq = 1;
-    let mut table = exchange(&request(seq), seq, until)?;
-    own_requests(&mut table);
+/// The listening TCP sockets of this network namespace, before `until`.
+pub fn listening(until: Instant) -> Result<Table, DumpError> {
+    let mut table = Table::default();
+    exchange(&request(1, LISTENING), 1, until, &mut table)?;
     Ok(table)
 }
 
-/// Sends `req` to the kernel and reads the reply whole.
-fn exchange(req: &[u8], seq: u32, until: Instant) -> Result<Table, DumpError> {
+/// Every open TCP socket of this network namespace (the states the rule reads but LISTEN), into
+/// `sink` as the kernel sends them, before `until`. The dump is not deduplicated: the kernel
+/// resumes a hash chain by position between two datagrams, so a socket shows twice only when its
+/// chain gained one meanwhile, and adds to one count at most.
+pub fn open(until: Instant, sink: &mut impl Sink) -> Result<(), DumpError> {
+    exchange(&request(2, OPEN), 2, until, sink)
+}
+
+/// Sends `req` to the kernel and reads the whole reply into `sink`.
+fn exchange(req: &[u8], seq: u32, until: Instant, sink: &mut impl Sink) -> Result<(), DumpError> {
     let os = || std::io::Error::last_os_error().to_string();
     // SAFETY: socket() takes no pointers; the descriptor it returns is checked, then owned.
     let fd = unsafe {
@@ -239,7 +229,6 @@ fn exchange(req: &[u8], seq: u32, until: Instant) -> Result<Table, DumpError> {
             os(),
         )));
     }
-    let mut table = Table::default();
     let mut buf = vec![0u8; DATAGRAM];
     let mut total = 0usize;
     loop {
@@ -253,7 +242,7 @@ fn exchange(req: &[u8], seq: u32, until: Instant) -> Result<Table, DumpError> {
         if total > MAX_DUMP {
             return Err(unread(format!("it is larger than {MAX_DUMP} bytes")));
         }
-        match parse(&buf[..n], seq, &mut table) {
+        match parse(&buf[..n], seq, sink) {
             Ok(true) => break,
             Ok(false) if n == 0 => {
                 return Err(unread("it ended early"));
@@ -272,7 +261,7 @@ fn exchange(req: &[u8], seq: u32, until: Instant) -> Result<Table, DumpError> {
             Err(Bad::Malformed(why)) => return Err(unread(why)),
         }
     }
-    Ok(table)
+    Ok(())
 }
 
 /// One datagram from the kernel within the time left, its full length even when longer than
@@ -339,6 +328,10 @@ fn receive(fd: &OwnedFd, buf: &mut [u8], until: Instant) -> Result<usize, DumpEr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Filter;
+    use crate::count::Excluded;
+    use crate::lists::PortSet;
+    use crate::source::procnet::{DEFAULT_EPHEMERAL, Envoy, Listeners, Rule, count};
 
     /// A message as the kernel lays it out: header, then `body`, padded to 4 bytes.
     fn message(kind: u16, flags: u16, seq: u32, body: &[u8]) -> Vec<u8> {
@@ -384,7 +377,7 @@ mod tests {
 
     #[test]
     fn the_request_asks_for_a_dump_of_the_rules_states() {
-        let r = request(7);
+        let r = request(7, LISTENING | OPEN);
         assert_eq!(u32::from_ne_bytes(r[0..4].try_into().unwrap()), 76);
         assert_eq!(u16::from_ne_bytes(r[4..6].try_into().unwrap()), 18);
         assert_eq!(u16::from_ne_bytes(r[6..8].try_into().unwrap()), 0x301);
@@ -431,7 +424,7 @@ mod tests {
         // No inet_diag: an error message carrying -EOPNOTSUPP (TCPDIAG_GETSOCK) or -ENOENT
         // (SOCK_DIAG_BY_FAMILY), then the request's header.
         let mut error = (-libc::ENOENT).to_ne_bytes().to_vec();
-        error.extend_from_slice(&request(1)[..HEADER]);
+        error.extend_from_slice(&request(1, OPEN)[..HEADER]);
         assert_eq!(
             parse(&message(NLMSG_ERROR, 0x100, 1, &error), 1, &mut t),
             Err(Bad::Refused(libc::ENOENT))
@@ -467,7 +460,7 @@ mod tests {
     }
 
     #[test]
-    fn a_request_in_the_syn_queue_gets_its_listeners_owner() {
+    fn a_request_in_the_syn_queue_counts_as_its_listeners() {
         let mut t = Table::default();
         let any = [0u8; 4];
         let lo = [127, 0, 0, 1];
@@ -480,11 +473,28 @@ mod tests {
         .flat_map(|b| message(TCPDIAG_GETSOCK, 0x2, 1, b))
         .collect::<Vec<u8>>();
         parse(&d, 1, &mut t).unwrap();
-        own_requests(&mut t);
-        let uids: Vec<u32> = t.sockets.iter().map(|s| s.uid).collect();
+        let filter = Filter {
+            ignore: PortSet::default(),
+            only: None,
+        };
+        let envoy = Envoy::Process {
+            pid: 1,
+            uid: 1337,
+            inodes: vec![5],
+        };
+        let rule = Rule {
+            filter: &filter,
+            envoy: &envoy,
+            ephemeral: DEFAULT_EPHEMERAL,
+        };
+        let c = count(&t, &rule, &mut Listeners::default());
+        assert_eq!(c.total, 1, "{c:?}");
         assert_eq!(
-            uids,
-            vec![1337, 1337, 0],
+            c.excluded[0],
+            Excluded {
+                why: "another process's socket (uid 0)".to_string(),
+                n: 1
+            },
             "no listener on 9090: left as the kernel said"
         );
     }
@@ -498,7 +508,7 @@ mod tests {
         b[8..12].copy_from_slice(&1u32.to_ne_bytes());
         b[HEADER] = family;
         b[HEADER + 1] = protocol;
-        b[HEADER + 4..HEADER + 8].copy_from_slice(&STATES.to_ne_bytes());
+        b[HEADER + 4..HEADER + 8].copy_from_slice(&(LISTENING | OPEN).to_ne_bytes());
         b
     }
 
@@ -509,7 +519,7 @@ mod tests {
     fn the_real_kernels_refusals_make_netlink_unavailable() {
         let until = Instant::now() + std::time::Duration::from_secs(10);
         // Family 4 (IPX) has had no sock_diag handler since IPX left the kernel.
-        let no_family = exchange(&by_family(4, 0), 1, until).unwrap_err();
+        let no_family = exchange(&by_family(4, 0), 1, until, &mut Table::default()).unwrap_err();
         assert_eq!(
             no_family,
             DumpError::Unavailable(Failure::new(
@@ -522,20 +532,26 @@ mod tests {
             ))
         );
         // Protocol 253 is reserved for experiments: no inet_diag handler will ever exist.
-        let no_protocol = exchange(&by_family(AF_INET, 253), 1, until).unwrap_err();
+        let no_protocol =
+            exchange(&by_family(AF_INET, 253), 1, until, &mut Table::default()).unwrap_err();
         assert_eq!(no_protocol, no_family);
     }
 
     /// The real kernel, in this process's namespace: a listener and a connection to it show up.
     #[test]
-    fn a_real_dump_holds_this_processs_sockets() {
+    fn real_dumps_hold_this_processs_listener_then_its_connection() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let until = Instant::now() + std::time::Duration::from_secs(10);
-        let t = dump(until).unwrap();
+        let l = listening(until).unwrap();
+        assert!(l.sockets.iter().all(|s| s.state == 10), "{:?}", l.sockets);
+        assert_eq!(l.sockets.iter().filter(|s| s.local.1 == port).count(), 1);
+        let mut t = Table::default();
+        open(until, &mut t).unwrap();
+        assert!(t.sockets.iter().all(|s| s.state != 10), "{:?}", t.sockets);
         let on_port = t.sockets.iter().filter(|s| s.local.1 == port).count();
-        assert_eq!(on_port, 2, "the listener and the accepted end");
+        assert_eq!(on_port, 1, "the accepted end");
         assert!(t.sockets.iter().any(|s| s.remote.1 == port && s.state == 1));
     }
 }

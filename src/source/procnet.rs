@@ -13,7 +13,7 @@ const ESTABLISHED: u8 = 0x01;
 const SYN_SENT: u8 = 0x02;
 pub const SYN_RECV: u8 = 0x03;
 const CLOSE_WAIT: u8 = 0x08;
-const LISTEN: u8 = 0x0A;
+pub const LISTEN: u8 = 0x0A;
 
 /// The range connect() picks local ports from when the kernel's `ip_local_port_range` cannot be
 /// read: its default.
@@ -118,6 +118,17 @@ fn serves(listening: &Endpoint, local: &Endpoint) -> bool {
             || (listening.0 == V4_ANY && local.0[..12] == V4_ANY[..12]))
 }
 
+/// Where sockets go as they are read: a whole table, or a count that keeps tallies only.
+pub trait Sink {
+    fn add(&mut self, s: Socket);
+}
+
+impl Sink for Table {
+    fn add(&mut self, s: Socket) {
+        Table::add(self, s);
+    }
+}
+
 /// Both tables as read: the sockets the rule looks at.
 #[derive(Debug, Default)]
 pub struct Table {
@@ -146,12 +157,17 @@ impl Table {
 
     /// Keeps a socket in a state the rule looks at.
     pub fn add(&mut self, s: Socket) {
-        if matches!(
-            s.state,
-            LISTEN | ESTABLISHED | SYN_SENT | SYN_RECV | CLOSE_WAIT
-        ) {
+        if Table::keeps(&s) {
             self.sockets.push(s);
         }
+    }
+
+    /// Whether `s` is in a state the rule looks at.
+    fn keeps(s: &Socket) -> bool {
+        matches!(
+            s.state,
+            LISTEN | ESTABLISHED | SYN_SENT | SYN_RECV | CLOSE_WAIT
+        )
     }
 
     /// Drops sockets seen twice. No walk of the kernel's socket tables is atomic: with
@@ -226,8 +242,16 @@ impl Envoy {
         }
     }
 
+    /// Envoy's user, when known.
+    fn uid(&self) -> Option<u32> {
+        match self {
+            Envoy::Process { uid, .. } | Envoy::User { uid } => Some(*uid),
+            Envoy::Unknown => None,
+        }
+    }
+
     fn is_root(&self) -> bool {
-        matches!(self, Envoy::Process { uid: 0, .. } | Envoy::User { uid: 0 })
+        self.uid() == Some(0)
     }
 }
 
@@ -254,7 +278,7 @@ struct Listening {
 }
 
 impl Listeners {
-    fn learn(&mut self, table: &Table, envoy: &Envoy) {
+    pub fn learn(&mut self, table: &Table, envoy: &Envoy) {
         for s in table.sockets.iter().filter(|s| s.state == LISTEN) {
             let envoys = envoy.holds(s);
             match self.0.iter_mut().find(|l| l.local == s.local) {
@@ -309,7 +333,8 @@ impl Verdict {
 }
 
 impl Rule<'_> {
-    fn verdict(&self, s: &Socket, listeners: &Listeners) -> Verdict {
+    /// Why `s` counts or not; `envoys` says whether it is Envoy's (`None`: Envoy is unknown).
+    fn verdict(&self, s: &Socket, listeners: &Listeners, envoys: Option<bool>) -> Verdict {
         let (local, remote) = (s.local.1, s.remote.1);
         for port in [local, remote] {
             if self.filter.ignore.contains(port) {
@@ -317,7 +342,7 @@ impl Rule<'_> {
             }
         }
         let on = listeners.taking(&s.local);
-        let kept = match (self.envoy.holds(s), on) {
+        let kept = match (envoys, on) {
             // Envoy unknown: whatever a listener of the pod accepted, never what it opened.
             (None, Some(_)) => false,
             (None, None) => return Verdict::PodOpened(remote),
@@ -358,51 +383,145 @@ impl Rule<'_> {
     }
 }
 
-/// Counts what Envoy accepted, remembering the listeners seen for the next count. Counted
-/// connections are grouped by the port that accepted them; everything else is listed with why.
-pub fn count(table: &Table, rule: &Rule<'_>, listeners: &mut Listeners) -> Count {
-    listeners.learn(table, rule.envoy);
-    let mut verdicts: BTreeMap<Verdict, u64> = BTreeMap::new();
-    let mut listening = 0;
-    for s in &table.sockets {
-        if s.state == LISTEN {
-            listening += 1;
-        } else {
-            *verdicts.entry(rule.verdict(s, listeners)).or_default() += 1;
-        }
-    }
-    let mut parts = Vec::new();
-    let mut excluded = Vec::new();
-    for (v, n) in verdicts {
-        match v {
-            Verdict::Accepted { .. } => parts.push(Part {
-                name: v.label(),
-                active: n,
-            }),
-            _ => excluded.push(Excluded { why: v.label(), n }),
-        }
-    }
-    if listening > 0 {
-        excluded.push(Excluded {
-            why: "listening".to_string(),
-            n: listening,
-        });
-    }
-    Count::new(SourceKind::Proc, parts, vec![]).with_excluded(excluded)
+/// The most sockets a count holds back until Envoy's sockets are listed again (about 230 KB);
+/// past it, the rest count as Envoy's.
+const MAX_UNSURE: usize = 4096;
+
+/// A count in the making, fed one socket at a time once the listening sockets are known: a dump
+/// streamed from the kernel is counted without keeping its sockets (100,000 connections are 11 MB
+/// as a table). Connections are tallied by why they count or not, and every socket by owner (the
+/// app's are those of other users than the proxy's).
+pub struct Tally<'a> {
+    listening: Vec<&'a Socket>,
+    /// The rule and the listeners it reads; `None` when only owners are wanted.
+    rule: Option<(Rule<'a>, &'a Listeners)>,
+    /// Envoy's sockets were listed before these sockets were read, so one it accepted since is
+    /// not on the list: such a socket, which would count as Envoy's, waits in `unsure`.
+    listed_first: bool,
+    verdicts: BTreeMap<Verdict, u64>,
+    owners: BTreeMap<u32, u64>,
+    unsure: Vec<Socket>,
 }
 
-/// Sockets held by users other than the proxy's, by user: the app's (and any other container's).
-/// A process that has exited holds none: its listeners are gone, and its connections are on their
-/// way out, in states the table leaves out.
-pub fn others(table: &Table, proxy_uid: u32) -> BTreeMap<u32, u64> {
-    let mut by_uid = BTreeMap::new();
-    // A half-open connection belongs to its listener, whose owner has a socket of its own (and
-    // netlink gives it uid 0).
-    let held = |s: &&Socket| s.uid != proxy_uid && s.state != SYN_RECV;
-    for s in table.sockets.iter().filter(held) {
-        *by_uid.entry(s.uid).or_default() += 1;
+impl<'a> Tally<'a> {
+    /// A tally of the open sockets beside `listening`, the listening sockets read with them.
+    pub fn new(
+        listening: &'a Table,
+        rule: Option<(Rule<'a>, &'a Listeners)>,
+        listed_first: bool,
+    ) -> Tally<'a> {
+        let listening = listening.listening();
+        let mut owners = BTreeMap::new();
+        for s in &listening {
+            *owners.entry(s.uid).or_default() += 1;
+        }
+        Tally {
+            listening,
+            rule,
+            listed_first,
+            verdicts: BTreeMap::new(),
+            owners,
+            unsure: Vec::new(),
+        }
     }
-    by_uid
+
+    /// The count, once every socket has been added. `relist` lists Envoy's sockets again when
+    /// some may have been accepted since the first list; without one, they count as Envoy's.
+    pub fn count(
+        mut self,
+        relist: impl FnOnce() -> Option<Vec<u64>>,
+    ) -> (Count, BTreeMap<u32, u64>) {
+        if let Some((rule, listeners)) = self.rule
+            && !self.unsure.is_empty()
+        {
+            let inodes = relist();
+            for s in std::mem::take(&mut self.unsure) {
+                let envoys = inodes
+                    .as_ref()
+                    .is_none_or(|i| i.binary_search(&s.inode).is_ok());
+                *self
+                    .verdicts
+                    .entry(rule.verdict(&s, listeners, Some(envoys)))
+                    .or_default() += 1;
+            }
+        }
+        let mut parts = Vec::new();
+        let mut excluded = Vec::new();
+        for (v, n) in self.verdicts {
+            match v {
+                Verdict::Accepted { .. } => parts.push(Part {
+                    name: v.label(),
+                    active: n,
+                }),
+                _ => excluded.push(Excluded { why: v.label(), n }),
+            }
+        }
+        if !self.listening.is_empty() {
+            excluded.push(Excluded {
+                why: "listening".to_string(),
+                n: self.listening.len() as u64,
+            });
+        }
+        let count = Count::new(SourceKind::Proc, parts, vec![]).with_excluded(excluded);
+        (count, self.owners)
+    }
+}
+
+impl Sink for Tally<'_> {
+    fn add(&mut self, mut s: Socket) {
+        if s.state == LISTEN || !Table::keeps(&s) {
+            return;
+        }
+        // A connection still in its listener's SYN queue has no owner in a netlink dump (uid
+        // 0), where `/proc/net/tcp` shows its listener's owner: it gets that owner here.
+        if s.state == SYN_RECV
+            && s.inode == 0
+            && let Some(l) = taking(&self.listening, &s.local)
+        {
+            s.uid = l.uid;
+        } else if s.state != SYN_RECV {
+            // A half-open connection belongs to its listener, whose owner has a socket of its
+            // own.
+            *self.owners.entry(s.uid).or_default() += 1;
+        }
+        let Some((rule, listeners)) = self.rule else {
+            return;
+        };
+        let envoys = rule.envoy.holds(&s);
+        if self.listed_first
+            && envoys == Some(false)
+            && rule.envoy.uid() == Some(s.uid)
+            && matches!(
+                rule.verdict(&s, listeners, Some(true)),
+                Verdict::Accepted { .. }
+            )
+        {
+            if self.unsure.len() < MAX_UNSURE {
+                self.unsure.push(s);
+                return;
+            }
+            *self
+                .verdicts
+                .entry(rule.verdict(&s, listeners, Some(true)))
+                .or_default() += 1;
+            return;
+        }
+        *self
+            .verdicts
+            .entry(rule.verdict(&s, listeners, envoys))
+            .or_default() += 1;
+    }
+}
+
+/// Counts a whole table, remembering the listeners seen for the next count. Counted connections
+/// are grouped by the port that accepted them; everything else is listed with why.
+pub fn count(table: &Table, rule: &Rule<'_>, listeners: &mut Listeners) -> Count {
+    listeners.learn(table, rule.envoy);
+    let mut tally = Tally::new(table, Some((*rule, listeners)), false);
+    for s in &table.sockets {
+        tally.add(*s);
+    }
+    tally.count(|| None).0
 }
 
 #[cfg(test)]
@@ -621,6 +740,47 @@ mod tests {
     }
 
     #[test]
+    fn a_connection_accepted_after_envoys_sockets_were_listed_counts_once_they_are_listed_again() {
+        // A dump read after Envoy's sockets were listed: the client's connection on 15006
+        // (inode 15) was accepted in between.
+        let t = table(&redirect_pod());
+        let filter = istio();
+        let listed = [10, 11, 12, 13, 14, 16, 17, 18, 19];
+        let before = envoy(1337, &listed);
+        let rule = Rule {
+            filter: &filter,
+            envoy: &before,
+            ephemeral: DEFAULT_EPHEMERAL,
+        };
+        let mut listeners = Listeners::default();
+        listeners.learn(&t, &before);
+        let count = |relist: Option<&[u64]>| {
+            let mut tally = Tally::new(&t, Some((rule, &listeners)), true);
+            for s in &t.sockets {
+                tally.add(*s);
+            }
+            tally.count(|| relist.map(<[u64]>::to_vec)).0
+        };
+        let now = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19];
+        let c = count(Some(&now));
+        assert_eq!(parts(&c), vec![("port 15001", 1), ("port 15006", 1)]);
+        assert!(
+            excluded(&c).contains(&("another process's socket (uid 1337)", 1)),
+            "the agent's probe, listed again, is still not Envoy's: {c:?}"
+        );
+        assert_eq!(
+            count(None).total,
+            2,
+            "not listed again: it counts as Envoy's"
+        );
+        assert_eq!(
+            count(Some(&listed)).total,
+            1,
+            "listed again and still not Envoy's: another process's"
+        );
+    }
+
+    #[test]
     fn by_owner_alone_the_same_pod_counts_the_same() {
         let c = count_with(&redirect_pod(), &istio(), &Envoy::User { uid: 1337 });
         assert_eq!(parts(&c), vec![("port 15001", 1), ("port 15006", 1)]);
@@ -808,13 +968,26 @@ mod tests {
             line("0100007F:3A98", "00000000:0000", "0A", 1337, 3),
             line("0200000A:3A9E", "0300000A:C000", "01", 1337, 4),
         ]);
-        assert_eq!(others(&live, 1337), BTreeMap::from([(1000, 2)]));
+        let owners = |t: &Table| {
+            let mut tally = Tally::new(t, None, false);
+            for s in &t.sockets {
+                tally.add(*s);
+            }
+            let mut owners = tally.count(|| None).1;
+            owners.remove(&1337);
+            owners
+        };
+        assert_eq!(
+            owners(&live),
+            BTreeMap::from([(1000, 2)]),
+            "a listener and a connection"
+        );
         // After the app's exit: its connection in FIN_WAIT2 and TIME_WAIT (uid 0) are not read.
         let gone = table(&[
             line("0200000A:1F90", "0600007F:A000", "05", 1000, 0),
             line("0200000A:1F90", "0600007F:A001", "06", 0, 0),
             line("0100007F:3A98", "00000000:0000", "0A", 1337, 3),
         ]);
-        assert!(others(&gone, 1337).is_empty());
+        assert!(owners(&gone).is_empty());
     }
 }

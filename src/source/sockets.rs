@@ -8,7 +8,9 @@ use crate::config::Filter;
 use crate::count::{Basis, Count};
 use crate::error::Failure;
 use crate::source::diag::{self, DumpError};
-use crate::source::procnet::{self, DEFAULT_EPHEMERAL, Envoy, Listeners, Rule, Table};
+use crate::source::procnet::{
+    DEFAULT_EPHEMERAL, Envoy, LISTEN, Listeners, Rule, Sink, Table, Tally,
+};
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 use std::io::Read;
@@ -86,17 +88,27 @@ impl SocketTable {
 
     /// The kernel's count, made before `until`. Netlink that is unavailable gives way to the text
     /// tables for the rest of the run, which a warning says; a dump that fails leaves this count
-    /// unknown.
+    /// unknown. The listening sockets are read first, then Envoy's process is found, then the
+    /// open sockets are counted as they come: the table is never held whole.
     pub fn count(&mut self, until: Instant) -> Result<Count, String> {
-        let table = self.read(until)?;
-        let (envoy, basis) = self.envoy(&table, until);
+        let (listening, open) = self.read_listening(until)?;
+        let (envoy, basis) = self.envoy(&listening, until);
+        self.listeners.learn(&listening, &envoy);
         let rule = Rule {
             filter: &self.filter,
             envoy: &envoy,
             ephemeral: self.ephemeral(),
         };
-        let mut count = procnet::count(&table, &rule, &mut self.listeners).with_basis(basis);
-        self.pod = Some(self.pod_of(&table));
+        // The text tables were read whole before Envoy's sockets were listed; a dump comes after.
+        let mut tally = Tally::new(&listening, Some((rule, &self.listeners)), open.is_none());
+        read_open(&self.reader, open, until, &mut tally)?;
+        let relist = || match (&self.proc_root, &envoy) {
+            (Ok(root), Envoy::Process { pid, .. }) => sockets_of(root, *pid).ok(),
+            _ => None,
+        };
+        let (count, owners) = tally.count(relist);
+        let mut count = count.with_basis(basis);
+        self.pod = Some(self.pod_of(&listening, owners));
         if let Reader::Text { why: Some(why), .. } = &self.reader {
             count.warnings.push(format!(
                 "netlink sock_diag is unavailable ({why}): reading {}/tcp and tcp6 instead",
@@ -106,54 +118,68 @@ impl SocketTable {
         Ok(count)
     }
 
-    /// What the pod holds besides the count, read before `until`: the count's own table when
-    /// `count` has just read one, else a fresh one (the dump alone: whose sockets are the app's
-    /// needs no search for Envoy's process).
+    /// What the pod holds besides the count, read before `until`: the count's own sockets when
+    /// `count` has just read them, else a fresh read (the owners alone: whose sockets are the
+    /// app's needs no search for Envoy's process).
     pub fn pod(&mut self, until: Instant) -> Result<Pod, String> {
         if let Some(pod) = self.pod.take() {
             return Ok(pod);
         }
-        let table = self.read(until)?;
-        Ok(self.pod_of(&table))
+        let (listening, open) = self.read_listening(until)?;
+        let mut tally = Tally::new(&listening, None, false);
+        read_open(&self.reader, open, until, &mut tally)?;
+        let (_, owners) = tally.count(|| None);
+        Ok(self.pod_of(&listening, owners))
     }
 
     /// The app's sockets: those of other users than the proxy's, which is the admin listener's
     /// owner, else this process's (a preStop runs as the proxy container's user).
-    fn pod_of(&self, table: &Table) -> Pod {
-        let proxy = match table.listener(self.admin) {
+    fn pod_of(&self, listening: &Table, mut owners: BTreeMap<u32, u64>) -> Pod {
+        let proxy = match listening.listener(self.admin) {
             Some(admin) => admin.uid,
             // SAFETY: geteuid has no preconditions and cannot fail.
             None => unsafe { libc::geteuid() },
         };
-        Pod {
-            others: procnet::others(table, proxy),
-        }
+        owners.remove(&proxy);
+        Pod { others: owners }
     }
 
-    /// Forgets the table of the last count, so that `pod` reads a fresh one.
+    /// Forgets the sockets of the last count, so that `pod` reads them afresh.
     pub fn forget(&mut self) {
         self.pod = None;
     }
 
-    /// Both tables, read once, before `until`.
-    fn read(&mut self, until: Instant) -> Result<Table, String> {
-        let mut table = match &self.reader {
-            Reader::Netlink => match diag::dump(until) {
-                Ok(table) => table,
+    /// The listening sockets, before `until`; with the text tables, which hold every socket, also
+    /// the open ones, read at the same time.
+    fn read_listening(&mut self, until: Instant) -> Result<(Table, Option<Table>), String> {
+        if self.reader == Reader::Netlink {
+            match diag::listening(until) {
+                Ok(mut listening) => {
+                    listening.dedup();
+                    return Ok((listening, None));
+                }
                 Err(DumpError::Failed(f)) => return Err(f.to_string()),
                 Err(DumpError::Unavailable(f)) => {
-                    let why = f.to_string();
                     self.reader = Reader::Text {
                         dir: PathBuf::from(PROC_NET),
-                        why: Some(why),
+                        why: Some(f.to_string()),
                     };
-                    read_tables(Path::new(PROC_NET), until).map_err(|f| f.to_string())?
                 }
-            },
-            Reader::Text { dir, .. } => read_tables(dir, until).map_err(|f| f.to_string())?,
+            }
+        }
+        let dir = match &self.reader {
+            Reader::Text { dir, .. } => dir,
+            Reader::Netlink => Path::new(PROC_NET),
         };
+        let mut table = read_tables(dir, until).map_err(|f| f.to_string())?;
+        // `/proc/net/tcp` was seen to repeat lines many times over in one read under churn.
         table.dedup();
-        Ok(table)
+        let (listening, open) = table.sockets.into_iter().partition(|s| s.state == LISTEN);
+        let table = |sockets| Table {
+            sockets,
+            ..Table::default()
+        };
+        Ok((table(listening), Some(table(open))))
     }
 
     /// Who Envoy is, and how that was found.
@@ -192,6 +218,27 @@ impl SocketTable {
             .ok()
             .and_then(read)
             .unwrap_or(DEFAULT_EPHEMERAL)
+    }
+}
+
+/// The open sockets into `sink`: the text tables' as read with the listening ones, else a dump
+/// of them, before `until`.
+fn read_open(
+    reader: &Reader,
+    open: Option<Table>,
+    until: Instant,
+    sink: &mut impl Sink,
+) -> Result<(), String> {
+    match (open, reader) {
+        (Some(table), _) => {
+            for s in table.sockets {
+                sink.add(s);
+            }
+            Ok(())
+        }
+        (None, _) => diag::open(until, sink).map_err(|e| match e {
+            DumpError::Failed(f) | DumpError::Unavailable(f) => f.to_string(),
+        }),
     }
 }
 
