@@ -626,9 +626,9 @@ fn cpu_of(pid: u32) -> Duration {
     Duration::from_millis(ticks * 1000 / hz)
 }
 
-/// One 10 s wait of the hook (`run --drain none --min-drain 9s --deadline 10s --verbose` and
-/// `extra`): Envoy's CPU share over it (when there is an Envoy), the hook's CPU and peak RSS, how
-/// many counts it made, and its last count line.
+/// One wait of the hook of `seconds` (`run --drain none --min-drain <seconds - 1>s --deadline
+/// <seconds>s --verbose` and `extra`): Envoy's CPU share over it (when there is an Envoy), the
+/// hook's CPU and peak RSS, how many counts it made, and its last count line.
 struct Wait {
     envoy_share: Option<f64>,
     cpu: Duration,
@@ -649,16 +649,17 @@ impl Wait {
     }
 }
 
-fn ten_second_wait(drain: &Path, envoy_pid: Option<u32>, extra: &[&str]) -> Wait {
+fn quiet_wait(drain: &Path, envoy_pid: Option<u32>, seconds: u64, extra: &[&str]) -> Wait {
     let before = envoy_pid.map(cpu_of);
     let started = Instant::now();
+    let (min_drain, deadline) = (format!("{}s", seconds - 1), format!("{seconds}s"));
     let args = [
         "--drain",
         "none",
         "--min-drain",
-        "9s",
+        &min_drain,
         "--deadline",
-        "10s",
+        &deadline,
         "--verbose",
     ];
     let (lines, rss_kib, cpu) = watched_run(drain, &[&args[..], extra].concat());
@@ -712,10 +713,11 @@ fn scale(drain: &Path, envoy: &Path) -> String {
          500 ms interval): Envoy's CPU share over the wait (from `/proc/<pid>/stat`), the hook's own CPU and peak RSS \
          (VmHWM), how many counts it made and how many of them were right, and its last count. One count is the median wall time of `status` with the \
          same flags. Nothing is in flight: the right count is 0 requests from /clusters (not unknown, not a fallback), \
-         the number of connections held, and 0 connections at 10,000 listeners.\n\n\
+         the number of connections held, and 0 connections at 10,000 listeners. For /clusters, the same wait over 60 s \
+         (`--min-drain 59s --deadline 60s`) too, and Envoy's CPU for one answer (the mean of three, read whole).\n\n\
          ### `--count requests` from /clusters (Istio's default stats matcher, clusters of 3 hosts)\n\n\
-         | clusters | /clusters answer | Envoy's answer (read whole) | one count | Envoy's CPU over the wait | hook CPU | hook peak RSS | counts (right) | last count |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+         | clusters | /clusters answer | Envoy's answer (read whole) | Envoy's CPU per answer | one count | Envoy's CPU over 10 s | counts (right) | Envoy's CPU over 60 s | counts (right) | hook CPU (10 s) | hook peak RSS | last count |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for n in [1_000, 10_000, 50_000] {
         let mut child = clusters_envoy(envoy, &dir, n);
@@ -728,6 +730,7 @@ fn scale(drain: &Path, envoy: &Path) -> String {
         }
         let mut bytes = 0;
         let mut answers = Vec::new();
+        let cpu_before = cpu_of(child.id());
         for _ in 0..3 {
             let started = Instant::now();
             bytes = Conn::open(support::envoy::ADMIN)
@@ -736,16 +739,21 @@ fn scale(drain: &Path, envoy: &Path) -> String {
                 .unwrap_or_default();
             answers.push(started.elapsed());
         }
+        let per_answer = (cpu_of(child.id()) - cpu_before) / 3;
         let (one, _) = status_time(drain, &["--count", "requests", "--source", "stats"], 3);
-        let w = ten_second_wait(drain, Some(child.id()), &["--count", "requests"]);
+        let w = quiet_wait(drain, Some(child.id()), 10, &["--count", "requests"]);
+        let long = quiet_wait(drain, Some(child.id()), 60, &["--count", "requests"]);
         out += &format!(
-            "| {n} | {bytes} bytes | {:.0} ms | {:.0} ms | {:.1}% | {:.0} ms | {:.2} MiB | {} | `{}` |\n",
+            "| {n} | {bytes} bytes | {:.0} ms | {:.0} ms | {:.0} ms | {:.1}% | {} | {:.1}% | {} | {:.0} ms | {:.2} MiB | `{}` |\n",
             ms(median(answers)),
+            ms(per_answer),
             ms(one),
             w.envoy_share.unwrap_or_default() * 100.0,
-            ms(w.cpu),
-            w.rss_kib as f64 / 1024.0,
             w.counts("0 active requests (clusters)"),
+            long.envoy_share.unwrap_or_default() * 100.0,
+            long.counts("0 active requests (clusters)"),
+            ms(w.cpu),
+            w.rss_kib.max(long.rss_kib) as f64 / 1024.0,
             w.last(),
         );
         let _ = child.kill();
@@ -755,7 +763,7 @@ fn scale(drain: &Path, envoy: &Path) -> String {
             before its first byte. The hook reads it line by line as it arrives, keeping three counters a host, so \
             memory stays flat at any size, and gives it time up to the deadline rather than a byte cap. The time between \
             counts grows with the time a count took (20 times it, so counting keeps Envoy's main thread and the proxy \
-            container's CPU at most 5% busy), with a count when the min-drain ends, or one last count where it can still \
+            container's CPU at most 5% busy), with a count that ends when the min-drain ends, or one last count where it can still \
             end before the deadline.\n\n\
             ### Connections from the socket table (netlink)\n\n\
             | connections | sockets in the namespace | one count | hook CPU | hook peak RSS | counts (right) | last count |\n\
@@ -769,7 +777,7 @@ fn scale(drain: &Path, envoy: &Path) -> String {
         }
         open = n;
         let (one, _) = status_time(drain, &["--source", "proc"], 5);
-        let w = ten_second_wait(drain, None, &["--source", "proc"]);
+        let w = quiet_wait(drain, None, 10, &["--source", "proc"]);
         out += &format!(
             "| {n} | {} | {:.0} ms | {:.0} ms | {:.2} MiB | {} | `{}` |\n",
             2 * n,
@@ -835,7 +843,7 @@ fn listeners_row(drain: &Path, envoy: &Path, dir: &Path, n: usize) -> String {
             .map(|r| r.body.len())
             .unwrap_or_default();
         let (one, _) = status_time(drain, &["--source", "stats"], 5);
-        let w = ten_second_wait(drain, Some(child.id()), &["--source", "stats"]);
+        let w = quiet_wait(drain, Some(child.id()), 10, &["--source", "stats"]);
         format!(
             "| {n} ({opened} had a connection) | {bytes} bytes | {:.0} ms | {:.1}% | {:.0} ms | {:.2} MiB | {} | `{}` |\n",
             (one.as_secs_f64() * 1000.0),

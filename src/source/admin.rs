@@ -2,8 +2,8 @@
 //! features (plain HTTP only): no proxy (a pod's HTTP_PROXY must not send loopback requests
 //! elsewhere), no redirects, no pooled connections, no name lookups (the address is an IP
 //! literal). Every request is bounded in time, connect, head and body together (ureq's global
-//! timeout keeps running while the body is read); an answer read whole is bounded in the bytes
-//! it reads too, one read line by line only in time.
+//! timeout keeps running while the body is read), and in the bytes it reads, but for /clusters,
+//! which only time bounds.
 
 use crate::count::shorten;
 use crate::error::Failure;
@@ -19,8 +19,9 @@ use ureq::{Agent, Body};
 /// is given the time left (`Sources`).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The most we read of any answer. The filtered /stats answer is about 60 bytes per listener and
-/// worker; 4 MiB holds thousands of listeners and keeps a hostile server from filling memory.
+/// The most we read of any answer but /clusters. The filtered /stats answer is about 95 bytes a
+/// listener with its workers' lines (947,254 bytes for 10,000 listeners and two workers); 4 MiB
+/// holds 40,000 listeners and keeps a hostile server from streaming without end.
 pub const BODY_LIMIT: u64 = 4 << 20;
 
 /// A longer line is cut there: Envoy's lines are a cluster name, a host and a counter.
@@ -71,11 +72,6 @@ impl Client {
         format!("{}{path}", self.base)
     }
 
-    /// A GET within `timeout`, which the caller bounds.
-    pub fn get(&self, path: &str, timeout: Duration) -> Result<Reply, Failure> {
-        self.whole("GET", path, timeout)
-    }
-
     /// A POST within `left` and at most `REQUEST_TIMEOUT`.
     pub fn post(&self, path: &str, left: Duration) -> Result<Reply, Failure> {
         self.whole("POST", path, left.min(REQUEST_TIMEOUT))
@@ -88,19 +84,20 @@ impl Client {
             .map_err(|cause| Failure::new(method, self.url(path), cause))
     }
 
-    /// A GET whose 200 answer is handed to `each` line by line as it arrives, lines cut at
-    /// `MAX_LINE`, however long, within `left`: Envoy's /clusters lists every cluster and host
-    /// (about 2 KB a host: 277,731,620 bytes for 50,000 clusters of 3 hosts, built on its main
-    /// thread before the first byte is sent, in 1.5 s), so only the time it may take bounds it;
-    /// it is never held whole. Any other status is an error naming it.
+    /// A GET whose 200 answer is handed to `each` line by line as it arrives (never held whole),
+    /// lines cut at `MAX_LINE`, within `left`, at most `limit` bytes. Envoy's /clusters lists
+    /// every cluster and host (about 2 KB a host: 277,731,620 bytes for 50,000 clusters of 3
+    /// hosts, built on its main thread before the first byte is sent, in 1.5 s), so only the time
+    /// it may take bounds it. Any other status is an error naming it.
     pub fn get_lines(
         &self,
         path: &str,
         left: Duration,
+        limit: u64,
         each: impl FnMut(&str),
     ) -> Result<(), Failure> {
         self.call("GET", path, left)
-            .and_then(|(answer, timeout)| read_lines(answer, timeout, each))
+            .and_then(|(answer, timeout)| read_lines(answer, timeout, limit, each))
             .map_err(|cause| Failure::new("GET", self.url(path), cause))
     }
 
@@ -150,6 +147,7 @@ fn read_whole(mut answer: Response<Body>, timeout: Duration) -> Result<Reply, St
 fn read_lines(
     answer: Response<Body>,
     timeout: Duration,
+    limit: u64,
     mut each: impl FnMut(&str),
 ) -> Result<(), String> {
     let status = answer.status().as_u16();
@@ -160,8 +158,11 @@ fn read_lines(
         });
         return Err(format!("answered {}", reply.describe()));
     }
-    let failed = |e: ureq::Error| format!("answered 200 but {}", cause(e, timeout, u64::MAX));
-    let mut reader = answer.into_body().into_reader();
+    let failed = |e: ureq::Error| format!("answered 200 but {}", cause(e, timeout, limit));
+    if answer.body().content_length().is_some_and(|n| n > limit) {
+        return Err(format!("answered 200 but {}", too_large(limit)));
+    }
+    let mut reader = answer.into_body().into_with_config().limit(limit).reader();
     let mut line: Vec<u8> = Vec::with_capacity(512);
     let mut chunk = vec![0u8; 16 * 1024];
     loop {
@@ -241,7 +242,7 @@ mod tests {
     fn get(answer: &'static [u8]) -> Result<Reply, String> {
         let (client, server) = serve(answer);
         let reply = client
-            .get("/stats", Duration::from_secs(5))
+            .whole("GET", "/stats", Duration::from_secs(5))
             .map_err(|f| f.cause);
         server.join().unwrap();
         reply
@@ -315,13 +316,37 @@ mod tests {
     }
 
     #[test]
+    fn lines_past_their_cap_are_refused_whether_announced_or_chunked() {
+        let lines = |answer: &'static [u8]| {
+            let (client, server) = serve(answer);
+            let mut n = 0;
+            let got = client.get_lines("/stats", Duration::from_secs(5), 10, |_| n += 1);
+            server.join().unwrap();
+            got.map(|()| n).map_err(|f| f.cause)
+        };
+        assert_eq!(
+            lines(b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\na\nb\nc\nd\ne\nf"),
+            Err("answered 200 but its body is larger than 10 bytes".to_string()),
+            "refused before reading"
+        );
+        assert_eq!(
+            lines(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\na\nb\nc\nd\ne\nf\ng\nh\n\r\n0\r\n\r\n"),
+            Err("answered 200 but its body is larger than 10 bytes".to_string())
+        );
+        assert_eq!(
+            lines(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\na\nb\nc\nd\ne\n"),
+            Ok(5)
+        );
+    }
+
+    #[test]
     fn lines_arrive_one_by_one_with_a_last_one_that_has_no_end() {
         let (client, server) = serve(
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\na\nbc\r\n3\r\nd\ne\r\n0\r\n\r\n",
         );
         let mut lines = Vec::new();
         client
-            .get_lines("/clusters", Duration::from_secs(5), |l| {
+            .get_lines("/clusters", Duration::from_secs(5), u64::MAX, |l| {
                 lines.push(l.to_string())
             })
             .unwrap();
@@ -350,7 +375,9 @@ mod tests {
         });
         let mut lines = 0;
         client
-            .get_lines("/clusters", Duration::from_secs(20), |_| lines += 1)
+            .get_lines("/clusters", Duration::from_secs(20), u64::MAX, |_| {
+                lines += 1
+            })
             .unwrap();
         server.join().unwrap();
         assert_eq!(lines, LINES, "{} MiB, all of it", (LINES * 63) >> 20);
@@ -362,7 +389,7 @@ mod tests {
         let client = Client::new(silent.local_addr().unwrap());
         let started = Instant::now();
         let e = client
-            .get("/stats", Duration::from_millis(300))
+            .whole("GET", "/stats", Duration::from_millis(300))
             .unwrap_err();
         let url = client.url("/stats");
         assert_eq!(
@@ -373,7 +400,7 @@ mod tests {
         let refused = silent.local_addr().unwrap();
         drop(silent);
         let e = Client::new(refused)
-            .get("/", Duration::from_secs(1))
+            .whole("GET", "/", Duration::from_secs(1))
             .unwrap_err();
         assert_eq!(e.cause, "connection refused");
     }

@@ -11,7 +11,6 @@ pub mod stats;
 
 use crate::config::{Counting, Mode};
 use crate::count::{Count, Unit};
-use crate::error::Failure;
 use crate::lists::PortSet;
 use admin::Client;
 use clusters::CLUSTERS_PATH;
@@ -203,31 +202,34 @@ impl Sources {
             .stats_timeout
             .min(until.saturating_duration_since(Instant::now()));
         let asked = Instant::now();
-        let body = self.stats_body(timeout);
-        if body.is_err() && asked.elapsed() >= timeout {
+        let mut lines = stats::Lines::new(&self.ignore);
+        let got = self
+            .admin
+            .get_lines(self.stats_path(), timeout, admin::BODY_LIMIT, |l| {
+                lines.add(l)
+            });
+        if got.is_err() && asked.elapsed() >= timeout {
             self.stats_timeout = self.stats_timeout.saturating_mul(2).min(MAX_STATS_TIMEOUT);
         }
-        match body {
-            Ok(body) => {
-                // One pass over the answer for both counts.
-                let read = stats::read(&body);
-                let connections = read
-                    .as_ref()
-                    .map_err(Clone::clone)
-                    .and_then(|g| stats::connections(g, &self.ignore));
-                let requests = requests.then(|| match (&read, &connections) {
-                    (Ok(g), Ok(c)) => stats::requests(g, c),
-                    (Err(e), _) | (_, Err(e)) => Err(e.clone()),
+        match got {
+            Ok(()) => {
+                let connections = lines.connections();
+                let requests = requests.then(|| match &connections {
+                    Ok(c) => lines.requests(c),
+                    Err(e) => Err(e.clone()),
                 });
                 StatsLook {
                     connections: connections.map_err(|e| unusable(e, "downstream_cx_active")),
                     requests: requests.map(|r| r.map_err(|e| unusable(e, "downstream_rq_active"))),
                 }
             }
-            Err(why) => StatsLook {
-                connections: Err(why.clone()),
-                requests: requests.then_some(Err(why)),
-            },
+            Err(f) => {
+                let why = f.to_string();
+                StatsLook {
+                    connections: Err(why.clone()),
+                    requests: requests.then_some(Err(why)),
+                }
+            }
         }
     }
 
@@ -236,26 +238,11 @@ impl Sources {
         let mut tally = clusters::Tally::default();
         let left = until.saturating_duration_since(Instant::now());
         self.admin
-            .get_lines(CLUSTERS_PATH, left, |line| {
+            .get_lines(CLUSTERS_PATH, left, u64::MAX, |line| {
                 tally.add_line(line, &self.clusters)
             })
             .map_err(|f| f.to_string())?;
         tally.finish()
-    }
-
-    /// Envoy's answer as text. Any failure (refused, timeout, non-200, bytes that are not text)
-    /// is an error: unknown, never zero.
-    fn stats_body(&self, timeout: Duration) -> Result<String, String> {
-        let failed = |cause: String| Failure::new("GET", self.stats_url(), cause).to_string();
-        let reply = self
-            .admin
-            .get(self.stats_path(), timeout)
-            .map_err(|f| f.to_string())?;
-        if reply.status != 200 {
-            return Err(failed(format!("answered {}", reply.describe())));
-        }
-        String::from_utf8(reply.body)
-            .map_err(|_| failed("answered with bytes that are not text".to_string()))
     }
 }
 
@@ -267,6 +254,7 @@ fn unusable(e: stats::Unusable, stat: &str) -> String {
         stats::Unusable::Unreadable(line) => {
             format!("Envoy's stats answer has a line that is not '<name>: <count>': '{line}'")
         }
+        stats::Unusable::NotText => "Envoy answered with bytes that are not text".to_string(),
     }
 }
 

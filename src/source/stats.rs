@@ -1,5 +1,5 @@
-//! Interprets the body of `GET /stats?usedonly&type=Gauges&filter=downstream_cx_active$` (pure: text in,
-//! count out), and with `--count requests` of `filter=downstream_(cx|rq)_active$`. The rules and
+//! Interprets the body of `GET /stats?usedonly&type=Gauges&filter=downstream_cx_active$` (pure:
+//! lines in, count out), and with `--count requests` of `filter=downstream_(cx|rq)_active$`. The rules and
 //! the byte format are in docs/how-it-works.md, "Envoy's stats".
 
 use crate::count::shorten;
@@ -41,6 +41,8 @@ pub enum Unusable {
     /// A line that is not `<name>: <count>`, as the filtered answer's lines all are: the answer
     /// cannot be trusted whole.
     Unreadable(String),
+    /// Bytes that are not UTF-8, which Envoy never writes.
+    NotText,
 }
 
 /// A listener left out of the count, and why: `status` shows these so nobody has to guess.
@@ -57,86 +59,10 @@ pub struct Answer {
     pub skipped: Vec<Skipped>,
 }
 
-/// An answer's gauges by name, and a warning when some wrapped.
-pub type Gauges<'a> = (Vec<(&'a str, u64)>, Option<String>);
-
-/// Every line of an answer as a name and a count, in one pass, which both counts then use. The
-/// filter asks for gauges only, so a line of any other shape makes the answer unreadable. A gauge
-/// that wrapped below zero counts as 0; one warning says how many did.
-pub fn read(body: &str) -> Result<Gauges<'_>, Unusable> {
-    let mut gauges = Vec::new();
-    let mut wrapped: (u64, Option<&str>) = (0, None);
-    for line in body.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let unreadable = || Unusable::Unreadable(shorten(line));
-        let (name, value) = line.split_once(':').ok_or_else(unreadable)?;
-        let (name, value) = (name.trim(), value.trim());
-        // from_str takes a leading '+': digits only, as Envoy prints them.
-        if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(unreadable());
-        }
-        let mut n = value.parse::<u64>().map_err(|_| unreadable())?;
-        if n > WRAPPED {
-            wrapped.0 += 1;
-            wrapped.1.get_or_insert(name);
-            n = 0;
-        }
-        gauges.push((name, n));
-    }
-    let warning = wrapped.1.map(|first| {
-        format!(
-            "{} gauge{} wrapped below zero and count{} as 0 ({first}{})",
-            wrapped.0,
-            if wrapped.0 == 1 { "" } else { "s" },
-            if wrapped.0 == 1 { "s" } else { "" },
-            if wrapped.0 == 1 { "" } else { " among them" }
-        )
-    });
-    Ok((gauges, warning))
-}
-
-/// `read` then `connections`.
-pub fn parse(body: &str, ignore: &PortSet) -> Result<Answer, Unusable> {
-    connections(&read(body)?, ignore)
-}
-
-/// `read`, `connections`, then `requests`.
-pub fn parse_requests(body: &str, ignore: &PortSet) -> Result<(Answer, Vec<Hcm>), Unusable> {
-    let gauges = read(body)?;
-    requests(&gauges, &connections(&gauges, ignore)?)
-}
-
-/// Counts `listener.<L>.downstream_cx_active` lines. An answer without the admin listener's line
-/// means Envoy does not create the stat (a `stats_matcher` leaves it out): unknown, never zero.
-pub fn connections(read: &Gauges<'_>, ignore: &PortSet) -> Result<Answer, Unusable> {
-    let (gauges, warning) = read;
-    let mut enabled = false;
-    let mut parts = Vec::new();
-    let mut skipped = Vec::new();
-    for &(name, active) in gauges {
-        enabled |= name == ADMIN_LINE;
-        let Some(listener) = listener_name(name) else {
-            continue;
-        };
-        match skip_reason(listener, ignore) {
-            Some(why) => skipped.push(Skipped {
-                name: listener.to_string(),
-                active,
-                why,
-            }),
-            None => parts.push(Part {
-                name: listener.to_string(),
-                active,
-            }),
-        }
-    }
-    if !enabled {
-        return Err(Unusable::NotEnabled);
-    }
-    Ok(Answer {
-        count: Count::new(SourceKind::Stats, parts, warning.iter().cloned().collect()),
-        skipped,
-    })
-}
+/// The most listeners, and HTTP connection managers, an answer's count names; the rest are added
+/// up as one (a sidecar in a large mesh has a listener for every service port: 10,000 listeners
+/// are about 950 KB of answer), so memory stays flat whatever the answer's size.
+const KEPT: usize = 1000;
 
 /// One HTTP connection manager's requests and connections, for `status`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,69 +72,260 @@ pub struct Hcm {
     pub connections: u64,
 }
 
-/// Counts requests: `http.<prefix>.downstream_rq_active` over the HTTP connection managers that
-/// carry traffic, plus the connections of listeners that hold no HTTP (TCP proxy streams), found
-/// as the listeners' connections less the HTTP managers' ones. Needs both stats: an answer without
-/// `http.admin.downstream_rq_active` is unknown. `connections` is the same answer's connection
-/// count.
-pub fn requests(read: &Gauges<'_>, connections: &Answer) -> Result<(Answer, Vec<Hcm>), Unusable> {
-    let mut enabled = false;
-    let mut hcms: Vec<Hcm> = Vec::new();
-    // Hashed: an answer may name many managers, and each line must cost the same.
-    let mut index: HashMap<&str, usize> = HashMap::new();
-    for &(name, active) in &read.0 {
-        enabled |= name == ADMIN_RQ_LINE;
-        let Some(rest) = name.strip_prefix("http.") else {
-            continue;
-        };
-        let (prefix, is_request) = match (
-            rest.strip_suffix(".downstream_rq_active"),
-            rest.strip_suffix(SUFFIX),
-        ) {
-            (Some(p), _) => (p, true),
-            (None, Some(p)) => (p, false),
-            (None, None) => continue,
-        };
-        if prefix.is_empty() || INFRA_HCMS.contains(&prefix) {
-            continue;
-        }
-        let i = *index.entry(prefix).or_insert_with(|| {
-            hcms.push(Hcm {
-                prefix: prefix.to_string(),
+/// An answer read line by line as it arrives: each line is checked, and only the figures the
+/// counts need are kept. The filter asks for gauges only, so a line of any other shape makes the
+/// answer unreadable. A gauge that wrapped below zero counts as 0; one warning says how many did.
+#[derive(Debug)]
+pub struct Lines {
+    ignore: PortSet,
+    /// Why the answer cannot be used, from its first line that is not `<name>: <count>`:
+    /// nothing is counted from such an answer.
+    unreadable: Option<Unusable>,
+    /// The admin listener's connection line and request line, there whenever the stats are.
+    admin: (bool, bool),
+    parts: Vec<Part>,
+    /// Listeners past the first `KEPT`: how many, and their connections.
+    more_parts: (u64, u64),
+    skipped: Vec<Skipped>,
+    more_skipped: (u64, u64),
+    hcms: Vec<Hcm>,
+    /// Hashed: an answer may name many managers, and each line must cost the same.
+    index: HashMap<String, usize>,
+    /// Managers past the first `KEPT`, added up.
+    more_hcms: Hcm,
+    wrapped: (u64, Option<String>),
+}
+
+impl Lines {
+    /// Reads an answer with the listeners on `ignore`'s ports left out.
+    pub fn new(ignore: &PortSet) -> Lines {
+        Lines {
+            ignore: ignore.clone(),
+            unreadable: None,
+            admin: (false, false),
+            parts: Vec::new(),
+            more_parts: (0, 0),
+            skipped: Vec::new(),
+            more_skipped: (0, 0),
+            hcms: Vec::new(),
+            index: HashMap::new(),
+            more_hcms: Hcm {
+                prefix: String::new(),
                 requests: 0,
                 connections: 0,
-            });
-            hcms.len() - 1
-        });
-        if is_request {
-            hcms[i].requests = active;
-        } else {
-            hcms[i].connections = active;
+            },
+            wrapped: (0, None),
         }
     }
-    if !enabled {
-        return Err(Unusable::NotEnabled);
+
+    /// One line of the answer, with or without its line end.
+    pub fn add(&mut self, line: &str) {
+        let line = line.trim();
+        if line.is_empty() || self.unreadable.is_some() {
+            return;
+        }
+        // Lines arrive with bytes that are not UTF-8 replaced.
+        if line.contains(char::REPLACEMENT_CHARACTER) {
+            self.unreadable = Some(Unusable::NotText);
+            return;
+        }
+        match gauge(line) {
+            Some((name, n)) => self.gauge(name, n),
+            None => self.unreadable = Some(Unusable::Unreadable(shorten(line))),
+        }
     }
-    let http_connections = hcms
-        .iter()
-        .map(|h| h.connections)
-        .fold(0, u64::saturating_add);
-    let mut parts: Vec<Part> = hcms
-        .iter()
-        .map(|h| Part {
-            name: format!("http {}", h.prefix),
-            active: h.requests,
+
+    fn gauge(&mut self, name: &str, mut n: u64) {
+        if n > WRAPPED {
+            self.wrapped.0 += 1;
+            self.wrapped.1.get_or_insert_with(|| name.to_string());
+            n = 0;
+        }
+        self.admin.0 |= name == ADMIN_LINE;
+        self.admin.1 |= name == ADMIN_RQ_LINE;
+        if let Some(listener) = listener_name(name) {
+            match skip_reason(listener, &self.ignore) {
+                Some(why) if self.skipped.len() < KEPT => self.skipped.push(Skipped {
+                    name: listener.to_string(),
+                    active: n,
+                    why,
+                }),
+                Some(_) => add_up(&mut self.more_skipped, n),
+                None if self.parts.len() < KEPT => self.parts.push(Part {
+                    name: listener.to_string(),
+                    active: n,
+                }),
+                None => add_up(&mut self.more_parts, n),
+            }
+        } else if let Some((prefix, is_request)) = hcm_stat(name) {
+            let hcm = match self.index.get(prefix) {
+                Some(&i) => &mut self.hcms[i],
+                None if self.hcms.len() < KEPT => {
+                    self.index.insert(prefix.to_string(), self.hcms.len());
+                    self.hcms.push(Hcm {
+                        prefix: prefix.to_string(),
+                        requests: 0,
+                        connections: 0,
+                    });
+                    let last = self.hcms.len() - 1;
+                    &mut self.hcms[last]
+                }
+                // Added up rather than set: the rest are many managers' lines.
+                None => {
+                    let more = &mut self.more_hcms;
+                    let figure = if is_request {
+                        &mut more.requests
+                    } else {
+                        &mut more.connections
+                    };
+                    *figure = figure.saturating_add(n);
+                    return;
+                }
+            };
+            if is_request {
+                hcm.requests = n;
+            } else {
+                hcm.connections = n;
+            }
+        }
+    }
+
+    fn check(&self) -> Result<(), Unusable> {
+        match &self.unreadable {
+            Some(why) => Err(why.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Counts `listener.<L>.downstream_cx_active` lines. An answer without the admin listener's
+    /// line means Envoy does not create the stat (a `stats_matcher` leaves it out): unknown,
+    /// never zero.
+    pub fn connections(&self) -> Result<Answer, Unusable> {
+        self.check()?;
+        if !self.admin.0 {
+            return Err(Unusable::NotEnabled);
+        }
+        let mut parts = self.parts.clone();
+        if self.more_parts.0 > 0 {
+            parts.push(Part {
+                name: format!("({} more listeners)", self.more_parts.0),
+                active: self.more_parts.1,
+            });
+        }
+        let mut skipped = self.skipped.clone();
+        if self.more_skipped.0 > 0 {
+            skipped.push(Skipped {
+                name: format!("({} more listeners)", self.more_skipped.0),
+                active: self.more_skipped.1,
+                why: "left out for the reasons above",
+            });
+        }
+        let warning = self.wrapped.1.as_ref().map(|first| {
+            let n = self.wrapped.0;
+            format!(
+                "{n} gauge{} wrapped below zero and count{} as 0 ({first}{})",
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "s" } else { "" },
+                if n == 1 { "" } else { " among them" }
+            )
+        });
+        Ok(Answer {
+            count: Count::new(SourceKind::Stats, parts, warning.into_iter().collect()),
+            skipped,
         })
-        .collect();
-    parts.push(Part {
-        name: NON_HTTP.to_string(),
-        active: connections.count.total.saturating_sub(http_connections),
-    });
-    let answer = Answer {
-        count: Count::requests(parts, connections.count.warnings.clone()),
-        skipped: connections.skipped.clone(),
+    }
+
+    /// Counts requests: `http.<prefix>.downstream_rq_active` over the HTTP connection managers
+    /// that carry traffic, plus the connections of listeners that hold no HTTP (TCP proxy
+    /// streams), found as the listeners' connections less the HTTP managers' ones. Needs both
+    /// stats: an answer without `http.admin.downstream_rq_active` is unknown. `connections` is
+    /// the same answer's connection count.
+    pub fn requests(&self, connections: &Answer) -> Result<(Answer, Vec<Hcm>), Unusable> {
+        self.check()?;
+        if !self.admin.1 {
+            return Err(Unusable::NotEnabled);
+        }
+        let mut hcms = self.hcms.clone();
+        if self.hcms.len() == KEPT
+            && (self.more_hcms.requests, self.more_hcms.connections) != (0, 0)
+        {
+            hcms.push(Hcm {
+                prefix: "(more HTTP connection managers)".to_string(),
+                ..self.more_hcms.clone()
+            });
+        }
+        let http_connections = hcms
+            .iter()
+            .map(|h| h.connections)
+            .fold(0, u64::saturating_add);
+        let mut parts: Vec<Part> = hcms
+            .iter()
+            .map(|h| Part {
+                name: format!("http {}", h.prefix),
+                active: h.requests,
+            })
+            .collect();
+        parts.push(Part {
+            name: NON_HTTP.to_string(),
+            active: connections.count.total.saturating_sub(http_connections),
+        });
+        let answer = Answer {
+            count: Count::requests(parts, connections.count.warnings.clone()),
+            skipped: connections.skipped.clone(),
+        };
+        Ok((answer, hcms))
+    }
+}
+
+fn add_up(more: &mut (u64, u64), n: u64) {
+    more.0 += 1;
+    more.1 = more.1.saturating_add(n);
+}
+
+/// `<name>: <count>`, a count in digits only, as Envoy prints them.
+fn gauge(line: &str) -> Option<(&str, u64)> {
+    let (name, value) = line.split_once(':')?;
+    let (name, value) = (name.trim(), value.trim());
+    // from_str takes a leading '+': digits only.
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((name, value.parse().ok()?))
+}
+
+/// `http.<prefix>.downstream_rq_active` or `..._cx_active` of a manager that carries traffic:
+/// its prefix, and whether it is the request line.
+fn hcm_stat(name: &str) -> Option<(&str, bool)> {
+    let rest = name.strip_prefix("http.")?;
+    let (prefix, is_request) = match (
+        rest.strip_suffix(".downstream_rq_active"),
+        rest.strip_suffix(SUFFIX),
+    ) {
+        (Some(p), _) => (p, true),
+        (None, Some(p)) => (p, false),
+        (None, None) => return None,
     };
-    Ok((answer, hcms))
+    (!prefix.is_empty() && !INFRA_HCMS.contains(&prefix)).then_some((prefix, is_request))
+}
+
+/// A whole answer's `Lines`.
+fn lines(body: &str, ignore: &PortSet) -> Lines {
+    let mut lines = Lines::new(ignore);
+    for line in body.lines() {
+        lines.add(line);
+    }
+    lines
+}
+
+/// The connection count of a whole answer.
+pub fn parse(body: &str, ignore: &PortSet) -> Result<Answer, Unusable> {
+    lines(body, ignore).connections()
+}
+
+/// The request count of a whole answer, and its HTTP connection managers.
+pub fn parse_requests(body: &str, ignore: &PortSet) -> Result<(Answer, Vec<Hcm>), Unusable> {
+    let lines = lines(body, ignore);
+    lines.requests(&lines.connections()?)
 }
 
 /// `listener.<L>.downstream_cx_active` gives `L`, unless it is a per-handler copy
@@ -521,6 +638,35 @@ listener.admin.downstream_cx_active: 1
     }
 
     #[test]
+    fn bytes_that_were_not_utf8_make_the_answer_unknown() {
+        let body =
+            "listener.admin.downstream_cx_active: 1\nlistener.\u{FFFD}.downstream_cx_active: 1\n";
+        assert_eq!(parse(body, &istio()), Err(Unusable::NotText));
+    }
+
+    #[test]
+    fn past_a_thousand_listeners_the_rest_are_added_up_as_one() {
+        let mut body = String::from("listener.admin.downstream_cx_active: 1\n");
+        for i in 0..10_000 {
+            body += &format!(
+                "listener.0.0.0.0_{}.downstream_cx_active: {}\n",
+                20_000 + i,
+                i % 2
+            );
+        }
+        let a = parse(&body, &PortSet::default()).unwrap();
+        assert_eq!(a.count.total, 5000);
+        assert_eq!(a.count.parts.len(), KEPT + 1);
+        assert_eq!(
+            a.count.parts[KEPT],
+            Part {
+                name: "(9000 more listeners)".to_string(),
+                active: 4500
+            }
+        );
+    }
+
+    #[test]
     fn many_http_managers_cost_the_same_per_line() {
         // 100,000 prefixes: a linear search per line would take seconds.
         let mut body = String::from(
@@ -532,7 +678,16 @@ listener.admin.downstream_cx_active: 1
         }
         let started = std::time::Instant::now();
         let (a, hcms) = parse_requests(&body, &istio()).unwrap();
-        assert_eq!((hcms.len(), a.count.total), (100_000, 100_000));
+        assert_eq!(
+            (hcms.len(), a.count.total),
+            (KEPT + 1, 100_000),
+            "memory stays flat"
+        );
+        let more = &hcms[KEPT];
+        assert_eq!(
+            (more.prefix.as_str(), more.requests, more.connections),
+            ("(more HTTP connection managers)", 99_000, 99_000)
+        );
         // A bound on the hook's work, not a speed target: the quadratic search took 31 s here,
         // the hashed one well under a second, unoptimized.
         assert!(started.elapsed() < std::time::Duration::from_secs(10));
