@@ -714,10 +714,11 @@ fn scale(drain: &Path, envoy: &Path) -> String {
          (VmHWM), how many counts it made and how many of them were right, and its last count. One count is the median wall time of `status` with the \
          same flags. Nothing is in flight: the right count is 0 requests from /clusters (not unknown, not a fallback), \
          the number of connections held, and 0 connections at 10,000 listeners. For /clusters, the same wait over 60 s \
-         (`--min-drain 59s --deadline 60s`) too, and Envoy's CPU for one answer (the mean of three, read whole).\n\n\
+         (`--min-drain 59s --deadline 60s`) too, Envoy's CPU for one answer (the mean of three, read whole), and \
+         Envoy's own share over 10 s with nothing asking.\n\n\
          ### `--count requests` from /clusters (Istio's default stats matcher, clusters of 3 hosts)\n\n\
-         | clusters | /clusters answer | Envoy's answer (read whole) | Envoy's CPU per answer | one count | Envoy's CPU over 10 s | counts (right) | Envoy's CPU over 60 s | counts (right) | hook CPU (10 s) | hook peak RSS | last count |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+         | clusters | /clusters answer | Envoy's answer (read whole) | Envoy's CPU per answer | one count | Envoy's CPU, idle | Envoy's CPU over 10 s | counts (right) | Envoy's CPU over 60 s | counts (right) | hook CPU (10 s) | hook peak RSS | last count |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for n in [1_000, 10_000, 50_000] {
         let mut child = clusters_envoy(envoy, &dir, n);
@@ -740,14 +741,19 @@ fn scale(drain: &Path, envoy: &Path) -> String {
             answers.push(started.elapsed());
         }
         let per_answer = (cpu_of(child.id()) - cpu_before) / 3;
+        // What Envoy spends with nobody asking (stats flushes, timers), over as long.
+        let idle_before = cpu_of(child.id());
+        std::thread::sleep(Duration::from_secs(10));
+        let idle = (cpu_of(child.id()) - idle_before).as_secs_f64() / 10.0;
         let (one, _) = status_time(drain, &["--count", "requests", "--source", "stats"], 3);
         let w = quiet_wait(drain, Some(child.id()), 10, &["--count", "requests"]);
         let long = quiet_wait(drain, Some(child.id()), 60, &["--count", "requests"]);
         out += &format!(
-            "| {n} | {bytes} bytes | {:.0} ms | {:.0} ms | {:.0} ms | {:.1}% | {} | {:.1}% | {} | {:.0} ms | {:.2} MiB | `{}` |\n",
+            "| {n} | {bytes} bytes | {:.0} ms | {:.0} ms | {:.0} ms | {:.1}% | {:.1}% | {} | {:.1}% | {} | {:.0} ms | {:.2} MiB | `{}` |\n",
             ms(median(answers)),
             ms(per_answer),
             ms(one),
+            idle * 100.0,
             w.envoy_share.unwrap_or_default() * 100.0,
             w.counts("0 active requests (clusters)"),
             long.envoy_share.unwrap_or_default() * 100.0,
