@@ -135,8 +135,8 @@ pub enum Command {
 #[argh(subcommand, name = "run")]
 pub struct RunArgs {
     /// the address of Envoy's admin API, whose listener also tells the proc source which process
-    /// is Envoy:
-    /// host:port, [::1]:port or http://host:port (default: 127.0.0.1:15000)
+    /// is Envoy: host:port, [::1]:port, http://host:port, or unix:PATH for a Unix socket, where
+    /// a * in PATH must match one file (default: 127.0.0.1:15000)
     #[argh(option)]
     pub admin: Option<String>,
 
@@ -145,6 +145,11 @@ pub struct RunArgs {
     /// SIGTERM (default: inbound)
     #[argh(option)]
     pub drain: Option<String>,
+
+    /// before the drain, fail Envoy's health checks (POST /healthcheck/fail): its /ready and
+    /// health-check filter answer 503, so a load balancer in front of a gateway stops sending
+    #[argh(switch)]
+    pub fail_healthcheck: bool,
 
     /// what to count: auto (stats, else the kernel's socket table), stats or proc (default:
     /// auto)
@@ -229,8 +234,8 @@ pub struct RunArgs {
 #[argh(subcommand, name = "status")]
 pub struct StatusArgs {
     /// the address of Envoy's admin API, whose listener also tells the proc source which process
-    /// is Envoy:
-    /// host:port, [::1]:port or http://host:port (default: 127.0.0.1:15000)
+    /// is Envoy: host:port, [::1]:port, http://host:port, or unix:PATH for a Unix socket, where
+    /// a * in PATH must match one file (default: 127.0.0.1:15000)
     #[argh(option)]
     pub admin: Option<String>,
 

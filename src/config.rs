@@ -5,8 +5,9 @@ use crate::cli::{RunArgs, StatusArgs};
 use crate::count::Unit;
 use crate::error::UsageError;
 use crate::lists::{ISTIO_INFRA_PORTS, Names, PortSet};
+use crate::source::admin::Address;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:15000";
@@ -63,7 +64,7 @@ pub enum Mode {
 /// What both commands need to count.
 #[derive(Debug, Clone)]
 pub struct Counting {
-    pub admin: SocketAddr,
+    pub admin: Address,
     pub mode: Mode,
     pub unit: Unit,
     pub ignore: PortSet,
@@ -112,6 +113,8 @@ pub struct Rules {
 pub struct RunConfig {
     pub counting: Counting,
     pub drain: Drain,
+    /// `--fail-healthcheck`: POST /healthcheck/fail before the drain.
+    pub fail_healthcheck: bool,
     pub rules: Rules,
     pub log_file: Option<PathBuf>,
     /// Istio's agent: for `--drain agent`, and for /quitquitquit with `--then-quit`.
@@ -155,6 +158,90 @@ pub fn parse_addr(name: &'static str, value: &str) -> Result<SocketAddr, UsageEr
     } else {
         Err(bad())
     }
+}
+
+/// `--admin`: an address as `parse_addr` takes it, or `unix:PATH` for an admin API on a Unix
+/// socket. A `*` in the path matches any part of a file name (Kuma names the socket's directory
+/// after its process: `/tmp/kuma-dp-*/kuma-envoy-admin.sock`) and is resolved here, once: more
+/// than one match is an error naming them; none leaves the path as given, which the requests then
+/// fail to open (the wait goes on from the socket table, as with an admin API that is down).
+pub fn parse_admin(value: &str) -> Result<Address, UsageError> {
+    let Some(path) = value.strip_prefix("unix:") else {
+        return parse_addr("--admin", value).map(Address::Tcp);
+    };
+    if path.is_empty() {
+        return Err(UsageError::new(
+            "--admin",
+            value,
+            "unix: and the path of the admin API's socket, like unix:/admin/admin.sock",
+        ));
+    }
+    if !path.contains('*') {
+        return Ok(Address::Unix(PathBuf::from(path)));
+    }
+    let mut found = matches(Path::new(path));
+    found.sort();
+    match found.as_slice() {
+        [] => Ok(Address::Unix(PathBuf::from(path))),
+        [one] => Ok(Address::Unix(one.clone())),
+        many => {
+            let names: Vec<String> = many.iter().map(|p| p.display().to_string()).collect();
+            Err(UsageError::new(
+                "--admin",
+                value,
+                format!("one socket, but {} match: {}", many.len(), names.join(", ")),
+            ))
+        }
+    }
+}
+
+/// The files that `pattern` names, `*` matching any part of a name in any of its components.
+fn matches(pattern: &Path) -> Vec<PathBuf> {
+    let mut found = vec![PathBuf::new()];
+    for part in pattern.components() {
+        let name = part.as_os_str().to_string_lossy();
+        if !name.contains('*') {
+            for p in &mut found {
+                p.push(part);
+            }
+            continue;
+        }
+        let dirs = std::mem::take(&mut found);
+        for dir in dirs {
+            let listed = std::fs::read_dir(if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                &dir
+            });
+            for entry in listed.into_iter().flatten().flatten() {
+                if wildcard(&name, &entry.file_name().to_string_lossy()) {
+                    found.push(dir.join(entry.file_name()));
+                }
+            }
+        }
+    }
+    found.retain(|p| p.exists());
+    found
+}
+
+/// Whether `name` matches `pattern`, whose `*` stands for any run of characters.
+fn wildcard(pattern: &str, name: &str) -> bool {
+    let mut pieces = pattern.split('*');
+    let first = pieces.next().unwrap_or_default();
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let mut pieces: Vec<&str> = pieces.collect();
+    let Some(last) = pieces.pop() else {
+        return rest.is_empty();
+    };
+    for piece in pieces {
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 pub fn parse_duration(name: &'static str, value: &str) -> Result<Duration, UsageError> {
@@ -239,7 +326,7 @@ fn counting(a: CountingArgs<'_>) -> Result<Counting, UsageError> {
         })?,
     };
     Ok(Counting {
-        admin: parse_addr("--admin", admin.unwrap_or(DEFAULT_ADMIN))?,
+        admin: parse_admin(admin.unwrap_or(DEFAULT_ADMIN))?,
         mode,
         unit,
         ignore: ports("--ignore-ports", ignore.unwrap_or(ISTIO_INFRA_PORTS))?,
@@ -387,6 +474,7 @@ pub fn run_config(
     Ok(RunConfig {
         counting,
         drain,
+        fail_healthcheck: a.fail_healthcheck,
         rules: Rules {
             min_drain,
             deadline,
@@ -523,6 +611,64 @@ mod tests {
             ("http://localhost:15000", "127.0.0.1:15000"),
         ] {
             assert_eq!(parse_addr("--admin", given).unwrap().to_string(), want);
+        }
+    }
+
+    #[test]
+    fn an_admin_api_on_a_unix_socket_is_its_path_and_a_pattern_must_match_one_socket() {
+        assert_eq!(
+            parse_admin("unix:/admin/admin.sock"),
+            Ok(Address::Unix(PathBuf::from("/admin/admin.sock")))
+        );
+        assert_eq!(
+            parse_admin("127.0.0.1:9901"),
+            Ok(Address::Tcp("127.0.0.1:9901".parse().unwrap()))
+        );
+        let e = parse_admin("unix:").unwrap_err().to_string();
+        assert!(e.contains("expected unix: and the path"), "{e}");
+        let tmp = std::env::temp_dir().join(format!("envoy-drain-glob-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let sock = |dir: &str| {
+            std::fs::create_dir_all(tmp.join(dir)).unwrap();
+            std::fs::write(tmp.join(dir).join("kuma-envoy-admin.sock"), "").unwrap();
+            tmp.join(dir).join("kuma-envoy-admin.sock")
+        };
+        let pattern = format!("unix:{}/kuma-dp-*/kuma-envoy-admin.sock", tmp.display());
+        assert_eq!(
+            parse_admin(&pattern),
+            Ok(Address::Unix(tmp.join("kuma-dp-*/kuma-envoy-admin.sock"))),
+            "no match: the path as given, which requests then fail to open"
+        );
+        let one = sock("kuma-dp-1234");
+        sock("other-1");
+        assert_eq!(parse_admin(&pattern), Ok(Address::Unix(one.clone())));
+        let two = sock("kuma-dp-99");
+        let e = parse_admin(&pattern).unwrap_err().to_string();
+        std::fs::remove_dir_all(&tmp).unwrap();
+        assert!(
+            e.ends_with(&format!(
+                "expected one socket, but 2 match: {}, {}",
+                one.display(),
+                two.display()
+            )),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_wildcard_stands_for_any_run_of_characters() {
+        for (pattern, name, want) in [
+            ("kuma-dp-*", "kuma-dp-1", true),
+            ("kuma-dp-*", "kuma-dp-", true),
+            ("kuma-dp-*", "kuma-d", false),
+            ("*", "anything", true),
+            ("a*b*c", "aXbYc", true),
+            ("a*b*c", "aXcYb", false),
+            ("ab*b", "ab", false),
+            ("*.sock", "admin.sock", true),
+            ("*.sock", "admin.sock.old", false),
+        ] {
+            assert_eq!(wildcard(pattern, name), want, "{pattern} {name}");
         }
     }
 

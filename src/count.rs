@@ -1,7 +1,7 @@
 //! What a source reports: a total, the parts it is made of, and where it came from (data only;
 //! text.rs words it).
 
-use std::net::SocketAddr;
+use crate::source::admin::Address;
 
 /// Keeps hostile text to one readable piece of a line.
 pub fn shorten(text: &str) -> String {
@@ -96,20 +96,16 @@ impl Arrivals {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Basis {
     /// Envoy is the process holding the admin listener; its sockets are the ones it holds.
-    Process {
-        pid: u32,
-        uid: u32,
-        admin: SocketAddr,
-    },
+    Process { pid: u32, uid: u32, admin: Address },
     /// Its process could not be read (`why`): Envoy's sockets are its admin listener owner's.
     Owner {
         uid: u32,
-        admin: SocketAddr,
+        admin: Address,
         why: String,
     },
     /// Nothing listens on the admin address: any listener's connections count, which may hold
     /// more than Envoy's.
-    Unknown { admin: SocketAddr },
+    Unknown { admin: Address },
 }
 
 impl Count {

@@ -7,7 +7,7 @@ use crate::config::{self, AGENT_DRAIN_PATH, Drain, RunConfig};
 use crate::count::{Arrivals, Basis, Count, SourceKind, Unit};
 use crate::log::{Level, Logger};
 use crate::outcome::{EXIT_REACHED, Outcome, Progress};
-use crate::source::admin::Client;
+use crate::source::admin::{Client, HEALTHCHECK_FAIL_PATH};
 use crate::source::sockets::{Pod, Reader};
 use crate::source::{Reading, Sources};
 use crate::text;
@@ -100,6 +100,15 @@ impl Run {
             lock(&self.log).warn(w);
         }
         lock(&self.log).info(&text::start_line(cfg, &sources));
+        if cfg.fail_healthcheck {
+            self.post(
+                &sources.admin,
+                HEALTHCHECK_FAIL_PATH,
+                left(&clock),
+                "Envoy fails its health checks now (/ready answers 503)",
+                "fail Envoy's health checks (draining anyway)",
+            );
+        }
         if let Some(path) = cfg.drain.path() {
             let done = "Envoy accepted the drain";
             self.post(

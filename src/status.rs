@@ -3,8 +3,9 @@
 //! nothing.
 
 use crate::cli::{StatusArgs, usage_error};
-use crate::config;
+use crate::config::{self, Mode};
 use crate::outcome::{EXIT_NOTHING_COUNTED, EXIT_REACHED};
+use crate::source::admin::{READY_PATH, REQUEST_TIMEOUT};
 use crate::source::{self, Sources};
 use std::io::Write;
 use std::time::Duration;
@@ -20,12 +21,14 @@ pub fn command(args: &StatusArgs) -> i32 {
         Err(e) => return usage_error(&e.to_string()),
     };
     let mut sources = Sources::new(&counting);
+    let ready =
+        (counting.mode != Mode::Proc).then(|| sources.admin.get(READY_PATH, REQUEST_TIMEOUT));
     let look = sources.look(LOOK, true);
     let reading = source::decide(&look);
     let _ = write!(
         std::io::stdout(),
         "{}",
-        crate::text::status(&look, &reading, &sources)
+        crate::text::status(&look, &reading, &sources, ready.as_ref())
     );
     if reading.result.is_ok() {
         EXIT_REACHED

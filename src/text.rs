@@ -4,8 +4,9 @@
 
 use crate::config::{AGENT_DRAIN_PATH, Drain, Mode, RunConfig};
 use crate::count::{Basis, Count, NON_HTTP, SourceKind, Unit};
+use crate::error::Failure;
 use crate::outcome::{Outcome, Progress};
-use crate::source::admin::Reply;
+use crate::source::admin::{HEALTHCHECK_FAIL_PATH, READY_PATH, Reply};
 use crate::source::clusters::{self, CLUSTERS_PATH};
 use crate::source::sockets::Reader;
 use crate::source::stats::{Answer, Hcm};
@@ -152,6 +153,12 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources) -> String {
             cfg.agent
         ),
         Drain::None => "not draining (--drain none)".to_string(),
+    };
+    let drain = if cfg.fail_healthcheck {
+        let url = sources.admin.url(HEALTHCHECK_FAIL_PATH);
+        format!("failing Envoy's health checks (POST {url}), then {drain}")
+    } else {
+        drain
     };
     let target = if r.settle.is_zero() {
         format!("at most {}", r.exit_at)
@@ -421,8 +428,29 @@ pub fn installed(path: &std::path::Path, size: u64) -> String {
 
 /// The `status` report: each source that was read, what it counts and what it leaves out and
 /// why, then what `run` would count.
-pub fn status(look: &Look, reading: &Reading, sources: &Sources) -> String {
+pub fn status(
+    look: &Look,
+    reading: &Reading,
+    sources: &Sources,
+    ready: Option<&Result<Reply, Failure>>,
+) -> String {
     let mut out = String::new();
+    if let Some(ready) = ready {
+        let url = sources.admin.url(READY_PATH);
+        let said = match ready {
+            Ok(r) if r.status == 200 => {
+                format!("answered {}: Envoy passes its health checks", r.describe())
+            }
+            Ok(r) if r.status == 503 => format!(
+                "answered {}: Envoy fails its health checks (POST {HEALTHCHECK_FAIL_PATH}, \
+                 `run --fail-healthcheck`), so load balancers that ask stop sending",
+                r.describe()
+            ),
+            Ok(r) => format!("answered {}", r.describe()),
+            Err(f) => f.cause.clone(),
+        };
+        let _ = writeln!(out, "ready: GET {url} {said}\n");
+    }
     if let Some(stats) = &look.stats {
         let _ = writeln!(out, "stats: GET {}", sources.stats_url());
         match &stats.connections {

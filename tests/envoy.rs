@@ -206,7 +206,7 @@ fn drain_inbound_leaves_outbound_responses_alone_and_drain_all_does_not() {
             &bin,
             Options {
                 drain_time_s: 30,
-                merge: None,
+                ..Options::default()
             },
         );
         let mut r = spawn(command(&["run", "--drain", "inbound", "--min-drain", "1s"]));
@@ -264,7 +264,7 @@ fn a_connection_made_after_envoys_own_drain_time_is_still_served_while_the_hook_
             &bin,
             Options {
                 drain_time_s: 1,
-                merge: None,
+                ..Options::default()
             },
         );
         let mut r = spawn(command(&["run", "--min-drain", "4s", "--deadline", "6s"]));
@@ -538,5 +538,114 @@ fn with_connection_stats_only_requests_come_from_clusters_and_an_idle_connection
             "ends right after the response, the idle connection still open {out}"
         );
         drop(idle);
+    });
+}
+
+#[test]
+#[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
+fn an_admin_api_on_a_unix_socket_is_asked_and_tells_envoys_sockets_apart() {
+    // Contour's and Kuma's admin APIs listen on a Unix socket only.
+    scenario(|bin| {
+        let envoy = Envoy::start(
+            &bin,
+            Options {
+                admin_on_unix_socket: true,
+                ..Options::default()
+            },
+        );
+        let socket = envoy.admin_socket();
+        let admin = format!("unix:{}", socket.display());
+        let mut held = Conn::open(INBOUND).unwrap();
+        assert_eq!(held.get("/ok").unwrap().status, 200);
+        let out = run(command(&["status", "--admin", &admin]));
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(
+            out.stdout.contains(&format!(
+                "stats: GET /stats?usedonly&type=Gauges&filter=downstream_cx_active%24 on {admin}"
+            )),
+            "{out}"
+        );
+        assert_eq!(row(&out.stdout, "0.0.0.0_15006"), Some(1), "{out}");
+        assert!(
+            out.stdout
+                .contains(&format!("which holds the admin listener {admin}")),
+            "the socket table found Envoy as the holder of the Unix socket {out}"
+        );
+        assert_eq!(row(&out.stdout, "port 15006"), Some(1), "{out}");
+        // A pattern with one match is that socket; a connection held keeps `run` to its deadline,
+        // and it drains through the socket.
+        let pattern = format!("unix:{}/*.sock", socket.parent().unwrap().display());
+        let out = run(command(&[
+            "run",
+            "--admin",
+            &pattern,
+            "--deadline",
+            "2s",
+            "--min-drain",
+            "0s",
+        ]));
+        assert_eq!(out.code, Some(1), "{out}");
+        assert!(
+            out.stderr.contains(&format!(
+                "draining inbound listeners (POST /drain_listeners?inboundonly&graceful&skip_exit on {admin})"
+            )),
+            "{out}"
+        );
+        assert!(
+            out.last_line()
+                .contains("1 active connection (stats) still open"),
+            "{out}"
+        );
+        drop(held);
+    });
+}
+
+#[test]
+#[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
+fn fail_healthcheck_makes_envoy_answer_503_before_the_drain_and_status_shows_it() {
+    // A gateway behind a cloud load balancer: the balancer learns from the failing health check
+    // to stop sending, as Envoy Gateway's, Contour's and Kuma's own shutdowns do.
+    scenario(|bin| {
+        let _envoy = start(&bin);
+        let ready = || {
+            Conn::open(envoy::ADMIN)
+                .and_then(|mut c| c.get("/ready"))
+                .map(|r| r.status)
+                .unwrap()
+        };
+        assert_eq!(ready(), 200);
+        let before = run(command(&["status"]));
+        assert!(
+            before.stdout.starts_with(
+                "ready: GET http://127.0.0.1:15000/ready answered 200 'LIVE': Envoy passes its health checks\n"
+            ),
+            "{before}"
+        );
+        let mut r = spawn(command(&["run", "--fail-healthcheck", "--min-drain", "1s"]));
+        r.expect_line(
+            "Envoy fails its health checks now (/ready answers 503): POST http://127.0.0.1:15000/healthcheck/fail answered 200 'OK'",
+            10 * SECOND,
+        );
+        r.expect_line("Envoy accepted the drain", 10 * SECOND);
+        assert_eq!(
+            ready(),
+            503,
+            "load balancers that ask are told to stop sending"
+        );
+        let during = run(command(&["status"]));
+        assert!(
+            during
+                .stdout
+                .contains("answered 503 'DRAINING': Envoy fails its health checks"),
+            "{during}"
+        );
+        let out = r.finish();
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(
+            out.stderr.contains(
+                "failing Envoy's health checks (POST http://127.0.0.1:15000/healthcheck/fail), then draining inbound listeners"
+            ),
+            "{out}"
+        );
     });
 }

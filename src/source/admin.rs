@@ -7,10 +7,14 @@
 
 use crate::count::shorten;
 use crate::error::Failure;
+use crate::source::uds::UnixConnector;
+use std::fmt;
 use std::io::{ErrorKind, Read};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 use ureq::http::Response;
+use ureq::unversioned::resolver::DefaultResolver;
 use ureq::{Agent, Body};
 
 /// The time a request is given: a loopback admin API answers in milliseconds, and one that does
@@ -23,6 +27,13 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 /// listener with its workers' lines (947,254 bytes for 10,000 listeners and two workers); 4 MiB
 /// holds 40,000 listeners and keeps a hostile server from streaming without end.
 pub const BODY_LIMIT: u64 = 4 << 20;
+
+/// Makes Envoy fail its health checks: `/ready` and the health-check filter answer 503 (Envoy's
+/// admin documentation, "POST /healthcheck/fail"); `/healthcheck/ok` undoes it.
+pub const HEALTHCHECK_FAIL_PATH: &str = "/healthcheck/fail";
+
+/// Envoy's state: 200 `LIVE`, or 503 `DRAINING` once its health checks fail.
+pub const READY_PATH: &str = "/ready";
 
 /// A longer line is cut there: Envoy's lines are a cluster name, a host and a counter.
 const MAX_LINE: usize = 4096;
@@ -42,14 +53,37 @@ impl Reply {
     }
 }
 
+/// Where an admin API listens: a TCP address, or a Unix socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Address {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Address::Tcp(addr) => write!(f, "{addr}"),
+            Address::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+impl From<SocketAddr> for Address {
+    fn from(addr: SocketAddr) -> Address {
+        Address::Tcp(addr)
+    }
+}
+
 pub struct Client {
-    base: String,
+    address: Address,
     agent: Agent,
 }
 
 impl Client {
-    pub fn new(addr: SocketAddr) -> Client {
-        let agent = Agent::config_builder()
+    pub fn new(address: impl Into<Address>) -> Client {
+        let address = address.into();
+        let config = Agent::config_builder()
             .proxy(None)
             .max_redirects(0)
             .http_status_as_error(false)
@@ -60,16 +94,39 @@ impl Client {
             .max_response_header_size(16 * 1024)
             .output_buffer_size(4 * 1024)
             .user_agent(concat!("envoy-drain/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .into();
-        Client {
-            base: format!("http://{addr}"),
-            agent,
+            .build();
+        let agent = match &address {
+            Address::Tcp(_) => config.into(),
+            Address::Unix(path) => Agent::with_parts(
+                config,
+                UnixConnector { path: path.clone() },
+                DefaultResolver::default(),
+            ),
+        };
+        Client { address, agent }
+    }
+
+    /// What a request goes to, as the log names it: `http://127.0.0.1:15000/stats`, or
+    /// `/stats on unix:/admin/admin.sock`.
+    pub fn url(&self, path: &str) -> String {
+        match &self.address {
+            Address::Tcp(addr) => format!("http://{addr}{path}"),
+            Address::Unix(_) => format!("{path} on {}", self.address),
         }
     }
 
-    pub fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
+    /// The URL ureq is given: over a Unix socket its host only fills the Host header (an IP
+    /// literal, so that nothing looks a name up).
+    fn request_url(&self, path: &str) -> String {
+        match &self.address {
+            Address::Tcp(addr) => format!("http://{addr}{path}"),
+            Address::Unix(_) => format!("http://127.0.0.1{path}"),
+        }
+    }
+
+    /// A GET within `timeout`, its answer read whole.
+    pub fn get(&self, path: &str, timeout: Duration) -> Result<Reply, Failure> {
+        self.whole("GET", path, timeout)
     }
 
     /// A POST within `left` and at most `REQUEST_TIMEOUT`.
@@ -112,7 +169,7 @@ impl Client {
         if timeout.is_zero() {
             return Err("no time left before the deadline".to_string());
         }
-        let url = self.url(path);
+        let url = self.request_url(path);
         let answer = if method == "POST" {
             let request = self.agent.post(&url).config();
             request.timeout_global(Some(timeout)).build().send_empty()

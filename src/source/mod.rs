@@ -8,6 +8,7 @@ pub mod diag;
 pub mod procnet;
 pub mod sockets;
 pub mod stats;
+pub mod uds;
 
 use crate::config::{Counting, Mode};
 use crate::count::{Count, Unit};
@@ -88,13 +89,13 @@ impl Sources {
         Sources {
             mode: c.mode,
             unit: c.unit,
-            admin: Client::new(c.admin),
+            admin: Client::new(c.admin.clone()),
             ignore: c.ignore.clone(),
             clusters: clusters::Rule {
                 ignore_clusters: c.ignore_clusters.clone(),
                 ignore_ports: c.ignore.clone(),
             },
-            table: SocketTable::new(c.proc_net.as_deref(), c.filter(), c.admin),
+            table: SocketTable::new(c.proc_net.as_deref(), c.filter(), c.admin.clone()),
             admin_time: Duration::ZERO,
             clusters_first: None,
             stats_timeout: admin::REQUEST_TIMEOUT,
@@ -333,7 +334,7 @@ mod tests {
 
     fn sources(mode: Mode, proc_net: PathBuf) -> Sources {
         Sources::new(&Counting {
-            admin: refused(),
+            admin: refused().into(),
             mode,
             unit: Unit::Connections,
             ignore: PortSet::default(),

@@ -7,6 +7,7 @@
 use crate::config::Filter;
 use crate::count::{Basis, Count};
 use crate::error::Failure;
+use crate::source::admin::Address;
 use crate::source::diag::{self, DumpError};
 use crate::source::procnet::{
     DEFAULT_EPHEMERAL, Envoy, LISTEN, Listeners, Rule, Sink, Table, Tally,
@@ -14,7 +15,6 @@ use crate::source::procnet::{
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 use std::io::Read;
-use std::net::SocketAddr;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -37,7 +37,7 @@ const PROC_NET: &str = "/proc/net";
 pub struct SocketTable {
     reader: Reader,
     filter: Filter,
-    admin: SocketAddr,
+    admin: Address,
     /// Where processes are listed, when the table is the live one of this machine; fixture
     /// tables have no processes behind them, which the error says.
     proc_root: Result<PathBuf, String>,
@@ -57,7 +57,7 @@ pub struct Pod {
 
 impl SocketTable {
     /// Netlink, unless `proc_net` names the text tables to read.
-    pub fn new(proc_net: Option<&Path>, filter: Filter, admin: SocketAddr) -> SocketTable {
+    pub fn new(proc_net: Option<&Path>, filter: Filter, admin: Address) -> SocketTable {
         let reader = match proc_net {
             None => Reader::Netlink,
             Some(dir) => Reader::Text {
@@ -135,8 +135,8 @@ impl SocketTable {
     /// The app's sockets: those of other users than the proxy's, which is the admin listener's
     /// owner, else this process's (a preStop runs as the proxy container's user).
     fn pod_of(&self, listening: &Table, mut owners: BTreeMap<u32, u64>) -> Pod {
-        let proxy = match listening.listener(self.admin) {
-            Some(admin) => admin.uid,
+        let proxy = match self.admin_socket(listening) {
+            Some((uid, _)) => uid,
             // SAFETY: geteuid has no preconditions and cannot fail.
             None => unsafe { libc::geteuid() },
         };
@@ -184,14 +184,17 @@ impl SocketTable {
 
     /// Who Envoy is, and how that was found.
     fn envoy(&mut self, table: &Table, until: Instant) -> (Envoy, Basis) {
-        let admin = self.admin;
-        let Some(listener) = table.listener(admin) else {
+        let admin = self.admin.clone();
+        let Some((uid, inode)) = self.admin_socket(table) else {
             return (Envoy::Unknown, Basis::Unknown { admin });
         };
-        let uid = listener.uid;
-        let found = match &self.proc_root {
-            Ok(root) => find_holder(root, listener.inode, uid, self.envoy_pid, until),
-            Err(why) => Err(why.clone()),
+        let found = match (&self.proc_root, inode) {
+            (Ok(root), Some(inode)) => find_holder(root, inode, uid, self.envoy_pid, until),
+            (Ok(root), None) => Err(format!(
+                "{} does not show the socket's inode",
+                root.join("net/unix").display()
+            )),
+            (Err(why), _) => Err(why.clone()),
         };
         match found {
             Ok((pid, inodes)) => {
@@ -202,6 +205,26 @@ impl SocketTable {
                 )
             }
             Err(why) => (Envoy::User { uid }, Basis::Owner { uid, admin, why }),
+        }
+    }
+
+    /// The admin API's listening socket: its owner, and its inode when it can be read. On TCP it
+    /// is in the listening sockets; a Unix socket is a file its creator owns, whose inode
+    /// `/proc/net/unix` shows. `None` when nothing listens there.
+    fn admin_socket(&self, listening: &Table) -> Option<(u32, Option<u64>)> {
+        match &self.admin {
+            Address::Tcp(addr) => listening.listener(*addr).map(|s| (s.uid, Some(s.inode))),
+            Address::Unix(path) => {
+                let uid = fs::metadata(path).ok()?.uid();
+                match &self.proc_root {
+                    Ok(root) => match unix_listener(&root.join("net/unix"), path) {
+                        Ok(Some(inode)) => Some((uid, Some(inode))),
+                        Ok(None) => None,
+                        Err(_) => Some((uid, None)),
+                    },
+                    Err(_) => Some((uid, None)),
+                }
+            }
         }
     }
 
@@ -325,6 +348,33 @@ fn read_table(path: &Path, table: &mut Table, until: Instant) -> Result<bool, Fa
         )));
     }
     Ok(true)
+}
+
+/// `/proc/net/unix` is a few hundred lines in a pod; more than this is not the kernel's.
+const MAX_UNIX_TABLE: u64 = 16 << 20;
+
+/// The inode of the listening Unix socket bound to `path`, from `table` (`/proc/net/unix`: `Num
+/// RefCount Protocol Flags Type St Inode Path`, where a listening socket's flags hold
+/// `__SO_ACCEPTCON`, 0x10000; net/unix/af_unix.c, `unix_seq_show`). `None` when no socket listens
+/// there.
+fn unix_listener(table: &Path, path: &Path) -> std::io::Result<Option<u64>> {
+    const ACCEPTCON: u32 = 0x10000;
+    let mut text = String::new();
+    fs::File::open(table)?
+        .take(MAX_UNIX_TABLE)
+        .read_to_string(&mut text)?;
+    let wanted = path.as_os_str().to_string_lossy();
+    for line in text.lines().skip(1) {
+        let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+        let [_, _, _, flags, _, _, inode, name, ..] = fields[..] else {
+            continue;
+        };
+        let listening = u32::from_str_radix(flags, 16).is_ok_and(|f| f & ACCEPTCON != 0);
+        if listening && name == wanted {
+            return Ok(inode.parse().ok());
+        }
+    }
+    Ok(None)
 }
 
 /// The socket inodes a process holds, sorted.

@@ -3,6 +3,7 @@
 //! the suites against 1.40.0 and 1.36.4), else 1.40.0 where `bash scripts/envoy` installs it.
 
 use super::http::Conn;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
@@ -63,6 +64,20 @@ pub fn live() -> bool {
         .is_ok_and(|r| r.status == 200)
 }
 
+/// Whether the admin API on the Unix socket `path` says LIVE (the answer ends with the
+/// connection).
+fn ready_on(path: &Path) -> bool {
+    let Ok(mut s) = std::os::unix::net::UnixStream::connect(path) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut answer = String::new();
+    s.write_all(b"GET /ready HTTP/1.1\r\nhost: envoy\r\nconnection: close\r\n\r\n")
+        .is_ok()
+        && s.read_to_string(&mut answer).is_ok()
+        && answer.starts_with("HTTP/1.1 200")
+}
+
 /// Polls `check` every 20 ms until it holds; false when `limit` passes first.
 pub fn until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + limit;
@@ -80,10 +95,13 @@ pub struct Envoy {
     dir: PathBuf,
 }
 
-/// How to start Envoy: how long its drain lasts, and YAML merged over the bootstrap.
+/// How to start Envoy: how long its drain lasts, YAML merged over the bootstrap, and whether its
+/// admin API is on a Unix socket (`Envoy::admin_socket`) instead of `ADMIN`, as Contour's and
+/// Kuma's are.
 pub struct Options {
     pub drain_time_s: u32,
     pub merge: Option<&'static str>,
+    pub admin_on_unix_socket: bool,
 }
 
 impl Default for Options {
@@ -91,6 +109,7 @@ impl Default for Options {
         Options {
             drain_time_s: 5,
             merge: None,
+            admin_on_unix_socket: false,
         }
     }
 }
@@ -116,17 +135,37 @@ impl Envoy {
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
-        if let Some(file) = opts.merge {
-            let yaml = std::fs::read_to_string(repo(file)).unwrap();
+        let mut yaml = opts
+            .merge
+            .map(|file| std::fs::read_to_string(repo(file)).unwrap())
+            .unwrap_or_default();
+        if opts.admin_on_unix_socket {
+            let path = dir.join("admin.sock");
+            yaml += &format!(
+                "\nadmin: {{ address: {{ pipe: {{ path: {} }} }} }}\n",
+                path.display()
+            );
+        }
+        if !yaml.is_empty() {
             cmd.args(["--config-yaml", &yaml]);
         }
         let child = cmd.spawn().expect("failed to start Envoy");
         let envoy = Envoy { child, dir };
-        envoy.wait_live(Duration::from_secs(20));
+        if opts.admin_on_unix_socket {
+            let socket = envoy.admin_socket();
+            envoy.wait(Duration::from_secs(20), || ready_on(&socket));
+        } else {
+            envoy.wait(Duration::from_secs(20), live);
+        }
         envoy
     }
 
-    fn wait_live(&self, limit: Duration) {
+    /// Where the admin API listens when it is on a Unix socket.
+    pub fn admin_socket(&self) -> PathBuf {
+        self.dir.join("admin.sock")
+    }
+
+    fn wait(&self, limit: Duration, live: impl FnMut() -> bool) {
         if !until(limit, live) {
             panic!(
                 "Envoy was not LIVE within {limit:?}; its log:\n{}",
