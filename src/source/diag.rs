@@ -1,9 +1,9 @@
-//! The kernel's TCP sockets over netlink (NETLINK_SOCK_DIAG), the way `ss` asks for them: one
-//! dump request, and replies that carry each socket's addresses, state, owner and inode, the
-//! columns procnet's rule reads from `/proc/net/tcp`. The kernel filters by state and skips other
-//! network namespaces' sockets, and writes no text, so this costs a fraction of reading the
-//! tables (BENCHMARKS.md). Message parsing is pure (`parse`, fuzzed); only `dump` talks to the
-//! kernel. Layouts and the kernel's behaviour are in docs/how-it-works.md ("Reading the socket
+//! The kernel's TCP sockets over netlink (NETLINK_SOCK_DIAG), the way `ss` asks for them: dump
+//! requests (the listening sockets, then the open ones), and replies that carry each socket's
+//! addresses, state, owner and inode, the columns procnet's rule reads from `/proc/net/tcp`. The
+//! kernel filters by state and skips other network namespaces' sockets, and writes no text, so
+//! this costs a fraction of reading the tables (BENCHMARKS.md). Message parsing is pure
+//! (`parse`, fuzzed); only `exchange` talks to the kernel. Layouts and the kernel's behaviour are in docs/how-it-works.md ("Reading the socket
 //! table over netlink").
 
 use crate::error::Failure;
