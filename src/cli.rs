@@ -134,15 +134,20 @@ pub enum Command {
 #[derive(FromArgs, Debug, PartialEq, Default)]
 #[argh(subcommand, name = "run")]
 pub struct RunArgs {
+    /// the Envoy-based proxy: istio, consul, kuma, envoy-gateway or contour, which sets the
+    /// defaults of --admin, --ignore-ports and --drain to that proxy's (default: istio)
+    #[argh(option)]
+    pub preset: Option<String>,
+
     /// the address of Envoy's admin API, whose listener also tells the proc source which process
     /// is Envoy: host:port, [::1]:port, http://host:port, or unix:PATH for a Unix socket, where
-    /// a * in PATH must match one file (default: 127.0.0.1:15000)
+    /// a * in PATH must match one file (default: the preset's, 127.0.0.1:15000 for istio)
     #[argh(option)]
     pub admin: Option<String>,
 
     /// which listeners to drain: inbound, all or none; or agent: ask Istio's agent, as Istio's
     /// native-sidecar preStop does, which drains inbound and later stops the proxy at once on
-    /// SIGTERM (default: inbound)
+    /// SIGTERM (default: inbound; all for the envoy-gateway and contour presets)
     #[argh(option)]
     pub drain: Option<String>,
 
@@ -182,8 +187,8 @@ pub struct RunArgs {
     #[argh(option)]
     pub exit_at: Option<String>,
 
-    /// comma-separated ports whose connections never count; empty ignores none
-    /// (default: Istio's 15000,15004,15010,15012,15014,15020,15021,15053,15090)
+    /// comma-separated ports whose connections never count; empty ignores none (default: the
+    /// preset's own, for istio 15000,15004,15010,15012,15014,15020,15021,15053,15090)
     #[argh(option)]
     pub ignore_ports: Option<String>,
 
@@ -233,9 +238,14 @@ pub struct RunArgs {
 #[derive(FromArgs, Debug, PartialEq, Default)]
 #[argh(subcommand, name = "status")]
 pub struct StatusArgs {
+    /// the Envoy-based proxy: istio, consul, kuma, envoy-gateway or contour, which sets the
+    /// defaults of --admin, --ignore-ports and --drain to that proxy's (default: istio)
+    #[argh(option)]
+    pub preset: Option<String>,
+
     /// the address of Envoy's admin API, whose listener also tells the proc source which process
     /// is Envoy: host:port, [::1]:port, http://host:port, or unix:PATH for a Unix socket, where
-    /// a * in PATH must match one file (default: 127.0.0.1:15000)
+    /// a * in PATH must match one file (default: the preset's, 127.0.0.1:15000 for istio)
     #[argh(option)]
     pub admin: Option<String>,
 
@@ -247,8 +257,8 @@ pub struct StatusArgs {
     #[argh(option)]
     pub count: Option<String>,
 
-    /// comma-separated ports whose connections never count; empty ignores none
-    /// (default: Istio's 15000,15004,15010,15012,15014,15020,15021,15053,15090)
+    /// comma-separated ports whose connections never count; empty ignores none (default: the
+    /// preset's own, for istio 15000,15004,15010,15012,15014,15020,15021,15053,15090)
     #[argh(option)]
     pub ignore_ports: Option<String>,
 

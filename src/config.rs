@@ -4,13 +4,13 @@
 use crate::cli::{RunArgs, StatusArgs};
 use crate::count::Unit;
 use crate::error::UsageError;
-use crate::lists::{ISTIO_INFRA_PORTS, Names, PortSet};
+use crate::lists::{Names, PortSet};
+use crate::preset::{self, Preset};
 use crate::source::admin::Address;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub const DEFAULT_ADMIN: &str = "127.0.0.1:15000";
 pub const DEFAULT_AGENT: &str = "127.0.0.1:15020";
 pub const DEFAULT_MIN_DRAIN: Duration = Duration::from_secs(5);
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(25);
@@ -64,6 +64,8 @@ pub enum Mode {
 /// What both commands need to count.
 #[derive(Debug, Clone)]
 pub struct Counting {
+    /// The proxy whose defaults apply.
+    pub preset: Preset,
     pub admin: Address,
     pub mode: Mode,
     pub unit: Unit,
@@ -157,6 +159,27 @@ pub fn parse_addr(name: &'static str, value: &str) -> Result<SocketAddr, UsageEr
         Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port))
     } else {
         Err(bad())
+    }
+}
+
+/// A flag that needs Istio's agent, under a preset without one.
+fn no_agent(name: &'static str, value: &str, preset: Preset) -> UsageError {
+    UsageError::new(
+        name,
+        value,
+        format!(
+            "no Istio agent with --preset {}: only istio has one (to stop such a proxy, \
+             the kubelet's SIGTERM to its container does)",
+            preset.name
+        ),
+    )
+}
+
+/// `--preset`: istio when not given.
+fn parse_preset(value: Option<&str>) -> Result<Preset, UsageError> {
+    match value {
+        None => Ok(preset::ISTIO),
+        Some(v) => preset::find(v).ok_or_else(|| UsageError::new("--preset", v, preset::names())),
     }
 }
 
@@ -263,6 +286,7 @@ fn ports(name: &'static str, value: &str) -> Result<PortSet, UsageError> {
 
 /// The flags both commands share, as given.
 struct CountingArgs<'a> {
+    preset: Option<&'a str>,
     admin: Option<&'a str>,
     source: Option<&'a str>,
     count: Option<&'a str>,
@@ -274,6 +298,7 @@ struct CountingArgs<'a> {
 
 fn counting(a: CountingArgs<'_>) -> Result<Counting, UsageError> {
     let CountingArgs {
+        preset,
         admin,
         source,
         count,
@@ -282,6 +307,7 @@ fn counting(a: CountingArgs<'_>) -> Result<Counting, UsageError> {
         ignore_clusters,
         proc_net,
     } = a;
+    let preset = parse_preset(preset)?;
     let mode = match source.unwrap_or("auto") {
         "auto" => Mode::Auto,
         "stats" => Mode::Stats,
@@ -326,10 +352,11 @@ fn counting(a: CountingArgs<'_>) -> Result<Counting, UsageError> {
         })?,
     };
     Ok(Counting {
-        admin: parse_admin(admin.unwrap_or(DEFAULT_ADMIN))?,
+        preset,
+        admin: parse_admin(admin.unwrap_or(preset.admin))?,
         mode,
         unit,
-        ignore: ports("--ignore-ports", ignore.unwrap_or(ISTIO_INFRA_PORTS))?,
+        ignore: ports("--ignore-ports", ignore.unwrap_or(preset.ignore_ports))?,
         only,
         ignore_clusters,
         proc_net: match proc_net {
@@ -349,6 +376,7 @@ fn counting(a: CountingArgs<'_>) -> Result<Counting, UsageError> {
 macro_rules! counting_args {
     ($a:expr) => {
         CountingArgs {
+            preset: $a.preset.as_deref(),
             admin: $a.admin.as_deref(),
             source: $a.source.as_deref(),
             count: $a.count.as_deref(),
@@ -375,12 +403,16 @@ pub fn run_config(
     if let Some(unit) = pod.count {
         counting.unit = unit;
     }
-    let drain = match a.drain.as_deref().unwrap_or("inbound") {
-        "inbound" => Drain::Inbound,
-        "all" => Drain::All,
-        "none" => Drain::None,
-        "agent" => Drain::Agent,
-        other => {
+    let drain = match a.drain.as_deref() {
+        None => counting.preset.drain,
+        Some("inbound") => Drain::Inbound,
+        Some("all") => Drain::All,
+        Some("none") => Drain::None,
+        Some("agent") if !counting.preset.agent => {
+            return Err(no_agent("--drain", "agent", counting.preset));
+        }
+        Some("agent") => Drain::Agent,
+        Some(other) => {
             return Err(UsageError::new(
                 "--drain",
                 other,
@@ -471,6 +503,9 @@ pub fn run_config(
         })?,
     };
     let agent = parse_addr("--agent", a.agent.as_deref().unwrap_or(DEFAULT_AGENT))?;
+    if a.then_quit && !counting.preset.agent {
+        return Err(no_agent("--then-quit", "true", counting.preset));
+    }
     Ok(RunConfig {
         counting,
         drain,
@@ -557,6 +592,7 @@ mod tests {
         for (k, value) in pairs {
             let v = Some(value.to_string());
             match *k {
+                "preset" => a.preset = v,
                 "admin" => a.admin = v,
                 "drain" => a.drain = v,
                 "source" => a.source = v,
@@ -808,6 +844,49 @@ mod tests {
         assert_eq!(c.drain, Drain::Agent);
         assert_eq!(c.drain.path(), None, "nothing is sent to Envoy's admin API");
         assert_eq!(c.agent.to_string(), "127.0.0.1:15099");
+    }
+
+    #[test]
+    fn a_preset_sets_the_proxys_admin_api_own_ports_and_drain_and_flags_still_win() {
+        let c = run_config(&args(&[("preset", "contour")]), &no_env).unwrap();
+        assert_eq!(c.counting.admin.to_string(), "unix:/admin/admin.sock");
+        assert!(c.counting.ignore.contains(8002) && c.counting.ignore.contains(9001));
+        assert!(
+            !c.counting.ignore.contains(15021),
+            "Istio's ports are not Contour's"
+        );
+        assert_eq!(
+            c.drain,
+            Drain::All,
+            "a gateway's listeners have no direction"
+        );
+        let c = run_config(&args(&[("preset", "consul")]), &no_env).unwrap();
+        assert_eq!(c.counting.admin.to_string(), "127.0.0.1:19000");
+        assert_eq!(c.drain, Drain::Inbound);
+        let given = args(&[
+            ("preset", "envoy-gateway"),
+            ("admin", "127.0.0.1:9000"),
+            ("ignore-ports", "9001"),
+            ("drain", "none"),
+        ]);
+        let c = run_config(&given, &no_env).unwrap();
+        assert_eq!(c.counting.admin.to_string(), "127.0.0.1:9000");
+        assert!(c.counting.ignore.contains(9001) && !c.counting.ignore.contains(19001));
+        assert_eq!(c.drain, Drain::None);
+        let istio = run_config(&args(&[]), &no_env).unwrap();
+        assert_eq!(istio.counting.preset, preset::ISTIO, "the default");
+        assert!(err(&[("preset", "linkerd")]).ends_with(
+            "invalid value 'linkerd' for --preset: expected istio, consul, kuma, envoy-gateway or contour"
+        ));
+        let e = err(&[("preset", "kuma"), ("drain", "agent")]);
+        assert!(e.contains("no Istio agent with --preset kuma"), "{e}");
+        let mut a = args(&[("preset", "consul")]);
+        a.then_quit = true;
+        let e = run_config(&a, &no_env).unwrap_err().to_string();
+        assert!(
+            e.starts_with("invalid value 'true' for --then-quit: expected no Istio agent"),
+            "{e}"
+        );
     }
 
     #[test]

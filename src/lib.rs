@@ -1,5 +1,5 @@
 //! envoy-drain's parts, in the order a run flows through them: the command line (cli) becomes a
-//! checked configuration (config, lists); the sources (source/: the admin client, the parsers of
+//! checked configuration (config, lists, and preset for each proxy's defaults); the sources (source/: the admin client, the parsers of
 //! Envoy's stats and /clusters, the socket table read over netlink or as text and the rule that
 //! counts it, and the one decision between them) make a count (count); the wait (wait) turns
 //! counts and time into an outcome (outcome); text words all of it; run, status and install are
@@ -14,6 +14,7 @@ pub mod install;
 pub mod lists;
 pub mod log;
 pub mod outcome;
+pub mod preset;
 pub mod run;
 pub mod signals;
 pub mod source;

@@ -649,3 +649,67 @@ fn fail_healthcheck_makes_envoy_answer_503_before_the_drain_and_status_shows_it(
         );
     });
 }
+
+#[test]
+#[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
+fn the_contour_preset_counts_the_traffic_listener_and_never_contours_own() {
+    scenario(|bin| {
+        let _app = App::start(APP, false);
+        let envoy = Envoy::start(
+            &bin,
+            Options {
+                merge: Some("tests/envoy/contour-like.yaml"),
+                admin_on_unix_socket: true,
+                ..Options::default()
+            },
+        );
+        let admin = format!("unix:{}", envoy.admin_socket().display());
+        let preset = ["--preset", "contour", "--admin", &admin];
+        let mut own = Vec::new();
+        for addr in ["127.0.0.1:8002", "127.0.0.1:9001"] {
+            let mut c = Conn::open(addr).unwrap();
+            assert_eq!(c.get("/ready").unwrap().status, 200);
+            own.push(c);
+        }
+        let status = |extra: &[&str]| run(command(&[&["status"], &preset[..], extra].concat()));
+        let out = status(&[]);
+        assert!(
+            out.stdout
+                .contains("run would count 0 active connections (from stats)"),
+            "Contour's own listeners never count {out}"
+        );
+        let mut traffic = Conn::open("127.0.0.1:18080").unwrap();
+        assert_eq!(traffic.get("/delay/0").unwrap().status, 200);
+        let out = status(&[]);
+        assert!(
+            out.stdout
+                .contains("run would count 1 active connection (from stats)"),
+            "{out}"
+        );
+        drop(traffic);
+        // Requests: one of Contour's own in flight never holds the hook, the traffic's does.
+        let theirs = in_flight("127.0.0.1:8002", "/slow");
+        let ours = in_flight("127.0.0.1:18080", "/delay/1");
+        let mut args = vec!["run", "--count", "requests", "--min-drain", "0s"];
+        args.extend_from_slice(&preset);
+        let hook = spawn(command(&args));
+        let out = hook.finish();
+        let (resp, ended) = ours.join().unwrap().unwrap();
+        assert_eq!(resp.status, 200, "the drain let the request finish");
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(out.ended >= ended, "the hook waited for the request {out}");
+        assert!(
+            out.stderr.contains(&format!(
+                "draining all listeners (POST /drain_listeners?graceful&skip_exit on {admin})"
+            )),
+            "a gateway's listeners carry no direction: all of them drain {out}"
+        );
+        let (resp, their_end) = theirs.join().unwrap().unwrap();
+        assert_eq!(resp.status, 200);
+        assert!(
+            out.ended < their_end,
+            "Contour's own 2 s request on 8002 did not hold the hook {out}"
+        );
+        drop(own);
+    });
+}

@@ -65,6 +65,8 @@ pub struct Sources {
     pub admin: Client,
     /// `--ignore-ports`, which the stats apply to listener names.
     ignore: PortSet,
+    /// The proxy's own HTTP connection managers, whose requests never count.
+    own_hcms: &'static [&'static str],
     clusters: clusters::Rule,
     table: SocketTable,
     /// How long the last look waited on Envoy's admin API: what the count cost Envoy's main
@@ -91,6 +93,7 @@ impl Sources {
             unit: c.unit,
             admin: Client::new(c.admin.clone()),
             ignore: c.ignore.clone(),
+            own_hcms: c.preset.own_hcms,
             clusters: clusters::Rule {
                 ignore_clusters: c.ignore_clusters.clone(),
                 ignore_ports: c.ignore.clone(),
@@ -203,7 +206,7 @@ impl Sources {
             .stats_timeout
             .min(until.saturating_duration_since(Instant::now()));
         let asked = Instant::now();
-        let mut lines = stats::Lines::new(&self.ignore);
+        let mut lines = stats::Lines::new(&self.ignore, self.own_hcms);
         let got = self
             .admin
             .get_lines(self.stats_path(), timeout, admin::BODY_LIMIT, |l| {
@@ -334,6 +337,7 @@ mod tests {
 
     fn sources(mode: Mode, proc_net: PathBuf) -> Sources {
         Sources::new(&Counting {
+            preset: crate::preset::ISTIO,
             admin: refused().into(),
             mode,
             unit: Unit::Connections,

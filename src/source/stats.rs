@@ -25,11 +25,6 @@ const ADMIN_LINE: &str = "listener.admin.downstream_cx_active";
 /// Always present when request stats are enabled: our own request is in flight while Envoy answers.
 const ADMIN_RQ_LINE: &str = "http.admin.downstream_rq_active";
 
-/// HTTP connection managers that carry no application traffic: the admin API's, and those of
-/// Istio's health (15021) and Prometheus (15090) listeners, whose stat prefixes are "agent" and
-/// "stats" in Istio's bootstrap template (istio/istio, tools/packaging/common/envoy_bootstrap.json).
-const INFRA_HCMS: [&str; 3] = ["admin", "agent", "stats"];
-
 /// A gauge above this has wrapped below zero (istio/istio #49229); it means 0.
 const WRAPPED: u64 = 1 << 63;
 
@@ -78,6 +73,8 @@ pub struct Hcm {
 #[derive(Debug)]
 pub struct Lines {
     ignore: PortSet,
+    /// The proxy's own HTTP connection managers, whose requests never count (`Preset::own_hcms`).
+    own_hcms: &'static [&'static str],
     /// Why the answer cannot be used, from its first line that is not `<name>: <count>`:
     /// nothing is counted from such an answer.
     unreadable: Option<Unusable>,
@@ -97,10 +94,12 @@ pub struct Lines {
 }
 
 impl Lines {
-    /// Reads an answer with the listeners on `ignore`'s ports left out.
-    pub fn new(ignore: &PortSet) -> Lines {
+    /// Reads an answer with the listeners on `ignore`'s ports and the HTTP connection managers
+    /// named in `own_hcms` left out.
+    pub fn new(ignore: &PortSet, own_hcms: &'static [&'static str]) -> Lines {
         Lines {
             ignore: ignore.clone(),
+            own_hcms,
             unreadable: None,
             admin: (false, false),
             parts: Vec::new(),
@@ -157,7 +156,7 @@ impl Lines {
                 }),
                 None => add_up(&mut self.more_parts, n),
             }
-        } else if let Some((prefix, is_request)) = hcm_stat(name) {
+        } else if let Some((prefix, is_request)) = hcm_stat(name, self.own_hcms) {
             let hcm = match self.index.get(prefix) {
                 Some(&i) => &mut self.hcms[i],
                 None if self.hcms.len() < KEPT => {
@@ -293,9 +292,9 @@ fn gauge(line: &str) -> Option<(&str, u64)> {
     Some((name, value.parse().ok()?))
 }
 
-/// `http.<prefix>.downstream_rq_active` or `..._cx_active` of a manager that carries traffic:
-/// its prefix, and whether it is the request line.
-fn hcm_stat(name: &str) -> Option<(&str, bool)> {
+/// `http.<prefix>.downstream_rq_active` or `..._cx_active` of a manager that carries traffic (not
+/// one of `own`): its prefix, and whether it is the request line.
+fn hcm_stat<'a>(name: &'a str, own: &[&str]) -> Option<(&'a str, bool)> {
     let rest = name.strip_prefix("http.")?;
     let (prefix, is_request) = match (
         rest.strip_suffix(".downstream_rq_active"),
@@ -305,12 +304,12 @@ fn hcm_stat(name: &str) -> Option<(&str, bool)> {
         (None, Some(p)) => (p, false),
         (None, None) => return None,
     };
-    (!prefix.is_empty() && !INFRA_HCMS.contains(&prefix)).then_some((prefix, is_request))
+    (!prefix.is_empty() && !own.contains(&prefix)).then_some((prefix, is_request))
 }
 
-/// A whole answer's `Lines`.
+/// A whole answer's `Lines`, read as for Istio.
 fn lines(body: &str, ignore: &PortSet) -> Lines {
-    let mut lines = Lines::new(ignore);
+    let mut lines = Lines::new(ignore, crate::preset::ISTIO.own_hcms);
     for line in body.lines() {
         lines.add(line);
     }
@@ -635,6 +634,43 @@ listener.admin.downstream_cx_active: 1
             panic!("unreadable");
         };
         assert!(line.chars().count() < 90, "{line}");
+    }
+
+    #[test]
+    fn a_proxys_own_http_managers_never_count_requests() {
+        let body = "http.admin.downstream_cx_active: 1
+http.admin.downstream_rq_active: 1
+http.ingress_http.downstream_cx_active: 2
+http.ingress_http.downstream_rq_active: 1
+http.stats-health.downstream_cx_active: 1
+http.stats-health.downstream_rq_active: 1
+listener.0.0.0.0_8002.downstream_cx_active: 1
+listener.0.0.0.0_8080.downstream_cx_active: 2
+listener.admin.downstream_cx_active: 1
+";
+        let contour = crate::preset::find("contour").unwrap();
+        let mut lines = Lines::new(
+            &PortSet::parse(contour.ignore_ports).unwrap(),
+            contour.own_hcms,
+        );
+        for line in body.lines() {
+            lines.add(line);
+        }
+        let (a, hcms) = lines.requests(&lines.connections().unwrap()).unwrap();
+        assert_eq!(
+            a.count.total, 1,
+            "the health check in flight on 8002 is Contour's own"
+        );
+        assert_eq!(hcms.len(), 1);
+        // Read as Istio's, the same answer counts it.
+        assert_eq!(
+            parse_requests(body, &PortSet::default())
+                .unwrap()
+                .0
+                .count
+                .total,
+            2
+        );
     }
 
     #[test]
