@@ -92,7 +92,9 @@ impl SocketTable {
     /// open sockets are counted as they come: the table is never held whole.
     pub fn count(&mut self, until: Instant) -> Result<Count, String> {
         let (listening, open) = self.read_listening(until)?;
-        let (envoy, basis) = self.envoy(&listening, until);
+        // Looked up once: on a Unix socket it reads /proc/net/unix.
+        let admin = self.admin_socket(&listening);
+        let (envoy, basis) = self.envoy(admin, until);
         self.listeners.learn(&listening, &envoy);
         let rule = Rule {
             filter: &self.filter,
@@ -108,7 +110,7 @@ impl SocketTable {
         };
         let (count, owners) = tally.count(relist);
         let mut count = count.with_basis(basis);
-        self.pod = Some(self.pod_of(&listening, owners));
+        self.pod = Some(pod_of(admin, owners));
         if let Reader::Text { why: Some(why), .. } = &self.reader {
             count.warnings.push(format!(
                 "netlink sock_diag is unavailable ({why}): reading {}/tcp and tcp6 instead",
@@ -129,19 +131,7 @@ impl SocketTable {
         let mut tally = Tally::new(&listening, None, false);
         read_open(&self.reader, open, until, &mut tally)?;
         let (_, owners) = tally.count(|| None);
-        Ok(self.pod_of(&listening, owners))
-    }
-
-    /// The app's sockets: those of other users than the proxy's, which is the admin listener's
-    /// owner, else this process's (a preStop runs as the proxy container's user).
-    fn pod_of(&self, listening: &Table, mut owners: BTreeMap<u32, u64>) -> Pod {
-        let proxy = match self.admin_socket(listening) {
-            Some((uid, _)) => uid,
-            // SAFETY: geteuid has no preconditions and cannot fail.
-            None => unsafe { libc::geteuid() },
-        };
-        owners.remove(&proxy);
-        Pod { others: owners }
+        Ok(pod_of(self.admin_socket(&listening), owners))
     }
 
     /// Forgets the sockets of the last count, so that `pod` reads them afresh.
@@ -183,9 +173,13 @@ impl SocketTable {
     }
 
     /// Who Envoy is, and how that was found.
-    fn envoy(&mut self, table: &Table, until: Instant) -> (Envoy, Basis) {
+    fn envoy(
+        &mut self,
+        admin_socket: Option<(u32, Option<u64>)>,
+        until: Instant,
+    ) -> (Envoy, Basis) {
         let admin = self.admin.clone();
-        let Some((uid, inode)) = self.admin_socket(table) else {
+        let Some((uid, inode)) = admin_socket else {
             return (Envoy::Unknown, Basis::Unknown { admin });
         };
         let found = match (&self.proc_root, inode) {
@@ -242,6 +236,19 @@ impl SocketTable {
             .and_then(read)
             .unwrap_or(DEFAULT_EPHEMERAL)
     }
+}
+
+/// The app's sockets: those of other users than the proxy's, which is the admin socket's owner
+/// (`SocketTable::admin_socket`), else this process's (a preStop runs as the proxy container's
+/// user).
+fn pod_of(admin_socket: Option<(u32, Option<u64>)>, mut owners: BTreeMap<u32, u64>) -> Pod {
+    let proxy = match admin_socket {
+        Some((uid, _)) => uid,
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        None => unsafe { libc::geteuid() },
+    };
+    owners.remove(&proxy);
+    Pod { others: owners }
 }
 
 /// The open sockets into `sink`: the text tables' as read with the listening ones, else a dump
