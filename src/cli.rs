@@ -135,7 +135,8 @@ pub enum Command {
 #[argh(subcommand, name = "run")]
 pub struct RunArgs {
     /// the Envoy-based proxy: istio, consul, kuma, envoy-gateway or contour, which sets the
-    /// defaults of --admin, --ignore-ports and --drain to that proxy's (default: istio)
+    /// defaults of --admin, --ignore-ports and --drain to that proxy's, and which of its
+    /// listeners, HTTP managers and clusters are its own, never counted (default: istio)
     #[argh(option)]
     pub preset: Option<String>,
 
@@ -198,8 +199,9 @@ pub struct RunArgs {
     pub ports: Option<String>,
 
     /// with --count requests from /clusters: comma-separated clusters whose requests never
-    /// count, as names or name* prefixes, for exporters of your own; Istio's own (xds-grpc,
-    /// sds-grpc, agent and the like) never count (default: none)
+    /// count, as names or name* prefixes, for exporters of your own; the preset's own (its xDS
+    /// stream, exporters, for istio xds-grpc, sds-grpc, agent and the like) never count
+    /// (default: none)
     #[argh(option)]
     pub ignore_clusters: Option<String>,
 
@@ -239,7 +241,8 @@ pub struct RunArgs {
 #[argh(subcommand, name = "status")]
 pub struct StatusArgs {
     /// the Envoy-based proxy: istio, consul, kuma, envoy-gateway or contour, which sets the
-    /// defaults of --admin, --ignore-ports and --drain to that proxy's (default: istio)
+    /// defaults of --admin, --ignore-ports and --drain to that proxy's, and which of its
+    /// listeners, HTTP managers and clusters are its own, never counted (default: istio)
     #[argh(option)]
     pub preset: Option<String>,
 

@@ -51,10 +51,15 @@ impl Names {
     }
 
     pub fn matches(&self, cluster: &str) -> bool {
-        self.0.iter().any(|n| match n.strip_suffix('*') {
-            Some(prefix) => cluster.starts_with(prefix),
-            None => cluster == n,
-        })
+        self.0.iter().any(|n| matches(n, cluster))
+    }
+}
+
+/// Whether `name` is `pattern`, or starts with it when it ends in `*`.
+pub fn matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name == pattern,
     }
 }
 

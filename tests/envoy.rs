@@ -9,7 +9,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use support::app::App;
-use support::envoy::{self, APP, Envoy, HEALTH, INBOUND, OUTBOUND, Options};
+use support::envoy::{self, APP, Admin, Envoy, HEALTH, INBOUND, OUTBOUND, Options};
 use support::http::{Conn, H2, in_flight};
 use support::netns::in_private_netns;
 use support::{command, run, spawn};
@@ -117,7 +117,7 @@ fn without_connection_stats_run_counts_sockets_and_still_waits_for_requests() {
     scenario(|bin| {
         // In a pod being deleted the app stops too: it closes each connection after answering.
         let app = App::start(APP, true);
-        let merge = Some("tests/envoy/no-connection-stats.yaml");
+        let merge = vec!["tests/envoy/no-connection-stats.yaml"];
         let _envoy = Envoy::start(
             &bin,
             Options {
@@ -500,7 +500,7 @@ fn with_connection_stats_only_requests_come_from_clusters_and_an_idle_connection
     // gauge. Envoy's per-host counters still know the requests in flight.
     scenario(|bin| {
         let app = App::start(APP, false);
-        let merge = Some("tests/envoy/cx-stats-only.yaml");
+        let merge = vec!["tests/envoy/cx-stats-only.yaml"];
         let _envoy = Envoy::start(
             &bin,
             Options {
@@ -549,7 +549,7 @@ fn an_admin_api_on_a_unix_socket_is_asked_and_tells_envoys_sockets_apart() {
         let envoy = Envoy::start(
             &bin,
             Options {
-                admin_on_unix_socket: true,
+                admin: Admin::Unix,
                 ..Options::default()
             },
         );
@@ -650,66 +650,155 @@ fn fail_healthcheck_makes_envoy_answer_503_before_the_drain_and_status_shows_it(
     });
 }
 
+/// An Envoy-based proxy's shape of bootstrap, for its preset's suite: where its admin API is,
+/// where its traffic comes in, its own listeners, and the own listener whose `/slow` is a request
+/// of its own in flight (2 s, on one of its own clusters).
+struct Shape {
+    preset: &'static str,
+    yaml: &'static str,
+    admin: Admin,
+    traffic: &'static str,
+    own: &'static [&'static str],
+    own_slow: &'static str,
+    drains: &'static str,
+}
+
+/// A preset's suite, on its proxy's shape: with Envoy's stats, then with none (Istio's stats
+/// matcher), where the count comes from the socket table and the requests from /clusters. Both
+/// times the proxy's own listeners never count, the traffic's connection does, and a request of
+/// the traffic's holds `run` until it ends while one of the proxy's own does not.
+fn preset_suite(shape: Shape) {
+    scenario(move |bin| {
+        for stats in [true, false] {
+            let what = if stats { "stats" } else { "no stats" };
+            let app = App::start(APP, false);
+            let mut merge = vec![shape.yaml];
+            if !stats {
+                merge.push("tests/envoy/no-connection-stats.yaml");
+            }
+            let envoy = Envoy::start(
+                &bin,
+                Options {
+                    merge,
+                    admin: shape.admin,
+                    ..Options::default()
+                },
+            );
+            // The preset's own --admin, but for the Unix socket's directory, which is the test's.
+            let mut preset = vec!["--preset", shape.preset];
+            let socket = format!("unix:{}", envoy.admin_socket().display());
+            if shape.admin == Admin::Unix {
+                preset.extend(["--admin", &socket]);
+            }
+            let status = || run(command(&[&["status"][..], &preset].concat()));
+            let source = if stats { "stats" } else { "proc" };
+            let mut own = Vec::new();
+            for addr in shape.own {
+                let mut c = Conn::open(addr).unwrap();
+                assert_eq!(c.get("/ready").unwrap().status, 200, "{addr}");
+                own.push(c);
+            }
+            let out = status();
+            assert!(
+                out.stdout
+                    .contains("run would count 0 active connections (from "),
+                "{what}: the proxy's own listeners never count {out}"
+            );
+            let mut traffic = Conn::open(shape.traffic).unwrap();
+            assert_eq!(traffic.get("/delay/0").unwrap().status, 200);
+            let out = status();
+            assert!(
+                out.stdout.contains(&format!(
+                    "run would count 1 active connection (from {source}"
+                )),
+                "{what}: the traffic's connection counts {out}"
+            );
+            drop(traffic);
+            // Requests: one of the proxy's own in flight never holds the hook, the traffic's does.
+            let theirs = in_flight(shape.own_slow, "/slow");
+            let ours = in_flight(shape.traffic, "/delay/1");
+            app.wait_received(3, 10 * SECOND);
+            let mut args = vec!["run", "--count", "requests", "--min-drain", "0s"];
+            args.extend_from_slice(&preset);
+            let out = spawn(command(&args)).finish();
+            let (resp, ended) = ours.join().unwrap().unwrap();
+            assert_eq!(resp.status, 200, "{what}: the drain let the request finish");
+            assert_eq!(out.code, Some(0), "{what} {out}");
+            assert!(
+                out.ended >= ended,
+                "{what}: the hook waited for the request {out}"
+            );
+            assert!(out.stderr.contains(shape.drains), "{what} {out}");
+            if !stats {
+                assert!(
+                    out.stderr
+                        .contains("counting requests in flight from Envoy's /clusters instead"),
+                    "{what} {out}"
+                );
+            }
+            let (resp, their_end) = theirs.join().unwrap().unwrap();
+            assert_eq!(resp.status, 200);
+            assert!(
+                out.ended < their_end,
+                "{what}: the proxy's own 2 s request did not hold the hook {out}"
+            );
+            drop(own);
+        }
+    });
+}
+
 #[test]
 #[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
-fn the_contour_preset_counts_the_traffic_listener_and_never_contours_own() {
-    scenario(|bin| {
-        let _app = App::start(APP, false);
-        let envoy = Envoy::start(
-            &bin,
-            Options {
-                merge: Some("tests/envoy/contour-like.yaml"),
-                admin_on_unix_socket: true,
-                ..Options::default()
-            },
-        );
-        let admin = format!("unix:{}", envoy.admin_socket().display());
-        let preset = ["--preset", "contour", "--admin", &admin];
-        let mut own = Vec::new();
-        for addr in ["127.0.0.1:8002", "127.0.0.1:9001"] {
-            let mut c = Conn::open(addr).unwrap();
-            assert_eq!(c.get("/ready").unwrap().status, 200);
-            own.push(c);
-        }
-        let status = |extra: &[&str]| run(command(&[&["status"], &preset[..], extra].concat()));
-        let out = status(&[]);
-        assert!(
-            out.stdout
-                .contains("run would count 0 active connections (from stats)"),
-            "Contour's own listeners never count {out}"
-        );
-        let mut traffic = Conn::open("127.0.0.1:18080").unwrap();
-        assert_eq!(traffic.get("/delay/0").unwrap().status, 200);
-        let out = status(&[]);
-        assert!(
-            out.stdout
-                .contains("run would count 1 active connection (from stats)"),
-            "{out}"
-        );
-        drop(traffic);
-        // Requests: one of Contour's own in flight never holds the hook, the traffic's does.
-        let theirs = in_flight("127.0.0.1:8002", "/slow");
-        let ours = in_flight("127.0.0.1:18080", "/delay/1");
-        let mut args = vec!["run", "--count", "requests", "--min-drain", "0s"];
-        args.extend_from_slice(&preset);
-        let hook = spawn(command(&args));
-        let out = hook.finish();
-        let (resp, ended) = ours.join().unwrap().unwrap();
-        assert_eq!(resp.status, 200, "the drain let the request finish");
-        assert_eq!(out.code, Some(0), "{out}");
-        assert!(out.ended >= ended, "the hook waited for the request {out}");
-        assert!(
-            out.stderr.contains(&format!(
-                "draining all listeners (POST /drain_listeners?graceful&skip_exit on {admin})"
-            )),
-            "a gateway's listeners carry no direction: all of them drain {out}"
-        );
-        let (resp, their_end) = theirs.join().unwrap().unwrap();
-        assert_eq!(resp.status, 200);
-        assert!(
-            out.ended < their_end,
-            "Contour's own 2 s request on 8002 did not hold the hook {out}"
-        );
-        drop(own);
+fn the_consul_preset_counts_the_public_listener_and_never_consuls_own() {
+    preset_suite(Shape {
+        preset: "consul",
+        yaml: "tests/envoy/consul-like.yaml",
+        admin: Admin::Tcp("127.0.0.1:19000"),
+        traffic: "127.0.0.1:20000",
+        own: &["127.0.0.1:20200", "127.0.0.1:21000"],
+        own_slow: "127.0.0.1:20200",
+        drains: "draining inbound listeners (POST http://127.0.0.1:19000/drain_listeners?inboundonly&graceful&skip_exit)",
+    });
+}
+
+#[test]
+#[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
+fn the_kuma_preset_counts_the_inbound_listener_and_never_kumas_own() {
+    preset_suite(Shape {
+        preset: "kuma",
+        yaml: "tests/envoy/kuma-like.yaml",
+        admin: Admin::Unix,
+        traffic: "127.0.0.1:18080",
+        own: &["127.0.0.1:9901", "127.0.0.1:5670"],
+        own_slow: "127.0.0.1:5670",
+        drains: "draining inbound listeners (POST /drain_listeners?inboundonly&graceful&skip_exit on unix:",
+    });
+}
+
+#[test]
+#[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
+fn the_envoy_gateway_preset_drains_all_counts_the_gateway_listener_and_never_its_own() {
+    preset_suite(Shape {
+        preset: "envoy-gateway",
+        yaml: "tests/envoy/envoy-gateway-like.yaml",
+        admin: Admin::Tcp("127.0.0.1:19000"),
+        traffic: "127.0.0.1:10080",
+        own: &["127.0.0.1:19001", "127.0.0.1:19003"],
+        own_slow: "127.0.0.1:19001",
+        drains: "draining all listeners (POST http://127.0.0.1:19000/drain_listeners?graceful&skip_exit)",
+    });
+}
+
+#[test]
+#[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
+fn the_contour_preset_drains_all_counts_the_traffic_listener_and_never_contours_own() {
+    preset_suite(Shape {
+        preset: "contour",
+        yaml: "tests/envoy/contour-like.yaml",
+        admin: Admin::Unix,
+        traffic: "127.0.0.1:18080",
+        own: &["127.0.0.1:8002", "127.0.0.1:9001"],
+        own_slow: "127.0.0.1:8002",
+        drains: "draining all listeners (POST /drain_listeners?graceful&skip_exit on unix:",
     });
 }

@@ -7,33 +7,17 @@
 
 use crate::count::{Arrivals, Count, Part, SourceKind, Unit};
 use crate::lists::{Names, PortSet};
+use crate::preset::Preset;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 pub const CLUSTERS_PATH: &str = "/clusters";
 
-/// The clusters Istio's bootstrap adds, none of which carries the pod's traffic: its agent,
-/// Prometheus, certificates, xDS (a gRPC stream held for the pod's whole life), tracers,
-/// telemetry exporters and the self-discovery cluster (istio/istio
-/// `tools/packaging/common/envoy_bootstrap.json`).
-pub const ISTIO_CLUSTERS: [&str; 11] = [
-    "prometheus_stats",
-    "agent",
-    "sds-grpc",
-    "sds-files-grpc",
-    "xds-grpc",
-    "zipkin",
-    "lightstep",
-    "datadog_agent",
-    "envoy_metrics_service",
-    "envoy_accesslog_service",
-    "local_cluster",
-];
-
-/// Which hosts count: not those of Istio's own clusters or of `--ignore-clusters`, not Unix
-/// sockets or internal addresses, and not those on an ignored port.
+/// Which hosts count: not those of the proxy's own clusters (`Preset::own_clusters`) or of
+/// `--ignore-clusters`, not Unix sockets or internal addresses, and not those on an ignored port.
 #[derive(Debug, Clone, Default)]
 pub struct Rule {
+    pub preset: Preset,
     pub ignore_clusters: Names,
     pub ignore_ports: PortSet,
 }
@@ -146,8 +130,8 @@ impl Tally {
                 if let Some(p) = previous {
                     self.close(p);
                 }
-                let left_out = if ISTIO_CLUSTERS.contains(&name) {
-                    Some("Istio's own cluster")
+                let left_out = if rule.preset.owns_cluster(name) {
+                    Some(rule.preset.own_cluster)
                 } else if rule.ignore_clusters.matches(name) {
                     Some("--ignore-clusters")
                 } else {
@@ -243,6 +227,7 @@ mod tests {
 
     fn istio() -> Rule {
         Rule {
+            preset: crate::preset::ISTIO,
             ignore_clusters: Names::default(),
             ignore_ports: PortSet::parse(crate::lists::ISTIO_INFRA_PORTS).unwrap(),
         }
@@ -294,6 +279,38 @@ prometheus_stats::127.0.0.1:15000::rq_active::0
             .find(|c| c.name == "inbound|8080||")
             .unwrap();
         assert_eq!((inbound.requests, inbound.connections), (1, 2));
+    }
+
+    #[test]
+    fn each_proxys_own_clusters_are_shown_and_never_count() {
+        for (preset, own, why) in [
+            ("consul", "consul-dataplane", "Consul's own cluster"),
+            ("kuma", "system_ads", "Kuma's own cluster"),
+            (
+                "kuma",
+                "system_meshmetric_prometheus_default",
+                "Kuma's own cluster",
+            ),
+            (
+                "envoy-gateway",
+                "xds_cluster",
+                "Envoy Gateway's own cluster",
+            ),
+            ("contour", "contour", "Contour's own cluster"),
+        ] {
+            let body =
+                format!("{own}::10.0.0.1:5678::rq_active::1\napp::10.0.0.2:8080::rq_active::1\n");
+            let rule = Rule {
+                preset: crate::preset::find(preset).unwrap(),
+                ..istio()
+            };
+            let a = tally(&body, &rule).unwrap();
+            assert_eq!(a.count.total, 1, "{preset}: only the app's request counts");
+            let c = a.clusters.iter().find(|c| c.name == own).unwrap();
+            assert_eq!((c.requests, c.left_out), (1, Some(why)), "{preset}");
+            // Istio knows none of them: read as Istio's, the stream would hold the hook.
+            assert_eq!(tally(&body, &istio()).unwrap().count.total, 2, "{own}");
+        }
     }
 
     #[test]

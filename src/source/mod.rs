@@ -13,6 +13,7 @@ pub mod uds;
 use crate::config::{Counting, Mode};
 use crate::count::{Count, Unit};
 use crate::lists::PortSet;
+use crate::preset::Preset;
 use admin::Client;
 use clusters::CLUSTERS_PATH;
 use sockets::{Pod, SocketTable};
@@ -65,8 +66,8 @@ pub struct Sources {
     pub admin: Client,
     /// `--ignore-ports`, which the stats apply to listener names.
     ignore: PortSet,
-    /// The proxy's own HTTP connection managers, whose requests never count.
-    own_hcms: &'static [&'static str],
+    /// The proxy's own listeners and HTTP connection managers, which never count.
+    preset: Preset,
     clusters: clusters::Rule,
     table: SocketTable,
     /// How long the last look waited on Envoy's admin API: what the count cost Envoy's main
@@ -93,8 +94,9 @@ impl Sources {
             unit: c.unit,
             admin: Client::new(c.admin.clone()),
             ignore: c.ignore.clone(),
-            own_hcms: c.preset.own_hcms,
+            preset: c.preset,
             clusters: clusters::Rule {
+                preset: c.preset,
                 ignore_clusters: c.ignore_clusters.clone(),
                 ignore_ports: c.ignore.clone(),
             },
@@ -206,7 +208,7 @@ impl Sources {
             .stats_timeout
             .min(until.saturating_duration_since(Instant::now()));
         let asked = Instant::now();
-        let mut lines = stats::Lines::new(&self.ignore, self.own_hcms);
+        let mut lines = stats::Lines::new(&self.ignore, self.preset);
         let got = self
             .admin
             .get_lines(self.stats_path(), timeout, admin::BODY_LIMIT, |l| {

@@ -5,6 +5,7 @@
 use crate::count::shorten;
 use crate::count::{Count, NON_HTTP, Part, SourceKind};
 use crate::lists::PortSet;
+use crate::preset::Preset;
 use std::collections::HashMap;
 
 /// The path and query we ask Envoy for: Istio's pilot-agent's query, so the stat is filtered
@@ -73,8 +74,8 @@ pub struct Hcm {
 #[derive(Debug)]
 pub struct Lines {
     ignore: PortSet,
-    /// The proxy's own HTTP connection managers, whose requests never count (`Preset::own_hcms`).
-    own_hcms: &'static [&'static str],
+    /// The proxy's own listeners and HTTP connection managers, which never count.
+    preset: Preset,
     /// Why the answer cannot be used, from its first line that is not `<name>: <count>`:
     /// nothing is counted from such an answer.
     unreadable: Option<Unusable>,
@@ -94,12 +95,12 @@ pub struct Lines {
 }
 
 impl Lines {
-    /// Reads an answer with the listeners on `ignore`'s ports and the HTTP connection managers
-    /// named in `own_hcms` left out.
-    pub fn new(ignore: &PortSet, own_hcms: &'static [&'static str]) -> Lines {
+    /// Reads an answer with the listeners on `ignore`'s ports and `preset`'s own listeners and
+    /// HTTP connection managers left out.
+    pub fn new(ignore: &PortSet, preset: Preset) -> Lines {
         Lines {
             ignore: ignore.clone(),
-            own_hcms,
+            preset,
             unreadable: None,
             admin: (false, false),
             parts: Vec::new(),
@@ -143,7 +144,7 @@ impl Lines {
         self.admin.0 |= name == ADMIN_LINE;
         self.admin.1 |= name == ADMIN_RQ_LINE;
         if let Some(listener) = listener_name(name) {
-            match skip_reason(listener, &self.ignore) {
+            match skip_reason(listener, &self.ignore, &self.preset) {
                 Some(why) if self.skipped.len() < KEPT => self.skipped.push(Skipped {
                     name: listener.to_string(),
                     active: n,
@@ -156,7 +157,7 @@ impl Lines {
                 }),
                 None => add_up(&mut self.more_parts, n),
             }
-        } else if let Some((prefix, is_request)) = hcm_stat(name, self.own_hcms) {
+        } else if let Some((prefix, is_request)) = hcm_stat(name, &self.preset) {
             let hcm = match self.index.get(prefix) {
                 Some(&i) => &mut self.hcms[i],
                 None if self.hcms.len() < KEPT => {
@@ -293,8 +294,8 @@ fn gauge(line: &str) -> Option<(&str, u64)> {
 }
 
 /// `http.<prefix>.downstream_rq_active` or `..._cx_active` of a manager that carries traffic (not
-/// one of `own`): its prefix, and whether it is the request line.
-fn hcm_stat<'a>(name: &'a str, own: &[&str]) -> Option<(&'a str, bool)> {
+/// one of `preset`'s own): its prefix, and whether it is the request line.
+fn hcm_stat<'a>(name: &'a str, preset: &Preset) -> Option<(&'a str, bool)> {
     let rest = name.strip_prefix("http.")?;
     let (prefix, is_request) = match (
         rest.strip_suffix(".downstream_rq_active"),
@@ -304,12 +305,12 @@ fn hcm_stat<'a>(name: &'a str, own: &[&str]) -> Option<(&'a str, bool)> {
         (None, Some(p)) => (p, false),
         (None, None) => return None,
     };
-    (!prefix.is_empty() && !own.contains(&prefix)).then_some((prefix, is_request))
+    (!prefix.is_empty() && !preset.owns_hcm(prefix)).then_some((prefix, is_request))
 }
 
 /// A whole answer's `Lines`, read as for Istio.
 fn lines(body: &str, ignore: &PortSet) -> Lines {
-    let mut lines = Lines::new(ignore, crate::preset::ISTIO.own_hcms);
+    let mut lines = Lines::new(ignore, crate::preset::ISTIO);
     for line in body.lines() {
         lines.add(line);
     }
@@ -346,9 +347,12 @@ fn listener_name(stat: &str) -> Option<&str> {
     Some(l)
 }
 
-fn skip_reason(listener: &str, ignore: &PortSet) -> Option<&'static str> {
+fn skip_reason(listener: &str, ignore: &PortSet, preset: &Preset) -> Option<&'static str> {
     if listener == "admin" {
         return Some("Envoy's admin listener");
+    }
+    if preset.owns_listener(listener) {
+        return Some("the proxy's own listener");
     }
     if listener.starts_with("envoy_internal_") {
         return Some("Envoy internal listener");
@@ -649,10 +653,7 @@ listener.0.0.0.0_8080.downstream_cx_active: 2
 listener.admin.downstream_cx_active: 1
 ";
         let contour = crate::preset::find("contour").unwrap();
-        let mut lines = Lines::new(
-            &PortSet::parse(contour.ignore_ports).unwrap(),
-            contour.own_hcms,
-        );
+        let mut lines = Lines::new(&PortSet::parse(contour.ignore_ports).unwrap(), contour);
         for line in body.lines() {
             lines.add(line);
         }
@@ -671,6 +672,46 @@ listener.admin.downstream_cx_active: 1
                 .total,
             2
         );
+    }
+
+    #[test]
+    fn kumas_named_listeners_and_managers_never_count() {
+        // Kuma names the listeners of its MeshMetric endpoint and dynamic config by a stat
+        // prefix, not by address, so no port tells them.
+        let body = "http.admin.downstream_cx_active: 1
+http.admin.downstream_rq_active: 1
+http.localhost_8080.downstream_cx_active: 1
+http.localhost_8080.downstream_rq_active: 1
+http.system_meshmetric_prometheus_default.downstream_cx_active: 1
+http.system_meshmetric_prometheus_default.downstream_rq_active: 1
+listener.10.0.0.5_8080.downstream_cx_active: 1
+listener.system_meshmetric_prometheus_default.downstream_cx_active: 1
+listener.system_dynamicconfig.downstream_cx_active: 1
+listener.admin.downstream_cx_active: 1
+";
+        let kuma = crate::preset::find("kuma").unwrap();
+        let mut lines = Lines::new(&PortSet::parse(kuma.ignore_ports).unwrap(), kuma);
+        for line in body.lines() {
+            lines.add(line);
+        }
+        let connections = lines.connections().unwrap();
+        assert_eq!(connections.count.total, 1, "{connections:?}");
+        let whys: Vec<_> = connections.skipped.iter().map(|s| s.why).collect();
+        assert_eq!(
+            whys,
+            [
+                "the proxy's own listener",
+                "the proxy's own listener",
+                "Envoy's admin listener"
+            ]
+        );
+        let (requests, _) = lines.requests(&connections).unwrap();
+        assert_eq!(
+            requests.count.total, 1,
+            "the scrape in flight is Kuma's own"
+        );
+        // Read as Istio's, the scrape and the config poll count.
+        assert_eq!(parse(body, &PortSet::default()).unwrap().count.total, 3);
     }
 
     #[test]

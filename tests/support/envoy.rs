@@ -59,7 +59,12 @@ fn installed() -> PathBuf {
 
 /// Whether the admin API on `ADMIN`, in the caller's network namespace, says LIVE.
 pub fn live() -> bool {
-    Conn::open(ADMIN)
+    live_at(ADMIN)
+}
+
+/// Whether the admin API on `addr` says LIVE.
+fn live_at(addr: &str) -> bool {
+    Conn::open(addr)
         .and_then(|mut c| c.get("/ready"))
         .is_ok_and(|r| r.status == 200)
 }
@@ -95,21 +100,28 @@ pub struct Envoy {
     dir: PathBuf,
 }
 
-/// How to start Envoy: how long its drain lasts, YAML merged over the bootstrap, and whether its
-/// admin API is on a Unix socket (`Envoy::admin_socket`) instead of `ADMIN`, as Contour's and
-/// Kuma's are.
+/// Where Envoy's admin API listens.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Admin {
+    Tcp(&'static str),
+    /// On a Unix socket, `Envoy::admin_socket`, as Contour's and Kuma's are.
+    Unix,
+}
+
+/// How to start Envoy: how long its drain lasts, YAML files merged over the bootstrap (Envoy
+/// takes one --config-yaml: their top-level keys must differ), and where its admin API listens.
 pub struct Options {
     pub drain_time_s: u32,
-    pub merge: Option<&'static str>,
-    pub admin_on_unix_socket: bool,
+    pub merge: Vec<&'static str>,
+    pub admin: Admin,
 }
 
 impl Default for Options {
     fn default() -> Options {
         Options {
             drain_time_s: 5,
-            merge: None,
-            admin_on_unix_socket: false,
+            merge: Vec::new(),
+            admin: Admin::Tcp(ADMIN),
         }
     }
 }
@@ -135,27 +147,38 @@ impl Envoy {
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
-        let mut yaml = opts
+        let mut yaml: String = opts
             .merge
-            .map(|file| std::fs::read_to_string(repo(file)).unwrap())
-            .unwrap_or_default();
-        if opts.admin_on_unix_socket {
-            let path = dir.join("admin.sock");
-            yaml += &format!(
-                "\nadmin: {{ address: {{ pipe: {{ path: {} }} }} }}\n",
-                path.display()
-            );
+            .iter()
+            .map(|file| std::fs::read_to_string(repo(file)).unwrap() + "\n")
+            .collect();
+        match opts.admin {
+            Admin::Tcp(ADMIN) => {}
+            Admin::Tcp(addr) => {
+                let (host, port) = addr.rsplit_once(':').unwrap();
+                yaml += &format!(
+                    "\nadmin: {{ address: {{ socket_address: {{ address: {host}, port_value: {port} }} }} }}\n"
+                );
+            }
+            Admin::Unix => {
+                let path = dir.join("admin.sock");
+                yaml += &format!(
+                    "\nadmin: {{ address: {{ pipe: {{ path: {} }} }} }}\n",
+                    path.display()
+                );
+            }
         }
         if !yaml.is_empty() {
             cmd.args(["--config-yaml", &yaml]);
         }
         let child = cmd.spawn().expect("failed to start Envoy");
         let envoy = Envoy { child, dir };
-        if opts.admin_on_unix_socket {
-            let socket = envoy.admin_socket();
-            envoy.wait(Duration::from_secs(20), || ready_on(&socket));
-        } else {
-            envoy.wait(Duration::from_secs(20), live);
+        match opts.admin {
+            Admin::Tcp(addr) => envoy.wait(Duration::from_secs(20), || live_at(addr)),
+            Admin::Unix => {
+                let socket = envoy.admin_socket();
+                envoy.wait(Duration::from_secs(20), || ready_on(&socket));
+            }
         }
         envoy
     }
