@@ -652,7 +652,7 @@ fn fail_healthcheck_makes_envoy_answer_503_before_the_drain_and_status_shows_it(
 
 /// An Envoy-based proxy's shape of bootstrap, for its preset's suite: where its admin API is,
 /// where its traffic comes in, its own listeners, and the own listener whose `/slow` is a request
-/// of its own in flight (2 s, on one of its own clusters).
+/// of its own in flight (3 s, on one of its own clusters).
 struct Shape {
     preset: &'static str,
     yaml: &'static str,
@@ -713,13 +713,15 @@ fn preset_suite(shape: Shape) {
                 )),
                 "{what}: the traffic's connection counts {out}"
             );
-            drop(traffic);
-            // Requests: one of the proxy's own in flight never holds the hook, the traffic's does.
+            // Requests: one of the proxy's own in flight never holds the hook, the traffic's does,
+            // and the traffic's idle keep-alive connection (a load balancer's pool) does not.
+            let idle = traffic;
             let theirs = in_flight(shape.own_slow, "/slow");
             let ours = in_flight(shape.traffic, "/delay/1");
             app.wait_received(3, 10 * SECOND);
             let mut args = vec!["run", "--count", "requests", "--min-drain", "0s"];
             args.extend_from_slice(&preset);
+            let started = Instant::now();
             let out = spawn(command(&args)).finish();
             let (resp, ended) = ours.join().unwrap().unwrap();
             assert_eq!(resp.status, 200, "{what}: the drain let the request finish");
@@ -728,6 +730,15 @@ fn preset_suite(shape: Shape) {
                 out.ended >= ended,
                 "{what}: the hook waited for the request {out}"
             );
+            // What a connection count (Envoy Gateway's and Contour's own) still sees.
+            let left = status();
+            assert!(
+                left.stdout.contains(&format!(
+                    "run would count 1 active connection (from {source}"
+                )),
+                "{what}: the idle connection outlives the drain {left}"
+            );
+            drop(idle);
             assert!(out.stderr.contains(shape.drains), "{what} {out}");
             if !stats {
                 assert!(
@@ -740,7 +751,16 @@ fn preset_suite(shape: Shape) {
             assert_eq!(resp.status, 200);
             assert!(
                 out.ended < their_end,
-                "{what}: the proxy's own 2 s request did not hold the hook {out}"
+                "{what}: the proxy's own 3 s request did not hold the hook {out}"
+            );
+            // The figures for docs/running.md, shown with --nocapture.
+            println!(
+                "{} ({what}): run ended {} ms after it started and {} ms after the traffic's 1 s \
+                 request, {} ms before the proxy's own 3 s request; an idle connection still open",
+                shape.preset,
+                out.ended.duration_since(started).as_millis(),
+                out.ended.duration_since(ended).as_millis(),
+                their_end.duration_since(out.ended).as_millis(),
             );
             drop(own);
         }
