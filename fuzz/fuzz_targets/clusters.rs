@@ -1,15 +1,20 @@
-//! The /clusters parser on any lines: no panic, and a request count that adds up from what the
-//! kept clusters hold.
+//! The /clusters parser on any lines, read as each preset's (the first byte picks it): no panic,
+//! and a request count that adds up from what the kept clusters hold.
 #![no_main]
 
 use envoy_drain::lists::Names;
-use envoy_drain::source::clusters::{Rule, Tally};
 use envoy_drain::lists::{ISTIO_INFRA_PORTS, PortSet};
+use envoy_drain::preset::PRESETS;
+use envoy_drain::source::clusters::{Rule, Tally};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    let Some((&pick, data)) = data.split_first() else {
+        return;
+    };
     let text = String::from_utf8_lossy(data);
     let rule = Rule {
+        preset: PRESETS[usize::from(pick) % PRESETS.len()],
         ignore_clusters: Names::parse("exporter*,x").expect("the names parse"),
         ignore_ports: PortSet::parse(ISTIO_INFRA_PORTS).expect("the default list parses"),
     };
