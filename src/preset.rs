@@ -1,8 +1,8 @@
 //! `--preset`: the defaults that fit each Envoy-based proxy: where its admin API listens, which of
 //! its ports, listeners, HTTP connection managers and clusters are its own (never counted), which
-//! listeners its drain covers, and whether Istio's agent is there to drain and stop the proxy. Every one is a default
-//! that an explicit flag overrides; `--fail-healthcheck` stays a choice (a switch no preset could
-//! take back). The facts, read from each proxy's source, are in
+//! listeners its drain covers, and whether Istio's agent is there to drain and stop the proxy.
+//! Every one is a default that an explicit flag overrides; `--fail-healthcheck` stays a choice (a
+//! switch no preset could take back). The facts, read from each proxy's source, are in
 //! docs/running.md ("Other Envoy-based proxies").
 
 use crate::config::Drain;

@@ -13,7 +13,6 @@ pub mod uds;
 use crate::config::{Counting, Mode};
 use crate::count::{Count, Unit};
 use crate::lists::PortSet;
-use crate::preset::Preset;
 use admin::Client;
 use clusters::CLUSTERS_PATH;
 use sockets::{Pod, SocketTable};
@@ -66,8 +65,8 @@ pub struct Sources {
     pub admin: Client,
     /// `--ignore-ports`, which the stats apply to listener names.
     ignore: PortSet,
-    /// The proxy's own listeners and HTTP connection managers, which never count.
-    preset: Preset,
+    /// What never counts in /clusters, and the preset whose own listeners and HTTP connection
+    /// managers never count in the stats either.
     clusters: clusters::Rule,
     table: SocketTable,
     /// How long the last look waited on Envoy's admin API: what the count cost Envoy's main
@@ -94,7 +93,6 @@ impl Sources {
             unit: c.unit,
             admin: Client::new(c.admin.clone()),
             ignore: c.ignore.clone(),
-            preset: c.preset,
             clusters: clusters::Rule {
                 preset: c.preset,
                 ignore_clusters: c.ignore_clusters.clone(),
@@ -208,7 +206,7 @@ impl Sources {
             .stats_timeout
             .min(until.saturating_duration_since(Instant::now()));
         let asked = Instant::now();
-        let mut lines = stats::Lines::new(&self.ignore, self.preset);
+        let mut lines = stats::Lines::new(&self.ignore, self.clusters.preset);
         let got = self
             .admin
             .get_lines(self.stats_path(), timeout, admin::BODY_LIMIT, |l| {
