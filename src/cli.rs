@@ -2,11 +2,18 @@
 //! here; config.rs checks them so that every error names the flag, the value and what was
 //! expected.
 
-use crate::config::{ANNOTATION_DISABLED, ENV_DISABLED};
 use crate::outcome::EXIT_USAGE;
 use argh::FromArgs;
 use std::ffi::OsString;
 use std::io::Write;
+
+/// The kill switch in the proxy container's environment: set and non-empty, `run` does nothing.
+pub const ENV_DISABLED: &str = "ENVOY_DRAIN_DISABLED";
+/// A pod's own settings are its annotations under this prefix, which the injection template
+/// passes to the hook as `--pod-annotation NAME=VALUE`.
+pub const ANNOTATION_PREFIX: &str = "envoy-drain.io/";
+/// The one annotation the template acts on itself: `true` leaves the pod to Istio's own preStop.
+pub const ANNOTATION_DISABLED: &str = "envoy-drain.io/disabled";
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq)]
@@ -134,15 +141,14 @@ pub enum Command {
 #[derive(FromArgs, Debug, PartialEq, Default)]
 #[argh(subcommand, name = "run")]
 pub struct RunArgs {
-    /// the Envoy-based proxy: istio, consul, kuma, envoy-gateway or contour, which sets the
-    /// defaults of --admin, --ignore-ports and --drain to that proxy's, and which of its
-    /// listeners, HTTP managers and clusters are its own, never counted (default: istio)
+    /// the Envoy-based proxy, whose defaults and own listeners, HTTP managers and clusters
+    /// (never counted) apply: istio, consul, kuma, envoy-gateway or contour (default: istio)
     #[argh(option)]
     pub preset: Option<String>,
 
-    /// the address of Envoy's admin API, whose listener also tells the proc source which process
-    /// is Envoy: host:port, [::1]:port, http://host:port, or unix:PATH for a Unix socket, where
-    /// a * in PATH must match one file (default: the preset's, 127.0.0.1:15000 for istio)
+    /// the address of Envoy's admin API, whose listener also tells which process is Envoy:
+    /// host:port, [::1]:port, http://host:port or unix:PATH, where a * in PATH must match one
+    /// file (default: the preset's, 127.0.0.1:15000 for istio)
     #[argh(option)]
     pub admin: Option<String>,
 
@@ -240,15 +246,14 @@ pub struct RunArgs {
 #[derive(FromArgs, Debug, PartialEq, Default)]
 #[argh(subcommand, name = "status")]
 pub struct StatusArgs {
-    /// the Envoy-based proxy: istio, consul, kuma, envoy-gateway or contour, which sets the
-    /// defaults of --admin, --ignore-ports and --drain to that proxy's, and which of its
-    /// listeners, HTTP managers and clusters are its own, never counted (default: istio)
+    /// the Envoy-based proxy, whose defaults and own listeners, HTTP managers and clusters
+    /// (never counted) apply: istio, consul, kuma, envoy-gateway or contour (default: istio)
     #[argh(option)]
     pub preset: Option<String>,
 
-    /// the address of Envoy's admin API, whose listener also tells the proc source which process
-    /// is Envoy: host:port, [::1]:port, http://host:port, or unix:PATH for a Unix socket, where
-    /// a * in PATH must match one file (default: the preset's, 127.0.0.1:15000 for istio)
+    /// the address of Envoy's admin API, whose listener also tells which process is Envoy:
+    /// host:port, [::1]:port, http://host:port or unix:PATH, where a * in PATH must match one
+    /// file (default: the preset's, 127.0.0.1:15000 for istio)
     #[argh(option)]
     pub admin: Option<String>,
 

@@ -1,12 +1,13 @@
 //! Turns the command line and the environment into a checked configuration. Pure: the environment
 //! is passed in, so every rule is tested without touching the process.
 
-use crate::cli::{RunArgs, StatusArgs};
+use crate::cli::{ANNOTATION_PREFIX, RunArgs, StatusArgs};
 use crate::count::Unit;
+use crate::drain::{self, Drain, Request};
 use crate::error::UsageError;
 use crate::lists::{Names, PortSet};
-use crate::preset::{self, Preset};
-use crate::source::admin::Address;
+use crate::preset::{self, PRESETS, Preset};
+use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -15,44 +16,29 @@ pub const DEFAULT_AGENT: &str = "127.0.0.1:15020";
 pub const DEFAULT_MIN_DRAIN: Duration = Duration::from_secs(5);
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(25);
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
-pub const ENV_DISABLED: &str = "ENVOY_DRAIN_DISABLED";
 pub const ENV_MIN_DRAIN: &str = "MINIMUM_DRAIN_DURATION";
-/// A pod's own settings are its annotations under this prefix, which the injection template
-/// passes to the hook as `--pod-annotation NAME=VALUE`.
-pub const ANNOTATION_PREFIX: &str = "envoy-drain.io/";
-/// The one annotation the template acts on itself: `true` leaves the pod to Istio's own preStop.
-pub const ANNOTATION_DISABLED: &str = "envoy-drain.io/disabled";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Drain {
-    Inbound,
-    All,
-    None,
-    /// Ask Istio's agent (`POST /drain` on its status port), as Istio's native-sidecar preStop
-    /// does: it drains the inbound listeners with `skip_exit` and, when SIGTERM comes, stops the
-    /// proxy at once instead of draining and waiting again (istio/istio pkg/envoy/agent.go,
-    /// DrainNow).
-    Agent,
+/// Where an admin API listens: a TCP address, or a Unix socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Address {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
 }
 
-impl Drain {
-    /// The request to Envoy's admin API, or none. `skip_exit`: Envoy keeps its listeners
-    /// accepting for as long as it runs, instead of stopping them when its own drain time
-    /// (`--drain-time-s`, Istio's drainDuration) has passed while the hook still waits: clients
-    /// that have not yet learnt the pod is going (endpoints propagate late) are still served.
-    /// Always with `graceful`: a non-graceful `skip_exit` would make every later graceful drain a
-    /// no-op (docs/how-it-works.md).
-    pub fn path(self) -> Option<&'static str> {
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Drain::Inbound => Some("/drain_listeners?inboundonly&graceful&skip_exit"),
-            Drain::All => Some("/drain_listeners?graceful&skip_exit"),
-            Drain::None | Drain::Agent => None,
+            Address::Tcp(addr) => write!(f, "{addr}"),
+            Address::Unix(path) => write!(f, "unix:{}", path.display()),
         }
     }
 }
 
-/// pilot-agent's drain endpoint on its status port.
-pub const AGENT_DRAIN_PATH: &str = "/drain";
+impl From<SocketAddr> for Address {
+    fn from(addr: SocketAddr) -> Address {
+        Address::Tcp(addr)
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -98,37 +84,44 @@ pub struct Filter {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rules {
     pub min_drain: Duration,
-    /// Bounds the whole run, counted from the process's start: `Run::wait` gives the drain and
-    /// quit requests the time left; `wait::wait` stops counting at it and gives each count the
+    /// Bounds the whole run, counted from the process's start: `run::command` gives the drain
+    /// and quit requests the time left; `wait::wait` stops looking at it and gives each look the
     /// time left, which `Sources::look` turns into one instant for every source: each admin
     /// request (a stats request at most its own timeout, a second to begin with; /clusters all of
-    /// it), the socket table's dump or read and
-    /// its search for Envoy's process (given at least `PROC_GRACE`). After it, only the summary
-    /// may wait, at most `log::SUMMARY_WAIT`, for room in a full pipe.
+    /// it), the socket table's dump or read and its search for Envoy's process (given at least
+    /// `PROC_GRACE`). After it, only the summary may wait, at most `log::SUMMARY_WAIT`, for room
+    /// in a full pipe.
     pub deadline: Duration,
     pub interval: Duration,
     pub settle: Duration,
     pub exit_at: u64,
+    /// `--then-quit`: once the threshold is reached, wait for the app's exit, then ask Istio's
+    /// agent to stop the proxy.
+    pub then_quit: bool,
 }
 
 #[derive(Debug, Clone)]
 pub struct RunConfig {
     pub counting: Counting,
-    pub drain: Drain,
-    /// `--fail-healthcheck`: POST /healthcheck/fail before the drain.
-    pub fail_healthcheck: bool,
+    /// What is sent before the wait: `--fail-healthcheck`, then `--drain`.
+    pub before: Vec<Request>,
     pub rules: Rules,
     pub log_file: Option<PathBuf>,
     /// Istio's agent: for `--drain agent`, and for /quitquitquit with `--then-quit`.
     pub agent: SocketAddr,
-    /// The agent to send /quitquitquit to once the threshold is reached.
-    pub quit_agent: Option<SocketAddr>,
     pub verbose: bool,
     /// Things worth a warning that are not errors (a MINIMUM_DRAIN_DURATION past the deadline).
     pub warnings: Vec<String>,
 }
 
 const DURATION: &str = "a duration like 500ms, 25s or 1m30s";
+
+const UNITS: [(&str, Unit); 2] = [
+    ("connections", Unit::Connections),
+    ("requests", Unit::Requests),
+];
+
+const ONLY_STATS: &str = "connections with --source proc: only Envoy's stats know requests";
 
 /// `--admin` and `--agent`: an IP literal (or `localhost`) and a port, optionally as an http URL.
 /// Never a DNS lookup: a scratch image has no resolver configuration.
@@ -175,12 +168,18 @@ fn no_agent(name: &'static str, value: &str, preset: Preset) -> UsageError {
     )
 }
 
-/// `--preset`: istio when not given.
-fn parse_preset(value: Option<&str>) -> Result<Preset, UsageError> {
-    match value {
-        None => Ok(preset::ISTIO),
-        Some(v) => preset::find(v).ok_or_else(|| UsageError::new("--preset", v, preset::names())),
+/// The value of a flag that takes one of a few words, or an error listing them
+/// (`auto, stats or proc`).
+fn one_of<T: Copy>(name: &'static str, value: &str, words: &[(&str, T)]) -> Result<T, UsageError> {
+    if let Some((_, v)) = words.iter().find(|(w, _)| *w == value) {
+        return Ok(*v);
     }
+    let names: Vec<&str> = words.iter().map(|(w, _)| *w).collect();
+    let listed = match names.split_last() {
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    };
+    Err(UsageError::new(name, value, listed))
 }
 
 /// `--admin`: an address as `parse_addr` takes it, or `unix:PATH` for an admin API on a Unix
@@ -307,26 +306,21 @@ fn counting(a: CountingArgs<'_>) -> Result<Counting, UsageError> {
         ignore_clusters,
         proc_net,
     } = a;
-    let preset = parse_preset(preset)?;
-    let mode = match source.unwrap_or("auto") {
-        "auto" => Mode::Auto,
-        "stats" => Mode::Stats,
-        "proc" => Mode::Proc,
-        other => return Err(UsageError::new("--source", other, "auto, stats or proc")),
+    let preset = match preset {
+        Some(v) => one_of("--preset", v, &PRESETS.map(|p| (p.name, p)))?,
+        None => preset::ISTIO,
     };
-    let unit = match count.unwrap_or("connections") {
-        "connections" => Unit::Connections,
-        // The socket table knows connections, never requests.
-        "requests" if mode == Mode::Proc => {
-            return Err(UsageError::new(
-                "--count",
-                "requests",
-                "connections with --source proc: only Envoy's stats know requests",
-            ));
-        }
-        "requests" => Unit::Requests,
-        other => return Err(UsageError::new("--count", other, "connections or requests")),
-    };
+    let modes = [
+        ("auto", Mode::Auto),
+        ("stats", Mode::Stats),
+        ("proc", Mode::Proc),
+    ];
+    let mode = one_of("--source", source.unwrap_or("auto"), &modes)?;
+    let unit = one_of("--count", count.unwrap_or("connections"), &UNITS)?;
+    // The socket table knows connections, never requests.
+    if unit == Unit::Requests && mode == Mode::Proc {
+        return Err(UsageError::new("--count", "requests", ONLY_STATS));
+    }
     let only = match only {
         None => None,
         Some(v) => {
@@ -403,23 +397,19 @@ pub fn run_config(
     if let Some(unit) = pod.count {
         counting.unit = unit;
     }
+    let drains = [
+        ("inbound", Drain::Inbound),
+        ("all", Drain::All),
+        ("none", Drain::None),
+        ("agent", Drain::Agent),
+    ];
     let drain = match a.drain.as_deref() {
         None => counting.preset.drain,
-        Some("inbound") => Drain::Inbound,
-        Some("all") => Drain::All,
-        Some("none") => Drain::None,
-        Some("agent") if !counting.preset.agent => {
-            return Err(no_agent("--drain", "agent", counting.preset));
-        }
-        Some("agent") => Drain::Agent,
-        Some(other) => {
-            return Err(UsageError::new(
-                "--drain",
-                other,
-                "inbound, all, none or agent",
-            ));
-        }
+        Some(v) => one_of("--drain", v, &drains)?,
     };
+    if drain == Drain::Agent && !counting.preset.agent {
+        return Err(no_agent("--drain", "agent", counting.preset));
+    }
     let opt_duration = |name, v: &Option<String>, default| match v {
         Some(v) => parse_duration(name, v),
         None => Ok(default),
@@ -508,18 +498,17 @@ pub fn run_config(
     }
     Ok(RunConfig {
         counting,
-        drain,
-        fail_healthcheck: a.fail_healthcheck,
+        before: drain::before(drain, a.fail_healthcheck),
         rules: Rules {
             min_drain,
             deadline,
             interval,
             settle,
             exit_at,
+            then_quit: a.then_quit,
         },
         log_file: a.log_file.as_ref().map(PathBuf::from),
         agent,
-        quit_agent: a.then_quit.then_some(agent),
         verbose: a.verbose,
         warnings,
     })
@@ -559,13 +548,10 @@ fn pod_settings(given: &[String], mode: Mode, warnings: &mut Vec<String>) -> Pod
                 Some(d) => pod.min_drain = Some(d),
                 None => ignore(DURATION),
             },
-            Some("count") => match value.trim() {
-                "connections" => pod.count = Some(Unit::Connections),
-                "requests" if mode == Mode::Proc => {
-                    ignore("connections with --source proc: only Envoy's stats know requests")
-                }
-                "requests" => pod.count = Some(Unit::Requests),
-                _ => ignore("connections or requests"),
+            Some("count") => match one_of("", value.trim(), &UNITS) {
+                Ok(Unit::Requests) if mode == Mode::Proc => ignore(ONLY_STATS),
+                Ok(unit) => pod.count = Some(unit),
+                Err(e) => ignore(&e.expected),
             },
             // `true` never reaches here: cli.rs turns it into the kill switch.
             Some("disabled") => match value.trim() {
@@ -621,7 +607,7 @@ mod tests {
     fn defaults_match_the_documented_ones() {
         let c = run_config(&RunArgs::default(), &no_env).unwrap();
         assert_eq!(c.counting.admin.to_string(), "127.0.0.1:15000");
-        assert_eq!(c.drain, Drain::Inbound);
+        assert_eq!(c.before, vec![Request::DrainListeners { all: false }]);
         assert_eq!(c.counting.mode, Mode::Auto);
         assert_eq!(c.counting.unit, Unit::Connections);
         assert_eq!(c.rules.min_drain, Duration::from_secs(5));
@@ -632,7 +618,7 @@ mod tests {
         assert!(c.counting.ignore.contains(15021) && !c.counting.ignore.contains(15006));
         assert_eq!(c.counting.only, None);
         assert_eq!(c.counting.proc_net, None, "netlink");
-        assert_eq!(c.quit_agent, None);
+        assert!(!c.rules.then_quit);
         assert!(c.warnings.is_empty());
     }
 
@@ -841,8 +827,11 @@ mod tests {
             &no_env,
         )
         .unwrap();
-        assert_eq!(c.drain, Drain::Agent);
-        assert_eq!(c.drain.path(), None, "nothing is sent to Envoy's admin API");
+        assert_eq!(
+            c.before,
+            vec![Request::AgentDrain],
+            "nothing to Envoy's admin API"
+        );
         assert_eq!(c.agent.to_string(), "127.0.0.1:15099");
     }
 
@@ -856,13 +845,13 @@ mod tests {
             "Istio's ports are not Contour's"
         );
         assert_eq!(
-            c.drain,
-            Drain::All,
+            c.before,
+            vec![Request::DrainListeners { all: true }],
             "a gateway's listeners have no direction"
         );
         let c = run_config(&args(&[("preset", "consul")]), &no_env).unwrap();
         assert_eq!(c.counting.admin.to_string(), "127.0.0.1:19000");
-        assert_eq!(c.drain, Drain::Inbound);
+        assert_eq!(c.before, vec![Request::DrainListeners { all: false }]);
         let given = args(&[
             ("preset", "envoy-gateway"),
             ("admin", "127.0.0.1:9000"),
@@ -872,7 +861,7 @@ mod tests {
         let c = run_config(&given, &no_env).unwrap();
         assert_eq!(c.counting.admin.to_string(), "127.0.0.1:9000");
         assert!(c.counting.ignore.contains(9001) && !c.counting.ignore.contains(19001));
-        assert_eq!(c.drain, Drain::None);
+        assert_eq!(c.before, vec![]);
         let istio = run_config(&args(&[]), &no_env).unwrap();
         assert_eq!(istio.counting.preset, preset::ISTIO, "the default");
         assert!(err(&[("preset", "linkerd")]).ends_with(
@@ -892,16 +881,11 @@ mod tests {
     #[test]
     fn then_quit_uses_the_agent_address() {
         let mut a = args(&[("agent", "[::1]:15020")]);
-        assert_eq!(run_config(&a, &no_env).unwrap().quit_agent, None);
+        assert!(!run_config(&a, &no_env).unwrap().rules.then_quit);
         a.then_quit = true;
-        assert_eq!(
-            run_config(&a, &no_env)
-                .unwrap()
-                .quit_agent
-                .unwrap()
-                .to_string(),
-            "[::1]:15020"
-        );
+        let c = run_config(&a, &no_env).unwrap();
+        assert!(c.rules.then_quit);
+        assert_eq!(c.agent.to_string(), "[::1]:15020");
     }
 
     #[test]

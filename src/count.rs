@@ -1,17 +1,6 @@
 //! What a source reports: a total, the parts it is made of, and where it came from (data only;
 //! text.rs words it).
 
-use crate::source::admin::Address;
-
-/// Keeps hostile text to one readable piece of a line.
-pub fn shorten(text: &str) -> String {
-    const MAX: usize = 80;
-    match text.char_indices().nth(MAX) {
-        Some((i, _)) => format!("{}...", &text[..i]),
-        None => text.to_string(),
-    }
-}
-
 /// Where a count came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SourceKind {
@@ -81,31 +70,20 @@ pub enum Arrivals {
     Requests(u64),
 }
 
-impl Arrivals {
-    /// Whether a request arrived between `before` and this: the counter moved (one that went
-    /// back belongs to a restarted Envoy). False when either side cannot tell.
-    pub fn since(self, before: Arrivals) -> bool {
-        match (before, self) {
-            (Arrivals::Requests(a), Arrivals::Requests(b)) => a != b,
-            _ => false,
-        }
-    }
-}
-
 /// How a socket-table count told Envoy's sockets from the rest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Basis {
     /// Envoy is the process holding the admin listener; its sockets are the ones it holds.
-    Process { pid: u32, uid: u32, admin: Address },
+    Process { pid: u32, uid: u32, admin: String },
     /// Its process could not be read (`why`): Envoy's sockets are its admin listener owner's.
     Owner {
         uid: u32,
-        admin: Address,
+        admin: String,
         why: String,
     },
     /// Nothing listens on the admin address: any listener's connections count, which may hold
     /// more than Envoy's.
-    Unknown { admin: Address },
+    Unknown { admin: String },
 }
 
 impl Count {

@@ -1,7 +1,31 @@
 //! The two error types: a bad flag or environment variable (`UsageError`, exit 2), and something
 //! the hook tried that did not work (`Failure`, a warning or an unknown count, never an exit).
 
-use std::fmt;
+use std::{fmt, io};
+
+/// Keeps hostile text quoted in a message to one readable piece of a line.
+pub fn shorten(text: &str) -> String {
+    const MAX: usize = 80;
+    match text.char_indices().nth(MAX) {
+        Some((i, _)) => format!("{}...", &text[..i]),
+        None => text.to_string(),
+    }
+}
+
+/// An I/O error as the cause of a `Failure`, in the words of the rest of the log: `connection
+/// refused`, `no such file or directory`, `permission denied`, without Rust's `(os error 2)`.
+pub fn io_cause(e: &io::Error) -> String {
+    let text = e.to_string();
+    let text = match text.find(" (os error ") {
+        Some(at) => &text[..at],
+        None => &text,
+    };
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
 
 /// A value the user gave that cannot be used. Everything else that can go wrong at run time is a
 /// `Failure`, logged as a warning, because a preStop hook must keep waiting rather than fail.
@@ -77,5 +101,15 @@ mod tests {
             failure.to_string(),
             "failed to read /proc/net/tcp: not a regular file"
         );
+    }
+
+    #[test]
+    fn an_io_cause_reads_like_the_rest_of_the_log() {
+        let missing = std::fs::File::open("/nonexistent/envoy-drain").unwrap_err();
+        assert_eq!(io_cause(&missing), "no such file or directory");
+        let refused = io::Error::from_raw_os_error(libc::ECONNREFUSED);
+        assert_eq!(io_cause(&refused), "connection refused");
+        let own = io::Error::other("Nothing here");
+        assert_eq!(io_cause(&own), "nothing here");
     }
 }

@@ -3,7 +3,7 @@
 //! flushed, made executable, then renamed over DEST, so a half-written binary is never visible.
 
 use crate::cli::InstallArgs;
-use crate::error::Failure;
+use crate::error::{Failure, io_cause};
 use crate::outcome::{EXIT_INSTALL_FAILED, EXIT_REACHED};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -50,8 +50,9 @@ fn install(dest: &Path) -> Result<(PathBuf, u64), Failure> {
     let failed = |step: String| Failure::new("install to", target.display().to_string(), step);
     let (temp, mut out) = create_temp(&dir, &name).map_err(|e| {
         failed(format!(
-            "cannot create a temporary file in {}: {e}",
-            dir.display()
+            "cannot create a temporary file in {}: {}",
+            dir.display(),
+            io_cause(&e)
         ))
     })?;
     // From here on the temporary file is ours, and the only one a failure removes.
@@ -61,13 +62,19 @@ fn install(dest: &Path) -> Result<(PathBuf, u64), Failure> {
     };
     let written = copy_to(&mut source, &mut out).map_err(|e| {
         failed(format!(
-            "cannot write {} from {}: {e}",
+            "cannot write {} from {}: {}",
             temp.display(),
-            from.display()
+            from.display(),
+            io_cause(&e)
         ))
     })?;
-    fs::rename(&temp, &target)
-        .map_err(|e| failed(format!("cannot rename {} to it: {e}", temp.display())))?;
+    fs::rename(&temp, &target).map_err(|e| {
+        failed(format!(
+            "cannot rename {} to it: {}",
+            temp.display(),
+            io_cause(&e)
+        ))
+    })?;
     // The rename is durable once the directory is flushed; a failure here changes nothing visible.
     if let Ok(d) = File::open(&dir) {
         let _ = d.sync_all();
@@ -85,11 +92,11 @@ fn open_self() -> Result<(File, PathBuf), Failure> {
             match argv0.filter(|p| p.components().count() > 1) {
                 Some(p) => File::open(&p)
                     .map(|f| (f, p.clone()))
-                    .map_err(|e| Failure::new("open", p.display().to_string(), e.to_string())),
+                    .map_err(|e| Failure::new("open", p.display().to_string(), io_cause(&e))),
                 None => Err(Failure::new(
                     "open",
                     proc_exe.display().to_string(),
-                    format!("{proc_err} (and argv[0] is not a path)"),
+                    format!("{} (and argv[0] is not a path)", io_cause(&proc_err)),
                 )),
             }
         }

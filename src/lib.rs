@@ -9,12 +9,14 @@
 pub mod cli;
 pub mod config;
 pub mod count;
+pub mod drain;
 pub mod error;
 pub mod install;
 pub mod lists;
 pub mod log;
 pub mod outcome;
 pub mod preset;
+pub mod report;
 pub mod run;
 pub mod signals;
 pub mod source;

@@ -3,7 +3,7 @@
 //! Writing never blocks the hook: a line that cannot be written at once (a full pipe whose reader
 //! has stalled) is dropped and counted, and only the final summary waits a little for room.
 
-use crate::error::Failure;
+use crate::error::{Failure, io_cause};
 use std::collections::HashSet;
 use std::fs::OpenOptions;
 use std::io::{ErrorKind, Write};
@@ -185,12 +185,17 @@ impl Logger {
             Err(e) => {
                 let why = match e.raw_os_error() {
                     Some(libc::ENXIO) => "nothing reads it".to_string(),
-                    _ => e.to_string(),
+                    _ => io_cause(&e),
                 };
                 let failed = Failure::new("open", format!("log file {}", path.display()), why);
                 self.warn(&format!("{failed}; logging to stderr only"));
             }
         }
+    }
+
+    /// Whether the last line has been written.
+    pub fn closed(&self) -> bool {
+        self.closed
     }
 
     /// Lines dropped so far because writing them would have blocked.

@@ -5,7 +5,7 @@
 //! switch no preset could take back). The facts, read from each proxy's source, are in
 //! docs/running.md ("Other Envoy-based proxies").
 
-use crate::config::Drain;
+use crate::drain::Drain;
 use crate::lists::{ISTIO_INFRA_PORTS, matches};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,13 +172,4 @@ impl Default for Preset {
 /// The preset named `name`.
 pub fn find(name: &str) -> Option<Preset> {
     PRESETS.iter().find(|p| p.name == name).copied()
-}
-
-/// `istio, consul, kuma, envoy-gateway or contour`.
-pub fn names() -> String {
-    let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
-    match names.split_last() {
-        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
-        None => String::new(),
-    }
 }

@@ -2,15 +2,17 @@
 //! lines that say which source is in force, the summary, and the `status` report. The rest of the
 //! code hands data here; a change of wording is one edit in this file.
 
-use crate::config::{AGENT_DRAIN_PATH, Drain, Mode, RunConfig};
+use crate::config::{Mode, RunConfig};
 use crate::count::{Basis, Count, NON_HTTP, SourceKind, Unit};
+use crate::drain::Request;
 use crate::error::Failure;
 use crate::outcome::{Outcome, Progress};
-use crate::source::admin::{HEALTHCHECK_FAIL_PATH, READY_PATH, Reply};
+use crate::source::admin::{READY_PATH, Reply};
 use crate::source::clusters::{self, CLUSTERS_PATH};
 use crate::source::sockets::Reader;
 use crate::source::stats::{Answer, Hcm};
 use crate::source::{Look, Reading, Sources};
+use crate::wait::{Cost, PACE};
 use std::fmt::Write;
 use std::time::Duration;
 
@@ -135,31 +137,68 @@ pub fn basis(b: &Basis) -> (String, bool) {
     }
 }
 
-/// The run's first line: what it does and how long it may take.
-pub fn start_line(cfg: &RunConfig, sources: &Sources) -> String {
-    let r = &cfg.rules;
-    let drain = match cfg.drain {
-        Drain::Inbound | Drain::All => {
-            let what = if cfg.drain == Drain::All {
-                "all"
-            } else {
-                "inbound"
-            };
-            let url = sources.admin.url(cfg.drain.path().unwrap_or_default());
-            format!("draining {what} listeners (POST {url})")
-        }
-        Drain::Agent => format!(
-            "asking the Istio agent to drain (POST http://{}{AGENT_DRAIN_PATH})",
-            cfg.agent
+/// A request as the start line announces it, as a 200 confirms it, and as its failure names it.
+fn request_words(r: Request) -> (&'static str, &'static str, &'static str) {
+    match r {
+        Request::FailHealthcheck => (
+            "failing Envoy's health checks",
+            "Envoy fails its health checks now (/ready answers 503)",
+            "fail Envoy's health checks (draining anyway)",
         ),
-        Drain::None => "not draining (--drain none)".to_string(),
-    };
-    let drain = if cfg.fail_healthcheck {
-        let url = sources.admin.url(HEALTHCHECK_FAIL_PATH);
-        format!("failing Envoy's health checks (POST {url}), then {drain}")
-    } else {
-        drain
-    };
+        Request::DrainListeners { all } => (
+            if all {
+                "draining all listeners"
+            } else {
+                "draining inbound listeners"
+            },
+            "Envoy accepted the drain",
+            "drain listeners (waiting anyway)",
+        ),
+        Request::AgentDrain => (
+            "asking the Istio agent to drain",
+            "the Istio agent accepted the drain",
+            "ask the Istio agent to drain (waiting anyway)",
+        ),
+        Request::Quit => (
+            "asking the Istio agent to stop the proxy",
+            "asked the Istio agent to stop the proxy now",
+            "ask the Istio agent to stop the proxy",
+        ),
+    }
+}
+
+/// The line a request's answer is worth, and whether it is a warning: the hook goes on either
+/// way.
+pub fn posted(r: Request, url: &str, answer: &Result<Reply, Failure>) -> (String, bool) {
+    let (_, done, what) = request_words(r);
+    match answer {
+        Ok(reply) if reply.status == 200 => (
+            format!("{done}: POST {url} answered {}", reply.describe()),
+            false,
+        ),
+        Ok(reply) => (
+            format!(
+                "failed to {what}: POST {url}: answered {}",
+                reply.describe()
+            ),
+            true,
+        ),
+        Err(f) => (format!("failed to {what}: POST {url}: {}", f.cause), true),
+    }
+}
+
+/// The run's first line: what it sends (each request with its URL), and how long it may wait.
+pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, String)]) -> String {
+    let r = &cfg.rules;
+    let proc = reader(sources.reader());
+    let mut sent: Vec<String> = requests
+        .iter()
+        .map(|(request, url)| format!("{} (POST {url})", request_words(*request).0))
+        .collect();
+    if !requests.iter().any(|(request, _)| request.drains()) {
+        sent.push("not draining (--drain none)".to_string());
+    }
+    let drain = sent.join(", then ");
     let target = if r.settle.is_zero() {
         format!("at most {}", r.exit_at)
     } else {
@@ -180,7 +219,6 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources) -> String {
             sources.stats_url()
         ),
     };
-    let proc = reader(sources.reader());
     let from = match sources.mode {
         Mode::Auto => format!("{stats}, else {proc}"),
         Mode::Stats => stats,
@@ -275,16 +313,6 @@ pub fn switched(
     }
 }
 
-/// A POST that was answered 200: `done`, and Envoy's or the agent's answer.
-pub fn posted(done: &str, url: &str, reply: &Reply) -> String {
-    format!("{done}: POST {url} answered {}", reply.describe())
-}
-
-/// A POST that did not do `what`, and why, in the shape of `error::Failure`; the hook goes on.
-pub fn post_failed(what: &str, url: &str, cause: &str) -> String {
-    format!("failed to {what}: POST {url}: {cause}")
-}
-
 /// The app's sockets, as in `uid 1000: 2 sockets, uid 1001: 1 socket`.
 fn sockets_by_user(others: &std::collections::BTreeMap<u32, u64>) -> String {
     others
@@ -324,9 +352,8 @@ pub fn app_still_running(others: Option<&std::collections::BTreeMap<u32, u64>>) 
     )
 }
 
-/// `run` with the kill switch set.
 /// The time between counts has changed with the time a count took.
-pub fn pace(pace: Duration, interval: Duration, cost: crate::run::Cost) -> String {
+pub fn pace(pace: Duration, interval: Duration, cost: Cost) -> String {
     let took = format!(
         "{} ({} of it Envoy's answers)",
         brief(cost.look),
@@ -344,11 +371,12 @@ pub fn pace(pace: Duration, interval: Duration, cost: crate::run::Cost) -> Strin
              proxy container's CPU",
             brief(pace),
             humantime::format_duration(interval),
-            crate::wait::PACE
+            PACE
         )
     }
 }
 
+/// `run` with the kill switch set.
 pub fn disabled(setting: &str) -> String {
     format!("{setting} is set: not draining and not waiting")
 }
@@ -442,9 +470,10 @@ pub fn status(
                 format!("answered {}: Envoy passes its health checks", r.describe())
             }
             Ok(r) if r.status == 503 => format!(
-                "answered {}: Envoy fails its health checks (POST {HEALTHCHECK_FAIL_PATH}, \
+                "answered {}: Envoy fails its health checks (POST {}, \
                  `run --fail-healthcheck`), so load balancers that ask stop sending",
-                r.describe()
+                r.describe(),
+                Request::FailHealthcheck.path()
             ),
             Ok(r) => format!("answered {}", r.describe()),
             Err(f) => f.cause.clone(),

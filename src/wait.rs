@@ -1,8 +1,10 @@
-//! The wait: turns counts and time into an outcome. Time is injected, so the rules (min-drain,
-//! settle, arrivals, the app's exit, threshold, deadline, unknown counts) are tested with a fake
-//! clock and scripted looks.
+//! The wait: turns looks and time into an outcome. Every rule that ends a wait is here: the
+//! min-drain, the settle time, arrivals, the app's exit, the threshold, the deadline, unknown
+//! counts, and with `--then-quit` the wait for the app's exit before the proxy is stopped. Time
+//! and the looks are injected, so the rules are tested with a fake clock and scripted looks.
 
 use crate::config::Rules;
+use crate::count::Arrivals;
 use crate::outcome::Outcome;
 use std::time::Duration;
 
@@ -10,6 +12,25 @@ use std::time::Duration;
 pub trait Clock {
     fn now(&self) -> Duration;
     fn sleep(&mut self, d: Duration);
+}
+
+/// What the wait looks at, and where it tells what it made of each look (the log).
+pub trait Looks {
+    /// One look within `left`: a count and the app's sockets, or with `Ask::App` the app's
+    /// sockets alone.
+    fn look(&mut self, left: Duration, ask: Ask) -> Tick;
+    /// What the wait made of the look just taken.
+    fn seen(&mut self, ask: Ask, seen: Seen);
+}
+
+/// What a look is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    /// A count, and the app's sockets.
+    Count,
+    /// The app's sockets alone: the count has been reached, and `--then-quit` waits for the
+    /// app's exit.
+    App,
 }
 
 /// Time enough for a count before the deadline: the bound on one admin request.
@@ -25,6 +46,14 @@ pub const RECHECK: Duration = Duration::from_millis(100);
 /// shares with Envoy (a preStop runs in its container).
 pub const PACE: u32 = 20;
 
+/// What one look took: all of it, which paces the next, and the part spent waiting on Envoy's
+/// admin API, which the log names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cost {
+    pub look: Duration,
+    pub admin: Duration,
+}
+
 /// The time from the start of one count to the next: the interval, or more when a count took
 /// long (a sidecar or gateway with thousands of clusters, whose /clusters answer runs to hundreds
 /// of megabytes; a gateway with 100,000 connections in its socket table).
@@ -32,20 +61,29 @@ pub fn pause(interval: Duration, cost: Duration) -> Duration {
     interval.max(cost.saturating_mul(PACE))
 }
 
-/// What one look gave the wait.
+/// What one look saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Tick {
-    /// The count; `None` when nothing could be counted.
+    /// The count; `None` when nothing could be counted (or, with `Ask::App`, nothing was).
     pub count: Option<u64>,
-    /// A request arrived since the last look: the pod is still in some client's endpoints, even
-    /// when the count is at zero between two requests.
-    pub arrived: bool,
-    pub app: App,
-    /// How long the look took, which paces the next count.
-    pub cost: Duration,
+    /// The counter of requests so far, where the source has one.
+    pub arrivals: Arrivals,
+    /// Whether the app holds a socket in the pod (a socket of another user than the proxy's);
+    /// `None` when the socket table could not be read.
+    pub app: Option<bool>,
+    pub cost: Cost,
 }
 
-/// What the socket table says of the app: its sockets are those of other users than the proxy's.
+/// What the wait made of a look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Seen {
+    pub app: App,
+    /// A request arrived since the last look that could tell: the pod is still in some client's
+    /// endpoints, even when the count is at zero between two requests.
+    pub arrived: bool,
+}
+
+/// What the looks so far say of the app.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum App {
     /// The table could not be read.
@@ -62,22 +100,109 @@ pub enum App {
     Gone,
 }
 
+/// How a wait ended, and with `--then-quit` whether the proxy may be stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct End {
+    pub outcome: Outcome,
+    pub quit: Quit,
+}
+
+/// What `--then-quit` decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quit {
+    /// Not asked for, or the wait did not end in time for it.
+    No,
+    /// The app has exited: stop the proxy.
+    Yes,
+    /// The app never held a socket while the hook looked, so its exit cannot be told.
+    AppNotSeen,
+    /// The app was still there, or could not be seen, at the deadline.
+    AppStillThere,
+}
+
+/// Follows the app and the request counter from one look to the next.
+#[derive(Debug, Default)]
+struct Follow {
+    app_seen: bool,
+    /// The last look found none of the app's sockets.
+    app_missing: bool,
+    /// The last known request counter.
+    requests: Arrivals,
+}
+
+impl Follow {
+    fn app(&mut self, holds_sockets: Option<bool>) -> App {
+        let Some(holds) = holds_sockets else {
+            self.app_missing = false;
+            return App::Unknown;
+        };
+        let was_missing = std::mem::replace(&mut self.app_missing, !holds);
+        match (holds, self.app_seen, was_missing) {
+            (true, ..) => {
+                self.app_seen = true;
+                App::Running
+            }
+            (false, false, _) => App::NotSeen,
+            (false, true, false) => App::Leaving,
+            (false, true, true) => App::Gone,
+        }
+    }
+
+    /// Whether a request arrived since the last look that could tell: the counter moved (one
+    /// that went back belongs to a restarted Envoy).
+    fn arrived(&mut self, now: Arrivals) -> bool {
+        match (self.requests, now) {
+            (_, Arrivals::Unknown) => false,
+            (before, now) => {
+                self.requests = now;
+                before != Arrivals::Unknown && before != now
+            }
+        }
+    }
+
+    fn see(&mut self, tick: &Tick) -> Seen {
+        Seen {
+            app: self.app(tick.app),
+            arrived: self.arrived(tick.arrivals),
+        }
+    }
+}
+
 /// Counts at once, then every interval, until the count has stayed at or below the threshold,
-/// at counts that saw no new request arrive, for the settle time after the min-drain; or until the app has
-/// exited (whatever is still open, nothing can answer it); or the deadline passes. `look` is
-/// given the time left (to bound its own I/O); a count of `None` (nothing could be counted) never
-/// ends the wait early and breaks the settle time, as an arrival does. The min-drain ends `LAST_COUNT` (or one interval, if
-/// shorter) before the deadline at the latest, so that a count can still see a quiet pod and end
-/// the wait in time: a min-drain as long as the deadline (a short --deadline, or
-/// MINIMUM_DRAIN_DURATION set for Istio) would otherwise end after it and turn every quiet
-/// shutdown into a deadline. A count that may end the wait starts one look's time before the
-/// min-drain (or the settle time) ends, so that its answer, seconds long on the largest proxies,
-/// is in by then.
+/// at counts that saw no new request arrive, for the settle time after the min-drain; or until the
+/// app has exited (whatever is still open, nothing can answer it); or the deadline passes. Each
+/// look is given the time left (to bound its own I/O); a count of `None` (nothing could be
+/// counted) never ends the wait early and breaks the settle time, as an arrival does. The
+/// min-drain ends `LAST_COUNT` (or one interval, if shorter) before the deadline at the latest, so
+/// that a count can still see a quiet pod and end the wait in time: a min-drain as long as the
+/// deadline (a short --deadline, or MINIMUM_DRAIN_DURATION set for Istio) would otherwise end after
+/// it and turn every quiet shutdown into a deadline. A count that may end the wait starts one
+/// look's time before the min-drain (or the settle time) ends, so that its answer, seconds long on
+/// the largest proxies, is in by then. With `then_quit`, a wait that reached the threshold then
+/// looks at the app until it has exited, or the deadline.
 pub fn wait(
     rules: &Rules,
     drained_at: Duration,
     clock: &mut impl Clock,
-    mut look: impl FnMut(Duration) -> Tick,
+    looks: &mut impl Looks,
+) -> End {
+    let mut follow = Follow::default();
+    let outcome = count(rules, drained_at, clock, looks, &mut follow);
+    let quit = match outcome {
+        _ if !rules.then_quit => Quit::No,
+        Outcome::AppExited => Quit::Yes,
+        Outcome::Reached => app_exit(rules, clock, looks, &mut follow),
+        _ => Quit::No,
+    };
+    End { outcome, quit }
+}
+
+fn count(
+    rules: &Rules,
+    drained_at: Duration,
+    clock: &mut impl Clock,
+    looks: &mut impl Looks,
+    follow: &mut Follow,
 ) -> Outcome {
     let drain_done = drained_at.saturating_add(rules.min_drain).min(
         rules
@@ -93,24 +218,27 @@ pub fn wait(
         if started >= rules.deadline {
             break;
         }
-        let tick = look(rules.deadline - started);
+        let tick = looks.look(rules.deadline - started, Ask::Count);
+        let seen = follow.see(&tick);
+        looks.seen(Ask::Count, seen);
         let now = clock.now();
         counted |= tick.count.is_some();
-        if tick.app == App::Gone {
+        if seen.app == App::Gone {
             return Outcome::AppExited;
         }
         match tick.count {
-            Some(n) if n <= rules.exit_at && !tick.arrived => {
+            Some(n) if n <= rules.exit_at && !seen.arrived => {
                 low_since.get_or_insert(now);
             }
             _ => low_since = None,
         }
-        let pause = pause(rules.interval, tick.cost);
+        let cost = tick.cost.look;
+        let pause = pause(rules.interval, cost);
         let mut next = started.saturating_add(pause);
-        if tick.app == App::Leaving {
+        if seen.app == App::Leaving {
             next = next.min(now.saturating_add(RECHECK));
         }
-        let ahead = std::mem::replace(&mut lead, tick.cost).max(tick.cost);
+        let ahead = std::mem::replace(&mut lead, cost).max(cost);
         if let Some(since) = low_since {
             // Saturating: durations up to u64::MAX seconds parse, and must not overflow here.
             let done_at = drain_done.max(since.saturating_add(rules.settle));
@@ -129,7 +257,7 @@ pub fn wait(
             }
             // Wake so that the next count ends when the min-drain or the settle time ends, not
             // at the next tick.
-            next = next.min(done_at.saturating_sub(tick.cost));
+            next = next.min(done_at.saturating_sub(cost));
         }
         // A paced wait with no count due before the deadline counts once more where a count
         // can still end before it.
@@ -148,6 +276,39 @@ pub fn wait(
         Outcome::Deadline
     } else {
         Outcome::NothingCounted
+    }
+}
+
+/// `--then-quit` once the count is reached: the app may still be shutting down and call out
+/// through the proxy, so the proxy is stopped only once it has exited. Looks every interval
+/// (sooner while its sockets are going) until the deadline; an app never seen cannot be told
+/// from one that has exited, and is not waited for.
+fn app_exit(
+    rules: &Rules,
+    clock: &mut impl Clock,
+    looks: &mut impl Looks,
+    follow: &mut Follow,
+) -> Quit {
+    loop {
+        let tick = looks.look(rules.deadline.saturating_sub(clock.now()), Ask::App);
+        let app = follow.app(tick.app);
+        looks.seen(
+            Ask::App,
+            Seen {
+                app,
+                arrived: false,
+            },
+        );
+        let pause = match app {
+            App::Gone => return Quit::Yes,
+            App::NotSeen => return Quit::AppNotSeen,
+            App::Leaving => RECHECK,
+            App::Running | App::Unknown => rules.interval,
+        };
+        if rules.deadline.saturating_sub(clock.now()) <= pause {
+            return Quit::AppStillThere;
+        }
+        clock.sleep(pause);
     }
 }
 
@@ -180,6 +341,7 @@ mod tests {
             interval: ms(500),
             settle: ms(0),
             exit_at: 0,
+            then_quit: false,
         }
     }
 
@@ -188,6 +350,43 @@ mod tests {
             count: Some(n),
             ..Tick::default()
         }
+    }
+
+    fn cost(n: u64) -> Cost {
+        Cost {
+            look: ms(n),
+            admin: Duration::ZERO,
+        }
+    }
+
+    /// Looks answered by a closure; what the wait made of each is kept.
+    struct Script<F: FnMut(Duration, Ask) -> Tick> {
+        look: F,
+        seen: Vec<(Ask, Seen)>,
+    }
+
+    impl<F: FnMut(Duration, Ask) -> Tick> Looks for Script<F> {
+        fn look(&mut self, left: Duration, ask: Ask) -> Tick {
+            (self.look)(left, ask)
+        }
+        fn seen(&mut self, ask: Ask, seen: Seen) {
+            self.seen.push((ask, seen));
+        }
+    }
+
+    /// The wait from `drained_at` on the fake clock `now`, with looks from `look`.
+    fn wait_with(
+        r: &Rules,
+        drained_at: Duration,
+        now: &Cell<Duration>,
+        look: impl FnMut(Duration, Ask) -> Tick,
+    ) -> (End, Vec<(Ask, Seen)>) {
+        let mut script = Script {
+            look,
+            seen: Vec::new(),
+        };
+        let end = wait(r, drained_at, &mut FakeClock(now), &mut script);
+        (end, script.seen)
     }
 
     /// Runs the loop with counts given as (from time in ms, count) steps; each count takes
@@ -210,17 +409,25 @@ mod tests {
         run_ticks(rules, &ticks, cost)
     }
 
-    /// `run` with whole looks: each (from time in ms, look) step holds from then on, except
-    /// that an arrival is seen only at the first look of its step.
+    /// `run` with whole looks: each (from time in ms, look) step holds from then on.
     fn run_ticks(
         rules: &Rules,
         script: &[(u64, Tick)],
         cost: Duration,
     ) -> (Outcome, Duration, Vec<Duration>) {
+        let (end, time, at, _) = run_steps(rules, script, cost);
+        (end.outcome, time, at)
+    }
+
+    /// `run_ticks` with the whole end and what the wait made of each look.
+    fn run_steps(
+        rules: &Rules,
+        script: &[(u64, Tick)],
+        cost: Duration,
+    ) -> (End, Duration, Vec<Duration>, Vec<(Ask, Seen)>) {
         let now = Cell::new(ms(0));
-        let mut last_step = None;
         let mut at = Vec::new();
-        let outcome = wait(rules, ms(0), &mut FakeClock(&now), |left| {
+        let (end, seen) = wait_with(rules, ms(0), &now, |left, _| {
             let t = now.get();
             at.push(t);
             assert!(
@@ -228,15 +435,12 @@ mod tests {
                 "time left is bounded by the deadline"
             );
             now.set(t + cost.min(left));
-            let Some(step) = script.iter().rposition(|(from, _)| ms(*from) <= t) else {
-                return Tick::default();
-            };
-            let mut tick = script[step].1;
-            tick.arrived &= last_step != Some(step);
-            last_step = Some(step);
-            tick
+            match script.iter().rposition(|(from, _)| ms(*from) <= t) {
+                Some(step) => script[step].1,
+                None => Tick::default(),
+            }
         });
-        (outcome, now.get(), at)
+        (end, now.get(), at, seen)
     }
 
     #[test]
@@ -302,7 +506,7 @@ mod tests {
         };
         let slow = |count| Tick {
             count: Some(count),
-            cost: ms(250),
+            cost: cost(250),
             ..Tick::default()
         };
         // Each look takes 250 ms: a count every 5 s, and one at 24.5 s, where a count that takes
@@ -313,7 +517,7 @@ mod tests {
         // A quick look keeps the interval.
         let quick = Tick {
             count: Some(1),
-            cost: ms(20),
+            cost: cost(20),
             ..Tick::default()
         };
         let (_, _, at) = run_ticks(&r, &[(0, quick)], ms(20));
@@ -378,18 +582,21 @@ mod tests {
         let looks = |r: &Rules, counts: [u64; 2], costs: [u64; 2]| {
             let now = Cell::new(ms(0));
             let mut at = Vec::new();
-            let outcome = wait(r, ms(0), &mut FakeClock(&now), |left| {
+            let (end, _) = wait_with(r, ms(0), &now, |left, _| {
                 let i = at.len().min(1);
-                let cost = ms(costs[i]).min(left);
+                let took = ms(costs[i]).min(left);
                 at.push(now.get());
-                now.set(now.get() + cost);
+                now.set(now.get() + took);
                 Tick {
                     count: Some(counts[i]),
-                    cost,
+                    cost: Cost {
+                        look: took,
+                        admin: took,
+                    },
                     ..Tick::default()
                 }
             });
-            (outcome, now.get(), at)
+            (end.outcome, now.get(), at)
         };
         let (o, end, at) = looks(&bench, [0, 0], [4000, 3500]);
         assert_eq!((o, end), (Outcome::Reached, ms(9000)));
@@ -482,7 +689,7 @@ mod tests {
                 deadline: ms(3000),
                 ..rules()
             };
-            let o = wait(&r, drained_at, &mut FakeClock(&now), |_| counted(0));
+            let o = wait_with(&r, drained_at, &now, |_, _| counted(0)).0.outcome;
             assert_eq!(o, Outcome::Reached, "drained at {drained_at:?}");
             assert!(
                 now.get() >= ms(2500) && now.get() < ms(3000),
@@ -496,7 +703,7 @@ mod tests {
             deadline: ms(3000),
             ..rules()
         };
-        let o = wait(&r, ms(0), &mut FakeClock(&now), |_| counted(1));
+        let o = wait_with(&r, ms(0), &now, |_, _| counted(1)).0.outcome;
         assert_eq!(
             o,
             Outcome::Deadline,
@@ -511,20 +718,24 @@ mod tests {
             min_drain: ms(1000),
             ..rules()
         };
-        let o = wait(&r, ms(800), &mut FakeClock(&now), |_| counted(0));
+        let o = wait_with(&r, ms(800), &now, |_, _| counted(0)).0.outcome;
         assert_eq!((o, now.get()), (Outcome::Reached, ms(1800)));
     }
 
     #[test]
     fn arrivals_hold_a_zero_count_until_a_count_sees_none() {
         let r = rules();
-        let arriving = Tick {
-            arrived: true,
-            ..counted(0)
-        };
         // Zero at every look, but a new request at every one up to 9 s: the endpoint has not yet
         // left the clients' lists.
-        let script: Vec<(u64, Tick)> = (0..19).map(|i| (i * 500, arriving)).collect();
+        let script: Vec<(u64, Tick)> = (0..19)
+            .map(|i| {
+                let tick = Tick {
+                    arrivals: Arrivals::Requests(40 + i),
+                    ..counted(0)
+                };
+                (i * 500, tick)
+            })
+            .collect();
         let (o, end, _) = run_ticks(&r, &script, ms(0));
         assert_eq!((o, end), (Outcome::Reached, ms(9500)));
         // Without arrivals the same zeros end at the min-drain.
@@ -532,32 +743,154 @@ mod tests {
         assert_eq!((o, end), (Outcome::Reached, ms(5000)));
     }
 
+    fn app(holds: Option<bool>, n: u64) -> Tick {
+        Tick {
+            app: holds,
+            ..counted(n)
+        }
+    }
+
     #[test]
     fn the_app_gone_ends_the_wait_at_once_whatever_is_open_and_is_checked_twice() {
-        let leaving = Tick {
-            app: App::Leaving,
-            ..counted(3)
-        };
-        let gone = Tick {
-            app: App::Gone,
-            ..counted(3)
-        };
-        let script = [(0, counted(3)), (2000, leaving), (2100, gone)];
-        let (o, end, at) = run_ticks(&rules(), &script, ms(0));
-        assert_eq!((o, end), (Outcome::AppExited, ms(2100)));
+        let script = [(0, app(Some(true), 3)), (2000, app(Some(false), 3))];
+        let (end, time, at, seen) = run_steps(&rules(), &script, ms(0));
+        assert_eq!((end.outcome, time), (Outcome::AppExited, ms(2100)));
+        assert_eq!(end.quit, Quit::No, "not asked to stop the proxy");
         assert_eq!(
             &at[at.len() - 2..],
             &[ms(2000), ms(2100)],
             "looks again 100ms after the sockets went"
         );
+        let apps: Vec<App> = seen.iter().map(|(_, s)| s.app).collect();
+        assert_eq!(
+            &apps[apps.len() - 3..],
+            [App::Running, App::Leaving, App::Gone]
+        );
         // Before the min-drain too: nothing is left to serve.
-        let (o, end, _) = run_ticks(&rules(), &[(0, counted(0)), (1000, gone)], ms(0));
-        assert_eq!((o, end), (Outcome::AppExited, ms(1000)));
+        let script = [(0, app(Some(true), 0)), (1000, app(Some(false), 0))];
+        let (o, end, _) = run_ticks(&rules(), &script, ms(0));
+        assert_eq!((o, end), (Outcome::AppExited, ms(1100)));
         // An app never seen, or a table that cannot be read, never ends the wait.
-        for app in [App::NotSeen, App::Unknown, App::Running, App::Leaving] {
-            let tick = Tick { app, ..counted(1) };
-            let (o, _, _) = run_ticks(&rules(), &[(0, tick)], ms(0));
-            assert_eq!(o, Outcome::Deadline, "{app:?}");
+        for holds in [None, Some(false), Some(true)] {
+            let (o, _, _) = run_ticks(&rules(), &[(0, app(holds, 1))], ms(0));
+            assert_eq!(o, Outcome::Deadline, "{holds:?}");
         }
+        // Nor does an unreadable table between two looks without the app's sockets.
+        let script = [
+            (0, app(Some(true), 1)),
+            (1000, app(Some(false), 1)),
+            (1100, app(None, 1)),
+            (1600, app(Some(false), 1)),
+            (1700, app(Some(true), 1)),
+        ];
+        let (o, _, _) = run_ticks(&rules(), &script, ms(0));
+        assert_eq!(o, Outcome::Deadline);
+    }
+
+    #[test]
+    fn the_app_is_gone_only_after_it_was_seen_and_then_missed_twice_in_a_row() {
+        let mut f = Follow::default();
+        let apps: Vec<App> = [
+            Some(false),
+            Some(true),
+            Some(false),
+            Some(true),
+            Some(false),
+            None,
+            Some(false),
+            Some(false),
+        ]
+        .into_iter()
+        .map(|holds| f.app(holds))
+        .collect();
+        assert_eq!(
+            apps,
+            vec![
+                App::NotSeen,
+                App::Running,
+                App::Leaving,
+                App::Running,
+                App::Leaving,
+                App::Unknown,
+                App::Leaving,
+                App::Gone
+            ]
+        );
+    }
+
+    #[test]
+    fn a_request_counter_that_moved_is_an_arrival() {
+        let mut f = Follow::default();
+        let requests = Arrivals::Requests;
+        assert!(
+            !f.arrived(requests(40)),
+            "the first count has nothing to compare"
+        );
+        assert!(!f.arrived(requests(40)), "no new request");
+        assert!(
+            f.arrived(requests(41)),
+            "a request, on a kept connection or a new one"
+        );
+        assert!(
+            !f.arrived(Arrivals::Unknown),
+            "an unknown count or the stats tell nothing"
+        );
+        assert!(!f.arrived(requests(41)), "compared with the last counter");
+        assert!(f.arrived(requests(3)), "a restarted Envoy's counter");
+    }
+
+    #[test]
+    fn then_quit_stops_the_proxy_once_the_app_has_exited_after_the_count_is_reached() {
+        let r = Rules {
+            then_quit: true,
+            ..rules()
+        };
+        // Zero from 1 s; the app holds sockets until 7.2 s.
+        let script = [
+            (0, app(Some(true), 2)),
+            (1000, app(Some(true), 0)),
+            (7200, app(Some(false), 0)),
+        ];
+        let (end, time, _, seen) = run_steps(&r, &script, ms(0));
+        assert_eq!(end.outcome, Outcome::Reached);
+        assert_eq!(end.quit, Quit::Yes);
+        assert_eq!(time, ms(7600), "seen gone at 7.5 s and again 100 ms later");
+        assert!(
+            seen.iter()
+                .any(|(ask, s)| *ask == Ask::App && s.app == App::Running),
+            "the app was looked at alone after the count was reached"
+        );
+        // The app's exit during the count stops the proxy too.
+        let script = [(0, app(Some(true), 2)), (2000, app(Some(false), 2))];
+        let (end, _, _, _) = run_steps(&r, &script, ms(0));
+        assert_eq!((end.outcome, end.quit), (Outcome::AppExited, Quit::Yes));
+    }
+
+    #[test]
+    fn then_quit_never_stops_the_proxy_under_an_app_it_cannot_see_go() {
+        let r = Rules {
+            then_quit: true,
+            ..rules()
+        };
+        // Never seen: its exit cannot be told; decided at once.
+        let (end, time, _, _) = run_steps(&r, &[(0, app(Some(false), 0))], ms(0));
+        assert_eq!(
+            (end.outcome, end.quit),
+            (Outcome::Reached, Quit::AppNotSeen)
+        );
+        assert_eq!(time, ms(5000));
+        // Still there, or unknown, until the deadline: given up one interval before it.
+        for holds in [Some(true), None] {
+            let (end, time, _, _) = run_steps(&r, &[(0, app(holds, 0))], ms(0));
+            assert_eq!(
+                (end.outcome, end.quit),
+                (Outcome::Reached, Quit::AppStillThere),
+                "{holds:?}"
+            );
+            assert!(time >= ms(24500) && time <= ms(25000), "{time:?}");
+        }
+        // A wait that did not reach the threshold asks nothing more.
+        let (end, _, _, _) = run_steps(&r, &[(0, app(Some(true), 1))], ms(0));
+        assert_eq!((end.outcome, end.quit), (Outcome::Deadline, Quit::No));
     }
 }

@@ -185,6 +185,7 @@ fn the_log_file_gets_every_line_and_a_bad_one_is_only_a_warning() {
         ],
     ));
     let written = std::fs::read_to_string(&log).unwrap();
+    let missing = dir.join("no/such/dir.log");
     let bad = run(watch_table(
         &dir,
         &[
@@ -193,7 +194,7 @@ fn the_log_file_gets_every_line_and_a_bad_one_is_only_a_warning() {
             "--min-drain",
             "0s",
             "--log-file",
-            dir.join("no/such/dir.log").to_str().unwrap(),
+            missing.to_str().unwrap(),
         ],
     ));
     std::fs::remove_dir_all(&dir).unwrap();
@@ -204,9 +205,12 @@ fn the_log_file_gets_every_line_and_a_bad_one_is_only_a_warning() {
     );
     assert_eq!(bad.code, Some(1), "{bad}");
     assert!(
-        bad.stderr
-            .contains("\twarn\tenvoy-drain\tfailed to open log file"),
-        "{bad}"
+        bad.stderr.contains(&format!(
+            "\twarn\tenvoy-drain\tfailed to open log file {}: no such file or directory; \
+             logging to stderr only",
+            missing.display()
+        )),
+        "the cause in the log's own words: {bad}"
     );
 }
 

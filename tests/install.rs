@@ -82,8 +82,8 @@ fn a_destination_that_cannot_be_written_names_the_path_and_the_cause_and_exits_1
     let missing = dir.join("no/such/dir/envoy-drain");
     let under_file = file.join("envoy-drain");
     let cases = [
-        (missing.clone(), "No such file or directory"),
-        (under_file.clone(), "Not a directory"),
+        (missing.clone(), "no such file or directory"),
+        (under_file.clone(), "not a directory"),
     ];
     for (dest, cause) in cases {
         let out = run(command(&["install", dest.to_str().unwrap()]));

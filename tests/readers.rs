@@ -322,7 +322,7 @@ fn where_netlink_is_refused_the_text_tables_count_and_the_log_says_so_once() {
         let out = run(status);
         assert_eq!(out.code, Some(0), "{out}");
         let why = "netlink sock_diag is unavailable (failed to open a NETLINK_SOCK_DIAG socket: \
-                   Protocol not supported (os error 93)): reading /proc/net/tcp and tcp6 instead";
+                   protocol not supported): reading /proc/net/tcp and tcp6 instead";
         assert!(out.stdout.contains(why), "{out}");
         assert!(
             out.stdout

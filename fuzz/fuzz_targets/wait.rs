@@ -1,12 +1,14 @@
-//! The wait loop on any rules (durations up to u64::MAX seconds, any threshold) and any script of
-//! counts, costs, unknowns, arrivals and app states: no panic, it ends, it never reports reaching
-//! the threshold on a count above it or one that saw a request arrive, and it never reports the
-//! app's exit unless the last look saw it gone.
+//! The wait on any rules (durations up to u64::MAX seconds, any threshold, with and without
+//! --then-quit) and any script of counts, costs, unknowns, request counters and app sockets: no
+//! panic, it ends, it never reports reaching the threshold on a count above it or one that saw a
+//! request arrive, and it never reports the app's exit, nor stops the proxy, unless the last look
+//! saw it gone.
 #![no_main]
 
-use envoy_drain::outcome::Outcome;
 use envoy_drain::config::Rules;
-use envoy_drain::wait::{App, Clock, Tick, wait};
+use envoy_drain::count::Arrivals;
+use envoy_drain::outcome::Outcome;
+use envoy_drain::wait::{App, Ask, Clock, Cost, Looks, Quit, Seen, Tick, wait};
 use libfuzzer_sys::fuzz_target;
 use std::cell::Cell;
 use std::time::Duration;
@@ -22,11 +24,59 @@ impl Clock for Fake<'_> {
     }
 }
 
-/// Counts a script may make before the fake clock jumps to the deadline.
-const MAX_COUNTS: usize = 1000;
+/// Looks a script may make before the fake clock jumps to the deadline.
+const MAX_LOOKS: usize = 1000;
+
+/// Each byte of the script is one look: the high nibble what it took (which also paces the
+/// next), the low one 0xf for an unknown count, else a count of 0 to 7 and whether the request
+/// counter moved; the count's value also picks whether the app holds sockets.
+struct Script<'a> {
+    now: &'a Cell<Duration>,
+    deadline: Duration,
+    bytes: &'a [u8],
+    looks: usize,
+    requests: u64,
+    last: Tick,
+    seen: Seen,
+}
+
+impl Looks for Script<'_> {
+    fn look(&mut self, left: Duration, _: Ask) -> Tick {
+        assert!(self.now.get().saturating_add(left) <= self.deadline);
+        let step = self.bytes.get(self.looks).copied();
+        self.looks += 1;
+        let Some(b) = step.filter(|_| self.looks <= MAX_LOOKS) else {
+            self.now.set(self.deadline);
+            self.last = Tick::default();
+            return self.last;
+        };
+        let took = Duration::from_millis(u64::from(b >> 4) * 100);
+        self.now
+            .set(self.now.get().saturating_add(took).min(self.deadline));
+        self.requests += u64::from(b & 0x8 != 0);
+        self.last = Tick {
+            count: (b & 0xf != 0xf).then_some(u64::from(b & 0x7)),
+            arrivals: Arrivals::Requests(self.requests),
+            app: match b & 0x3 {
+                0 => None,
+                1 => Some(true),
+                _ => Some(false),
+            },
+            cost: Cost {
+                look: took,
+                admin: took,
+            },
+        };
+        self.last
+    }
+
+    fn seen(&mut self, _: Ask, seen: Seen) {
+        self.seen = seen;
+    }
+}
 
 fuzz_target!(|data: &[u8]| {
-    let Some((head, script)) = data.split_first_chunk::<45>() else {
+    let Some((head, bytes)) = data.split_first_chunk::<45>() else {
         return;
     };
     let duration = |i: usize| {
@@ -42,46 +92,30 @@ fuzz_target!(|data: &[u8]| {
         interval: duration(18).max(Duration::from_nanos(1)),
         settle: duration(27),
         exit_at: u64::from(head[36] % 4),
+        then_quit: head[37] & 1 == 1,
     };
     let now = Cell::new(Duration::ZERO);
-    let mut last = Tick::default();
-    let mut calls = 0;
-    let outcome = wait(&rules, Duration::ZERO, &mut Fake(&now), |left| {
-        assert!(now.get().saturating_add(left) <= rules.deadline);
-        let step = script.get(calls).copied();
-        calls += 1;
-        let Some(b) = step.filter(|_| calls <= MAX_COUNTS) else {
-            now.set(rules.deadline);
-            last = Tick::default();
-            return last;
-        };
-        // The high nibble: what the look took, which also paces the next.
-        let cost = Duration::from_millis(u64::from(b >> 4) * 100);
-        now.set(now.get().saturating_add(cost).min(rules.deadline));
-        // The low nibble: 0xf unknown, else a count of 0 to 7 and whether a request arrived; the
-        // count's value also picks the app's state.
-        let count = (b & 0xf != 0xf).then_some(u64::from(b & 0x7));
-        let app = match b & 0x7 {
-            0 => App::Gone,
-            1 => App::Leaving,
-            2 => App::NotSeen,
-            3 => App::Unknown,
-            _ => App::Running,
-        };
-        last = Tick {
-            count,
-            arrived: b & 0x8 != 0,
-            app,
-            cost,
-        };
-        last
-    });
-    match outcome {
-        Outcome::Reached => assert!(
-            last.count.is_some_and(|n| n <= rules.exit_at) && !last.arrived,
-            "reached on {last:?}"
+    let mut script = Script {
+        now: &now,
+        deadline,
+        bytes,
+        looks: 0,
+        requests: 0,
+        last: Tick::default(),
+        seen: Seen::default(),
+    };
+    let end = wait(&rules, Duration::ZERO, &mut Fake(&now), &mut script);
+    let (last, seen) = (script.last, script.seen);
+    match end.outcome {
+        Outcome::Reached if end.quit == Quit::No => assert!(
+            last.count.is_some_and(|n| n <= rules.exit_at) && !seen.arrived,
+            "reached on {last:?}, {seen:?}"
         ),
-        Outcome::AppExited => assert_eq!(last.app, App::Gone, "app exit on {last:?}"),
+        Outcome::AppExited => assert_eq!(seen.app, App::Gone, "app exit on {last:?}"),
         _ => {}
+    }
+    if end.quit == Quit::Yes {
+        assert!(rules.then_quit);
+        assert_eq!(seen.app, App::Gone, "proxy stopped on {last:?}");
     }
 });

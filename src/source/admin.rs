@@ -5,13 +5,10 @@
 //! timeout keeps running while the body is read), and in the bytes it reads, but for /clusters,
 //! which only time bounds.
 
-use crate::count::shorten;
-use crate::error::Failure;
+use crate::config::Address;
+use crate::error::{Failure, io_cause, shorten};
 use crate::source::uds::UnixConnector;
-use std::fmt;
 use std::io::{ErrorKind, Read};
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 use ureq::http::Response;
 use ureq::unversioned::resolver::DefaultResolver;
@@ -27,10 +24,6 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 /// listener with its workers' lines (947,254 bytes for 10,000 listeners and two workers); 4 MiB
 /// holds 40,000 listeners and keeps a hostile server from streaming without end.
 pub const BODY_LIMIT: u64 = 4 << 20;
-
-/// Makes Envoy fail its health checks: `/ready` and the health-check filter answer 503 (Envoy's
-/// admin documentation, "POST /healthcheck/fail"); `/healthcheck/ok` undoes it.
-pub const HEALTHCHECK_FAIL_PATH: &str = "/healthcheck/fail";
 
 /// Envoy's state: 200 `LIVE`, or 503 `DRAINING` once its health checks fail.
 pub const READY_PATH: &str = "/ready";
@@ -50,28 +43,6 @@ impl Reply {
     pub fn describe(&self) -> String {
         let body = String::from_utf8_lossy(&self.body);
         format!("{} '{}'", self.status, shorten(body.trim()))
-    }
-}
-
-/// Where an admin API listens: a TCP address, or a Unix socket.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Address {
-    Tcp(SocketAddr),
-    Unix(PathBuf),
-}
-
-impl fmt::Display for Address {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Address::Tcp(addr) => write!(f, "{addr}"),
-            Address::Unix(path) => write!(f, "unix:{}", path.display()),
-        }
-    }
-}
-
-impl From<SocketAddr> for Address {
-    fn from(addr: SocketAddr) -> Address {
-        Address::Tcp(addr)
     }
 }
 
@@ -260,7 +231,7 @@ fn cause(e: ureq::Error, timeout: Duration, limit: u64) -> String {
             ErrorKind::ConnectionRefused => "connection refused".to_string(),
             ErrorKind::ConnectionReset => "connection reset".to_string(),
             ErrorKind::UnexpectedEof => "connection closed mid-answer".to_string(),
-            _ => e.to_string(),
+            _ => io_cause(&e),
         },
         ureq::Error::Protocol(p) => format!("answered with something that is not HTTP/1.1: {p}"),
         other => other.to_string(),

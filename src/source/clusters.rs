@@ -101,7 +101,7 @@ impl Tally {
         let counted = cluster.left_out.is_none() && why_host.is_none();
         let Ok(n) = value.trim().parse::<u64>() else {
             if counted && self.bad.is_none() {
-                self.bad = Some(crate::count::shorten(line));
+                self.bad = Some(crate::error::shorten(line));
             }
             return;
         };

@@ -6,7 +6,7 @@
 //! (`parse`, fuzzed); only `exchange` talks to the kernel. Layouts and the kernel's behaviour are in docs/how-it-works.md ("Reading the socket
 //! table over netlink").
 
-use crate::error::Failure;
+use crate::error::{Failure, io_cause};
 use crate::source::procnet::{Endpoint, Sink, Socket, Table};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Instant;
@@ -190,7 +190,7 @@ pub fn open(until: Instant, sink: &mut impl Sink) -> Result<(), DumpError> {
 
 /// Sends `req` to the kernel and reads the whole reply into `sink`.
 fn exchange(req: &[u8], seq: u32, until: Instant, sink: &mut impl Sink) -> Result<(), DumpError> {
-    let os = || std::io::Error::last_os_error().to_string();
+    let os = || io_cause(&std::io::Error::last_os_error());
     // SAFETY: socket() takes no pointers; the descriptor it returns is checked, then owned.
     let fd = unsafe {
         libc::socket(
@@ -290,7 +290,7 @@ fn receive(fd: &OwnedFd, buf: &mut [u8], until: Instant) -> Result<usize, DumpEr
         if set != 0 {
             return Err(unread(format!(
                 "setting its timeout: {}",
-                std::io::Error::last_os_error()
+                io_cause(&std::io::Error::last_os_error())
             )));
         }
         // SAFETY: sockaddr_nl is plain data for which all zeroes is valid.
@@ -315,7 +315,7 @@ fn receive(fd: &OwnedFd, buf: &mut [u8], until: Instant) -> Result<usize, DumpEr
                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
                     return Err(unread("no time left before the deadline"));
                 }
-                _ => return Err(unread(e.to_string())),
+                _ => return Err(unread(io_cause(&e))),
             }
         }
         if from.nl_pid != 0 {

@@ -149,7 +149,7 @@ impl Table {
             None => {
                 self.bad_lines += 1;
                 if self.first_bad.is_none() {
-                    self.first_bad = Some(crate::count::shorten(line.trim_end()));
+                    self.first_bad = Some(crate::error::shorten(line.trim_end()));
                 }
             }
         }

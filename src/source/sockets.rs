@@ -4,10 +4,9 @@
 //! and counts with procnet's rule. The reader in use, Envoy's process and the listeners seen are
 //! remembered from one count to the next.
 
-use crate::config::Filter;
+use crate::config::{Address, Filter};
 use crate::count::{Basis, Count};
-use crate::error::Failure;
-use crate::source::admin::Address;
+use crate::error::{Failure, io_cause};
 use crate::source::diag::{self, DumpError};
 use crate::source::procnet::{
     DEFAULT_EPHEMERAL, Envoy, LISTEN, Listeners, Rule, Sink, Table, Tally,
@@ -178,7 +177,7 @@ impl SocketTable {
         admin_socket: Option<(u32, Option<u64>)>,
         until: Instant,
     ) -> (Envoy, Basis) {
-        let admin = self.admin.clone();
+        let admin = self.admin.to_string();
         let Some((uid, inode)) = admin_socket else {
             return (Envoy::Unknown, Basis::Unknown { admin });
         };
@@ -306,11 +305,11 @@ fn read_table(path: &Path, table: &mut Table, until: Instant) -> Result<bool, Fa
     {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(failed(e.to_string())),
+        Err(e) => return Err(failed(io_cause(&e))),
     };
     let kind = file
         .metadata()
-        .map_err(|e| failed(e.to_string()))?
+        .map_err(|e| failed(io_cause(&e)))?
         .file_type();
     // The kernel's tables are regular files; a FIFO, a device or a directory is not one.
     if !kind.is_file() {
@@ -325,7 +324,7 @@ fn read_table(path: &Path, table: &mut Table, until: Instant) -> Result<bool, Fa
         if Instant::now() >= until {
             return Err(failed("no time left before the deadline".to_string()));
         }
-        let n = reader.read(&mut chunk).map_err(|e| failed(e.to_string()))?;
+        let n = reader.read(&mut chunk).map_err(|e| failed(io_cause(&e)))?;
         if n == 0 {
             break;
         }
@@ -419,7 +418,7 @@ fn find_holder(
         return Ok((pid, inodes));
     }
     let dir = fs::read_dir(proc_root).map_err(|e| {
-        Failure::new("list", proc_root.display().to_string(), e.to_string()).to_string()
+        Failure::new("list", proc_root.display().to_string(), io_cause(&e)).to_string()
     })?;
     let mut denied = None;
     for entry in dir.flatten() {
@@ -447,7 +446,7 @@ fn find_holder(
             Ok(_) => {}
             Err(e) => {
                 let fd = format!("{}/{pid}/fd", proc_root.display());
-                denied = Some(Failure::new("read", fd, e.to_string()).to_string());
+                denied = Some(Failure::new("read", fd, io_cause(&e)).to_string());
             }
         }
     }

@@ -2,8 +2,8 @@
 //! lines in, count out), and with `--count requests` of `filter=downstream_(cx|rq)_active$`. The rules and
 //! the byte format are in docs/how-it-works.md, "Envoy's stats".
 
-use crate::count::shorten;
 use crate::count::{Count, NON_HTTP, Part, SourceKind};
+use crate::error::shorten;
 use crate::lists::PortSet;
 use crate::preset::Preset;
 use std::collections::HashMap;

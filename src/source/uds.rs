@@ -159,7 +159,8 @@ impl Transport for UnixTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::admin::{Address, Client};
+    use crate::config::Address;
+    use crate::source::admin::Client;
     use std::os::unix::net::UnixListener;
 
     /// A listener whose backlog is full makes a blocking connect wait without end; the client
@@ -195,6 +196,16 @@ mod tests {
         assert_eq!(e.cause, "no complete answer within 300ms");
         assert!(e.object.ends_with("admin.sock"), "{e}");
         assert!(took < Duration::from_secs(2), "{took:?}");
+    }
+
+    #[test]
+    fn a_socket_that_is_not_there_is_named_in_the_logs_words() {
+        let client = Client::new(Address::Unix(PathBuf::from("/nonexistent/admin.sock")));
+        let e = client.get("/ready", Duration::from_secs(1)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "failed to GET /ready on unix:/nonexistent/admin.sock: no such file or directory"
+        );
     }
 
     #[test]

@@ -1,0 +1,101 @@
+//! What the hook asks of Envoy and of Istio's agent, each one POST: before the wait, failing
+//! Envoy's health checks and draining its listeners (or asking the agent to drain them); after
+//! it, with --then-quit, stopping the proxy. The start line and the requests are both made from
+//! `before`, so what the log announces is what is sent.
+
+/// Which listeners the hook drains before it waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drain {
+    Inbound,
+    All,
+    None,
+    /// Ask Istio's agent, as Istio's native-sidecar preStop does (`Request::AgentDrain`).
+    Agent,
+}
+
+/// One request, and where it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// Envoy's `/ready` and health-check filter answer 503 from then on, so load balancers that
+    /// ask stop sending (Envoy's admin documentation, "POST /healthcheck/fail";
+    /// `/healthcheck/ok` undoes it).
+    FailHealthcheck,
+    /// Envoy drains its inbound listeners, or all of them. `skip_exit`: Envoy keeps its listeners
+    /// accepting for as long as it runs, instead of stopping them when its own drain time
+    /// (`--drain-time-s`, Istio's drainDuration) has passed while the hook still waits: clients
+    /// that have not yet learnt the pod is going (endpoints propagate late) are still served.
+    /// Always with `graceful`: a non-graceful `skip_exit` would make every later graceful drain a
+    /// no-op (docs/how-it-works.md).
+    DrainListeners { all: bool },
+    /// pilot-agent's `/drain` on its status port: it drains the inbound listeners with
+    /// `skip_exit` and, when SIGTERM comes, stops the proxy at once instead of draining and
+    /// waiting again (istio/istio pkg/envoy/agent.go, DrainNow).
+    AgentDrain,
+    /// pilot-agent's `/quitquitquit`: it stops Envoy and itself at once.
+    Quit,
+}
+
+impl Request {
+    pub fn path(self) -> &'static str {
+        match self {
+            Request::FailHealthcheck => "/healthcheck/fail",
+            Request::DrainListeners { all: false } => {
+                "/drain_listeners?inboundonly&graceful&skip_exit"
+            }
+            Request::DrainListeners { all: true } => "/drain_listeners?graceful&skip_exit",
+            Request::AgentDrain => "/drain",
+            Request::Quit => "/quitquitquit",
+        }
+    }
+
+    /// Whether it drains listeners, itself or through the agent.
+    pub fn drains(self) -> bool {
+        matches!(self, Request::DrainListeners { .. } | Request::AgentDrain)
+    }
+
+    /// Whether it goes to Istio's agent rather than to Envoy's admin API.
+    pub fn to_agent(self) -> bool {
+        matches!(self, Request::AgentDrain | Request::Quit)
+    }
+}
+
+/// The requests before the wait, in the order they are sent: the health checks fail first, so
+/// that a load balancer in front stops sending before the listeners drain.
+pub fn before(drain: Drain, fail_healthcheck: bool) -> Vec<Request> {
+    let drain = match drain {
+        Drain::Inbound => Some(Request::DrainListeners { all: false }),
+        Drain::All => Some(Request::DrainListeners { all: true }),
+        Drain::Agent => Some(Request::AgentDrain),
+        Drain::None => None,
+    };
+    fail_healthcheck
+        .then_some(Request::FailHealthcheck)
+        .into_iter()
+        .chain(drain)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_health_checks_fail_before_the_drain_and_none_sends_nothing_to_drain() {
+        assert_eq!(
+            before(Drain::Inbound, true),
+            [
+                Request::FailHealthcheck,
+                Request::DrainListeners { all: false }
+            ]
+        );
+        assert_eq!(before(Drain::Agent, false), [Request::AgentDrain]);
+        assert_eq!(before(Drain::None, false), []);
+        assert_eq!(before(Drain::None, true), [Request::FailHealthcheck]);
+        let to_envoy: Vec<bool> = [Drain::Inbound, Drain::All, Drain::Agent]
+            .iter()
+            .flat_map(|d| before(*d, false))
+            .map(|r| !r.to_agent())
+            .collect();
+        assert_eq!(to_envoy, [true, true, false]);
+    }
+}
