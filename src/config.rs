@@ -283,30 +283,9 @@ fn ports(name: &'static str, value: &str) -> Result<PortSet, UsageError> {
     })
 }
 
-/// The flags both commands share, as given.
-struct CountingArgs<'a> {
-    preset: Option<&'a str>,
-    admin: Option<&'a str>,
-    source: Option<&'a str>,
-    count: Option<&'a str>,
-    ignore: Option<&'a str>,
-    only: Option<&'a str>,
-    ignore_clusters: Option<&'a str>,
-    proc_net: Option<&'a str>,
-}
-
-fn counting(a: CountingArgs<'_>) -> Result<Counting, UsageError> {
-    let CountingArgs {
-        preset,
-        admin,
-        source,
-        count,
-        ignore,
-        only,
-        ignore_clusters,
-        proc_net,
-    } = a;
-    let preset = match preset {
+/// The flags both commands share, as `status` takes them (`run` takes the same).
+pub fn status_config(a: &StatusArgs) -> Result<Counting, UsageError> {
+    let preset = match a.preset.as_deref() {
         Some(v) => one_of("--preset", v, &PRESETS.map(|p| (p.name, p)))?,
         None => preset::ISTIO,
     };
@@ -315,13 +294,17 @@ fn counting(a: CountingArgs<'_>) -> Result<Counting, UsageError> {
         ("stats", Mode::Stats),
         ("proc", Mode::Proc),
     ];
-    let mode = one_of("--source", source.unwrap_or("auto"), &modes)?;
-    let unit = one_of("--count", count.unwrap_or("connections"), &UNITS)?;
+    let mode = one_of("--source", a.source.as_deref().unwrap_or("auto"), &modes)?;
+    let unit = one_of(
+        "--count",
+        a.count.as_deref().unwrap_or("connections"),
+        &UNITS,
+    )?;
     // The socket table knows connections, never requests.
     if unit == Unit::Requests && mode == Mode::Proc {
         return Err(UsageError::new("--count", "requests", ONLY_STATS));
     }
-    let only = match only {
+    let only = match a.ports.as_deref() {
         None => None,
         Some(v) => {
             let set = ports("--ports", v)?;
@@ -335,7 +318,7 @@ fn counting(a: CountingArgs<'_>) -> Result<Counting, UsageError> {
             Some(set)
         }
     };
-    let ignore_clusters = match ignore_clusters {
+    let ignore_clusters = match &a.ignore_clusters {
         None => Names::default(),
         Some(v) => Names::parse(v).map_err(|_| {
             UsageError::new(
@@ -347,13 +330,16 @@ fn counting(a: CountingArgs<'_>) -> Result<Counting, UsageError> {
     };
     Ok(Counting {
         preset,
-        admin: parse_admin(admin.unwrap_or(preset.admin))?,
+        admin: parse_admin(a.admin.as_deref().unwrap_or(preset.admin))?,
         mode,
         unit,
-        ignore: ports("--ignore-ports", ignore.unwrap_or(preset.ignore_ports))?,
+        ignore: ports(
+            "--ignore-ports",
+            a.ignore_ports.as_deref().unwrap_or(preset.ignore_ports),
+        )?,
         only,
         ignore_clusters,
-        proc_net: match proc_net {
+        proc_net: match a.proc_net.as_deref() {
             Some("") => {
                 return Err(UsageError::new(
                     "--proc-net",
@@ -366,32 +352,21 @@ fn counting(a: CountingArgs<'_>) -> Result<Counting, UsageError> {
     })
 }
 
-/// The flags `run` and `status` share, which their argument structs name alike.
-macro_rules! counting_args {
-    ($a:expr) => {
-        CountingArgs {
-            preset: $a.preset.as_deref(),
-            admin: $a.admin.as_deref(),
-            source: $a.source.as_deref(),
-            count: $a.count.as_deref(),
-            ignore: $a.ignore_ports.as_deref(),
-            only: $a.ports.as_deref(),
-            ignore_clusters: $a.ignore_clusters.as_deref(),
-            proc_net: $a.proc_net.as_deref(),
-        }
-    };
-}
-
-pub fn status_config(a: &StatusArgs) -> Result<Counting, UsageError> {
-    counting(counting_args!(a))
-}
-
 /// `env` looks up an environment variable; empty values count as unset.
 pub fn run_config(
     a: &RunArgs,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<RunConfig, UsageError> {
-    let mut counting = counting(counting_args!(a))?;
+    let mut counting = status_config(&StatusArgs {
+        preset: a.preset.clone(),
+        admin: a.admin.clone(),
+        source: a.source.clone(),
+        count: a.count.clone(),
+        ignore_ports: a.ignore_ports.clone(),
+        ports: a.ports.clone(),
+        ignore_clusters: a.ignore_clusters.clone(),
+        proc_net: a.proc_net.clone(),
+    })?;
     let mut warnings = Vec::new();
     let pod = pod_settings(&a.pod_annotation, counting.mode, &mut warnings);
     if let Some(unit) = pod.count {

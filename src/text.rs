@@ -537,15 +537,58 @@ pub fn status(
     out
 }
 
-fn stats_table(out: &mut String, a: &Answer) {
-    table(out, "listener", &a.count);
-    for s in &a.skipped {
-        let _ = writeln!(
-            out,
-            "  not counted: {} ({}), {} active",
-            s.name, s.why, s.active
-        );
+/// Rows as a table: the first cell left-aligned, the others right-aligned, each column as wide as
+/// its widest cell; a row of one cell is a note, written as it is.
+fn grid(out: &mut String, rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = Vec::new();
+    for row in rows.iter().filter(|r| r.len() > 1) {
+        for (i, cell) in row.iter().enumerate() {
+            let n = cell.chars().count();
+            match widths.get_mut(i) {
+                Some(w) => *w = (*w).max(n),
+                None => widths.push(n),
+            }
+        }
     }
+    for row in rows {
+        if let [note] = row.as_slice() {
+            let _ = writeln!(out, "  {note}");
+            continue;
+        }
+        out.push(' ');
+        for (i, (cell, &w)) in row.iter().zip(&widths).enumerate() {
+            let _ = match i {
+                0 => write!(out, " {cell:<w$}"),
+                _ => write!(out, "  {cell:>w$}"),
+            };
+        }
+        out.push('\n');
+    }
+}
+
+/// One row of cells.
+fn row(cells: &[&dyn std::fmt::Display]) -> Vec<String> {
+    cells.iter().map(|c| c.to_string()).collect()
+}
+
+/// Each part of a count, its total and its warnings, then any notes.
+fn table(out: &mut String, heading: &str, c: &Count, notes: Vec<Vec<String>>) {
+    let rows = std::iter::once(row(&[&heading, &"active"]))
+        .chain(c.parts.iter().map(|p| row(&[&p.name, &p.active])))
+        .chain([row(&[&"total", &c.total])])
+        .chain(c.warnings.iter().map(|w| vec![format!("warning: {w}")]))
+        .chain(notes);
+    grid(out, &rows.collect::<Vec<_>>());
+}
+
+fn stats_table(out: &mut String, a: &Answer) {
+    let skipped = a.skipped.iter().map(|s| {
+        vec![format!(
+            "not counted: {} ({}), {} active",
+            s.name, s.why, s.active
+        )]
+    });
+    table(out, "listener", &a.count, skipped.collect());
 }
 
 /// What counts, then every other socket of the table with why it does not.
@@ -553,116 +596,68 @@ fn proc_table(out: &mut String, c: &Count) {
     if let Some(b) = &c.basis {
         let _ = writeln!(out, "  {}", basis(b).0);
     }
-    table(out, "accepted on", c);
-    if c.excluded.is_empty() {
-        return;
-    }
-    let heading = "not counted";
-    let width = c
-        .excluded
-        .iter()
-        .map(|e| e.why.chars().count())
-        .chain([heading.len()])
-        .max()
-        .unwrap_or_default();
-    let _ = writeln!(out, "  {heading:<width$}  sockets");
-    for e in &c.excluded {
-        let _ = writeln!(out, "  {:<width$}  {:>7}", e.why, e.n);
-    }
-}
-
-fn table(out: &mut String, heading: &str, c: &Count) {
-    let width = c
-        .parts
-        .iter()
-        .map(|p| p.name.chars().count())
-        .chain([heading.len(), "total".len()])
-        .max()
-        .unwrap_or_default();
-    let _ = writeln!(out, "  {heading:<width$}  active");
-    for p in &c.parts {
-        let _ = writeln!(out, "  {:<width$}  {:>6}", p.name, p.active);
-    }
-    let _ = writeln!(out, "  {:<width$}  {:>6}", "total", c.total);
-    for w in &c.warnings {
-        let _ = writeln!(out, "  warning: {w}");
+    table(out, "accepted on", c, Vec::new());
+    if !c.excluded.is_empty() {
+        let rows = std::iter::once(row(&[&"not counted", &"sockets"]))
+            .chain(c.excluded.iter().map(|e| row(&[&e.why, &e.n])));
+        grid(out, &rows.collect::<Vec<_>>());
     }
 }
 
 /// Requests in flight and open connections per cluster that holds anything, then what is left
 /// out and why.
 fn clusters_table(out: &mut String, a: &clusters::Answer) {
-    let busy = |c: &clusters::Cluster| c.requests > 0 || c.connections > 0;
-    let (counted, left_out): (Vec<&clusters::Cluster>, Vec<_>) =
-        a.clusters.iter().partition(|c| c.left_out.is_none());
-    let shown: Vec<_> = counted.iter().filter(|c| busy(c)).collect();
-    let left_rows: Vec<(String, u64)> = left_out
+    let busy = |c: &&clusters::Cluster| c.requests > 0 || c.connections > 0;
+    let (counted, left_out): (Vec<&clusters::Cluster>, Vec<_>) = a
+        .clusters
         .iter()
-        .filter(|c| busy(c))
+        .filter(busy)
+        .partition(|c| c.left_out.is_none());
+    let mut rows = vec![row(&[&"cluster", &"requests", &"connections"])];
+    rows.extend(
+        counted
+            .iter()
+            .map(|c| row(&[&c.name, &c.requests, &c.connections])),
+    );
+    rows.push(row(&[&"total", &a.count.total]));
+    if a.quiet > 0 {
+        let more = plural(a.quiet, "more cluster", "more clusters");
+        rows.push(vec![format!("and {more} with nothing open")]);
+    }
+    let left_rows: Vec<Vec<String>> = left_out
+        .iter()
         .map(|c| {
-            (
-                format!("{} ({})", c.name, c.left_out.unwrap_or_default()),
-                c.requests,
-            )
+            let name = format!("{} ({})", c.name, c.left_out.unwrap_or_default());
+            row(&[&name, &c.requests])
         })
-        .chain(a.hosts_left_out.iter().cloned())
+        .chain(a.hosts_left_out.iter().map(|(name, n)| row(&[name, n])))
         .collect();
-    let heading = "cluster";
-    let width = shown
-        .iter()
-        .map(|c| c.name.chars().count())
-        .chain(left_rows.iter().map(|(n, _)| n.chars().count()))
-        .chain(["not counted".len()])
-        .max()
-        .unwrap_or_default();
-    let _ = writeln!(out, "  {heading:<width$}  requests  connections");
-    for c in &shown {
-        let _ = writeln!(
-            out,
-            "  {:<width$}  {:>8}  {:>11}",
-            c.name, c.requests, c.connections
-        );
-    }
-    let _ = writeln!(out, "  {:<width$}  {:>8}", "total", a.count.total);
-    let quiet = a.quiet;
-    if quiet > 0 {
-        let _ = writeln!(
-            out,
-            "  and {} with nothing open",
-            plural(quiet, "more cluster", "more clusters")
-        );
-    }
     if !left_rows.is_empty() {
-        let _ = writeln!(out, "  {:<width$}  requests", "not counted");
-        for (name, n) in left_rows {
-            let _ = writeln!(out, "  {name:<width$}  {n:>8}");
-        }
+        rows.push(row(&[&"not counted", &"requests"]));
+        rows.extend(left_rows);
     }
+    grid(out, &rows);
 }
 
 /// Requests and connections side by side per HTTP connection manager, then what has no HTTP.
 fn requests_table(out: &mut String, c: &Count, hcms: &[Hcm]) {
-    let heading = "HTTP connection manager";
-    let width = hcms
-        .iter()
-        .map(|h| h.prefix.chars().count())
-        .chain([heading.len(), NON_HTTP.len()])
-        .max()
-        .unwrap_or_default();
-    let _ = writeln!(out, "\n  {heading:<width$}  requests  connections");
-    for h in hcms {
-        let _ = writeln!(
-            out,
-            "  {:<width$}  {:>8}  {:>11}",
-            h.prefix, h.requests, h.connections
-        );
-    }
     let tcp = c
         .parts
         .iter()
         .find(|p| p.name == NON_HTTP)
         .map_or(0, |p| p.active);
-    let _ = writeln!(out, "  {NON_HTTP:<width$}  {:>8}  {tcp:>11}", "-");
+    let rows = std::iter::once(row(&[
+        &"HTTP connection manager",
+        &"requests",
+        &"connections",
+    ]))
+    .chain(
+        hcms.iter()
+            .map(|h| row(&[&h.prefix, &h.requests, &h.connections])),
+    )
+    .chain([row(&[&NON_HTTP, &"-", &tcp])]);
+    out.push('\n');
+    grid(out, &rows.collect::<Vec<_>>());
 }
 
 #[cfg(test)]

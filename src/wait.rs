@@ -14,22 +14,17 @@ pub trait Clock {
     fn sleep(&mut self, d: Duration);
 }
 
-/// What the wait looks at, and where it tells what it made of each look (the log).
+/// The pod as the wait sees it: a look within `left` (a count and the app's sockets, or with
+/// `Ask::App` the sockets alone), and what the wait made of the look just taken (for the log).
 pub trait Looks {
-    /// One look within `left`: a count and the app's sockets, or with `Ask::App` the app's
-    /// sockets alone.
     fn look(&mut self, left: Duration, ask: Ask) -> Tick;
-    /// What the wait made of the look just taken.
     fn seen(&mut self, ask: Ask, seen: Seen);
 }
 
-/// What a look is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ask {
-    /// A count, and the app's sockets.
     Count,
-    /// The app's sockets alone: the count has been reached, and `--then-quit` waits for the
-    /// app's exit.
+    /// The count is reached, and `--then-quit` waits for the app's exit.
     App,
 }
 
@@ -46,8 +41,7 @@ pub const RECHECK: Duration = Duration::from_millis(100);
 /// shares with Envoy (a preStop runs in its container).
 pub const PACE: u32 = 20;
 
-/// What one look took: all of it, which paces the next, and the part spent waiting on Envoy's
-/// admin API, which the log names.
+/// What one look took (which paces the next), and the part of it spent waiting on Envoy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Cost {
     pub look: Duration,
@@ -61,25 +55,23 @@ pub fn pause(interval: Duration, cost: Duration) -> Duration {
     interval.max(cost.saturating_mul(PACE))
 }
 
-/// What one look saw.
+/// What one look saw: the count (`None`: unknown, or not asked for); the request counter, where
+/// the source has one; whether the app holds a socket in the pod (one of another user than the
+/// proxy's; `None`: the table could not be read).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Tick {
-    /// The count; `None` when nothing could be counted (or, with `Ask::App`, nothing was).
     pub count: Option<u64>,
-    /// The counter of requests so far, where the source has one.
     pub arrivals: Arrivals,
-    /// Whether the app holds a socket in the pod (a socket of another user than the proxy's);
-    /// `None` when the socket table could not be read.
     pub app: Option<bool>,
     pub cost: Cost,
 }
 
-/// What the wait made of a look.
+/// What the wait made of a look: the app's state, and whether a request arrived since the last
+/// look that could tell (the pod is still in some client's endpoints, even when the count is at
+/// zero between two requests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Seen {
     pub app: App,
-    /// A request arrived since the last look that could tell: the pod is still in some client's
-    /// endpoints, even when the count is at zero between two requests.
     pub arrived: bool,
 }
 
@@ -100,33 +92,31 @@ pub enum App {
     Gone,
 }
 
-/// How a wait ended, and with `--then-quit` whether the proxy may be stopped.
+/// How a wait ended, and what `--then-quit` decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct End {
     pub outcome: Outcome,
     pub quit: Quit,
 }
 
-/// What `--then-quit` decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Quit {
-    /// Not asked for, or the wait did not end in time for it.
+    /// Not asked for, or the wait did not reach the threshold.
     No,
     /// The app has exited: stop the proxy.
     Yes,
-    /// The app never held a socket while the hook looked, so its exit cannot be told.
+    /// The app never held a socket while the hook looked: its exit cannot be told.
     AppNotSeen,
     /// The app was still there, or could not be seen, at the deadline.
     AppStillThere,
 }
 
-/// Follows the app and the request counter from one look to the next.
+/// Follows the app (seen at all; missing at the last look) and the last known request counter
+/// from one look to the next.
 #[derive(Debug, Default)]
 struct Follow {
     app_seen: bool,
-    /// The last look found none of the app's sockets.
     app_missing: bool,
-    /// The last known request counter.
     requests: Arrivals,
 }
 
