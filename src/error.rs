@@ -20,11 +20,12 @@ pub fn io_cause(e: &io::Error) -> String {
         Some(at) => &text[..at],
         None => &text,
     };
-    let mut chars = text.chars();
-    match chars.next() {
-        Some(first) => first.to_lowercase().chain(chars).collect(),
-        None => String::new(),
+    // ASCII only: the OS's messages are, and Unicode's case tables would cost the binary 10 KB.
+    let mut cause = text.to_string();
+    if let Some(first) = cause.get_mut(..1) {
+        first.make_ascii_lowercase();
     }
+    cause
 }
 
 /// A value the user gave that cannot be used. Everything else that can go wrong at run time is a

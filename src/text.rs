@@ -573,12 +573,12 @@ fn row(cells: &[&dyn std::fmt::Display]) -> Vec<String> {
 
 /// Each part of a count, its total and its warnings, then any notes.
 fn table(out: &mut String, heading: &str, c: &Count, notes: Vec<Vec<String>>) {
-    let rows = std::iter::once(row(&[&heading, &"active"]))
-        .chain(c.parts.iter().map(|p| row(&[&p.name, &p.active])))
-        .chain([row(&[&"total", &c.total])])
-        .chain(c.warnings.iter().map(|w| vec![format!("warning: {w}")]))
-        .chain(notes);
-    grid(out, &rows.collect::<Vec<_>>());
+    let mut rows = vec![row(&[&heading, &"active"])];
+    rows.extend(c.parts.iter().map(|p| row(&[&p.name, &p.active])));
+    rows.push(row(&[&"total", &c.total]));
+    rows.extend(c.warnings.iter().map(|w| vec![format!("warning: {w}")]));
+    rows.extend(notes);
+    grid(out, &rows);
 }
 
 fn stats_table(out: &mut String, a: &Answer) {
@@ -598,9 +598,9 @@ fn proc_table(out: &mut String, c: &Count) {
     }
     table(out, "accepted on", c, Vec::new());
     if !c.excluded.is_empty() {
-        let rows = std::iter::once(row(&[&"not counted", &"sockets"]))
-            .chain(c.excluded.iter().map(|e| row(&[&e.why, &e.n])));
-        grid(out, &rows.collect::<Vec<_>>());
+        let mut rows = vec![row(&[&"not counted", &"sockets"])];
+        rows.extend(c.excluded.iter().map(|e| row(&[&e.why, &e.n])));
+        grid(out, &rows);
     }
 }
 
@@ -646,18 +646,18 @@ fn requests_table(out: &mut String, c: &Count, hcms: &[Hcm]) {
         .iter()
         .find(|p| p.name == NON_HTTP)
         .map_or(0, |p| p.active);
-    let rows = std::iter::once(row(&[
+    let mut rows = vec![row(&[
         &"HTTP connection manager",
         &"requests",
         &"connections",
-    ]))
-    .chain(
+    ])];
+    rows.extend(
         hcms.iter()
             .map(|h| row(&[&h.prefix, &h.requests, &h.connections])),
-    )
-    .chain([row(&[&NON_HTTP, &"-", &tcp])]);
+    );
+    rows.push(row(&[&NON_HTTP, &"-", &tcp]));
     out.push('\n');
-    grid(out, &rows.collect::<Vec<_>>());
+    grid(out, &rows);
 }
 
 #[cfg(test)]
