@@ -113,8 +113,7 @@ impl<'a> Watch<'a> {
         }
     }
 
-    /// A count and what the wait made of it: the pace when it changed, the app's exit, and the
-    /// count's own lines.
+    /// A count and what the wait made of it: the pace when it changed, and the count's own lines.
     pub fn counted(
         &mut self,
         reading: Reading,
@@ -124,9 +123,6 @@ impl<'a> Watch<'a> {
         cost: Cost,
     ) {
         self.pace(cost);
-        if seen.app == App::Gone {
-            self.report.line(Level::Info, text::APP_EXITED);
-        }
         self.count(reading, seen.arrived, proc, now);
     }
 

@@ -74,6 +74,9 @@ pub fn command(args: &RunArgs, env: &dyn Fn(&str) -> Option<String>, start: Inst
         cost: Cost::default(),
     };
     let end = wait::wait(&cfg.rules, drained_at, &mut clock, &mut hook);
+    if end.outcome == Outcome::AppExited || end.quit == Quit::Yes {
+        report.line(Level::Info, &text::app_exited());
+    }
     match end.quit {
         Quit::Yes => post(Request::Quit, &clock),
         Quit::AppNotSeen => report.line(Level::Warn, text::APP_NOT_SEEN),
@@ -124,7 +127,7 @@ impl Looks for Hook<'_> {
                 let (reading, pod) = self.sources.tick(left);
                 (Some(reading), pod)
             }
-            Ask::App => (None, self.sources.pod(left)),
+            Ask::App | Ask::Exit => (None, self.sources.pod(left)),
         };
         self.cost = Cost {
             look: asked.elapsed(),
@@ -149,7 +152,8 @@ impl Looks for Hook<'_> {
                 let proc = self.sources.reader();
                 self.watch.counted(reading, seen, proc, now, self.cost);
             }
-            _ => self.watch.app(seen.app, &self.pod),
+            (Ask::Exit, _) => self.watch.app(seen.app, &self.pod),
+            _ => {}
         }
     }
 }

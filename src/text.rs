@@ -12,7 +12,7 @@ use crate::source::clusters::{self, CLUSTERS_PATH};
 use crate::source::sockets::Reader;
 use crate::source::stats::{Answer, Hcm};
 use crate::source::{Look, Reading, Sources};
-use crate::wait::{Cost, PACE};
+use crate::wait::{APP_GONE, Cost, PACE, RECHECK};
 use std::fmt::Write;
 use std::time::Duration;
 
@@ -330,9 +330,15 @@ pub fn waiting_for_app(others: &std::collections::BTreeMap<u32, u64>) -> String 
     )
 }
 
-/// The app's sockets are gone, at two looks in a row.
-pub const APP_EXITED: &str =
-    "the app has exited: no socket of another user than the proxy's is left in the pod";
+/// The app's sockets have been gone for `APP_GONE`, at looks `RECHECK` apart.
+pub fn app_exited() -> String {
+    format!(
+        "the app has exited: no socket of another user than the proxy's has been in the pod for \
+         {}, at looks {} apart",
+        humantime::format_duration(APP_GONE),
+        humantime::format_duration(RECHECK)
+    )
+}
 
 /// `--then-quit` when the app never held a socket while the hook looked.
 pub const APP_NOT_SEEN: &str = "no socket of the app seen while waiting, so its exit cannot be told: not asking the Istio agent to stop the proxy; its own shutdown follows";

@@ -24,15 +24,24 @@ pub trait Looks {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ask {
     Count,
-    /// The count is reached, and `--then-quit` waits for the app's exit.
+    /// The app's sockets alone, between two counts: they have gone, and whether for good is
+    /// told by looks close together (`APP_GONE`).
     App,
+    /// The app's sockets alone: the count is reached, and `--then-quit` waits for the app's exit.
+    Exit,
 }
 
 /// Time enough for a count before the deadline: the bound on one admin request.
 pub const LAST_COUNT: Duration = crate::source::admin::REQUEST_TIMEOUT;
 
-/// How soon the pod is looked at again when the app's sockets have just gone: an app between
-/// closing its listener and a last call out holds none for a moment.
+/// How long the app's sockets must stay gone, at looks at most `RECHECK` apart, before the app
+/// counts as exited: an app between closing its listener and a call out holds none for a
+/// moment, and a worker that calls out now and then holds none between its calls. A call that
+/// holds its socket for longer than `RECHECK` is seen by one of those looks.
+pub const APP_GONE: Duration = Duration::from_secs(1);
+
+/// The time between two looks at the app's sockets while they are gone. Such a look reads the
+/// socket table only, which costs Envoy nothing.
 pub const RECHECK: Duration = Duration::from_millis(100);
 
 /// Two counts start at least this many times the last one's time apart, so that counting takes
@@ -85,10 +94,10 @@ pub enum App {
     /// exited.
     NotSeen,
     Running,
-    /// Its sockets have gone, at one look: the next one, shortly after, tells.
+    /// Its sockets have gone, for less than `APP_GONE` (or at looks too far apart to tell).
     Leaving,
-    /// Its sockets have gone, at two looks in a row: it has exited, and nothing is left that
-    /// could answer a request.
+    /// Its sockets have been gone for `APP_GONE`, at looks `RECHECK` apart: it has exited, and
+    /// nothing is left that could answer a request.
     Gone,
 }
 
@@ -111,30 +120,43 @@ pub enum Quit {
     AppStillThere,
 }
 
-/// Follows the app (seen at all; missing at the last look) and the last known request counter
-/// from one look to the next.
+/// Follows the app (seen at all; since when its sockets have been gone, at looks close
+/// together; when the last look ended) and the last known request counter.
 #[derive(Debug, Default)]
 struct Follow {
     app_seen: bool,
-    app_missing: bool,
+    gone_since: Option<Duration>,
+    last_look: Duration,
     requests: Arrivals,
 }
 
 impl Follow {
-    fn app(&mut self, holds_sockets: Option<bool>) -> App {
-        let Some(holds) = holds_sockets else {
-            self.app_missing = false;
-            return App::Unknown;
-        };
-        let was_missing = std::mem::replace(&mut self.app_missing, !holds);
-        match (holds, self.app_seen, was_missing) {
-            (true, ..) => {
-                self.app_seen = true;
-                App::Running
+    /// What a look from `started` to `ended` says of the app: gone only when every look since
+    /// `gone_since` missed its sockets, each starting within two `RECHECK`s of the last one's end.
+    fn app(&mut self, holds_sockets: Option<bool>, started: Duration, ended: Duration) -> App {
+        let close = started.saturating_sub(self.last_look) <= RECHECK.saturating_mul(2);
+        self.last_look = ended;
+        let since = match (holds_sockets, self.app_seen) {
+            (None, _) | (Some(true), _) => {
+                self.app_seen |= holds_sockets.is_some();
+                self.gone_since = None;
+                return if holds_sockets.is_some() {
+                    App::Running
+                } else {
+                    App::Unknown
+                };
             }
-            (false, false, _) => App::NotSeen,
-            (false, true, false) => App::Leaving,
-            (false, true, true) => App::Gone,
+            (Some(false), false) => return App::NotSeen,
+            (Some(false), true) => match self.gone_since {
+                Some(since) if close => since,
+                _ => started,
+            },
+        };
+        self.gone_since = Some(since);
+        if ended.saturating_sub(since) >= APP_GONE {
+            App::Gone
+        } else {
+            App::Leaving
         }
     }
 
@@ -150,9 +172,14 @@ impl Follow {
         }
     }
 
-    fn see(&mut self, tick: &Tick) -> Seen {
+    /// Whether the app's sockets, seen before, are gone now.
+    fn going(&self) -> bool {
+        self.gone_since.is_some()
+    }
+
+    fn see(&mut self, tick: &Tick, started: Duration, ended: Duration) -> Seen {
         Seen {
-            app: self.app(tick.app),
+            app: self.app(tick.app, started, ended),
             arrived: self.arrived(tick.arrivals),
         }
     }
@@ -160,16 +187,16 @@ impl Follow {
 
 /// Counts at once, then every interval, until the count has stayed at or below the threshold,
 /// at counts that saw no new request arrive, for the settle time after the min-drain; or until the
-/// app has exited (whatever is still open, nothing can answer it); or the deadline passes. Each
-/// look is given the time left (to bound its own I/O); a count of `None` (nothing could be
-/// counted) never ends the wait early and breaks the settle time, as an arrival does. The
-/// min-drain ends `LAST_COUNT` (or one interval, if shorter) before the deadline at the latest, so
-/// that a count can still see a quiet pod and end the wait in time: a min-drain as long as the
-/// deadline (a short --deadline, or MINIMUM_DRAIN_DURATION set for Istio) would otherwise end after
-/// it and turn every quiet shutdown into a deadline. A count that may end the wait starts one
-/// look's time before the min-drain (or the settle time) ends, so that its answer, seconds long on
-/// the largest proxies, is in by then. With `then_quit`, a wait that reached the threshold then
-/// looks at the app until it has exited, or the deadline.
+/// app has exited (whatever is still open, nothing can answer it), never before the min-drain; or
+/// the deadline passes. Each look is given the time left (to bound its own I/O); a count of
+/// `None` (nothing could be counted) never ends the wait early and breaks the settle time, as an
+/// arrival does. The min-drain ends `LAST_COUNT` (or one interval, if shorter) before the
+/// deadline at the latest, so that a count can still see a quiet pod and end the wait in time: a
+/// min-drain as long as the deadline (a short --deadline, or MINIMUM_DRAIN_DURATION set for Istio)
+/// would otherwise end after it and turn every quiet shutdown into a deadline. A count that may
+/// end the wait starts one look's time before the min-drain (or the settle time) ends, so that
+/// its answer, seconds long on the largest proxies, is in by then. With `then_quit`, a wait that
+/// reached the threshold then looks at the app until it has exited, or the deadline.
 pub fn wait(
     rules: &Rules,
     drained_at: Duration,
@@ -201,61 +228,72 @@ fn count(
     );
     let mut low_since: Option<Duration> = None;
     let mut counted = false;
-    // The last look's time: a count meant to end at a given moment starts this long before it.
+    // The last count's time: a count meant to end at a given moment starts this long before it.
     let mut lead = Duration::ZERO;
+    let mut next_count = Duration::ZERO;
     loop {
         let started = clock.now();
         if started >= rules.deadline {
             break;
         }
-        let tick = looks.look(rules.deadline - started, Ask::Count);
-        let seen = follow.see(&tick);
-        looks.seen(Ask::Count, seen);
+        let ask = if started >= next_count {
+            Ask::Count
+        } else {
+            Ask::App
+        };
+        let tick = looks.look(rules.deadline - started, ask);
         let now = clock.now();
-        counted |= tick.count.is_some();
-        if seen.app == App::Gone {
+        let seen = follow.see(&tick, started, now);
+        looks.seen(ask, seen);
+        if seen.app == App::Gone && now >= drain_done {
             return Outcome::AppExited;
         }
-        match tick.count {
-            Some(n) if n <= rules.exit_at && !seen.arrived => {
-                low_since.get_or_insert(now);
+        if ask == Ask::Count {
+            counted |= tick.count.is_some();
+            match tick.count {
+                Some(n) if n <= rules.exit_at && !seen.arrived => {
+                    low_since.get_or_insert(now);
+                }
+                _ => low_since = None,
             }
-            _ => low_since = None,
+            let cost = tick.cost.look;
+            let pause = pause(rules.interval, cost);
+            next_count = started.saturating_add(pause);
+            let ahead = std::mem::replace(&mut lead, cost).max(cost);
+            if let Some(since) = low_since {
+                // Saturating: durations up to u64::MAX seconds parse, and must not overflow.
+                let done_at = drain_done.max(since.saturating_add(rules.settle));
+                if now >= done_at {
+                    return Outcome::Reached;
+                }
+                // A count started so that it ends when the min-drain or the settle time does
+                // decides then: counting again would start another answer that takes as long (at
+                // 50,000 clusters, seconds of Envoy's main thread). The settle time needs a count
+                // after the one that began it.
+                let decides = started.saturating_add(ahead) >= done_at
+                    && (rules.settle.is_zero() || since <= started);
+                if decides && done_at <= rules.deadline {
+                    clock.sleep(done_at - now);
+                    return Outcome::Reached;
+                }
+                // Wake so that the next count ends when the min-drain or the settle time ends,
+                // not at the next tick.
+                next_count = next_count.min(done_at.saturating_sub(cost));
+            }
+            // A paced wait with no count due before the deadline counts once more where a
+            // count can still end before it.
+            let last_chance = rules
+                .deadline
+                .saturating_sub((now - started).saturating_mul(2));
+            if pause > rules.interval && next_count >= rules.deadline && last_chance > now {
+                next_count = last_chance;
+            }
         }
-        let cost = tick.cost.look;
-        let pause = pause(rules.interval, cost);
-        let mut next = started.saturating_add(pause);
-        if seen.app == App::Leaving {
+        // Sockets gone where the min-drain ends within `APP_GONE`: looks close together tell
+        // by then whether the app has exited.
+        let mut next = next_count;
+        if follow.going() && now.saturating_add(APP_GONE) >= drain_done {
             next = next.min(now.saturating_add(RECHECK));
-        }
-        let ahead = std::mem::replace(&mut lead, cost).max(cost);
-        if let Some(since) = low_since {
-            // Saturating: durations up to u64::MAX seconds parse, and must not overflow here.
-            let done_at = drain_done.max(since.saturating_add(rules.settle));
-            if now >= done_at {
-                return Outcome::Reached;
-            }
-            // A count started so that it ends when the min-drain or the settle time does
-            // decides then: counting again would start another answer that takes as long (at
-            // 50,000 clusters, seconds of Envoy's main thread). The settle time needs a count
-            // after the one that began it.
-            let decides = started.saturating_add(ahead) >= done_at
-                && (rules.settle.is_zero() || since <= started);
-            if decides && done_at <= rules.deadline {
-                clock.sleep(done_at - now);
-                return Outcome::Reached;
-            }
-            // Wake so that the next count ends when the min-drain or the settle time ends, not
-            // at the next tick.
-            next = next.min(done_at.saturating_sub(cost));
-        }
-        // A paced wait with no count due before the deadline counts once more where a count
-        // can still end before it.
-        let last_chance = rules
-            .deadline
-            .saturating_sub((now - started).saturating_mul(2));
-        if pause > rules.interval && next >= rules.deadline && last_chance > now {
-            next = last_chance;
         }
         if now >= rules.deadline {
             break;
@@ -271,8 +309,8 @@ fn count(
 
 /// `--then-quit` once the count is reached: the app may still be shutting down and call out
 /// through the proxy, so the proxy is stopped only once it has exited. Looks every interval
-/// (sooner while its sockets are going) until the deadline; an app never seen cannot be told
-/// from one that has exited, and is not waited for.
+/// (every `RECHECK` while its sockets are gone) until the deadline; an app never seen cannot be
+/// told from one that has exited, and is not waited for.
 fn app_exit(
     rules: &Rules,
     clock: &mut impl Clock,
@@ -280,15 +318,14 @@ fn app_exit(
     follow: &mut Follow,
 ) -> Quit {
     loop {
-        let tick = looks.look(rules.deadline.saturating_sub(clock.now()), Ask::App);
-        let app = follow.app(tick.app);
-        looks.seen(
-            Ask::App,
-            Seen {
-                app,
-                arrived: false,
-            },
-        );
+        let started = clock.now();
+        let tick = looks.look(rules.deadline.saturating_sub(started), Ask::Exit);
+        let app = follow.app(tick.app, started, clock.now());
+        let seen = Seen {
+            app,
+            arrived: false,
+        };
+        looks.seen(Ask::Exit, seen);
         let pause = match app {
             App::Gone => return Quit::Yes,
             App::NotSeen => return Quit::AppNotSeen,
@@ -741,71 +778,90 @@ mod tests {
     }
 
     #[test]
-    fn the_app_gone_ends_the_wait_at_once_whatever_is_open_and_is_checked_twice() {
-        let script = [(0, app(Some(true), 3)), (2000, app(Some(false), 3))];
+    fn the_app_gone_for_a_second_ends_the_wait_whatever_is_open_but_never_before_the_min_drain() {
+        let script = [(0, app(Some(true), 3)), (6000, app(Some(false), 3))];
         let (end, time, at, seen) = run_steps(&rules(), &script, ms(0));
-        assert_eq!((end.outcome, time), (Outcome::AppExited, ms(2100)));
+        assert_eq!((end.outcome, time), (Outcome::AppExited, ms(7000)));
         assert_eq!(end.quit, Quit::No, "not asked to stop the proxy");
-        assert_eq!(
-            &at[at.len() - 2..],
-            &[ms(2000), ms(2100)],
-            "looks again 100ms after the sockets went"
-        );
+        let looks: Vec<Duration> = at.iter().copied().filter(|t| *t >= ms(6000)).collect();
+        assert_eq!(looks, (60..=70).map(|i| ms(i * 100)).collect::<Vec<_>>());
         let apps: Vec<App> = seen.iter().map(|(_, s)| s.app).collect();
-        assert_eq!(
-            &apps[apps.len() - 3..],
-            [App::Running, App::Leaving, App::Gone]
+        assert_eq!(apps[apps.len() - 2..], [App::Leaving, App::Gone]);
+        assert!(
+            seen.iter().any(|(ask, _)| *ask == Ask::App),
+            "looks at the app alone"
         );
-        // Before the min-drain too: nothing is left to serve.
-        let script = [(0, app(Some(true), 0)), (1000, app(Some(false), 0))];
+        // Gone from 1 s on: the wait still holds until the min-drain ends.
+        let script = [(0, app(Some(true), 3)), (1000, app(Some(false), 3))];
         let (o, end, _) = run_ticks(&rules(), &script, ms(0));
-        assert_eq!((o, end), (Outcome::AppExited, ms(1100)));
+        assert_eq!((o, end), (Outcome::AppExited, ms(5000)));
         // An app never seen, or a table that cannot be read, never ends the wait.
         for holds in [None, Some(false), Some(true)] {
             let (o, _, _) = run_ticks(&rules(), &[(0, app(holds, 1))], ms(0));
             assert_eq!(o, Outcome::Deadline, "{holds:?}");
         }
-        // Nor does an unreadable table between two looks without the app's sockets.
+        // Nor do sockets gone for less than a second, or an unreadable table between.
         let script = [
             (0, app(Some(true), 1)),
-            (1000, app(Some(false), 1)),
-            (1100, app(None, 1)),
-            (1600, app(Some(false), 1)),
-            (1700, app(Some(true), 1)),
+            (6000, app(Some(false), 1)),
+            (6500, app(None, 1)),
+            (6600, app(Some(false), 1)),
+            (7500, app(Some(true), 1)),
         ];
         let (o, _, _) = run_ticks(&rules(), &script, ms(0));
         assert_eq!(o, Outcome::Deadline);
     }
 
     #[test]
-    fn the_app_is_gone_only_after_it_was_seen_and_then_missed_twice_in_a_row() {
+    fn a_worker_that_calls_out_now_and_then_is_not_taken_for_gone() {
+        let r = Rules {
+            then_quit: true,
+            ..rules()
+        };
+        // No listener; a 300 ms call out every 700 ms, or every second (in step with the
+        // interval), the last one starting before 20 s; then nothing.
+        for period in [700, 1000] {
+            let now = Cell::new(ms(0));
+            let (end, _) = wait_with(&r, ms(0), &now, |_, _| {
+                let t = now.get().as_millis() as u64;
+                app(Some(t < 20_000 && t % period < 300), 0)
+            });
+            assert_eq!(
+                end,
+                End {
+                    outcome: Outcome::Reached,
+                    quit: Quit::Yes
+                },
+                "{period}"
+            );
+            let last_call_end = ms(19_999 / period * period + 300);
+            let stopped = now.get();
+            assert!(
+                stopped >= last_call_end + APP_GONE && stopped <= last_call_end + ms(1600),
+                "{period}: stopped at {stopped:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_app_is_gone_only_after_it_was_seen_and_then_missed_for_a_second_at_close_looks() {
         let mut f = Follow::default();
-        let apps: Vec<App> = [
-            Some(false),
-            Some(true),
-            Some(false),
-            Some(true),
-            Some(false),
-            None,
-            Some(false),
-            Some(false),
-        ]
-        .into_iter()
-        .map(|holds| f.app(holds))
-        .collect();
-        assert_eq!(
-            apps,
-            vec![
-                App::NotSeen,
-                App::Running,
-                App::Leaving,
-                App::Running,
-                App::Leaving,
-                App::Unknown,
-                App::Leaving,
-                App::Gone
-            ]
-        );
+        let mut at = 0;
+        let mut look = |holds, step| {
+            at += step;
+            f.app(holds, ms(at), ms(at))
+        };
+        assert_eq!(look(Some(false), 0), App::NotSeen);
+        assert_eq!(look(Some(true), 500), App::Running);
+        assert_eq!(look(Some(false), 500), App::Leaving);
+        let close: Vec<App> = (0..10).map(|_| look(Some(false), 100)).collect();
+        assert_eq!(close[8..], [App::Leaving, App::Gone], "{close:?}");
+        assert_eq!(look(Some(true), 100), App::Running);
+        // Looks too far apart start again; so does a look that could not read the table.
+        let far: Vec<App> = (0..4).map(|_| look(Some(false), 500)).collect();
+        assert_eq!(far, [App::Leaving; 4]);
+        assert_eq!(look(None, 100), App::Unknown);
+        assert_eq!(look(Some(false), 100), App::Leaving);
     }
 
     #[test]
@@ -844,16 +900,21 @@ mod tests {
         let (end, time, _, seen) = run_steps(&r, &script, ms(0));
         assert_eq!(end.outcome, Outcome::Reached);
         assert_eq!(end.quit, Quit::Yes);
-        assert_eq!(time, ms(7600), "seen gone at 7.5 s and again 100 ms later");
+        assert_eq!(
+            time,
+            ms(8500),
+            "gone from the look at 7.5 s, and for a second"
+        );
         assert!(
             seen.iter()
-                .any(|(ask, s)| *ask == Ask::App && s.app == App::Running),
+                .any(|(ask, s)| *ask == Ask::Exit && s.app == App::Running),
             "the app was looked at alone after the count was reached"
         );
-        // The app's exit during the count stops the proxy too.
+        // The app's exit during the count stops the proxy too, once the min-drain is over.
         let script = [(0, app(Some(true), 2)), (2000, app(Some(false), 2))];
-        let (end, _, _, _) = run_steps(&r, &script, ms(0));
+        let (end, time, _, _) = run_steps(&r, &script, ms(0));
         assert_eq!((end.outcome, end.quit), (Outcome::AppExited, Quit::Yes));
+        assert_eq!(time, ms(5000));
     }
 
     #[test]

@@ -283,6 +283,34 @@ fn then_quit_asks_the_agent_to_stop_the_proxy_once_the_app_has_exited() {
 }
 
 #[test]
+fn then_quit_keeps_the_proxy_through_the_min_drain_for_an_app_that_closed_its_sockets() {
+    // An app that closes every socket at SIGTERM may work on alone and then call out through
+    // the proxy: its sockets gone do not stop the proxy before the min-drain ends.
+    let dir = temp_dir("cli-quit-early");
+    std::fs::write(dir.join("tcp"), APP_LISTENING).unwrap();
+    let (agent, request) = fake_agent();
+    let mut hook = spawn(watch_table(
+        &dir,
+        &["--min-drain", "3s", "--then-quit", "--agent", &agent],
+    ));
+    hook.expect_line("min-drain ends in", Duration::from_secs(5));
+    std::fs::write(dir.join("tcp.next"), NOTHING).unwrap();
+    std::fs::rename(dir.join("tcp.next"), dir.join("tcp")).unwrap();
+    let out = hook.finish();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.code, Some(0), "{out}");
+    assert_eq!(request.join().unwrap(), "POST /quitquitquit HTTP/1.1");
+    assert!(
+        out.elapsed >= Duration::from_secs(3),
+        "the proxy was stopped only once the min-drain was over {out}"
+    );
+    assert!(
+        out.stderr.contains("the app has exited: no socket of another user than the proxy's has been in the pod for 1s, at looks 100ms apart"),
+        "{out}"
+    );
+}
+
+#[test]
 fn then_quit_leaves_the_proxy_alone_when_it_never_saw_the_app() {
     // An app without a socket cannot be told from one that has exited.
     let dir = temp_dir("cli-quit-unseen");

@@ -2,13 +2,13 @@
 //! --then-quit) and any script of counts, costs, unknowns, request counters and app sockets: no
 //! panic, it ends, it never reports reaching the threshold on a count above it or one that saw a
 //! request arrive, and it never reports the app's exit, nor stops the proxy, unless the last look
-//! saw it gone.
+//! saw it gone, nor before the min-drain.
 #![no_main]
 
 use envoy_drain::config::Rules;
 use envoy_drain::count::Arrivals;
 use envoy_drain::outcome::Outcome;
-use envoy_drain::wait::{App, Ask, Clock, Cost, Looks, Quit, Seen, Tick, wait};
+use envoy_drain::wait::{App, Ask, Clock, Cost, LAST_COUNT, Looks, Quit, Seen, Tick, wait};
 use libfuzzer_sys::fuzz_target;
 use std::cell::Cell;
 use std::time::Duration;
@@ -111,7 +111,13 @@ fuzz_target!(|data: &[u8]| {
             last.count.is_some_and(|n| n <= rules.exit_at) && !seen.arrived,
             "reached on {last:?}, {seen:?}"
         ),
-        Outcome::AppExited => assert_eq!(seen.app, App::Gone, "app exit on {last:?}"),
+        Outcome::AppExited => {
+            assert_eq!(seen.app, App::Gone, "app exit on {last:?}");
+            let drain_done = rules
+                .min_drain
+                .min(deadline.saturating_sub(rules.interval.min(LAST_COUNT)));
+            assert!(now.get() >= drain_done, "app exit at {:?}", now.get());
+        }
         _ => {}
     }
     if end.quit == Quit::Yes {

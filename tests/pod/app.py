@@ -17,6 +17,8 @@ On SIGTERM it does what the first argument says, then exits once its requests ar
             QUIET seconds, counted from SIGTERM at the earliest (clients have stopped sending),
             then close the listener
   flush     the same, with one last HTTP call through the sidecar (1.5 s) at SIGTERM
+  worker    close its listener at once, work alone for WORK seconds holding no socket (a queue
+            written to disk, a timer), then make one last HTTP call through the sidecar (1.5 s)
 
 Every event is a line on stdout, for the test to wait on: `listening`, `received <path>`,
 `answered <path> <status>`, `closed listener`, `last call <result>`, `exiting`.
@@ -40,6 +42,8 @@ last_arrival = time.monotonic()
 quiet = threading.Condition()
 # How long a graceful app hears nothing before it takes its endpoint for gone.
 QUIET = 1.0
+# How long a worker works alone between closing its listener and its last call.
+WORK = 2.0
 
 
 def say(line):
@@ -117,12 +121,14 @@ def main():
     stopped_at = time.monotonic()
     if on_sigterm == "serve":
         threading.Event().wait()
-    if on_sigterm == "close":
+    if on_sigterm in ("close", "worker"):
         server.shutdown()
         server.socket.close()
         say("closed listener")
+    if on_sigterm == "worker":
+        time.sleep(WORK)
     try:
-        if on_sigterm in ("call", "flush"):
+        if on_sigterm in ("call", "flush", "worker"):
             status, _ = call("/delay/1.5")
             say("last call %d" % status)
         elif on_sigterm == "tcp":
