@@ -23,9 +23,10 @@ pub const ANNOTATION_DISABLED: &str = "envoy-drain.io/disabled";
 )]
 pub enum Parsed {
     Run(RunArgs),
+    Hold(HoldArgs),
     Status(StatusArgs),
     Install(InstallArgs),
-    /// `run` with a kill switch set (the variable or the pod's annotation, as `NAME=VALUE`):
+    /// `run` or `hold` with a kill switch set (the variable or the pod's annotation, as `NAME=VALUE`):
     /// whatever the other flags say.
     Disabled(String),
     /// Help or the version, for stdout.
@@ -43,7 +44,7 @@ pub fn parse(args: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> Parse
     let strs = split_equals(&args);
     // The kill switch wins over everything, bad flags included: operators flip it to get a pod
     // out of trouble without a new image.
-    if strs.get(1) == Some(&"run")
+    if matches!(strs.get(1), Some(&"run" | &"hold"))
         && let Some(v) = env(ENV_DISABLED).filter(|v| !v.is_empty())
     {
         return Parsed::Disabled(format!("{ENV_DISABLED}={}", v.to_string_lossy()));
@@ -61,10 +62,11 @@ pub fn parse(args: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> Parse
             Some(p) => Parsed::Disabled(format!("annotation {}", p.trim())),
             None => Parsed::Run(a),
         },
+        Some(Command::Hold(a)) => Parsed::Hold(a),
         Some(Command::Status(a)) => Parsed::Status(a),
         Some(Command::Install(a)) => Parsed::Install(a),
         None => Parsed::Usage(
-            "no command given: expected run, status or install (see envoy-drain --help)"
+            "no command given: expected run, hold, status or install (see envoy-drain --help)"
                 .to_string(),
         ),
     }
@@ -105,16 +107,18 @@ pub fn usage_error(message: &str) -> i32 {
 /// Keeps an Envoy sidecar alive until its last connection is done: the preStop hook of istio-proxy.
 #[derive(FromArgs, Debug, PartialEq)]
 #[argh(note = "Exit codes:
-  0    the count reached the threshold, or the app has exited (or a kill
-       switch is set: ENVOY_DRAIN_DISABLED, envoy-drain.io/disabled=true)
-  1    the deadline passed with connections still open
+  0    the count reached the threshold, or the app has exited; hold: no
+       request arrived for the quiet time (or a kill switch is set:
+       ENVOY_DRAIN_DISABLED, envoy-drain.io/disabled=true)
+  1    the deadline passed with connections still open; hold: with requests
+       still arriving, or arrivals unknown
   2    usage error: a flag or environment variable has a bad value (never
        a --pod-annotation: a bad one is a warning)
   3    nothing could be counted at any point of the run
   130  interrupted by SIGINT (143: by SIGTERM); the summary line is printed first
 
 Environment:
-  ENVOY_DRAIN_DISABLED    set and non-empty: `run` logs that and exits 0
+  ENVOY_DRAIN_DISABLED    set and non-empty: `run` and `hold` log that and exit 0
   MINIMUM_DRAIN_DURATION  the min-drain when --min-drain is not given (Istio's variable)")]
 pub struct Cli {
     /// print the version and exit
@@ -133,6 +137,7 @@ pub struct Cli {
 )]
 pub enum Command {
     Run(RunArgs),
+    Hold(HoldArgs),
     Status(StatusArgs),
     Install(InstallArgs),
 }
@@ -239,6 +244,51 @@ pub struct RunArgs {
     /// disabled=true is a kill switch; a bad one is a warning and changes nothing
     #[argh(option)]
     pub pod_annotation: Vec<String>,
+}
+
+/// The app container's preStop: wait until requests stop arriving at the app through Envoy (at
+/// least --min, then --quiet without one); the app gets its SIGTERM after it.
+#[derive(FromArgs, Debug, PartialEq, Default)]
+#[argh(subcommand, name = "hold")]
+pub struct HoldArgs {
+    /// the Envoy-based sidecar, whose clusters to the app tell what arrives: istio, consul or
+    /// kuma (default: istio)
+    #[argh(option)]
+    pub preset: Option<String>,
+
+    /// the address of the sidecar's admin API: host:port, [::1]:port, http://host:port or
+    /// unix:PATH (default: the preset's, 127.0.0.1:15000 for istio)
+    #[argh(option)]
+    pub admin: Option<String>,
+
+    /// never return sooner (default: 5s)
+    #[argh(option)]
+    pub min: Option<String>,
+
+    /// return once no request has arrived for this long (default: 3s)
+    #[argh(option)]
+    pub quiet: Option<String>,
+
+    /// return after this long, whatever still arrives (default: 20s)
+    #[argh(option)]
+    pub deadline: Option<String>,
+
+    /// time between reads of Envoy's counters; longer when a read takes long: 20 times its
+    /// time (default: 500ms)
+    #[argh(option)]
+    pub interval: Option<String>,
+
+    /// comma-separated ports whose clusters' hosts never count (default: the preset's own)
+    #[argh(option)]
+    pub ignore_ports: Option<String>,
+
+    /// also append every log line to this file, e.g. /proc/1/fd/1 (default: none)
+    #[argh(option)]
+    pub log_file: Option<String>,
+
+    /// log every read, not only changes
+    #[argh(switch)]
+    pub verbose: bool,
 }
 
 /// Print what `run` would count right now, per source, and what it leaves out and why; changes

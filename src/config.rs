@@ -1,7 +1,7 @@
 //! Turns the command line and the environment into a checked configuration. Pure: the environment
 //! is passed in, so every rule is tested without touching the process.
 
-use crate::cli::{ANNOTATION_PREFIX, RunArgs, StatusArgs};
+use crate::cli::{ANNOTATION_PREFIX, HoldArgs, RunArgs, StatusArgs};
 use crate::count::Unit;
 use crate::drain::{self, Drain, Request};
 use crate::error::UsageError;
@@ -17,6 +17,12 @@ pub const DEFAULT_MIN_DRAIN: Duration = Duration::from_secs(5);
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(25);
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
 pub const ENV_MIN_DRAIN: &str = "MINIMUM_DRAIN_DURATION";
+/// `hold`'s: a minimum as long as the `preStop: sleep 5` it replaces; a quiet time that a steady
+/// client (one request a second or more) never leaves; a deadline that leaves the app 10 s of
+/// the default 30 s grace period for its own shutdown.
+pub const DEFAULT_HOLD_MIN: Duration = Duration::from_secs(5);
+pub const DEFAULT_QUIET: Duration = Duration::from_secs(3);
+pub const DEFAULT_HOLD_DEADLINE: Duration = Duration::from_secs(20);
 
 /// Where an admin API listens: a TCP address, or a Unix socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +64,8 @@ pub struct Counting {
     pub ignore: PortSet,
     pub only: Option<PortSet>,
     pub ignore_clusters: Names,
+    /// `hold`: only the clusters that carry requests to the app count, and tell arrivals.
+    pub inbound: bool,
     /// `--proc-net`: read the text tables there instead of asking the kernel over netlink.
     pub proc_net: Option<PathBuf>,
 }
@@ -93,11 +101,22 @@ pub struct Rules {
     /// in a full pipe.
     pub deadline: Duration,
     pub interval: Duration,
+    /// How long the wait's end must have held (`--settle`; `hold`'s `--quiet`).
     pub settle: Duration,
-    pub exit_at: u64,
+    pub until: Until,
     /// `--then-quit`: once the threshold is reached, wait for the app's exit, then ask Istio's
     /// agent to stop the proxy.
     pub then_quit: bool,
+}
+
+/// What ends a wait once the min-drain is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// `run`: the count at or below this (`--exit-at`), at counts that saw no request arrive.
+    AtMost(u64),
+    /// `hold`: no request arriving, whatever is still in flight (the app finishes it after its
+    /// SIGTERM).
+    Quiet,
 }
 
 #[derive(Debug, Clone)]
@@ -339,6 +358,7 @@ pub fn status_config(a: &StatusArgs) -> Result<Counting, UsageError> {
         )?,
         only,
         ignore_clusters,
+        inbound: false,
         proc_net: match a.proc_net.as_deref() {
             Some("") => {
                 return Err(UsageError::new(
@@ -385,28 +405,13 @@ pub fn run_config(
     if drain == Drain::Agent && !counting.preset.agent {
         return Err(no_agent("--drain", "agent", counting.preset));
     }
-    let opt_duration = |name, v: &Option<String>, default| match v {
-        Some(v) => parse_duration(name, v),
-        None => Ok(default),
-    };
-    let deadline = opt_duration("--deadline", &a.deadline, DEFAULT_DEADLINE)?;
+    let deadline = positive("--deadline", &a.deadline, DEFAULT_DEADLINE)?;
     let deadline = pod.deadline.unwrap_or(deadline);
-    let interval = opt_duration("--interval", &a.interval, DEFAULT_INTERVAL)?;
-    let settle = opt_duration("--settle", &a.settle, Duration::ZERO)?;
-    if interval.is_zero() {
-        return Err(UsageError::new(
-            "--interval",
-            a.interval.as_deref().unwrap_or_default(),
-            "a duration above zero, like 500ms",
-        ));
-    }
-    if deadline.is_zero() {
-        return Err(UsageError::new(
-            "--deadline",
-            a.deadline.as_deref().unwrap_or_default(),
-            "a duration above zero, like 25s",
-        ));
-    }
+    let interval = positive("--interval", &a.interval, DEFAULT_INTERVAL)?;
+    let settle = match &a.settle {
+        Some(v) => parse_duration("--settle", v)?,
+        None => Duration::ZERO,
+    };
     let min_drain_flag = match &a.min_drain {
         Some(v) => Some((v, parse_duration("--min-drain", v)?)),
         None => None,
@@ -479,13 +484,88 @@ pub fn run_config(
             deadline,
             interval,
             settle,
-            exit_at,
+            until: Until::AtMost(exit_at),
             then_quit: a.then_quit,
         },
         log_file: a.log_file.as_ref().map(PathBuf::from),
         agent,
         verbose: a.verbose,
         warnings,
+    })
+}
+
+/// A duration flag that must be above zero, or its default.
+fn positive(
+    name: &'static str,
+    value: &Option<String>,
+    default: Duration,
+) -> Result<Duration, UsageError> {
+    let Some(v) = value else {
+        return Ok(default);
+    };
+    match parse_duration(name, v)? {
+        d if d.is_zero() => Err(UsageError::new(
+            name,
+            v,
+            format!(
+                "a duration above zero, like {}",
+                humantime::format_duration(default)
+            ),
+        )),
+        d => Ok(d),
+    }
+}
+
+/// `hold`: what arrives at the app through the sidecar, read from /clusters alone (Envoy's stats
+/// have no counter per app under Istio's stats matcher; the socket table shows what is open, not
+/// what arrived), with `run`'s pace and `Until::Quiet`.
+pub fn hold_config(a: &HoldArgs) -> Result<RunConfig, UsageError> {
+    let mut counting = status_config(&StatusArgs {
+        preset: a.preset.clone(),
+        admin: a.admin.clone(),
+        count: Some("requests".to_string()),
+        ignore_ports: a.ignore_ports.clone(),
+        ..StatusArgs::default()
+    })?;
+    if counting.preset.inbound_clusters.is_empty() {
+        return Err(UsageError::new(
+            "--preset",
+            counting.preset.name,
+            "a sidecar's preset, istio, consul or kuma: a gateway has no app behind it to hold",
+        ));
+    }
+    counting.mode = Mode::Stats;
+    counting.inbound = true;
+    let deadline = positive("--deadline", &a.deadline, DEFAULT_HOLD_DEADLINE)?;
+    let min = match &a.min {
+        Some(v) => parse_duration("--min", v)?,
+        None => DEFAULT_HOLD_MIN.min(deadline),
+    };
+    if min > deadline {
+        return Err(UsageError::new(
+            "--min",
+            a.min.as_deref().unwrap_or_default(),
+            format!(
+                "at most the deadline ({})",
+                humantime::format_duration(deadline)
+            ),
+        ));
+    }
+    Ok(RunConfig {
+        counting,
+        before: Vec::new(),
+        rules: Rules {
+            min_drain: min,
+            deadline,
+            interval: positive("--interval", &a.interval, DEFAULT_INTERVAL)?,
+            settle: positive("--quiet", &a.quiet, DEFAULT_QUIET)?,
+            until: Until::Quiet,
+            then_quit: false,
+        },
+        log_file: a.log_file.as_ref().map(PathBuf::from),
+        agent: parse_addr("--agent", DEFAULT_AGENT)?,
+        verbose: a.verbose,
+        warnings: Vec::new(),
     })
 }
 
@@ -589,7 +669,7 @@ mod tests {
         assert_eq!(c.rules.deadline, Duration::from_secs(25));
         assert_eq!(c.rules.interval, Duration::from_millis(500));
         assert_eq!(c.rules.settle, Duration::ZERO);
-        assert_eq!(c.rules.exit_at, 0);
+        assert_eq!(c.rules.until, Until::AtMost(0));
         assert!(c.counting.ignore.contains(15021) && !c.counting.ignore.contains(15006));
         assert_eq!(c.counting.only, None);
         assert_eq!(c.counting.proc_net, None, "netlink");

@@ -13,6 +13,7 @@ fn main() {
     let args: Vec<_> = std::env::args_os().collect();
     let code = match cli::parse(&args, &|k| std::env::var_os(k)) {
         Parsed::Run(a) => run::command(&a, &|k| std::env::var(k).ok(), start),
+        Parsed::Hold(a) => run::hold(&a, start),
         Parsed::Status(a) => status::command(&a),
         Parsed::Install(a) => install::command(&a),
         Parsed::Disabled(setting) => run::disabled(&setting),

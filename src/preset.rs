@@ -27,6 +27,9 @@ pub struct Preset {
     /// The proxy's own clusters (its xDS stream, which is always in flight, its exporters and the
     /// clusters behind its own listeners), whose requests in `/clusters` never count.
     pub own_clusters: &'static [&'static str],
+    /// The clusters that carry requests to the app, whose hosts' counters tell `hold` what
+    /// arrives; a gateway has no app behind it, and none.
+    pub inbound_clusters: &'static [&'static str],
     /// `--drain`'s default: a sidecar drains its inbound listeners; a gateway's listeners carry
     /// no traffic direction, so `inboundonly` would drain none of them.
     pub drain: Drain,
@@ -59,6 +62,9 @@ pub const ISTIO: Preset = Preset {
         "envoy_accesslog_service",
         "local_cluster",
     ],
+    // `inbound|PORT||` (pilot/pkg/model/service.go BuildInboundSubsetKey), and the passthrough
+    // cluster for ports no Service names (pilot/pkg/util/network, InboundPassthroughCluster).
+    inbound_clusters: &["inbound|*", "InboundPassthroughCluster*"],
     drain: Drain::Inbound,
     agent: true,
 };
@@ -81,6 +87,8 @@ pub const PRESETS: [Preset; 5] = [
             "prometheus_backend",
             "consul_telemetry_collector_loopback",
         ],
+        // agent/xds xdscommon LocalAppClusterName.
+        inbound_clusters: &["local_app"],
         drain: Drain::Inbound,
         agent: false,
     },
@@ -115,6 +123,8 @@ pub const PRESETS: [Preset; 5] = [
             "kuma:metrics:hijacker",
             "_kuma:metrics:*",
         ],
+        // pkg/xds/envoy/names GetLocalClusterName: `localhost:PORT`.
+        inbound_clusters: &["localhost:*"],
         drain: Drain::Inbound,
         agent: false,
     },
@@ -128,6 +138,7 @@ pub const PRESETS: [Preset; 5] = [
         own_listeners: &[],
         own_hcms: &["admin", "eg-stats-http", "eg-ready-http"],
         own_clusters: &["xds_cluster", "prometheus_stats", "otel_metric_sink_*"],
+        inbound_clusters: &[],
         drain: Drain::All,
         agent: false,
     },
@@ -141,6 +152,7 @@ pub const PRESETS: [Preset; 5] = [
         own_listeners: &[],
         own_hcms: &["admin", "envoy-admin", "stats", "health", "stats-health"],
         own_clusters: &["contour", "envoy-admin"],
+        inbound_clusters: &[],
         drain: Drain::All,
         agent: false,
     },
@@ -155,6 +167,11 @@ impl Preset {
     /// Whether the HTTP connection manager with stat prefix `prefix` is the proxy's own.
     pub fn owns_hcm(&self, prefix: &str) -> bool {
         self.own_hcms.iter().any(|p| matches(p, prefix))
+    }
+
+    /// Whether the cluster `name` carries requests to the app.
+    pub fn is_inbound(&self, name: &str) -> bool {
+        self.inbound_clusters.iter().any(|p| matches(p, name))
     }
 
     /// Whether the cluster `name` is the proxy's own.

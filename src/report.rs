@@ -3,7 +3,7 @@
 //! from, and exactly one summary line, also when a signal cuts the wait short. Every sentence
 //! comes from text.rs.
 
-use crate::config::RunConfig;
+use crate::config::{Rules, RunConfig, Until};
 use crate::count::{Basis, Count, SourceKind, Unit};
 use crate::drain::Request;
 use crate::error::Failure;
@@ -30,16 +30,16 @@ pub struct Report {
     log: Mutex<Logger>,
     progress: Mutex<Progress>,
     start: Instant,
-    deadline: Duration,
+    rules: Rules,
 }
 
 impl Report {
-    pub fn new(log: Logger, start: Instant, deadline: Duration) -> Report {
+    pub fn new(log: Logger, start: Instant, rules: Rules) -> Report {
         Report {
             log: Mutex::new(log),
             progress: Mutex::new(Progress::default()),
             start,
-            deadline,
+            rules,
         }
     }
 
@@ -69,7 +69,7 @@ impl Report {
         let line = text::summary(
             outcome,
             self.start.elapsed(),
-            self.deadline,
+            &self.rules,
             &lock(&self.progress),
             log.dropped(),
         );
@@ -173,7 +173,10 @@ impl<'a> Watch<'a> {
         };
         match &reading.result {
             Ok(count) => {
-                let arriving = arrived && count.total <= self.cfg.rules.exit_at;
+                let arriving = match self.cfg.rules.until {
+                    Until::AtMost(n) => arrived && count.total <= n,
+                    Until::Quiet => arrived,
+                };
                 let news = failing.is_some()
                     || before != Some(count.total)
                     || arriving != std::mem::replace(&mut self.arriving, arriving);
@@ -458,7 +461,10 @@ mod tests {
     /// A run whose log goes to `sink`, started `ago`.
     fn report_to(sink: &Sink, ago: Duration) -> Report {
         let logger = Logger::new(Out::new(Box::new(sink.clone())), false);
-        Report::new(logger, Instant::now() - ago, Duration::from_secs(25))
+        let rules = crate::config::run_config(&RunArgs::default(), &|_| None)
+            .unwrap()
+            .rules;
+        Report::new(logger, Instant::now() - ago, rules)
     }
 
     #[test]

@@ -1,9 +1,9 @@
-//! The `run` command wires the parts: its configuration, the report (the log, shared with the
+//! The `run` and `hold` commands wire the parts: its configuration, the report (the log, shared with the
 //! signal thread), the requests before the wait, the wait with the sources it looks through, the
 //! request after it, and the summary. The rules are wait.rs's, the lines report.rs's.
 
-use crate::cli::{RunArgs, usage_error};
-use crate::config;
+use crate::cli::{HoldArgs, RunArgs, usage_error};
+use crate::config::{self, RunConfig};
 use crate::drain::Request;
 use crate::log::{Level, Logger};
 use crate::outcome::{EXIT_REACHED, Outcome};
@@ -20,15 +20,27 @@ use std::time::{Duration, Instant};
 /// The command. `start` is when the process started: the deadline counts from it. `env` looks
 /// up an environment variable (MINIMUM_DRAIN_DURATION).
 pub fn command(args: &RunArgs, env: &dyn Fn(&str) -> Option<String>, start: Instant) -> i32 {
-    let cfg = match config::run_config(args, env) {
-        Ok(c) => c,
-        Err(e) => return usage_error(&e.to_string()),
-    };
+    match config::run_config(args, env) {
+        Ok(cfg) => wait_out(&cfg, start),
+        Err(e) => usage_error(&e.to_string()),
+    }
+}
+
+/// The `hold` command: the same wait, with nothing sent before it and `hold`'s rules.
+pub fn hold(args: &HoldArgs, start: Instant) -> i32 {
+    match config::hold_config(args) {
+        Ok(cfg) => wait_out(&cfg, start),
+        Err(e) => usage_error(&e.to_string()),
+    }
+}
+
+/// A configured wait from start to summary; gives the exit code.
+fn wait_out(cfg: &RunConfig, start: Instant) -> i32 {
     let mut logger = Logger::stderr();
     if let Some(path) = &cfg.log_file {
         logger.add_file(path);
     }
-    let report = Arc::new(Report::new(logger, start, cfg.rules.deadline));
+    let report = Arc::new(Report::new(logger, start, cfg.rules));
     let on_signal = Arc::clone(&report);
     let caught = crate::signals::on_interrupt(move |sig| {
         let outcome = Outcome::Interrupted(sig);
@@ -60,14 +72,14 @@ pub fn command(args: &RunArgs, env: &dyn Fn(&str) -> Option<String>, start: Inst
         .iter()
         .map(|&r| (r, client(r).url(r.path())))
         .collect();
-    report.line(Level::Info, &text::start_line(&cfg, &sources, &urls));
+    report.line(Level::Info, &text::start_line(cfg, &sources, &urls));
     for &r in &cfg.before {
         post(r, &clock);
     }
     let drained_at = clock.now();
     let mut hook = Hook {
         sources: &mut sources,
-        watch: Watch::new(&report, &cfg, drained_at),
+        watch: Watch::new(&report, cfg, drained_at),
         start,
         reading: None,
         pod: Err(String::new()),

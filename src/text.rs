@@ -2,7 +2,7 @@
 //! lines that say which source is in force, the summary, and the `status` report. The rest of the
 //! code hands data here; a change of wording is one edit in this file.
 
-use crate::config::{Mode, RunConfig};
+use crate::config::{Mode, Rules, RunConfig, Until};
 use crate::count::{Basis, Count, NON_HTTP, SourceKind, Unit};
 use crate::drain::Request;
 use crate::error::Failure;
@@ -190,6 +190,20 @@ pub fn posted(r: Request, url: &str, answer: &Result<Reply, Failure>) -> (String
 /// The run's first line: what it sends (each request with its URL), and how long it may wait.
 pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, String)]) -> String {
     let r = &cfg.rules;
+    let exit_at = match r.until {
+        Until::AtMost(n) => n,
+        Until::Quiet => {
+            return format!(
+                "holding the app's SIGTERM until no request has arrived for {} (at least {}, at most {}), reading arrivals every {} from Envoy's /clusters ({}): clusters {}",
+                humantime::format_duration(r.settle),
+                humantime::format_duration(r.min_drain),
+                humantime::format_duration(r.deadline),
+                humantime::format_duration(r.interval),
+                sources.admin.url(CLUSTERS_PATH),
+                cfg.counting.preset.inbound_clusters.join(", "),
+            );
+        }
+    };
     let proc = reader(sources.reader());
     let mut sent: Vec<String> = requests
         .iter()
@@ -200,11 +214,10 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, Stri
     }
     let drain = sent.join(", then ");
     let target = if r.settle.is_zero() {
-        format!("at most {}", r.exit_at)
+        format!("at most {exit_at}")
     } else {
         format!(
-            "at most {} for {}",
-            r.exit_at,
+            "at most {exit_at} for {}",
             humantime::format_duration(r.settle)
         )
     };
@@ -246,7 +259,10 @@ pub fn count_line(
     } else {
         String::new()
     };
-    let when = if now < min_drain_end {
+    let hold = cfg.rules.until == Until::Quiet;
+    let when = if now < min_drain_end && hold {
+        format!("at least {} more", seconds(min_drain_end - now))
+    } else if now < min_drain_end {
         format!("min-drain ends in {}", seconds(min_drain_end - now))
     } else {
         format!(
@@ -255,10 +271,10 @@ pub fn count_line(
         )
     };
     // Only /clusters' request counter tells arrivals apart.
-    let arriving = if arriving {
-        ", and new requests still arriving"
-    } else {
-        ""
+    let arriving = match (arriving, hold) {
+        (true, _) => ", and new requests still arriving",
+        (false, true) => ", and no new request",
+        (false, false) => "",
     };
     format!(
         "{} ({}){breakdown}{arriving}; {when}",
@@ -399,10 +415,11 @@ pub fn cannot_count(why: &str) -> String {
 pub fn summary(
     outcome: Outcome,
     elapsed: Duration,
-    deadline: Duration,
+    rules: &Rules,
     p: &Progress,
     dropped: u64,
 ) -> String {
+    let deadline = rules.deadline;
     let took = seconds(elapsed);
     let counted = match &p.last {
         Some(c) => format!("{} ({})", c.describe(), c.source.name()),
@@ -415,7 +432,21 @@ pub fn summary(
         _ => String::new(),
     };
     let open = p.last.as_ref().map(Count::still_open).unwrap_or_default();
+    let hold = rules.until == Until::Quiet;
     let mut line = match outcome {
+        Outcome::Reached if hold => format!(
+            "done after {took}: no request arrived for {}, {counted}; the app gets its SIGTERM now",
+            humantime::format_duration(rules.settle)
+        ),
+        Outcome::Deadline if hold => format!(
+            "deadline of {} passed after {took} with {}, {counted}{stale}; the app gets its SIGTERM now",
+            humantime::format_duration(deadline),
+            if stale.is_empty() {
+                "requests still arriving"
+            } else {
+                "arrivals unknown"
+            }
+        ),
         Outcome::Reached => format!("done after {took}: {counted}; the proxy may stop now"),
         Outcome::AppExited if p.last.is_none() => {
             format!("done after {took}: the app has exited; the proxy may stop now")
@@ -748,6 +779,16 @@ mod tests {
         );
     }
 
+    /// `run`'s defaults.
+    const RULES: Rules = Rules {
+        min_drain: Duration::from_secs(5),
+        deadline: Duration::from_secs(25),
+        interval: Duration::from_millis(500),
+        settle: Duration::ZERO,
+        until: Until::AtMost(0),
+        then_quit: false,
+    };
+
     fn progress(last: Option<Count>, unknown: Option<&str>) -> Progress {
         Progress {
             last,
@@ -765,7 +806,7 @@ mod tests {
         let deadline = summary(
             Outcome::Deadline,
             Duration::from_millis(25_040),
-            Duration::from_secs(25),
+            &RULES,
             &stale,
             0,
         );
@@ -778,7 +819,7 @@ mod tests {
         let signal = summary(
             Outcome::Interrupted(libc::SIGTERM),
             Duration::from_secs(3),
-            Duration::from_secs(25),
+            &RULES,
             &stale,
             1,
         );
@@ -792,7 +833,7 @@ mod tests {
         let nothing = summary(
             Outcome::NothingCounted,
             Duration::from_secs(25),
-            Duration::from_secs(25),
+            &RULES,
             &progress(None, None),
             2,
         );

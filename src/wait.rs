@@ -3,7 +3,7 @@
 //! counts, and with `--then-quit` the wait for the app's exit before the proxy is stopped. Time
 //! and the looks are injected, so the rules are tested with a fake clock and scripted looks.
 
-use crate::config::Rules;
+use crate::config::{Rules, Until};
 use crate::count::Arrivals;
 use crate::outcome::Outcome;
 use std::time::Duration;
@@ -186,7 +186,8 @@ impl Follow {
 }
 
 /// Counts at once, then every interval, until the count has stayed at or below the threshold,
-/// at counts that saw no new request arrive, for the settle time after the min-drain; or until the
+/// at counts that saw no new request arrive (`hold`: until no request has arrived, at counts
+/// that could tell), for the settle time after the min-drain; or until the
 /// app has exited (whatever is still open, nothing can answer it), never before the min-drain; or
 /// the deadline passes. Each look is given the time left (to bound its own I/O); a count of
 /// `None` (nothing could be counted) never ends the wait early and breaks the settle time, as an
@@ -249,9 +250,18 @@ fn count(
             return Outcome::AppExited;
         }
         if ask == Ask::Count {
-            counted |= tick.count.is_some();
-            match tick.count {
-                Some(n) if n <= rules.exit_at && !seen.arrived => {
+            let known = match rules.until {
+                Until::AtMost(_) => tick.count.is_some(),
+                Until::Quiet => tick.arrivals != Arrivals::Unknown,
+            };
+            counted |= known;
+            match rules.until {
+                Until::AtMost(n) if tick.count.is_some_and(|c| c <= n) && !seen.arrived => {
+                    low_since.get_or_insert(now);
+                }
+                // The last arrival came before this look ended: the quiet time starts again here.
+                Until::Quiet if known && seen.arrived => low_since = Some(now),
+                Until::Quiet if known => {
                     low_since.get_or_insert(now);
                 }
                 _ => low_since = None,
@@ -367,7 +377,7 @@ mod tests {
             deadline: ms(25000),
             interval: ms(500),
             settle: ms(0),
-            exit_at: 0,
+            until: Until::AtMost(0),
             then_quit: false,
         }
     }
@@ -489,7 +499,7 @@ mod tests {
     #[test]
     fn threshold_above_zero() {
         let r = Rules {
-            exit_at: 2,
+            until: Until::AtMost(2),
             min_drain: ms(0),
             ..rules()
         };
@@ -689,7 +699,7 @@ mod tests {
         // A settle time added to a count taken after the first second.
         let settle = Rules {
             settle: huge,
-            exit_at: 5,
+            until: Until::AtMost(5),
             ..rules()
         };
         let (o, end, _) = run(&settle, &[(0, Some(1))], ms(1500));
@@ -943,5 +953,83 @@ mod tests {
         // A wait that did not reach the threshold asks nothing more.
         let (end, _, _, _) = run_steps(&r, &[(0, app(Some(true), 1))], ms(0));
         assert_eq!((end.outcome, end.quit), (Outcome::Deadline, Quit::No));
+    }
+
+    /// `hold`'s rules: at least `min`, then `quiet` without an arrival, at most `deadline`.
+    fn hold(min: u64, quiet: u64, deadline: u64) -> Rules {
+        Rules {
+            min_drain: ms(min),
+            deadline: ms(deadline),
+            settle: ms(quiet),
+            until: Until::Quiet,
+            ..rules()
+        }
+    }
+
+    /// A hold whose requests arrive at `times` (ms), read as a counter by every look, each look
+    /// taking 20 ms; `unknown` (from, to) ms where the counter cannot be read. Returns the
+    /// outcome and when it ended.
+    fn hold_with(r: &Rules, times: &[u64], unknown: (u64, u64)) -> (Outcome, Duration) {
+        let now = Cell::new(ms(0));
+        let (end, seen) = wait_with(r, ms(0), &now, |_, _| {
+            let t = now.get();
+            now.set(t + ms(20));
+            let arrived = times.iter().filter(|&&a| ms(a) <= t).count() as u64;
+            let known = !(ms(unknown.0)..ms(unknown.1)).contains(&t);
+            Tick {
+                // In flight: what the hold does not wait for.
+                count: Some(3),
+                arrivals: if known {
+                    Arrivals::Requests(arrived)
+                } else {
+                    Arrivals::Unknown
+                },
+                ..Tick::default()
+            }
+        });
+        assert!(
+            seen.iter().all(|(_, s)| s.app == App::Unknown),
+            "a hold never looks at the app"
+        );
+        (end.outcome, now.get())
+    }
+
+    #[test]
+    fn a_hold_ends_a_quiet_time_after_the_look_that_saw_the_last_arrival_never_before_its_min() {
+        let r = hold(5000, 2000, 20000);
+        // Requests every 100 ms until 9.95 s: the look at 10 s sees the last, quiet until 12 s.
+        let busy: Vec<u64> = (0..100).map(|i| i * 100 + 50).collect();
+        let (o, end) = hold_with(&r, &busy, (0, 0));
+        assert_eq!(o, Outcome::Reached);
+        assert!(
+            end >= ms(9950 + 2000) && end <= ms(9950 + 2000 + 600),
+            "within the quiet time and one interval of the last arrival: {end:?}"
+        );
+        // Nothing arrives: the min holds it.
+        let (o, end) = hold_with(&r, &[], (0, 0));
+        assert!(
+            o == Outcome::Reached && end >= ms(5000) && end <= ms(5100),
+            "{end:?}"
+        );
+        // One request every 1.5 s, less than the quiet time apart: it holds to the deadline.
+        let slow: Vec<u64> = (0..20).map(|i| i * 1500).collect();
+        assert_eq!(hold_with(&r, &slow, (0, 0)).0, Outcome::Deadline);
+    }
+
+    #[test]
+    fn a_hold_never_takes_an_unknown_counter_for_quiet() {
+        let r = hold(1000, 2000, 20000);
+        // Unreadable from 1 s to 6 s: the quiet time starts again when it reads again.
+        let (o, end) = hold_with(&r, &[], (1000, 6000));
+        assert_eq!(o, Outcome::Reached);
+        assert!(end >= ms(8000) && end <= ms(8600), "{end:?}");
+        // Never readable: nothing counted, at the deadline.
+        assert_eq!(
+            hold_with(&r, &[], (0, 30000)),
+            (Outcome::NothingCounted, ms(20000))
+        );
+        // A request that arrived while it could not read is seen when it reads again.
+        let (_, end) = hold_with(&r, &[3000], (2000, 4000));
+        assert!(end >= ms(6000) && end <= ms(6600), "{end:?}");
     }
 }

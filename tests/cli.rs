@@ -22,6 +22,7 @@ fn help_lists_the_commands_and_exit_codes() {
     assert_eq!(out.code, Some(0), "{out}");
     for want in [
         "run ",
+        "hold ",
         "status ",
         "Exit codes:",
         "130",
@@ -69,7 +70,7 @@ fn a_missing_command_exits_2_and_names_the_commands() {
     assert_eq!(none.code, Some(2), "{none}");
     assert_eq!(
         none.stderr,
-        "envoy-drain: no command given: expected run, status or install (see envoy-drain --help)\n"
+        "envoy-drain: no command given: expected run, hold, status or install (see envoy-drain --help)\n"
     );
 }
 
@@ -167,6 +168,58 @@ fn run_that_never_counts_exits_3_at_the_deadline_and_says_why() {
         1,
         "the same failure is logged once {out}"
     );
+}
+
+#[test]
+fn hold_that_cannot_read_arrivals_never_returns_early_exits_3_and_says_why() {
+    // A silent admin API (a backlog never accepted) and a refused one: unknown is never quiet.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    for admin in [silent.local_addr().unwrap().to_string(), refused()] {
+        let out = run(command(&[
+            "hold",
+            "--admin",
+            &admin,
+            "--min",
+            "0s",
+            "--quiet",
+            "500ms",
+            "--deadline",
+            "2s",
+        ]));
+        assert_eq!(out.code, Some(3), "{out}");
+        assert!(
+            out.elapsed >= Duration::from_secs(2)
+                && out.elapsed < Duration::from_millis(2000 + 400),
+            "held to the deadline, not past it {out}"
+        );
+        assert!(
+            out.last_line().contains(
+                "deadline of 2s passed after 2.0s and nothing could be counted: /clusters: "
+            ),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn hold_refuses_a_gateway_and_a_zero_quiet_time_in_one_line() {
+    for (args, want) in [
+        (
+            &["hold", "--preset", "contour"][..],
+            "envoy-drain: invalid value 'contour' for --preset: expected a sidecar's preset, istio, consul or kuma: a gateway has no app behind it to hold\n",
+        ),
+        (
+            &["hold", "--quiet", "0s"],
+            "envoy-drain: invalid value '0s' for --quiet: expected a duration above zero, like 3s\n",
+        ),
+        (
+            &["hold", "--min", "30s"],
+            "envoy-drain: invalid value '30s' for --min: expected at most the deadline (20s)\n",
+        ),
+    ] {
+        let out = run(command(args));
+        assert_eq!((out.code, out.stderr.as_str()), (Some(2), want), "{out}");
+    }
 }
 
 #[test]

@@ -822,3 +822,163 @@ fn the_contour_preset_drains_all_counts_the_traffic_listener_and_never_contours_
         drains: "draining all listeners (POST /drain_listeners?graceful&skip_exit on unix:",
     });
 }
+
+/// Sends to `addr` every `every` until `until`: HTTP requests on one keep-alive connection, or
+/// with `tcp` one new connection each (through Envoy's tcp_proxy, which connects to the app at
+/// once). Gives when the last one was sent.
+fn arrivals(
+    addr: &'static str,
+    every: Duration,
+    until: Instant,
+    tcp: bool,
+) -> std::thread::JoinHandle<Instant> {
+    std::thread::spawn(move || {
+        let mut conn = (!tcp).then(|| Conn::open(addr).expect("a connection to Envoy"));
+        let mut last = Instant::now();
+        // Bounded by `until`, and by count.
+        for _ in 0..1000 {
+            if Instant::now() >= until {
+                break;
+            }
+            last = Instant::now();
+            match &mut conn {
+                Some(c) => assert_eq!(c.get("/work").expect("an answer").status, 200),
+                None => drop(std::net::TcpStream::connect(addr).expect("a TCP connection")),
+            }
+            std::thread::sleep(every);
+        }
+        last
+    })
+}
+
+#[test]
+#[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
+fn hold_returns_a_quiet_time_after_the_last_http_request_and_the_apps_calls_out_never_hold_it() {
+    scenario(|bin| {
+        let _app = App::start(APP, false);
+        let _envoy = start(&bin);
+        let hold = spawn(command(&[
+            "hold",
+            "--min",
+            "1s",
+            "--quiet",
+            "1s",
+            "--deadline",
+            "15s",
+        ]));
+        let start = Instant::now();
+        let inbound = arrivals(INBOUND, SECOND / 5, start + 3 * SECOND, false);
+        // The app's own calls through the sidecar go on after that: they never arrive at it.
+        let outbound = arrivals(OUTBOUND, SECOND / 5, start + 8 * SECOND, false);
+        let last = inbound.join().unwrap();
+        let out = hold.finish();
+        outbound.join().unwrap();
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(
+            out.ended >= last + SECOND && out.ended < last + 3 * SECOND,
+            "returned {:?} after the last request arrived (quiet 1s) {out}",
+            out.ended.saturating_duration_since(last)
+        );
+        assert!(
+            out.stderr.contains("and new requests still arriving"),
+            "{out}"
+        );
+        assert!(
+            out.last_line().contains(": no request arrived for 1s, 0 active requests (clusters); the app gets its SIGTERM now"),
+            "{out}"
+        );
+    });
+}
+
+#[test]
+#[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
+fn hold_returns_a_quiet_time_after_the_last_tcp_connection() {
+    scenario(|bin| {
+        let _app = App::start(APP, false);
+        let _envoy = start(&bin);
+        let hold = spawn(command(&[
+            "hold",
+            "--min",
+            "1s",
+            "--quiet",
+            "1s",
+            "--deadline",
+            "15s",
+        ]));
+        let last = arrivals(
+            "127.0.0.1:3306",
+            SECOND / 4,
+            Instant::now() + 3 * SECOND,
+            true,
+        )
+        .join()
+        .unwrap();
+        let out = hold.finish();
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(
+            out.ended >= last + SECOND && out.ended < last + 3 * SECOND,
+            "returned {:?} after the last connection (quiet 1s) {out}",
+            out.ended.saturating_duration_since(last)
+        );
+    });
+}
+
+#[test]
+#[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
+fn hold_holds_to_its_deadline_while_requests_keep_arriving() {
+    scenario(|bin| {
+        let _app = App::start(APP, false);
+        let _envoy = start(&bin);
+        let hold = spawn(command(&[
+            "hold",
+            "--min",
+            "0s",
+            "--quiet",
+            "1s",
+            "--deadline",
+            "3s",
+        ]));
+        let sender = arrivals(INBOUND, SECOND / 3, Instant::now() + 5 * SECOND, false);
+        let out = hold.finish();
+        sender.join().unwrap();
+        assert_eq!(out.code, Some(1), "{out}");
+        assert!(
+            out.last_line().contains(
+                "deadline of 3s passed after 3.0s with requests still arriving, 0 active requests (clusters)"
+            ) || out.last_line().contains("with requests still arriving, 1 active request (clusters)"),
+            "{out}"
+        );
+    });
+}
+
+#[test]
+#[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
+fn hold_never_takes_an_envoy_it_cannot_read_for_a_quiet_one() {
+    scenario(|bin| {
+        let _app = App::start(APP, false);
+        let mut envoy = start(&bin);
+        let mut hold = spawn(command(&[
+            "hold",
+            "--min",
+            "0s",
+            "--quiet",
+            "1s",
+            "--deadline",
+            "4s",
+        ]));
+        hold.expect_line("0 active requests (clusters)", 5 * SECOND);
+        envoy.kill();
+        let out = hold.finish();
+        assert_eq!(out.code, Some(1), "{out}");
+        assert!(
+            out.stderr.contains("cannot count: /clusters: "),
+            "the failure is told {out}"
+        );
+        assert!(
+            out.last_line().contains(
+                "with arrivals unknown, 0 active requests (clusters); the last count failed"
+            ),
+            "{out}"
+        );
+    });
+}

@@ -1,28 +1,33 @@
-//! The README pastes `--help` verbatim so the docs cannot drift from the flags, and names the
-//! test command that CI runs.
+//! The README pastes `--help` verbatim, and docs/usage.md every command's, so the docs cannot
+//! drift from the flags; the README names the test command that CI runs.
 
 mod support;
 
 use support::{command, run};
 
+fn doc(path: &str) -> String {
+    std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
 fn readme() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap()
+    doc("README.md")
 }
 
 #[test]
-fn readme_holds_every_help_text_verbatim() {
-    let readme = readme();
-    for args in [
-        &["--help"][..],
-        &["run", "--help"],
-        &["status", "--help"],
-        &["install", "--help"],
+fn the_readme_and_docs_usage_hold_every_help_text_verbatim() {
+    let usage = "docs/usage.md";
+    for (file, args) in [
+        ("README.md", &["--help"][..]),
+        (usage, &["run", "--help"]),
+        (usage, &["hold", "--help"]),
+        (usage, &["status", "--help"]),
+        (usage, &["install", "--help"]),
     ] {
         let out = run(command(args));
         assert_eq!(out.code, Some(0), "{out}");
         assert!(
-            readme.contains(&format!("```\n{}```", out.stdout)),
-            "README.md lacks the current output of `envoy-drain {}`:\n{}",
+            doc(file).contains(&format!("```\n{}```", out.stdout)),
+            "{file} lacks the current output of `envoy-drain {}`:\n{}",
             args.join(" "),
             out.stdout
         );

@@ -1,11 +1,11 @@
 //! The wait on any rules (durations up to u64::MAX seconds, any threshold, with and without
 //! --then-quit) and any script of counts, costs, unknowns, request counters and app sockets: no
 //! panic, it ends, it never reports reaching the threshold on a count above it or one that saw a
-//! request arrive, and it never reports the app's exit, nor stops the proxy, unless the last look
+//! request arrive (`hold`: on a look that could not read arrivals, or saw one), and it never reports the app's exit, nor stops the proxy, unless the last look
 //! saw it gone, nor before the min-drain.
 #![no_main]
 
-use envoy_drain::config::Rules;
+use envoy_drain::config::{Rules, Until};
 use envoy_drain::count::Arrivals;
 use envoy_drain::outcome::Outcome;
 use envoy_drain::wait::{App, Ask, Clock, Cost, LAST_COUNT, Looks, Quit, Seen, Tick, wait};
@@ -91,7 +91,10 @@ fuzz_target!(|data: &[u8]| {
         deadline,
         interval: duration(18).max(Duration::from_nanos(1)),
         settle: duration(27),
-        exit_at: u64::from(head[36] % 4),
+        until: match head[36] % 5 {
+            4 => Until::Quiet,
+            n => Until::AtMost(u64::from(n)),
+        },
         then_quit: head[37] & 1 == 1,
     };
     let now = Cell::new(Duration::ZERO);
@@ -108,7 +111,11 @@ fuzz_target!(|data: &[u8]| {
     let (last, seen) = (script.last, script.seen);
     match end.outcome {
         Outcome::Reached if end.quit == Quit::No => assert!(
-            last.count.is_some_and(|n| n <= rules.exit_at) && !seen.arrived,
+            match rules.until {
+                Until::AtMost(most) => last.count.is_some_and(|n| n <= most) && !seen.arrived,
+                Until::Quiet => last.arrivals != Arrivals::Unknown
+                    && (!seen.arrived || rules.settle.is_zero()),
+            },
             "reached on {last:?}, {seen:?}"
         ),
         Outcome::AppExited => {

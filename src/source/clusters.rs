@@ -9,17 +9,21 @@ use crate::count::{Arrivals, Count, Part, SourceKind, Unit};
 use crate::lists::{Names, PortSet};
 use crate::preset::Preset;
 use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::SocketAddr;
 
 pub const CLUSTERS_PATH: &str = "/clusters";
 
 /// Which hosts count: not those of the proxy's own clusters (`Preset::own_clusters`) or of
-/// `--ignore-clusters`, not Unix sockets or internal addresses, and not those on an ignored port.
+/// `--ignore-clusters`, not Unix sockets or internal addresses, and not those on an ignored port;
+/// with `inbound` (`hold`), only those of the clusters that carry requests to the app
+/// (`Preset::inbound_clusters`), where a new connection is an arrival too.
 #[derive(Debug, Clone, Default)]
 pub struct Rule {
     pub preset: Preset,
     pub ignore_clusters: Names,
     pub ignore_ports: PortSet,
+    pub inbound: bool,
 }
 
 /// One cluster as `status` shows it.
@@ -43,6 +47,9 @@ pub struct Answer {
     pub quiet: u64,
     /// Requests on hosts left out of clusters that count, by why.
     pub hosts_left_out: Vec<(String, u64)>,
+    /// The arrival counters of the hosts that count, by a hash of their line's name, those at 0
+    /// left out: `Arrived` compares them with the last answer's.
+    pub counters: Vec<(u64, u64)>,
 }
 
 /// Adds up an answer line by line, so a large one is never held whole, and keeps only the
@@ -58,8 +65,8 @@ pub struct Tally {
     hosts: bool,
     /// A counted host's value that is not a count: the count cannot be trusted.
     bad: Option<String>,
-    /// `rq_total` over the hosts that count: requests so far, which tells new ones apart.
-    arrived: u64,
+    /// The arrival counters (`rq_total`; with `inbound`, `cx_total` too) of the hosts that count.
+    counters: Vec<(u64, u64)>,
     /// What the counted clusters past the first `KEPT` that hold anything hold, added up, and
     /// how many they are.
     more: Cluster,
@@ -71,7 +78,13 @@ pub struct Tally {
 /// up as one, which keeps the count whole and the memory flat.
 const KEPT: usize = 1000;
 
-const LISTED: [&str; 4] = ["rq_active", "rq_pending_active", "cx_active", "rq_total"];
+const LISTED: [&str; 5] = [
+    "rq_active",
+    "rq_pending_active",
+    "cx_active",
+    "rq_total",
+    "cx_total",
+];
 
 impl Tally {
     /// Takes one line: `<cluster>::<host>::<stat>::<value>`; other lines are skipped.
@@ -106,8 +119,14 @@ impl Tally {
             return;
         };
         match (stat, why_host) {
-            ("rq_total", _) if counted => self.arrived = self.arrived.wrapping_add(n),
-            ("rq_total", _) => {}
+            ("rq_total", _) | ("cx_total", _) => {
+                if counted && n > 0 && (stat == "rq_total" || rule.inbound) {
+                    let mut h = DefaultHasher::new();
+                    rest.hash(&mut h);
+                    stat.hash(&mut h);
+                    self.counters.push((h.finish(), n));
+                }
+            }
             ("cx_active", _) if counted => {
                 cluster.connections = cluster.connections.saturating_add(n)
             }
@@ -132,6 +151,8 @@ impl Tally {
                 }
                 let left_out = if rule.preset.owns_cluster(name) {
                     Some(rule.preset.own_cluster)
+                } else if rule.inbound && !rule.preset.is_inbound(name) {
+                    Some("not the app's inbound")
                 } else if rule.ignore_clusters.matches(name) {
                     Some("--ignore-clusters")
                 } else {
@@ -192,12 +213,43 @@ impl Tally {
             })
             .collect();
         Ok(Answer {
-            count: Count::of(SourceKind::Clusters, Unit::Requests, parts, vec![])
-                .with_arrivals(Arrivals::Requests(self.arrived)),
+            count: Count::of(SourceKind::Clusters, Unit::Requests, parts, vec![]),
             clusters: self.clusters,
             quiet: self.quiet,
             hosts_left_out: self.hosts_left_out.into_iter().collect(),
+            counters: self.counters,
         })
+    }
+}
+
+/// What has arrived since the first answer, over answers whose hosts come and go: a counter that
+/// grew adds what it grew by; one first seen, or lower than before, belongs to a host made (or
+/// made again) since the last answer and adds all it holds, every one of those arrived since; a
+/// host that vanished adds nothing and takes nothing away. Istio re-created idle inbound hosts
+/// every 15 s before istio/istio PR #51935, so a sum over the hosts would go down, and a host
+/// removed with k requests would cancel k new ones.
+#[derive(Debug, Default)]
+pub struct Arrived {
+    last: Option<Vec<(u64, u64)>>,
+    total: u64,
+}
+
+impl Arrived {
+    /// Takes an answer's counters, and tells what has arrived so far.
+    pub fn add(&mut self, mut now: Vec<(u64, u64)>) -> Arrivals {
+        now.sort_unstable();
+        if let Some(last) = &self.last {
+            for &(key, n) in &now {
+                let before = match last.binary_search_by_key(&key, |&(k, _)| k) {
+                    Ok(i) => last[i].1,
+                    Err(_) => 0,
+                };
+                let new = if n >= before { n - before } else { n };
+                self.total = self.total.saturating_add(new);
+            }
+        }
+        self.last = Some(now);
+        Arrivals::Requests(self.total)
     }
 }
 
@@ -230,6 +282,7 @@ mod tests {
             preset: crate::preset::ISTIO,
             ignore_clusters: Names::default(),
             ignore_ports: PortSet::parse(crate::lists::ISTIO_INFRA_PORTS).unwrap(),
+            inbound: false,
         }
     }
 
@@ -404,8 +457,51 @@ xds-grpc::@envoy-drain-pod-xds::rq_total::1
 agent::127.0.0.1:15020::rq_total::9
 inbound|15090||::127.0.0.1:15090::rq_total::5
 ";
+        let mut arrived = Arrived::default();
         let a = tally(body, &istio()).unwrap();
         assert_eq!(a.count.total, 0);
-        assert_eq!(a.count.arrivals, Arrivals::Requests(42));
+        assert_eq!(a.counters.len(), 2, "{:?}", a.counters);
+        assert_eq!(arrived.add(a.counters), Arrivals::Requests(0));
+        let later = body.replace("::40", "::43").replace("::2\n", "::3\n");
+        let a = tally(&later, &istio()).unwrap();
+        assert_eq!(arrived.add(a.counters), Arrivals::Requests(4));
+    }
+
+    #[test]
+    fn a_host_that_vanishes_or_restarts_its_counter_takes_no_arrival_back() {
+        let counters = |body: &str, rule: &Rule| tally(body, rule).unwrap().counters;
+        let rule = Rule {
+            inbound: true,
+            ..istio()
+        };
+        let host = |port: u16, rq: u64, cx: u64| {
+            format!(
+                "inbound|8080||::10.90.0.{port}:8080::rq_active::0
+inbound|8080||::10.90.0.{port}:8080::rq_total::{rq}
+inbound|8080||::10.90.0.{port}:8080::cx_total::{cx}
+outbound|9080||svc::10.90.0.3:9080::rq_total::{rq}
+"
+            )
+        };
+        let mut arrived = Arrived::default();
+        let first = host(2, 40, 10) + &host(4, 7, 7);
+        assert_eq!(arrived.add(counters(&first, &rule)), Arrivals::Requests(0));
+        // The host with 47 requests is gone; nothing arrived.
+        assert_eq!(
+            arrived.add(counters(&host(2, 40, 10), &rule)),
+            Arrivals::Requests(0)
+        );
+        // Re-created with its counters from 0: its 2 requests are new, on 1 new connection.
+        let again = host(2, 40, 10) + &host(4, 2, 1);
+        assert_eq!(arrived.add(counters(&again, &rule)), Arrivals::Requests(3));
+        // The outbound cluster's requests and the app's own calls out never arrive at it.
+        let out = host(2, 40, 10).replace(
+            "outbound|9080||svc::10.90.0.3:9080::rq_total::40",
+            "outbound|9080||svc::10.90.0.3:9080::rq_total::90",
+        );
+        assert_eq!(
+            arrived.add(counters(&(out + &host(4, 2, 1)), &rule)),
+            Arrivals::Requests(3)
+        );
     }
 }

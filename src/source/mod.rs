@@ -68,6 +68,8 @@ pub struct Sources {
     /// What never counts in /clusters, and the preset whose own listeners and HTTP connection
     /// managers never count in the stats either.
     clusters: clusters::Rule,
+    /// What /clusters' answers so far say has arrived.
+    arrived: clusters::Arrived,
     table: SocketTable,
     /// How long the last look waited on Envoy's admin API: what the count cost Envoy's main
     /// thread, at most.
@@ -97,7 +99,9 @@ impl Sources {
                 preset: c.preset,
                 ignore_clusters: c.ignore_clusters.clone(),
                 ignore_ports: c.ignore.clone(),
+                inbound: c.inbound,
             },
+            arrived: clusters::Arrived::default(),
             table: SocketTable::new(c.proc_net.as_deref(), c.filter(), c.admin.clone()),
             admin_time: Duration::ZERO,
             clusters_first: None,
@@ -133,6 +137,10 @@ impl Sources {
         let until = within(left.max(PROC_GRACE));
         self.table.forget();
         let reading = self.count(left);
+        if self.clusters.inbound {
+            // `hold` runs before the app's SIGTERM: its sockets tell nothing then.
+            return (reading, Err("not read while holding".to_string()));
+        }
         (reading, self.table.pod(until))
     }
 
@@ -154,6 +162,16 @@ impl Sources {
         let until = within(left);
         let admin = self.mode != Mode::Proc;
         let asked = Instant::now();
+        if self.clusters.inbound {
+            // `hold`: only /clusters counts what arrives at the app.
+            let clusters = Some(self.clusters(until));
+            self.admin_time = asked.elapsed();
+            return Look {
+                stats: None,
+                clusters,
+                proc: None,
+            };
+        }
         let known = match &self.clusters_first {
             Some(why) if admin && !every && self.unit == Unit::Requests => Some(why.clone()),
             _ => None,
@@ -238,7 +256,7 @@ impl Sources {
     }
 
     /// Envoy's per-host counters, read line by line as they arrive.
-    fn clusters(&self, until: Instant) -> Result<clusters::Answer, String> {
+    fn clusters(&mut self, until: Instant) -> Result<clusters::Answer, String> {
         let mut tally = clusters::Tally::default();
         let left = until.saturating_duration_since(Instant::now());
         self.admin
@@ -246,7 +264,10 @@ impl Sources {
                 tally.add_line(line, &self.clusters)
             })
             .map_err(|f| f.to_string())?;
-        tally.finish()
+        let mut answer = tally.finish()?;
+        let arrivals = self.arrived.add(std::mem::take(&mut answer.counters));
+        answer.count.arrivals = arrivals;
+        Ok(answer)
     }
 }
 
@@ -344,6 +365,7 @@ mod tests {
             ignore: PortSet::default(),
             only: None,
             ignore_clusters: crate::lists::Names::default(),
+            inbound: false,
             proc_net: Some(proc_net),
         })
     }
@@ -510,6 +532,7 @@ mod tests {
             clusters: vec![],
             quiet: 0,
             hosts_left_out: vec![],
+            counters: vec![],
         };
         let no_rq = StatsLook {
             connections: Ok(answer(2)),
