@@ -2,8 +2,10 @@
 //! (tests/support/mesh.rs), one row per kubelet ordering x app kind x proxy shutdown x propagation
 //! delay. Arguments narrow it down: any of `classic`, `native`, an app kind (`graceful`, `nginx`,
 //! `sleep`, `flush`), a mode (`istio`, `exit-on-zero`, `envoy-drain`, `requests`, `plain`), a
-//! propagation delay (`2s`, `10s`), `http2` (h2load instead of hey); several of one sort are all
-//! run. Run it with `bash examples/mesh.sh [ARG...]`, as root.
+//! propagation delay (`2s`, `10s`, `30s`, where the pod's grace period is 60 s), `http2` (h2load
+//! instead of hey), the app's preStop (`own`, its own: none, or `sleep 5` for `sleep`; `hold`:
+//! `envoy-drain hold`, never with `sleep`, whose app is nginx's; default `own`); several of one
+//! sort are all run. Run it with `bash examples/mesh.sh [ARG...]`, as root.
 //!
 //! `demo` first: the demo (`bash examples/demo.sh`), the table's top rows (classic ordering,
 //! graceful app, 2 s) for Istio's default, EXIT_ON_ZERO and envoy-drain as the template sets it
@@ -71,10 +73,22 @@ fn main() {
         );
         let d = &row.deletion;
         let at = |t: std::time::Instant| t.saturating_duration_since(d.deleted).as_secs_f64();
+        let summary = |h: &support::running::Finished| {
+            h.last_line()
+                .split('\t')
+                .next_back()
+                .unwrap_or_default()
+                .to_string()
+        };
         eprintln!(
-            "      app exited at {:.1}s, proxy stopped at {:.1}s{}",
+            "      app exited at {:.1}s, proxy stopped at {:.1}s{}{}",
             at(d.app_exited),
             at(d.proxy_stopped),
+            d.app_hook.as_ref().map_or(String::new(), |h| format!(
+                ", hold ended at {:.1}s: {}",
+                at(h.ended),
+                summary(h)
+            )),
             d.hook.as_ref().map_or(String::new(), |h| format!(
                 ", hook ended at {:.1}s: {}",
                 at(h.ended),
@@ -104,6 +118,7 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
     let mut modes = Vec::new();
     let mut propagations = Vec::new();
     let mut http2 = false;
+    let mut holds = Vec::new();
     for a in &args {
         match a.as_str() {
             "classic" => orderings.push(Ordering::Classic),
@@ -118,13 +133,15 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
             "requests" => modes.push(Mode::Requests),
             "plain" => modes.push(Mode::Plain),
             "http2" => http2 = true,
+            "own" => holds.push(false),
+            "hold" => holds.push(true),
             other => match other.strip_suffix('s').and_then(|n| n.parse::<u64>().ok()) {
                 Some(n) => propagations.push(n),
                 None => {
                     return Err(format!(
                         "unknown argument '{other}': expected classic, native, graceful, nginx, \
                          sleep, flush, istio, exit-on-zero, envoy-drain, requests, plain, \
-                         <n>s or http2"
+                         <n>s, http2, own or hold"
                     ));
                 }
             },
@@ -134,18 +151,25 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
     all(&mut apps, &AppKind::ALL);
     all(&mut modes, &Mode::ALL);
     all(&mut propagations, &PROPAGATIONS);
+    all(&mut holds, &[false]);
     let mut out = Vec::new();
     for &p in &propagations {
         for &ordering in &orderings {
             for &app in &apps {
-                for &mode in &modes {
-                    out.push(Scenario {
-                        ordering,
-                        app,
-                        mode,
-                        propagation: Duration::from_secs(p),
-                        load: if http2 { Load::Http2 } else { Load::Http1 },
-                    });
+                for &hold in &holds {
+                    if hold && app == AppKind::Sleep5 {
+                        continue;
+                    }
+                    for &mode in &modes {
+                        out.push(Scenario {
+                            ordering,
+                            app,
+                            mode,
+                            propagation: Duration::from_secs(p),
+                            load: if http2 { Load::Http2 } else { Load::Http1 },
+                            hold,
+                        });
+                    }
                 }
             }
         }

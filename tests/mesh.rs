@@ -3,7 +3,7 @@
 //! service of two pods, three 10 s requests are in flight at pod A when the kubelet stand-in
 //! deletes it, and every request's outcome is counted. Each ordering of the kubelet runs with a
 //! graceful app, under Istio's own shutdown and under envoy-drain as the injection template sets
-//! it up.
+//! it up; an app that stops serving at SIGTERM runs behind `hold` at 10 s propagation.
 
 mod support;
 
@@ -14,13 +14,17 @@ use support::mesh::{self, AppKind, LONG, Load, Mode, RATE, Row, Scenario};
 
 /// A graceful app's pod deleted under load, with the proxy shutting down as `mode` says.
 fn deleted_under_load(ordering: Ordering, mode: Mode) -> Row {
-    let scenario = Scenario {
+    run_scenario(Scenario {
         ordering,
         app: AppKind::Graceful,
         mode,
         propagation: Duration::from_secs(2),
         load: Load::Http1,
-    };
+        hold: false,
+    })
+}
+
+fn run_scenario(scenario: Scenario) -> Row {
     mesh::run(
         &support::envoy::required(),
         Path::new(support::BIN),
@@ -107,4 +111,26 @@ fn native_sidecar_with_istios_own_prestop_stops_the_proxy_as_the_app_exits() {
     assert_eq!(row.failed, 0, "{}", shown(&row));
     let after = row.app_exit_to_proxy_stop();
     assert!((0.0..1.0).contains(&after), "{}", shown(&row));
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv, hey and Envoy: `bash scripts/test` runs it"]
+fn an_nginx_style_app_behind_hold_fails_no_request_when_the_mesh_learns_of_it_10s_late() {
+    // Without `hold` such an app refuses what clients send until their sidecars drop it.
+    let row = run_scenario(Scenario {
+        ordering: Ordering::Classic,
+        app: AppKind::Nginx,
+        mode: Mode::EnvoyDrain,
+        propagation: Duration::from_secs(10),
+        load: Load::Http1,
+        hold: true,
+    });
+    no_request_failed(&row);
+    let hold = row.deletion.app_hook.as_ref().expect("the app's hold ran");
+    assert_eq!(hold.code, Some(0), "{hold}");
+    // The default quiet time is 3 s, and arrivals are read every 500 ms.
+    let after = row
+        .hold_after_last_arrival()
+        .expect("a last arrival at pod A");
+    assert!((3.0..4.5).contains(&after), "{}\n{hold}", shown(&row));
 }

@@ -227,7 +227,11 @@ impl Tally {
 /// made again) since the last answer and adds all it holds, every one of those arrived since; a
 /// host that vanished adds nothing and takes nothing away. Istio re-created idle inbound hosts
 /// every 15 s before istio/istio PR #51935, so a sum over the hosts would go down, and a host
-/// removed with k requests would cancel k new ones.
+/// removed with k requests would cancel k new ones. An ORIGINAL_DST cluster (Istio's inbound
+/// clusters) can hold several hosts of one address, one per worker that met it first (Envoy's
+/// source/extensions/clusters/original_dst/original_dst_cluster.h, `HostsForAddress`), listed
+/// under one name: those are paired largest with largest, so that one that vanished or joined
+/// moves no other.
 #[derive(Debug, Default)]
 pub struct Arrived {
     last: Option<Vec<(u64, u64)>>,
@@ -239,13 +243,18 @@ impl Arrived {
     pub fn add(&mut self, mut now: Vec<(u64, u64)>) -> Arrivals {
         now.sort_unstable();
         if let Some(last) = &self.last {
-            for &(key, n) in &now {
-                let before = match last.binary_search_by_key(&key, |&(k, _)| k) {
-                    Ok(i) => last[i].1,
-                    Err(_) => 0,
-                };
-                let new = if n >= before { n - before } else { n };
-                self.total = self.total.saturating_add(new);
+            for hosts in now.chunk_by(|a, b| a.0 == b.0) {
+                let key = hosts[0].0;
+                let from = last.partition_point(|&(k, _)| k < key);
+                let to = last.partition_point(|&(k, _)| k <= key);
+                let mut before = last[from..to].iter().rev();
+                for &(_, n) in hosts.iter().rev() {
+                    let new = match before.next() {
+                        Some(&(_, was)) if n >= was => n - was,
+                        _ => n,
+                    };
+                    self.total = self.total.saturating_add(new);
+                }
             }
         }
         self.last = Some(now);
@@ -494,6 +503,32 @@ outbound|9080||svc::10.90.0.3:9080::rq_total::{rq}
         // Re-created with its counters from 0: its 2 requests are new, on 1 new connection.
         let again = host(2, 40, 10) + &host(4, 2, 1);
         assert_eq!(arrived.add(counters(&again, &rule)), Arrivals::Requests(3));
+        // Hosts of one address in an ORIGINAL_DST cluster, under one name: one more request at
+        // the busy one is one arrival, whichever order they are listed in, and one that vanished
+        // takes nothing back.
+        let dup = |rq: &[u64]| {
+            rq.iter()
+                .map(|n| {
+                    format!(
+                        "inbound|8080||::10.90.0.2:8080::rq_active::0
+inbound|8080||::10.90.0.2:8080::rq_total::{n}
+"
+                    )
+                })
+                .collect::<String>()
+        };
+        let mut dups = Arrived::default();
+        for (rq, total) in [
+            (&[726, 1, 1][..], 0),
+            (&[1, 1, 726], 0),
+            (&[1, 727], 1),
+            (&[1, 727, 1], 2),
+        ] {
+            assert_eq!(
+                dups.add(counters(&dup(rq), &rule)),
+                Arrivals::Requests(total)
+            );
+        }
         // The outbound cluster's requests and the app's own calls out never arrive at it.
         let out = host(2, 40, 10).replace(
             "outbound|9080||svc::10.90.0.3:9080::rq_total::40",

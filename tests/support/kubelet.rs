@@ -10,7 +10,7 @@
 //!
 //! At the end of the grace period whatever still runs is killed (SIGKILL), the hooks included.
 
-use super::pod::Pod;
+use super::pod::{APP_UID, Pod};
 use super::running::{Finished, spawn};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -36,6 +36,16 @@ pub enum ProxyPreStop {
     Hook(Vec<String>),
 }
 
+/// The app container's preStop.
+#[derive(Debug, Clone)]
+pub enum AppPreStop {
+    None,
+    /// A `sleep` (Kubernetes' sleep action, or `sleep N` in the image).
+    Sleep(Duration),
+    /// envoy-drain with these arguments, as the app's user: `hold`.
+    Hook(Vec<String>),
+}
+
 /// When each thing happened.
 pub struct Deletion {
     pub deleted: Instant,
@@ -43,6 +53,8 @@ pub struct Deletion {
     pub proxy_stopped: Instant,
     /// The envoy-drain hook's run, when the proxy had one.
     pub hook: Option<Finished>,
+    /// The app's envoy-drain preStop, when it had one.
+    pub app_hook: Option<Finished>,
 }
 
 impl Deletion {
@@ -52,13 +64,13 @@ impl Deletion {
     }
 }
 
-/// Deletes `pod`: its app gets SIGTERM after `app_pre_stop` (a `sleep` preStop, when given), its
-/// proxy runs `pre_stop` and gets SIGTERM as `ordering` says.
+/// Deletes `pod`: its app gets SIGTERM once `app_pre_stop` has returned, its proxy runs
+/// `pre_stop` and gets SIGTERM as `ordering` says.
 pub fn delete(
     pod: &Pod,
     ordering: Ordering,
     pre_stop: &ProxyPreStop,
-    app_pre_stop: Option<Duration>,
+    app_pre_stop: &AppPreStop,
     grace: Duration,
 ) -> Deletion {
     let deleted = Instant::now();
@@ -66,11 +78,19 @@ pub fn delete(
     let app = pod.app().expect("a pod with an app");
     thread::scope(|s| {
         let app_exited = s.spawn(|| {
-            if let Some(sleep) = app_pre_stop {
-                thread::sleep(sleep.min(end.saturating_duration_since(Instant::now())));
-            }
+            let hook = match app_pre_stop {
+                AppPreStop::None => None,
+                &AppPreStop::Sleep(sleep) => {
+                    thread::sleep(sleep.min(end.saturating_duration_since(Instant::now())));
+                    None
+                }
+                AppPreStop::Hook(args) => {
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    Some(spawn(pod.hook_as(APP_UID, APP_UID, &args)).finish_by(end))
+                }
+            };
             pod.sigterm_app();
-            app.wait_until(end).unwrap_or_else(|| app.kill())
+            (app.wait_until(end).unwrap_or_else(|| app.kill()), hook)
         });
         let hook = match pre_stop {
             ProxyPreStop::None => None,
@@ -94,11 +114,13 @@ pub fn delete(
             }
         };
         let proxy_stopped = pod.sigterm_proxy(until);
+        let (app_exited, app_hook) = app_exited.join().expect("the app's container");
         Deletion {
             deleted,
-            app_exited: app_exited.join().expect("the app's container"),
+            app_exited,
             proxy_stopped,
             hook,
+            app_hook,
         }
     })
 }

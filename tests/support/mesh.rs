@@ -14,7 +14,7 @@
 
 use super::agent::SERVICE_CLUSTER;
 use super::http::Conn;
-use super::kubelet::{self, Deletion, Ordering, ProxyPreStop};
+use super::kubelet::{self, AppPreStop, Deletion, Ordering, ProxyPreStop};
 use super::pod::{Capture, Network, Options, Pod, Stats};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -79,8 +79,17 @@ impl AppKind {
         }
     }
 
-    fn pre_stop(self) -> Option<Duration> {
-        (self == AppKind::Sleep5).then_some(Duration::from_secs(5))
+    /// Its own preStop, or with `hold` envoy-drain's as the template would render it: a deadline
+    /// that leaves the app 10 s of the grace period for its own shutdown.
+    fn pre_stop(self, hold: bool, grace: Duration) -> AppPreStop {
+        match (hold, self) {
+            (true, _) => AppPreStop::Hook(vec![
+                "hold".to_string(),
+                format!("--deadline={}s", grace.as_secs() - 10),
+            ]),
+            (false, AppKind::Sleep5) => AppPreStop::Sleep(Duration::from_secs(5)),
+            (false, _) => AppPreStop::None,
+        }
     }
 }
 
@@ -128,28 +137,28 @@ impl Mode {
         }
     }
 
-    /// The proxy's preStop. The template's hook, as it renders for each ordering at the
-    /// kubelet's 30 s grace period (docs/install.md), without its `--log-file=/proc/1/fd/1` (PID 1
-    /// here is not the proxy container's).
-    pub fn pre_stop(self, ordering: Ordering) -> ProxyPreStop {
-        let hook = match (self, ordering) {
+    /// The proxy's preStop. The template's hook, as it renders for each ordering at the pod's
+    /// grace period (docs/install.md: 6 s and 3 s less), without its `--log-file=/proc/1/fd/1`
+    /// (PID 1 here is not the proxy container's).
+    pub fn pre_stop(self, ordering: Ordering, grace: Duration) -> ProxyPreStop {
+        let grace = grace.as_secs();
+        let mut hook = match (self, ordering) {
             (Mode::Istio | Mode::ExitOnZero, Ordering::Classic) => return ProxyPreStop::None,
             (Mode::Istio | Mode::ExitOnZero, Ordering::Native) => return ProxyPreStop::AgentDrain,
-            (Mode::Plain, _) => vec!["run"],
+            (Mode::Plain, _) => vec!["run".to_string()],
             (_, Ordering::Classic) => vec![
-                "run",
-                "--then-quit",
-                "--agent=127.0.0.1:15020",
-                "--deadline=24s",
+                "run".to_string(),
+                "--then-quit".to_string(),
+                "--agent=127.0.0.1:15020".to_string(),
+                format!("--deadline={}s", grace - 6),
             ],
             (_, Ordering::Native) => vec![
-                "run",
-                "--drain=agent",
-                "--agent=127.0.0.1:15020",
-                "--deadline=27s",
+                "run".to_string(),
+                "--drain=agent".to_string(),
+                "--agent=127.0.0.1:15020".to_string(),
+                format!("--deadline={}s", grace - 3),
             ],
         };
-        let mut hook: Vec<String> = hook.into_iter().map(String::from).collect();
         if self == Mode::Requests {
             hook.extend(["--count".to_string(), "requests".to_string()]);
         }
@@ -174,6 +183,20 @@ pub struct Scenario {
     /// From the deletion until the client's sidecar no longer has pod A.
     pub propagation: Duration,
     pub load: Load,
+    /// The app's preStop is `envoy-drain hold` instead of its own.
+    pub hold: bool,
+}
+
+impl Scenario {
+    /// The pod's terminationGracePeriodSeconds: Kubernetes' default, or 60 s where the mesh is
+    /// known to be slow (30 s propagation), as such users set it.
+    pub fn grace(&self) -> Duration {
+        if self.propagation >= Duration::from_secs(30) {
+            Duration::from_secs(60)
+        } else {
+            kubelet::GRACE
+        }
+    }
 }
 
 /// Failed requests by kind, as the client's sidecar saw them fail: `refused` (Envoy could not
@@ -201,6 +224,8 @@ pub struct Row {
     pub last_request_end: Option<Instant>,
     /// The hook's summary line, when there was a hook.
     pub hook_summary: Option<String>,
+    /// The start of the last request the client's sidecar sent to pod A: the last arrival.
+    pub last_arrival: Option<Instant>,
 }
 
 impl Row {
@@ -212,6 +237,12 @@ impl Row {
     /// App exit to proxy stop, in seconds: negative when the proxy stopped first.
     pub fn app_exit_to_proxy_stop(&self) -> f64 {
         secs(self.deletion.proxy_stopped, self.deletion.app_exited)
+    }
+
+    /// The last arrival at pod A to the end of the app's `hold`, in seconds.
+    pub fn hold_after_last_arrival(&self) -> Option<f64> {
+        let hold = self.deletion.app_hook.as_ref()?;
+        Some(secs(hold.ended, self.last_arrival?))
     }
 
     /// Last request end to proxy stop, in seconds.
@@ -413,6 +444,7 @@ fn h2load_outcome(out: &str) -> Outcome {
 /// One line of the client sidecar's access log (tests/pod/client.yaml):
 /// `ACCESS <start, epoch s.ms> <duration ms> <code> <flags> <upstream host> <path>`.
 struct Access {
+    start: SystemTime,
     end: SystemTime,
     code: u16,
     flags: String,
@@ -428,8 +460,10 @@ fn access_log(log: &str) -> Vec<Access> {
             let code = w.next()?.parse().ok()?;
             let flags = w.next()?.to_string();
             let upstream = w.next()?.to_string();
+            let start = UNIX_EPOCH + Duration::from_secs_f64(start);
             Some(Access {
-                end: UNIX_EPOCH + Duration::from_secs_f64(start) + Duration::from_millis(duration),
+                start,
+                end: start + Duration::from_millis(duration),
                 code,
                 flags,
                 upstream,
@@ -485,7 +519,7 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
     let started = Instant::now();
     let short_url = format!("{SERVICE}{SHORT}");
     // h2load cannot be stopped early and still report: its run covers the longest deletion.
-    let h2_duration = BEFORE + kubelet::GRACE.max(s.propagation) + AFTER + Duration::from_secs(8);
+    let h2_duration = BEFORE + s.grace().max(s.propagation) + AFTER + Duration::from_secs(8);
     let short = match s.load {
         Load::Http1 => mesh.generator(
             "hey",
@@ -574,9 +608,9 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
         let deletion = kubelet::delete(
             &mesh.a,
             s.ordering,
-            &s.mode.pre_stop(s.ordering),
-            s.app.pre_stop(),
-            kubelet::GRACE,
+            &s.mode.pre_stop(s.ordering, s.grace()),
+            &s.app.pre_stop(s.hold, s.grace()),
+            s.grace(),
         );
         let propagated = propagated.join().expect("the control plane's push");
         let gone = mesh.wait_endpoints(&[B]);
@@ -601,6 +635,11 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
         .iter()
         .filter(|a| a.upstream == a_host && (200..400).contains(&a.code))
         .map(|a| clock.instant(a.end))
+        .max();
+    let last_arrival = log
+        .iter()
+        .filter(|a| a.upstream == a_host)
+        .map(|a| clock.instant(a.start))
         .max();
     let mut kinds = kinds_from_flags(&log);
     let mut failed = short.failed();
@@ -650,6 +689,7 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
         }),
         deletion,
         last_request_end,
+        last_arrival,
     }
 }
 
@@ -693,8 +733,8 @@ impl Generator {
 /// The table, one row per scenario, in Markdown.
 pub fn table(rows: &[Row]) -> String {
     let mut t = String::from(
-        "| ordering | app | proxy shutdown | propagation | load | sent | failed | 5xx | reset | refused | timeout | long at A ok | deletion to pod gone | app exit to proxy stop | last request end to proxy stop |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| ordering | app | app preStop | proxy shutdown | propagation | load | sent | failed | 5xx | reset | refused | timeout | long at A ok | deletion to pod gone | app exit to proxy stop | last request end to proxy stop | hold end after last arrival |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let s = r.scenario;
@@ -707,8 +747,13 @@ pub fn table(rows: &[Row]) -> String {
             Load::Http2 => "HTTP/2",
         };
         t.push_str(&format!(
-            "| {ordering} | {} | {} | {}s | {load} | {} | {} | {} | {} | {} | {} | {}/{} | {:.1}s | {:+.1}s | {} |\n",
+            "| {ordering} | {} | {} | {} | {}s | {load} | {} | {} | {} | {} | {} | {} | {}/{} | {:.1}s | {:+.1}s | {} | {} |\n",
             s.app.name(),
+            match (s.hold, s.app) {
+                (true, _) => "hold",
+                (false, AppKind::Sleep5) => "sleep 5s",
+                (false, _) => "-",
+            },
             s.mode.name(s.ordering),
             s.propagation.as_secs(),
             r.sent,
@@ -722,6 +767,8 @@ pub fn table(rows: &[Row]) -> String {
             r.gone(),
             r.app_exit_to_proxy_stop(),
             r.last_request_to_proxy_stop()
+                .map_or("-".to_string(), |d| format!("{d:+.1}s")),
+            r.hold_after_last_arrival()
                 .map_or("-".to_string(), |d| format!("{d:+.1}s")),
         ));
     }
