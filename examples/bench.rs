@@ -43,6 +43,22 @@ fn main() {
         }
     };
     if let [_, verb] = &args[..]
+        && verb == "scale-hold"
+    {
+        println!(
+            "{}",
+            support::netns::in_private_netns(move || {
+                let dir =
+                    std::env::temp_dir().join(format!("envoy-drain-hold-{}", std::process::id()));
+                std::fs::create_dir_all(&dir).expect("a temporary directory");
+                let row = hold_row(&drain, &envoy, &dir, 10_000);
+                let _ = std::fs::remove_dir_all(&dir);
+                row
+            })
+        );
+        return;
+    }
+    if let [_, verb] = &args[..]
         && verb == "scale"
     {
         println!(
@@ -90,7 +106,7 @@ fn clusters_cost(drain: &Path, envoy: &Path) -> String {
     const CLUSTERS: usize = 1000;
     let dir = std::env::temp_dir().join(format!("envoy-drain-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a temporary directory");
-    let mut child = clusters_envoy(envoy, &dir, CLUSTERS);
+    let mut child = clusters_envoy(envoy, &dir, CLUSTERS, false);
     let live = support::envoy::until(Duration::from_secs(30), support::envoy::live);
     let mut bytes = 0;
     let mut answers = Vec::new();
@@ -572,7 +588,9 @@ fn signal(drain: &Path, envoy: &Path) -> String {
 
 /// Envoy with `n` clusters of 3 hosts, named as istiod names them, and Istio's default stats
 /// matcher, so that requests come from /clusters: a large unscoped sidecar, or a gateway.
-fn clusters_envoy(envoy: &Path, dir: &Path, n: usize) -> std::process::Child {
+/// Envoy with `n` outbound clusters of 3 hosts; with `inbound`, also the app's inbound cluster
+/// (`inbound|8080||`, to the app on 8080) and Istio's inbound listener (15006) in front of it.
+fn clusters_envoy(envoy: &Path, dir: &Path, n: usize, inbound: bool) -> std::process::Child {
     let mut yaml = String::from(
         "admin:\n  address: { socket_address: { address: 127.0.0.1, port_value: 15000 } }\n\
          stats_config:\n  stats_matcher:\n    inclusion_list:\n      patterns:\n      - prefix: \"istio\"\n\
@@ -593,6 +611,18 @@ fn clusters_envoy(envoy: &Path, dir: &Path, n: usize) -> std::process::Child {
                 i % 250
             );
         }
+    }
+    if inbound {
+        yaml += "  - name: \"inbound|8080||\"\n    type: STATIC\n    connect_timeout: 1s\n    load_assignment:\n      \
+                 cluster_name: \"inbound|8080||\"\n      endpoints:\n      - lb_endpoints:\n        \
+                 - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 8080 } } }\n  \
+                 listeners:\n  - name: virtualInbound\n    address: { socket_address: { address: 127.0.0.1, port_value: 15006 } }\n    \
+                 filter_chains:\n    - filters:\n      - name: envoy.filters.network.http_connection_manager\n        \
+                 typed_config:\n          \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager\n          \
+                 stat_prefix: inbound_0.0.0.0_8080\n          route_config:\n            virtual_hosts:\n            \
+                 - { name: app, domains: [\"*\"], routes: [{ match: { prefix: \"/\" }, route: { cluster: \"inbound|8080||\" } }] }\n          \
+                 http_filters:\n          - name: envoy.filters.http.router\n            \
+                 typed_config: { \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }\n";
     }
     let config = dir.join(format!("clusters-{n}.yaml"));
     std::fs::write(&config, yaml).expect("the config");
@@ -721,7 +751,7 @@ fn scale(drain: &Path, envoy: &Path) -> String {
          |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for n in [1_000, 10_000, 50_000] {
-        let mut child = clusters_envoy(envoy, &dir, n);
+        let mut child = clusters_envoy(envoy, &dir, n, false);
         let live = support::envoy::until(Duration::from_secs(300), support::envoy::live);
         if !live {
             out += &format!("| {n} | Envoy did not come up within 300 s |||||||\n");
@@ -799,8 +829,72 @@ fn scale(drain: &Path, envoy: &Path) -> String {
         let _ = child.wait();
     }
     out += &listeners_row(drain, envoy, &dir, 10_000);
+    out += &hold_row(drain, envoy, &dir, 10_000);
     let _ = std::fs::remove_dir_all(&dir);
     out
+}
+
+/// `hold` on a sidecar with `n` clusters: a request every 100 ms through the inbound listener
+/// for 45 s, then none; Envoy's CPU share over the hold against the same load with nobody
+/// reading, the reads the hold made, and how long after the last request it returned.
+fn hold_row(drain: &Path, envoy: &Path, dir: &Path, n: usize) -> String {
+    let _app = support::app::App::start("127.0.0.1:8080", false);
+    let mut child = clusters_envoy(envoy, dir, n, true);
+    let header = "\n### `hold` at 10,000 clusters (a request every 100 ms for 45 s, then none)\n\n\
+                  | clusters | Envoy's CPU, the load alone (10 s) | Envoy's CPU over the hold | reads | hold end after the last request | summary |\n\
+                  |---:|---:|---:|---:|---:|---|\n";
+    let live = support::envoy::until(Duration::from_secs(300), support::envoy::live);
+    let mut conn = Conn::open(INBOUND).ok();
+    // Requests every 100 ms for `length`; when the last one was sent.
+    let mut load = |length: Duration| {
+        let started = Instant::now();
+        let mut last = started;
+        while started.elapsed() < length {
+            last = Instant::now();
+            let answered = conn.as_mut().is_some_and(|c| c.get("/work").is_ok());
+            if !answered {
+                conn = Conn::open(INBOUND).ok();
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        last
+    };
+    let row = if live {
+        let before = cpu_of(child.id());
+        let started = Instant::now();
+        load(Duration::from_secs(10));
+        let alone = (cpu_of(child.id()) - before).as_secs_f64() / started.elapsed().as_secs_f64();
+        let before = cpu_of(child.id());
+        let started = Instant::now();
+        let hook = Command::new(drain)
+            .args(["hold", "--min", "0s", "--deadline", "60s", "--verbose"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("envoy-drain starts");
+        let last = load(Duration::from_secs(45));
+        let out = hook.wait_with_output().expect("the hold ends");
+        let ended = Instant::now();
+        let share = (cpu_of(child.id()) - before).as_secs_f64() / (ended - started).as_secs_f64();
+        let log = String::from_utf8_lossy(&out.stderr);
+        let messages: Vec<&str> = log.lines().filter_map(|l| l.split('\t').nth(3)).collect();
+        let reads = messages
+            .iter()
+            .filter(|m| m.starts_with(|c: char| c.is_ascii_digit()))
+            .count();
+        format!(
+            "| {n} | {:.1}% | {:.1}% | {reads} | {:.1} s | `{}` |\n",
+            alone * 100.0,
+            share * 100.0,
+            (ended - last).as_secs_f64(),
+            messages.last().unwrap_or(&""),
+        )
+    } else {
+        format!("| {n} | Envoy did not come up within 300 s |||||\n")
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    format!("{header}{row}")
 }
 
 /// Envoy with `n` listeners, each of which has had a connection, and the connection stats on:

@@ -406,7 +406,23 @@ pub fn run_config(
         return Err(no_agent("--drain", "agent", counting.preset));
     }
     let deadline = positive("--deadline", &a.deadline, DEFAULT_DEADLINE)?;
-    let deadline = pod.deadline.unwrap_or(deadline);
+    // The template derives --deadline from the pod's grace period, which no annotation can
+    // outlast: past it, the kubelet kills the hook mid-wait and no summary is ever written.
+    let deadline = match pod.deadline {
+        Some(d) if a.deadline.is_some() && d > deadline => {
+            warnings.push(format!(
+                "annotation {ANNOTATION_PREFIX}deadline={} is past --deadline {}, which the \
+                 injection template derives from the pod's terminationGracePeriodSeconds; \
+                 using {}: raise the grace period instead",
+                humantime::format_duration(d),
+                humantime::format_duration(deadline),
+                humantime::format_duration(deadline),
+            ));
+            deadline
+        }
+        Some(d) => d,
+        None => deadline,
+    };
     let interval = positive("--interval", &a.interval, DEFAULT_INTERVAL)?;
     let settle = match &a.settle {
         Some(v) => parse_duration("--settle", v)?,
@@ -613,7 +629,12 @@ fn pod_settings(given: &[String], mode: Mode, warnings: &mut Vec<String>) -> Pod
                 "false" | "true" => {}
                 _ => ignore("true (envoy-drain off for this pod) or false"),
             },
-            Some(_) => ignore("one of the names deadline, min-drain, count or disabled"),
+            // `hold` is the template's: it adds the app container's preStop.
+            Some("hold") => match value.trim() {
+                "false" | "true" => {}
+                _ => ignore("true (the app's preStop is `envoy-drain hold`) or false"),
+            },
+            Some(_) => ignore("one of the names deadline, min-drain, count, hold or disabled"),
             None => ignore(&format!("a name under {ANNOTATION_PREFIX}")),
         }
     }
@@ -955,23 +976,42 @@ mod tests {
         assert!(only.contains(15006) && only.contains(15001) && !only.contains(8080));
     }
     #[test]
-    fn a_pods_annotations_win_over_the_templates_flags() {
+    fn a_pods_annotations_win_over_the_templates_flags_but_never_outlast_its_grace_period() {
         let c = run_config(
             &args(&[
                 ("deadline", "24s"),
                 ("count", "connections"),
-                ("pod-annotation", "envoy-drain.io/deadline=10m"),
-                ("pod-annotation", "envoy-drain.io/min-drain=1m"),
+                ("pod-annotation", "envoy-drain.io/deadline=20s"),
+                ("pod-annotation", "envoy-drain.io/min-drain=10s"),
                 ("pod-annotation", "envoy-drain.io/count= requests"),
                 ("pod-annotation", "envoy-drain.io/disabled=false"),
+                ("pod-annotation", "envoy-drain.io/hold=true"),
             ]),
             &no_env,
         )
         .unwrap();
-        assert_eq!(c.rules.deadline, Duration::from_secs(600));
-        assert_eq!(c.rules.min_drain, Duration::from_secs(60));
+        assert_eq!(c.rules.deadline, Duration::from_secs(20));
+        assert_eq!(c.rules.min_drain, Duration::from_secs(10));
         assert_eq!(c.counting.unit, Unit::Requests);
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        // 600s on a pod whose grace period gives 24s: the kubelet would kill the hook at 30s.
+        let past = run_config(
+            &args(&[
+                ("deadline", "24s"),
+                ("pod-annotation", "envoy-drain.io/deadline=600s"),
+            ]),
+            &no_env,
+        )
+        .unwrap();
+        assert_eq!(past.rules.deadline, Duration::from_secs(24));
+        assert_eq!(
+            past.warnings,
+            [
+                "annotation envoy-drain.io/deadline=10m is past --deadline 24s, which the injection \
+              template derives from the pod's terminationGracePeriodSeconds; using 24s: raise the \
+              grace period instead"
+            ]
+        );
     }
 
     #[test]
@@ -1003,7 +1043,7 @@ mod tests {
                 "ignoring annotation envoy-drain.io/min-drain=\"soon\": expected a duration like 500ms, 25s or 1m30s",
                 "ignoring annotation envoy-drain.io/count=\"streams\": expected connections or requests",
                 "ignoring annotation envoy-drain.io/disabled=\"yes\": expected true (envoy-drain off for this pod) or false",
-                "ignoring annotation envoy-drain.io/deadlin=\"10s\": expected one of the names deadline, min-drain, count or disabled",
+                "ignoring annotation envoy-drain.io/deadlin=\"10s\": expected one of the names deadline, min-drain, count, hold or disabled",
                 "ignoring annotation sidecar.istio.io/inject=\"true\": expected a name under envoy-drain.io/",
                 "ignoring --pod-annotation \"envoy-drain.io/deadline\": expected envoy-drain.io/NAME=VALUE",
             ]

@@ -674,6 +674,13 @@ fn clusters_table(out: &mut String, a: &clusters::Answer) {
         rows.extend(left_rows);
     }
     grid(out, &rows);
+    let (requests, connections) = a.app_arrived;
+    let _ = writeln!(
+        out,
+        "  arrived at the app so far, which `hold` reads: {} and {}",
+        plural(requests, "request", "requests"),
+        plural(connections, "connection", "connections"),
+    );
 }
 
 /// Requests and connections side by side per HTTP connection manager, then what has no HTTP.

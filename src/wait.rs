@@ -287,8 +287,12 @@ fn count(
                     return Outcome::Reached;
                 }
                 // Wake so that the next count ends when the min-drain or the settle time ends,
-                // not at the next tick.
-                next_count = next_count.min(done_at.saturating_sub(cost));
+                // not at the next tick; not while requests arrive (`hold`), which would start
+                // the quiet time again at every count and count every quiet time, however slow
+                // the counts, instead of at the pace.
+                if !seen.arrived {
+                    next_count = next_count.min(done_at.saturating_sub(cost));
+                }
             }
             // A paced wait with no count due before the deadline counts once more where a
             // count can still end before it.
@@ -1031,5 +1035,39 @@ mod tests {
         // A request that arrived while it could not read is seen when it reads again.
         let (_, end) = hold_with(&r, &[3000], (2000, 4000));
         assert!(end >= ms(6000) && end <= ms(6600), "{end:?}");
+    }
+
+    #[test]
+    fn a_hold_on_slow_counts_keeps_the_pace_while_requests_arrive() {
+        // 10,000 clusters: each count takes 250 ms, so counts are 5 s apart; requests every
+        // 100 ms until 30 s, then none.
+        let r = hold(0, 3000, 60000);
+        let now = Cell::new(ms(0));
+        let mut at = Vec::new();
+        let (end, _) = wait_with(&r, ms(0), &now, |_, _| {
+            let t = now.get();
+            at.push(t);
+            now.set(t + ms(250));
+            Tick {
+                count: Some(0),
+                arrivals: Arrivals::Requests(t.min(ms(30000)).as_millis() as u64 / 100),
+                cost: cost(250),
+                ..Tick::default()
+            }
+        });
+        assert_eq!(end.outcome, Outcome::Reached);
+        // After the first count, which saw nothing arrive yet and wakes to end the quiet time.
+        let busy: Vec<&Duration> = at.iter().skip(1).filter(|t| **t <= ms(30000)).collect();
+        assert!(
+            busy.windows(2).all(|w| *w[1] - *w[0] >= ms(5000)),
+            "counted at the pace while requests arrived: {at:?}"
+        );
+        // The last arrival is seen by the first count after it, and a count one pace later
+        // sees none: two paces at most.
+        assert!(
+            now.get() <= ms(30000 + 2 * 5000 + 250),
+            "{:?} {at:?}",
+            now.get()
+        );
     }
 }

@@ -887,6 +887,21 @@ fn hold_returns_a_quiet_time_after_the_last_http_request_and_the_apps_calls_out_
             out.last_line().contains(": no request arrived for 1s, 0 active requests (clusters); the app gets its SIGTERM now"),
             "{out}"
         );
+        // `status` shows what `hold` reads: every request that arrived at the app, and none of
+        // the app's own calls out.
+        let status = run(command(&["status", "--count", "requests"]));
+        let so_far = status
+            .stdout
+            .lines()
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix("arrived at the app so far, which `hold` reads: ")
+            })
+            .and_then(|l| l.split(' ').next()?.parse::<u64>().ok());
+        assert!(
+            so_far.is_some_and(|n| (10..=16).contains(&n)),
+            "a request every 200 ms for 3 s {status}"
+        );
     });
 }
 

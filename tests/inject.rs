@@ -430,6 +430,7 @@ fn check(pod: &str, mesh: Mesh, variant: Variant) -> String {
             assert!(install.is_empty(), "no init container: {install}\n{merged}");
         }
     }
+    check_apps(pod, &merged, &facts);
     no_stub(&merged);
     assert_eq!(
         merge(&merged, &patch),
@@ -438,6 +439,70 @@ fn check(pod: &str, mesh: Mesh, variant: Variant) -> String {
     );
     validate(&merged);
     merged
+}
+
+/// Each app container (every container but istio-proxy): its name, preStop command and mounts.
+fn apps(pod: &str) -> Vec<(String, String, String)> {
+    let rows = query(
+        pod,
+        "{range .spec.containers[*]}{.name}{\"\\t\"}{.lifecycle.preStop}{\"\\t\"}{.volumeMounts}{\"\\n\"}{end}",
+    );
+    rows.lines()
+        .map(|r| {
+            let mut f = r.split('\t').map(str::to_string);
+            let mut next = || f.next().unwrap_or_default();
+            (next(), next(), next())
+        })
+        .filter(|(name, _, _)| name != "istio-proxy")
+        .collect()
+}
+
+/// With envoy-drain.io/hold: "true" (not on a gateway), every app container that had no preStop
+/// gets `hold` with a deadline 10 s short of the grace period, and the binary's mount; one that
+/// had a preStop keeps it, and without the annotation every app container is left as it was.
+fn check_apps(pod: &str, merged: &str, facts: &Facts) {
+    let holding = !facts.gateway() && facts.annotation("envoy-drain.io/hold") == Some("true");
+    let hold = [
+        "/envoy-drain/envoy-drain".to_string(),
+        "hold".to_string(),
+        format!(
+            "--deadline={}s",
+            facts.grace.unwrap_or(30).saturating_sub(10).max(1)
+        ),
+        "--log-file=/proc/1/fd/1".to_string(),
+    ];
+    let parsed = Command::new(env!("CARGO_BIN_EXE_envoy-drain"))
+        .args(&hold[1..])
+        .arg("--help")
+        .output()
+        .expect("the binary runs");
+    assert!(parsed.status.success(), "envoy-drain takes {hold:?}");
+    let want = format!(
+        r#"{{"exec":{{"command":[{}]}}}}"#,
+        hold.iter()
+            .map(|w| json_string(w))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let after = apps(merged);
+    for (name, pre_stop, mounts) in apps(pod) {
+        let (_, now, now_mounts) = after
+            .iter()
+            .find(|(n, _, _)| *n == name)
+            .unwrap_or_else(|| panic!("{name} is still there\n{merged}"));
+        if holding && pre_stop.is_empty() {
+            assert_eq!(*now, want, "{name} holds\n{merged}");
+            assert!(
+                now_mounts.contains(
+                    r#"{"mountPath":"/envoy-drain","name":"envoy-drain","readOnly":true}"#
+                ),
+                "{name} mounts the binary: {now_mounts}\n{merged}"
+            );
+        } else {
+            assert_eq!(*now, pre_stop, "{name}'s preStop is its own\n{merged}");
+            assert_eq!(*now_mounts, mounts, "{name}'s mounts are its own\n{merged}");
+        }
+    }
 }
 
 /// Every container has an image: a patch aimed at the wrong list leaves an istio-proxy without
@@ -686,6 +751,8 @@ fn both_templates_merge_into_istios_own_injected_goldens() {
                         for variant in [Variant::Install, Variant::Image] {
                             check(&pod, mesh, variant);
                         }
+                        let held = annotate(&pod, "envoy-drain.io/hold", "true");
+                        check(&held, mesh, Variant::Install);
                     });
                     if checked.is_err() {
                         failed.lock().unwrap().push(*golden);
@@ -783,6 +850,32 @@ fn the_deadline_is_the_pods_grace_period_less_what_must_follow_the_hook() {
         };
         let merged = check(&pod, mesh, Variant::Install);
         assert_eq!(rendered_deadline(&merged), want, "{fixture_name}");
+    }
+}
+
+#[test]
+#[ignore = "needs Go, kubectl and kubernetes-validate (`bash scripts/test-tools`): `bash scripts/test` runs it"]
+fn hold_reaches_every_app_container_without_a_prestop_in_both_orderings_and_no_other() {
+    // A second app container with a preStop of its own, which it keeps.
+    let worker = "spec:\n  containers:\n  - name: worker\n    image: worker:1\n    lifecycle:\n      \
+                  preStop:\n        exec:\n          command: [sleep, '5']\n";
+    for name in ["classic.yaml", "native.yaml", "native-hold.yaml"] {
+        let (pod, flag) = fixture(name);
+        let pod = merge(&pod, worker);
+        for (value, holds) in [("true", true), ("false", false), ("yes", false)] {
+            let tuned = annotate(&pod, "envoy-drain.io/hold", value);
+            for variant in [Variant::Install, Variant::Image] {
+                // check() holds the rest: hold where there was no preStop, nothing else moved.
+                let merged = check(&tuned, Mesh::with_flag(flag), variant);
+                let held: Vec<String> = apps(&merged)
+                    .into_iter()
+                    .filter(|(_, pre_stop, _)| pre_stop.contains(r#""hold""#))
+                    .map(|(n, _, _)| n)
+                    .collect();
+                let want: &[&str] = if holds { &["hello"] } else { &[] };
+                assert_eq!(held, want, "{name} hold={value} {variant:?}\n{merged}");
+            }
+        }
     }
 }
 

@@ -50,6 +50,9 @@ pub struct Answer {
     /// The arrival counters of the hosts that count, by a hash of their line's name, those at 0
     /// left out: `Arrived` compares them with the last answer's.
     pub counters: Vec<(u64, u64)>,
+    /// Requests and connections so far on the hosts of the app's own clusters
+    /// (`Preset::inbound_clusters`), which `status` shows as what `hold` reads.
+    pub app_arrived: (u64, u64),
 }
 
 /// Adds up an answer line by line, so a large one is never held whole, and keeps only the
@@ -67,6 +70,7 @@ pub struct Tally {
     bad: Option<String>,
     /// The arrival counters (`rq_total`; with `inbound`, `cx_total` too) of the hosts that count.
     counters: Vec<(u64, u64)>,
+    app_arrived: (u64, u64),
     /// What the counted clusters past the first `KEPT` that hold anything hold, added up, and
     /// how many they are.
     more: Cluster,
@@ -118,8 +122,14 @@ impl Tally {
             }
             return;
         };
+        let app_host = why_host.is_none() && rule.preset.is_inbound(name);
         match (stat, why_host) {
             ("rq_total", _) | ("cx_total", _) => {
+                if app_host {
+                    let (rq, cx) = &mut self.app_arrived;
+                    let so_far = if stat == "rq_total" { rq } else { cx };
+                    *so_far = so_far.saturating_add(n);
+                }
                 if counted && n > 0 && (stat == "rq_total" || rule.inbound) {
                     let mut h = DefaultHasher::new();
                     rest.hash(&mut h);
@@ -218,6 +228,7 @@ impl Tally {
             quiet: self.quiet,
             hosts_left_out: self.hosts_left_out.into_iter().collect(),
             counters: self.counters,
+            app_arrived: self.app_arrived,
         })
     }
 }

@@ -533,6 +533,7 @@ mod tests {
             quiet: 0,
             hosts_left_out: vec![],
             counters: vec![],
+            app_arrived: (0, 0),
         };
         let no_rq = StatsLook {
             connections: Ok(answer(2)),

@@ -10,7 +10,8 @@
 // The data holds the fields of istiod's SidecarTemplateData the templates read, with istiod's Go
 // types, so that field access, nil pointers and sprig's conversions behave as there:
 // ObjectMeta (metav1.ObjectMeta: Annotations), Spec (corev1.PodSpec: TerminationGracePeriodSeconds,
-// a *int64, nil when the pod does not set it), ProxyConfig (*meshconfig.ProxyConfig:
+// a *int64, nil when the pod does not set it; Containers, each's Name and Lifecycle.PreStop),
+// ProxyConfig (*meshconfig.ProxyConfig:
 // TerminationDrainDuration, a *durationpb.Duration), NativeSidecars and Values. A template that
 // reads any other field fails to render.
 //
@@ -31,8 +32,20 @@ type objectMeta struct {
 	Annotations map[string]string
 }
 
+// lifecycle and container hold corev1's fields the templates read: a hook is a pointer, nil
+// when the container has none.
+type lifecycle struct {
+	PreStop *json.RawMessage `json:"preStop"`
+}
+
+type container struct {
+	Name      string     `json:"name"`
+	Lifecycle *lifecycle `json:"lifecycle"`
+}
+
 type podSpec struct {
-	TerminationGracePeriodSeconds *int64 `json:"terminationGracePeriodSeconds"`
+	TerminationGracePeriodSeconds *int64      `json:"terminationGracePeriodSeconds"`
+	Containers                    []container `json:"containers"`
 }
 
 // duration has durationpb.Duration's fields.
