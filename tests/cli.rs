@@ -303,26 +303,52 @@ fn never_asked(agent: &TcpListener) -> bool {
         .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
 }
 
-#[test]
-fn then_quit_asks_the_agent_to_stop_the_proxy_once_the_app_has_exited() {
-    let dir = temp_dir("cli-quit");
+/// `run --then-quit` with this min-drain on a socket table (in a directory named `name`) where
+/// the app listens, and the fake agent it asks (its address; the request it got comes from the
+/// handle).
+fn quitting(
+    name: &str,
+    min_drain: &str,
+) -> (
+    std::path::PathBuf,
+    String,
+    std::thread::JoinHandle<String>,
+    support::Running,
+) {
+    let dir = temp_dir(name);
     std::fs::write(dir.join("tcp"), APP_LISTENING).unwrap();
     let (agent, request) = fake_agent();
-    let mut hook = spawn(watch_table(
+    let hook = spawn(watch_table(
         &dir,
-        &["--min-drain", "0s", "--then-quit", "--agent", &agent],
+        &["--min-drain", min_drain, "--then-quit", "--agent", &agent],
     ));
-    hook.expect_line(
-        "waiting for the app to exit before asking the Istio agent to stop the proxy: uid 1000: 1 socket still open",
-        Duration::from_secs(5),
-    );
-    // The app exits: its listener leaves the table, replaced whole as the kernel's would be.
+    (dir, agent, request, hook)
+}
+
+/// The app of `quitting` exits (its listener leaves the table, replaced whole as the kernel's
+/// would be): the hook ends 0 and the agent was asked to stop the proxy.
+fn app_exits(
+    dir: std::path::PathBuf,
+    request: std::thread::JoinHandle<String>,
+    hook: support::Running,
+) -> support::Finished {
     std::fs::write(dir.join("tcp.next"), NOTHING).unwrap();
     std::fs::rename(dir.join("tcp.next"), dir.join("tcp")).unwrap();
     let out = hook.finish();
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(out.code, Some(0), "{out}");
     assert_eq!(request.join().unwrap(), "POST /quitquitquit HTTP/1.1");
+    out
+}
+
+#[test]
+fn then_quit_asks_the_agent_to_stop_the_proxy_once_the_app_has_exited() {
+    let (dir, agent, request, mut hook) = quitting("cli-quit", "0s");
+    hook.expect_line(
+        "waiting for the app to exit before asking the Istio agent to stop the proxy: uid 1000: 1 socket still open",
+        Duration::from_secs(5),
+    );
+    let out = app_exits(dir, request, hook);
     assert!(
         out.stderr.contains(&format!(
             "asked the Istio agent to stop the proxy now: POST http://{agent}/quitquitquit answered 200 'OK'"
@@ -339,20 +365,9 @@ fn then_quit_asks_the_agent_to_stop_the_proxy_once_the_app_has_exited() {
 fn then_quit_keeps_the_proxy_through_the_min_drain_for_an_app_that_closed_its_sockets() {
     // An app that closes every socket at SIGTERM may work on alone and then call out through
     // the proxy: its sockets gone do not stop the proxy before the min-drain ends.
-    let dir = temp_dir("cli-quit-early");
-    std::fs::write(dir.join("tcp"), APP_LISTENING).unwrap();
-    let (agent, request) = fake_agent();
-    let mut hook = spawn(watch_table(
-        &dir,
-        &["--min-drain", "3s", "--then-quit", "--agent", &agent],
-    ));
+    let (dir, _, request, mut hook) = quitting("cli-quit-early", "3s");
     hook.expect_line("min-drain ends in", Duration::from_secs(5));
-    std::fs::write(dir.join("tcp.next"), NOTHING).unwrap();
-    std::fs::rename(dir.join("tcp.next"), dir.join("tcp")).unwrap();
-    let out = hook.finish();
-    std::fs::remove_dir_all(&dir).unwrap();
-    assert_eq!(out.code, Some(0), "{out}");
-    assert_eq!(request.join().unwrap(), "POST /quitquitquit HTTP/1.1");
+    let out = app_exits(dir, request, hook);
     assert!(
         out.elapsed >= Duration::from_secs(3),
         "the proxy was stopped only once the min-drain was over {out}"

@@ -823,6 +823,29 @@ fn the_contour_preset_drains_all_counts_the_traffic_listener_and_never_contours_
     });
 }
 
+/// `hold` with a quiet time of 1 s, and this minimum and deadline.
+fn holding(min: &str, deadline: &str) -> support::Running {
+    spawn(command(&[
+        "hold",
+        "--min",
+        min,
+        "--quiet",
+        "1s",
+        "--deadline",
+        deadline,
+    ]))
+}
+
+/// The hold returned 0, its quiet time after the `last` arrival, and not much later.
+fn returned_a_quiet_time_after(out: &support::Finished, last: Instant) {
+    assert_eq!(out.code, Some(0), "{out}");
+    assert!(
+        out.ended >= last + SECOND && out.ended < last + 3 * SECOND,
+        "returned {:?} after the last arrival (quiet 1s) {out}",
+        out.ended.saturating_duration_since(last)
+    );
+}
+
 /// Sends to `addr` every `every` until `until`: HTTP requests on one keep-alive connection, or
 /// with `tcp` one new connection each (through Envoy's tcp_proxy, which connects to the app at
 /// once). Gives when the last one was sent.
@@ -857,15 +880,7 @@ fn hold_returns_a_quiet_time_after_the_last_http_request_and_the_apps_calls_out_
     scenario(|bin| {
         let _app = App::start(APP, false);
         let _envoy = start(&bin);
-        let hold = spawn(command(&[
-            "hold",
-            "--min",
-            "1s",
-            "--quiet",
-            "1s",
-            "--deadline",
-            "15s",
-        ]));
+        let hold = holding("1s", "15s");
         let start = Instant::now();
         let inbound = arrivals(INBOUND, SECOND / 5, start + 3 * SECOND, false);
         // The app's own calls through the sidecar go on after that: they never arrive at it.
@@ -873,12 +888,7 @@ fn hold_returns_a_quiet_time_after_the_last_http_request_and_the_apps_calls_out_
         let last = inbound.join().unwrap();
         let out = hold.finish();
         outbound.join().unwrap();
-        assert_eq!(out.code, Some(0), "{out}");
-        assert!(
-            out.ended >= last + SECOND && out.ended < last + 3 * SECOND,
-            "returned {:?} after the last request arrived (quiet 1s) {out}",
-            out.ended.saturating_duration_since(last)
-        );
+        returned_a_quiet_time_after(&out, last);
         assert!(
             out.stderr.contains("and new requests still arriving"),
             "{out}"
@@ -911,15 +921,7 @@ fn hold_returns_a_quiet_time_after_the_last_tcp_connection() {
     scenario(|bin| {
         let _app = App::start(APP, false);
         let _envoy = start(&bin);
-        let hold = spawn(command(&[
-            "hold",
-            "--min",
-            "1s",
-            "--quiet",
-            "1s",
-            "--deadline",
-            "15s",
-        ]));
+        let hold = holding("1s", "15s");
         let last = arrivals(
             "127.0.0.1:3306",
             SECOND / 4,
@@ -928,13 +930,7 @@ fn hold_returns_a_quiet_time_after_the_last_tcp_connection() {
         )
         .join()
         .unwrap();
-        let out = hold.finish();
-        assert_eq!(out.code, Some(0), "{out}");
-        assert!(
-            out.ended >= last + SECOND && out.ended < last + 3 * SECOND,
-            "returned {:?} after the last connection (quiet 1s) {out}",
-            out.ended.saturating_duration_since(last)
-        );
+        returned_a_quiet_time_after(&hold.finish(), last);
     });
 }
 
@@ -944,15 +940,7 @@ fn hold_holds_to_its_deadline_while_requests_keep_arriving() {
     scenario(|bin| {
         let _app = App::start(APP, false);
         let _envoy = start(&bin);
-        let hold = spawn(command(&[
-            "hold",
-            "--min",
-            "0s",
-            "--quiet",
-            "1s",
-            "--deadline",
-            "3s",
-        ]));
+        let hold = holding("0s", "3s");
         let sender = arrivals(INBOUND, SECOND / 3, Instant::now() + 5 * SECOND, false);
         let out = hold.finish();
         sender.join().unwrap();
@@ -972,15 +960,7 @@ fn hold_never_takes_an_envoy_it_cannot_read_for_a_quiet_one() {
     scenario(|bin| {
         let _app = App::start(APP, false);
         let mut envoy = start(&bin);
-        let mut hold = spawn(command(&[
-            "hold",
-            "--min",
-            "0s",
-            "--quiet",
-            "1s",
-            "--deadline",
-            "4s",
-        ]));
+        let mut hold = holding("0s", "4s");
         hold.expect_line("0 active requests (clusters)", 5 * SECOND);
         envoy.kill();
         let out = hold.finish();
