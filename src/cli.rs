@@ -112,14 +112,15 @@ pub fn usage_error(message: &str) -> i32 {
        ENVOY_DRAIN_DISABLED, envoy-drain.io/disabled=true)
   1    the deadline passed with connections still open; hold: with requests
        still arriving, or arrivals unknown
-  2    usage error: a flag or environment variable has a bad value (never
-       a --pod-annotation: a bad one is a warning)
+  2    usage error: a flag has a bad value (never a --pod-annotation or an
+       environment variable: a bad one is a warning)
   3    nothing could be counted at any point of the run
   130  interrupted by SIGINT (143: by SIGTERM); the summary line is printed first
 
 Environment:
   ENVOY_DRAIN_DISABLED    set and non-empty: `run` and `hold` log that and exit 0
-  MINIMUM_DRAIN_DURATION  the min-drain when --min-drain is not given (Istio's variable)")]
+  MINIMUM_DRAIN_DURATION  the min-drain when --min-drain is not given (Istio's variable,
+                          read as Go reads it: 5s, .5s, 1m30s)")]
 pub struct Cli {
     /// print the version and exit
     #[argh(switch)]

@@ -473,11 +473,19 @@ pub fn run_config(
             ));
         }
     } else if let Some(v) = env(ENV_MIN_DRAIN).filter(|v| !v.is_empty()) {
-        let d = parse_duration(ENV_MIN_DRAIN, &v)?;
-        if d > deadline {
-            too_long(format!("{ENV_MIN_DRAIN}={v}"))
-        } else {
-            d
+        match go_duration(&v) {
+            Some(d) if d > deadline => too_long(format!("{ENV_MIN_DRAIN}={v}")),
+            Some(d) => d,
+            // As pilot-agent does (istio/istio pkg/env/var.go, DurationVar.Lookup): a warning
+            // and its default; a variable must never cost the pod its wait.
+            None => {
+                warnings.push(format!(
+                    "ignoring {ENV_MIN_DRAIN}={v:?}: expected a Go duration like 5s, .5s or \
+                     1m30s, as Istio reads it; using Istio's default, {}",
+                    humantime::format_duration(DEFAULT_MIN_DRAIN)
+                ));
+                DEFAULT_MIN_DRAIN.min(deadline)
+            }
         }
     } else {
         DEFAULT_MIN_DRAIN.min(deadline)
@@ -507,6 +515,69 @@ pub fn run_config(
         agent,
         verbose: a.verbose,
         warnings,
+    })
+}
+
+/// A duration as Go's `time.ParseDuration` reads it, which is how pilot-agent reads
+/// MINIMUM_DRAIN_DURATION: an optional sign, then numbers with an optional fraction, each with a
+/// unit (ns, us, µs, μs, ms, s, m, h), or `0`. A negative one waits for nothing, as a negative
+/// time.Sleep does; `None` where Go would refuse it (overflow included).
+fn go_duration(v: &str) -> Option<Duration> {
+    let (negative, mut rest) = match v.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, v.strip_prefix('+').unwrap_or(v)),
+    };
+    match rest {
+        "0" => return Some(Duration::ZERO),
+        "" => return None,
+        _ => {}
+    }
+    let mut nanos: u128 = 0;
+    while !rest.is_empty() {
+        let number = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(rest.len());
+        let (whole, fraction) = rest[..number]
+            .split_once('.')
+            .unwrap_or((&rest[..number], ""));
+        if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
+            return None;
+        }
+        rest = &rest[number..];
+        let unit = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale: u128 = match &rest[..unit] {
+            "ns" => 1,
+            "us" | "µs" | "μs" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            _ => return None,
+        };
+        rest = &rest[unit..];
+        let digits = |d: &str| {
+            d.chars().try_fold(0u128, |n, c| {
+                n.checked_mul(10)?.checked_add(u128::from(c.to_digit(10)?))
+            })
+        };
+        let mut part = digits(whole)?.checked_mul(scale)?;
+        let mut place = scale;
+        for c in fraction.chars().take(20) {
+            place /= 10;
+            part = part.checked_add(u128::from(c.to_digit(10)?) * place)?;
+        }
+        nanos = nanos.checked_add(part)?;
+    }
+    // Go's own limit: a duration is an int64 of nanoseconds.
+    if nanos > i64::MAX as u128 {
+        return None;
+    }
+    Some(if negative {
+        Duration::ZERO
+    } else {
+        Duration::from_nanos(nanos as u64)
     })
 }
 
@@ -873,11 +944,37 @@ mod tests {
     }
 
     #[test]
-    fn a_minimum_drain_duration_that_does_not_parse_names_the_variable() {
-        let env = |k: &str| (k == ENV_MIN_DRAIN).then(|| "five".to_string());
-        let e = run_config(&RunArgs::default(), &env).unwrap_err();
-        assert_eq!(e.name, "MINIMUM_DRAIN_DURATION");
-        assert_eq!(e.value, "five");
+    fn a_minimum_drain_duration_is_read_as_go_reads_it_and_a_bad_one_is_a_warning() {
+        let min_drain = |v: &str| {
+            let env = |k: &str| (k == ENV_MIN_DRAIN).then(|| v.to_string());
+            let c = run_config(&args(&[("deadline", "2h")]), &env).unwrap();
+            (c.rules.min_drain, c.warnings)
+        };
+        for (v, us) in [
+            (".5s", 500_000),
+            ("+5s", 5_000_000),
+            ("1.5m", 90_000_000),
+            ("1h2m3.5s", 3_723_500_000),
+            ("250µs", 250),
+            ("1.s", 1_000_000),
+            ("-3s", 0),
+            ("0", 0),
+        ] {
+            assert_eq!(min_drain(v), (Duration::from_micros(us), vec![]), "{v}");
+        }
+        // What Go refuses: pilot-agent warns and takes its default, and so does the hook.
+        for v in ["five", "5", ".s", "1..5s", "5d", "s", "-", "9999999999h"] {
+            let (d, warnings) = min_drain(v);
+            assert_eq!(d, DEFAULT_MIN_DRAIN, "{v}");
+            assert_eq!(
+                warnings,
+                [format!(
+                    "ignoring MINIMUM_DRAIN_DURATION={v:?}: expected a Go duration like 5s, .5s \
+                     or 1m30s, as Istio reads it; using Istio's default, 5s"
+                )],
+                "{v}"
+            );
+        }
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub fn io_cause(e: &io::Error) -> String {
 /// `Failure`, logged as a warning, because a preStop hook must keep waiting rather than fail.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageError {
-    /// The flag (`--deadline`) or environment variable (`MINIMUM_DRAIN_DURATION`).
+    /// The flag (`--deadline`).
     pub name: &'static str,
     pub value: String,
     pub expected: String,

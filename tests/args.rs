@@ -106,13 +106,34 @@ fn a_flag_without_its_value_or_an_unknown_flag_exits_2_naming_it() {
 }
 
 #[test]
-fn bad_environment_variables_name_the_variable() {
-    let mut c = command(&["run"]);
-    c.env("MINIMUM_DRAIN_DURATION", "five");
-    let out = run(c);
-    assert_eq!(out.code, Some(2), "{out}");
-    assert_eq!(
-        out.stderr,
-        "envoy-drain: invalid value 'five' for MINIMUM_DRAIN_DURATION: expected a duration like 500ms, 25s or 1m30s\n"
+fn istios_minimum_drain_duration_is_read_as_go_reads_it_and_a_bad_one_never_costs_the_wait() {
+    // A quiet pod: the hook ends when the min-drain does.
+    let dir = support::temp_dir("args-env");
+    std::fs::write(dir.join("tcp"), "  sl  local_address rem_address   st\n").unwrap();
+    let hook = |value: &str| {
+        let mut c = support::watch_table(&dir, &["--deadline", "10s"]);
+        c.env("MINIMUM_DRAIN_DURATION", value);
+        run(c)
+    };
+    // Go's `.5s` and `+2s`, which once exited 2: no drain, no wait.
+    let (half, two, bad) = (hook(".5s"), hook("+2s"), hook("five"));
+    std::fs::remove_dir_all(&dir).unwrap();
+    let ms = std::time::Duration::from_millis;
+    for (out, min_drain) in [(&half, ms(500)), (&two, ms(2000))] {
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(
+            out.elapsed >= min_drain && out.elapsed < min_drain + ms(1500),
+            "ends when the min-drain does {out}"
+        );
+    }
+    // As pilot-agent: a warning, and Istio's default of 5 s.
+    assert_eq!(bad.code, Some(0), "{bad}");
+    assert!(
+        bad.stderr.contains(
+            "\twarn\tenvoy-drain\tignoring MINIMUM_DRAIN_DURATION=\"five\": expected a Go duration \
+             like 5s, .5s or 1m30s, as Istio reads it; using Istio's default, 5s\n"
+        ),
+        "{bad}"
     );
+    assert!(bad.elapsed >= ms(5000), "{bad}");
 }

@@ -1,5 +1,6 @@
 //! The flag value parsers (durations, port lists, addresses) on any text: no panic, and what they
-//! accept is usable; a pod's annotation, whatever it holds, is never an error.
+//! accept is usable; a pod's annotation or Istio's MINIMUM_DRAIN_DURATION, whatever it holds, is
+//! never an error.
 #![no_main]
 
 use envoy_drain::cli::RunArgs;
@@ -26,4 +27,7 @@ fuzz_target!(|data: &[u8]| {
         ..RunArgs::default()
     };
     assert!(run_config(&annotated, &|_| None).is_ok());
+    // Istio's MINIMUM_DRAIN_DURATION, whatever it holds, is never an error either.
+    let env = |k: &str| (k == "MINIMUM_DRAIN_DURATION").then(|| value.to_string());
+    assert!(run_config(&RunArgs::default(), &env).is_ok());
 });
