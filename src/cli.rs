@@ -153,8 +153,8 @@ pub struct RunArgs {
     pub preset: Option<String>,
 
     /// the address of Envoy's admin API, whose listener also tells which process is Envoy:
-    /// host:port, [::1]:port, http://host:port or unix:PATH, where a * in PATH must match one
-    /// file (default: the preset's, 127.0.0.1:15000 for istio)
+    /// host:port, [::1]:port, http://host:port or unix:PATH, where a * in PATH picks the one
+    /// socket that takes a connection (default: the preset's, 127.0.0.1:15000 for istio)
     #[argh(option)]
     pub admin: Option<String>,
 
@@ -303,8 +303,8 @@ pub struct StatusArgs {
     pub preset: Option<String>,
 
     /// the address of Envoy's admin API, whose listener also tells which process is Envoy:
-    /// host:port, [::1]:port, http://host:port or unix:PATH, where a * in PATH must match one
-    /// file (default: the preset's, 127.0.0.1:15000 for istio)
+    /// host:port, [::1]:port, http://host:port or unix:PATH, where a * in PATH picks the one
+    /// socket that takes a connection (default: the preset's, 127.0.0.1:15000 for istio)
     #[argh(option)]
     pub admin: Option<String>,
 

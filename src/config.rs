@@ -9,6 +9,7 @@ use crate::lists::{Names, PortSet};
 use crate::preset::{self, PRESETS, Preset};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -68,6 +69,8 @@ pub struct Counting {
     pub inbound: bool,
     /// `--proc-net`: read the text tables there instead of asking the kernel over netlink.
     pub proc_net: Option<PathBuf>,
+    /// What is worth a warning in the flags that is not an error (an ambiguous `--admin`).
+    pub warnings: Vec<String>,
 }
 
 impl Counting {
@@ -175,14 +178,14 @@ pub fn parse_addr(name: &'static str, value: &str) -> Result<SocketAddr, UsageEr
 }
 
 /// A flag that needs Istio's agent, under a preset without one.
-fn no_agent(name: &'static str, value: &str, preset: Preset) -> UsageError {
+/// What asks Istio's agent (`--drain agent`, `--then-quit`) with a proxy that has none.
+fn no_agent(asks: &str, preset: Preset) -> UsageError {
     UsageError::new(
-        name,
-        value,
+        "--preset",
+        preset.name,
         format!(
-            "no Istio agent with --preset {}: only istio has one (to stop such a proxy, \
-             the kubelet's SIGTERM to its container does)",
-            preset.name
+            "istio with {asks}, which asks Istio's agent: only istio has one (to stop such a \
+             proxy, the kubelet's SIGTERM to its container does)"
         ),
     )
 }
@@ -203,12 +206,13 @@ fn one_of<T: Copy>(name: &'static str, value: &str, words: &[(&str, T)]) -> Resu
 
 /// `--admin`: an address as `parse_addr` takes it, or `unix:PATH` for an admin API on a Unix
 /// socket. A `*` in the path matches any part of a file name (Kuma names the socket's directory
-/// after its process: `/tmp/kuma-dp-*/kuma-envoy-admin.sock`) and is resolved here, once: more
-/// than one match is an error naming them; none leaves the path as given, which the requests then
-/// fail to open (the wait goes on from the socket table, as with an admin API that is down).
-pub fn parse_admin(value: &str) -> Result<Address, UsageError> {
+/// after its process: `/tmp/kuma-dp-*/kuma-envoy-admin.sock`) and is resolved here, once, to the
+/// one socket that matches, or of several the one that takes a connection. None, or several that
+/// cannot be told apart (with a warning), leave the path as given, which the requests then fail
+/// to open: the wait goes on from the socket table, as with an admin API that is down.
+pub fn parse_admin(value: &str) -> Result<(Address, Option<String>), UsageError> {
     let Some(path) = value.strip_prefix("unix:") else {
-        return parse_addr("--admin", value).map(Address::Tcp);
+        return parse_addr("--admin", value).map(|a| (Address::Tcp(a), None));
     };
     if path.is_empty() {
         return Err(UsageError::new(
@@ -218,22 +222,45 @@ pub fn parse_admin(value: &str) -> Result<Address, UsageError> {
         ));
     }
     if !path.contains('*') {
-        return Ok(Address::Unix(PathBuf::from(path)));
+        return Ok((Address::Unix(PathBuf::from(path)), None));
     }
-    let mut found = matches(Path::new(path));
+    // Only sockets, each once (`*/..` reaches one directory by many names); of several, the one
+    // that takes a connection: a proxy restarted in an emptyDir (Kuma's /tmp, after an OOM kill)
+    // leaves its old socket beside the new one.
+    let mut found: Vec<PathBuf> = matches(Path::new(path))
+        .into_iter()
+        .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_socket()))
+        .filter_map(|p| p.canonicalize().ok())
+        .collect();
     found.sort();
-    match found.as_slice() {
-        [] => Ok(Address::Unix(PathBuf::from(path))),
-        [one] => Ok(Address::Unix(one.clone())),
-        many => {
-            let names: Vec<String> = many.iter().map(|p| p.display().to_string()).collect();
-            Err(UsageError::new(
-                "--admin",
-                value,
-                format!("one socket, but {} match: {}", many.len(), names.join(", ")),
-            ))
+    found.dedup();
+    if found.len() > 1 {
+        let listening: Vec<PathBuf> = found
+            .iter()
+            .filter(|p| std::os::unix::net::UnixStream::connect(p).is_ok())
+            .cloned()
+            .collect();
+        if let [one] = listening.as_slice() {
+            return Ok((Address::Unix(one.clone()), None));
         }
+        let names: Vec<String> = found.iter().map(|p| p.display().to_string()).collect();
+        let warning = format!(
+            "--admin {value}: {} sockets match ({}) and {} of them takes a connection, so none is \
+             asked; counting without the admin API",
+            found.len(),
+            names.join(", "),
+            if listening.is_empty() {
+                "none"
+            } else {
+                "more than one"
+            },
+        );
+        return Ok((Address::Unix(PathBuf::from(path)), Some(warning)));
     }
+    Ok((
+        Address::Unix(found.pop().unwrap_or_else(|| PathBuf::from(path))),
+        None,
+    ))
 }
 
 /// The files that `pattern` names, `*` matching any part of a name in any of its components.
@@ -347,9 +374,10 @@ pub fn status_config(a: &StatusArgs) -> Result<Counting, UsageError> {
             )
         })?,
     };
+    let (admin, admin_warning) = parse_admin(a.admin.as_deref().unwrap_or(preset.admin))?;
     Ok(Counting {
         preset,
-        admin: parse_admin(a.admin.as_deref().unwrap_or(preset.admin))?,
+        admin,
         mode,
         unit,
         ignore: ports(
@@ -369,6 +397,7 @@ pub fn status_config(a: &StatusArgs) -> Result<Counting, UsageError> {
             }
             other => other.map(PathBuf::from),
         },
+        warnings: admin_warning.into_iter().collect(),
     })
 }
 
@@ -387,7 +416,7 @@ pub fn run_config(
         ignore_clusters: a.ignore_clusters.clone(),
         proc_net: a.proc_net.clone(),
     })?;
-    let mut warnings = Vec::new();
+    let mut warnings = std::mem::take(&mut counting.warnings);
     let pod = pod_settings(&a.pod_annotation, counting.mode, &mut warnings);
     if let Some(unit) = pod.count {
         counting.unit = unit;
@@ -402,8 +431,20 @@ pub fn run_config(
         None => counting.preset.drain,
         Some(v) => one_of("--drain", v, &drains)?,
     };
+    // A gateway's listeners carry no traffic direction: `inboundonly` would drain none of them.
+    if drain == Drain::Inbound && counting.preset.drain == Drain::All {
+        return Err(UsageError::new(
+            "--drain",
+            "inbound",
+            format!(
+                "all or none with --preset {}: a gateway's listeners have no direction, so \
+                 inbound would drain none of them",
+                counting.preset.name
+            ),
+        ));
+    }
     if drain == Drain::Agent && !counting.preset.agent {
-        return Err(no_agent("--drain", "agent", counting.preset));
+        return Err(no_agent("--drain agent", counting.preset));
     }
     let deadline = positive("--deadline", &a.deadline, DEFAULT_DEADLINE)?;
     // The template derives --deadline from the pod's grace period, which no annotation can
@@ -498,7 +539,7 @@ pub fn run_config(
     };
     let agent = parse_addr("--agent", a.agent.as_deref().unwrap_or(DEFAULT_AGENT))?;
     if a.then_quit && !counting.preset.agent {
-        return Err(no_agent("--then-quit", "true", counting.preset));
+        return Err(no_agent("--then-quit", counting.preset));
     }
     Ok(RunConfig {
         counting,
@@ -623,6 +664,7 @@ pub fn hold_config(a: &HoldArgs) -> Result<RunConfig, UsageError> {
     }
     counting.mode = Mode::Stats;
     counting.inbound = true;
+    let warnings = std::mem::take(&mut counting.warnings);
     let deadline = positive("--deadline", &a.deadline, DEFAULT_HOLD_DEADLINE)?;
     let min = match &a.min {
         Some(v) => parse_duration("--min", v)?,
@@ -652,7 +694,7 @@ pub fn hold_config(a: &HoldArgs) -> Result<RunConfig, UsageError> {
         log_file: a.log_file.as_ref().map(PathBuf::from),
         agent: parse_addr("--agent", DEFAULT_AGENT)?,
         verbose: a.verbose,
-        warnings: Vec::new(),
+        warnings,
     })
 }
 
@@ -787,40 +829,63 @@ mod tests {
     fn an_admin_api_on_a_unix_socket_is_its_path_and_a_pattern_must_match_one_socket() {
         assert_eq!(
             parse_admin("unix:/admin/admin.sock"),
-            Ok(Address::Unix(PathBuf::from("/admin/admin.sock")))
+            Ok((Address::Unix(PathBuf::from("/admin/admin.sock")), None))
         );
         assert_eq!(
             parse_admin("127.0.0.1:9901"),
-            Ok(Address::Tcp("127.0.0.1:9901".parse().unwrap()))
+            Ok((Address::Tcp("127.0.0.1:9901".parse().unwrap()), None))
         );
         let e = parse_admin("unix:").unwrap_err().to_string();
         assert!(e.contains("expected unix: and the path"), "{e}");
         let tmp = std::env::temp_dir().join(format!("envoy-drain-glob-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
+        let path = |dir: &str| tmp.join(dir).join("kuma-envoy-admin.sock");
+        // A kuma-dp's socket: listening, or left behind by one that was killed.
         let sock = |dir: &str| {
             std::fs::create_dir_all(tmp.join(dir)).unwrap();
-            std::fs::write(tmp.join(dir).join("kuma-envoy-admin.sock"), "").unwrap();
-            tmp.join(dir).join("kuma-envoy-admin.sock")
+            std::os::unix::net::UnixListener::bind(path(dir)).unwrap()
         };
         let pattern = format!("unix:{}/kuma-dp-*/kuma-envoy-admin.sock", tmp.display());
+        let as_given = Address::Unix(tmp.join("kuma-dp-*/kuma-envoy-admin.sock"));
         assert_eq!(
             parse_admin(&pattern),
-            Ok(Address::Unix(tmp.join("kuma-dp-*/kuma-envoy-admin.sock"))),
+            Ok((as_given.clone(), None)),
             "no match: the path as given, which requests then fail to open"
         );
-        let one = sock("kuma-dp-1234");
-        sock("other-1");
-        assert_eq!(parse_admin(&pattern), Ok(Address::Unix(one.clone())));
-        let two = sock("kuma-dp-99");
-        let e = parse_admin(&pattern).unwrap_err().to_string();
+        let _live = sock("kuma-dp-1234");
+        drop(sock("other-1"));
+        // Neither a file nor a directory is a socket.
+        std::fs::create_dir_all(tmp.join("kuma-dp-file")).unwrap();
+        std::fs::write(path("kuma-dp-file"), "").unwrap();
+        std::fs::create_dir_all(path("kuma-dp-dir")).unwrap();
+        let one = Address::Unix(path("kuma-dp-1234"));
+        assert_eq!(parse_admin(&pattern), Ok((one.clone(), None)));
+        // One name reached twice is one socket.
+        let twice = format!(
+            "unix:{}/kuma-dp-*/../kuma-dp-1234/kuma-envoy-admin.sock",
+            tmp.display()
+        );
+        assert_eq!(parse_admin(&twice), Ok((one.clone(), None)));
+        // An old kuma-dp's socket left behind: the live one is asked.
+        drop(sock("kuma-dp-99"));
+        assert_eq!(parse_admin(&pattern), Ok((one, None)));
+        // Two that listen cannot be told apart: a warning, and the wait goes on without them.
+        let _other = sock("kuma-dp-7");
+        let (address, warning) = parse_admin(&pattern).unwrap();
         std::fs::remove_dir_all(&tmp).unwrap();
-        assert!(
-            e.ends_with(&format!(
-                "expected one socket, but 2 match: {}, {}",
-                one.display(),
-                two.display()
-            )),
-            "{e}"
+        assert_eq!(address, as_given);
+        assert_eq!(
+            warning.as_deref(),
+            Some(
+                format!(
+                    "--admin {pattern}: 3 sockets match ({}, {}, {}) and more than one of them \
+                     takes a connection, so none is asked; counting without the admin API",
+                    path("kuma-dp-1234").display(),
+                    path("kuma-dp-7").display(),
+                    path("kuma-dp-99").display(),
+                )
+                .as_str()
+            )
         );
     }
 
@@ -1040,13 +1105,26 @@ mod tests {
         assert!(err(&[("preset", "linkerd")]).ends_with(
             "invalid value 'linkerd' for --preset: expected istio, consul, kuma, envoy-gateway or contour"
         ));
+        for gateway in ["contour", "envoy-gateway"] {
+            assert_eq!(
+                err(&[("preset", gateway), ("drain", "inbound")]),
+                format!(
+                    "invalid value 'inbound' for --drain: expected all or none with --preset \
+                     {gateway}: a gateway's listeners have no direction, so inbound would drain \
+                     none of them"
+                )
+            );
+        }
         let e = err(&[("preset", "kuma"), ("drain", "agent")]);
-        assert!(e.contains("no Istio agent with --preset kuma"), "{e}");
+        assert!(
+            e.starts_with("invalid value 'kuma' for --preset: expected istio with --drain agent, which asks Istio's agent"),
+            "{e}"
+        );
         let mut a = args(&[("preset", "consul")]);
         a.then_quit = true;
         let e = run_config(&a, &no_env).unwrap_err().to_string();
         assert!(
-            e.starts_with("invalid value 'true' for --then-quit: expected no Istio agent"),
+            e.starts_with("invalid value 'consul' for --preset: expected istio with --then-quit, which asks Istio's agent"),
             "{e}"
         );
     }

@@ -44,6 +44,8 @@ pub struct Out {
     poll_first: bool,
     /// Lines that could not be written at once.
     dropped: u64,
+    /// Why a line could not be written, where it was not for want of room: a full disk, say.
+    failed: Option<String>,
 }
 
 impl Out {
@@ -53,6 +55,7 @@ impl Out {
             fd: None,
             poll_first: false,
             dropped: 0,
+            failed: None,
         }
     }
 
@@ -70,12 +73,14 @@ impl Out {
                 writer: Box::new(f),
                 poll_first: false,
                 dropped: 0,
+                failed: None,
             },
             Err(_) => Out {
                 writer: Box::new(std::io::stderr()),
                 fd: Some(libc::STDERR_FILENO),
                 poll_first: true,
                 dropped: 0,
+                failed: None,
             },
         }
     }
@@ -104,9 +109,14 @@ impl Out {
         {
             written = self.writer.write(bytes);
         }
-        let whole = written.is_ok_and(|n| n == bytes.len());
+        let whole = written.as_ref().is_ok_and(|n| *n == bytes.len());
         if !whole {
             self.dropped += 1;
+        }
+        if let Err(e) = &written
+            && e.kind() != ErrorKind::WouldBlock
+        {
+            self.failed.get_or_insert_with(|| io_cause(e));
         }
         whole
     }
@@ -198,9 +208,12 @@ impl Logger {
         self.closed
     }
 
-    /// Lines dropped so far because writing them would have blocked.
-    pub fn dropped(&self) -> u64 {
-        self.out.dropped + self.file.as_ref().map_or(0, |f| f.dropped)
+    /// Lines dropped so far, and why one could not be written where it was not for want of
+    /// room (writing them would have blocked).
+    pub fn dropped(&self) -> (u64, Option<&str>) {
+        let outs = std::iter::once(&self.out).chain(&self.file);
+        let lines = outs.clone().map(|o| o.dropped).sum();
+        (lines, outs.filter_map(|o| o.failed.as_deref()).next())
     }
 
     pub fn info(&mut self, message: &str) {

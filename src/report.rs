@@ -229,7 +229,7 @@ impl<'a> Watch<'a> {
             || news
             || self.cfg.verbose
             || now.saturating_sub(self.line_at) >= HEARTBEAT;
-        let min_drain_end = self.drained_at.saturating_add(self.cfg.rules.min_drain);
+        let min_drain_end = wait::drain_done(&self.cfg.rules, self.drained_at);
         log.waiting(
             &text::count_line(count, arriving, now, min_drain_end, self.cfg),
             worth_a_line,
@@ -447,6 +447,22 @@ mod tests {
         assert_eq!(
             p.last.map(|c| c.describe()),
             Some("1 active request".to_string())
+        );
+    }
+
+    #[test]
+    fn the_min_drain_a_count_line_tells_of_is_the_one_the_wait_keeps() {
+        // A min-drain as long as the deadline ends one interval before it, so that a count can
+        // still end the wait: the line once said 1.0s, and the wait ended after 0.5s.
+        let args = RunArgs {
+            deadline: Some("1s".to_string()),
+            min_drain: Some("1s".to_string()),
+            ..RunArgs::default()
+        };
+        let (log, _) = watch_with(args, vec![ok(count(SourceKind::Proc, 0), None)]);
+        assert!(
+            log.contains("0 active connections (proc); min-drain ends in 0.5s"),
+            "{log}"
         );
     }
 

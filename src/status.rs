@@ -20,6 +20,9 @@ pub fn command(args: &StatusArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return usage_error(&e.to_string()),
     };
+    for w in &counting.warnings {
+        let _ = writeln!(std::io::stdout(), "warning: {w}\n");
+    }
     let mut sources = Sources::new(&counting);
     let ready =
         (counting.mode != Mode::Proc).then(|| sources.admin.get(READY_PATH, REQUEST_TIMEOUT));

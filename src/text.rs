@@ -417,7 +417,7 @@ pub fn summary(
     elapsed: Duration,
     rules: &Rules,
     p: &Progress,
-    dropped: u64,
+    (dropped, failed): (u64, Option<&str>),
 ) -> String {
     let deadline = rules.deadline;
     let took = seconds(elapsed);
@@ -473,11 +473,17 @@ pub fn summary(
         ),
     };
     if dropped > 0 {
-        line += &format!(
-            "; {dropped} earlier log line{} dropped, as writing {} would have blocked",
-            if dropped == 1 { " was" } else { "s were" },
-            if dropped == 1 { "it" } else { "them" }
-        );
+        let (was, it) = if dropped == 1 {
+            (" was", "it")
+        } else {
+            ("s were", "them")
+        };
+        line += &match failed {
+            Some(why) => format!("; {dropped} earlier log line{was} not written: {why}"),
+            None => format!(
+                "; {dropped} earlier log line{was} dropped, as writing {it} would have blocked"
+            ),
+        };
     }
     line
 }
@@ -502,20 +508,7 @@ pub fn status(
     let mut out = String::new();
     if let Some(ready) = ready {
         let url = sources.admin.url(READY_PATH);
-        let said = match ready {
-            Ok(r) if r.status == 200 => {
-                format!("answered {}: Envoy passes its health checks", r.describe())
-            }
-            Ok(r) if r.status == 503 => format!(
-                "answered {}: Envoy fails its health checks (POST {}, \
-                 `run --fail-healthcheck`), so load balancers that ask stop sending",
-                r.describe(),
-                Request::FailHealthcheck.path()
-            ),
-            Ok(r) => format!("answered {}", r.describe()),
-            Err(f) => f.cause.clone(),
-        };
-        let _ = writeln!(out, "ready: GET {url} {said}\n");
+        let _ = writeln!(out, "ready: GET {url} {}\n", ready_said(ready));
     }
     if let Some(stats) = &look.stats {
         let _ = writeln!(out, "stats: GET {}", sources.stats_url());
@@ -576,6 +569,30 @@ pub fn status(
 
 /// Rows as a table: the first cell left-aligned, the others right-aligned, each column as wide as
 /// its widest cell; a row of one cell is a note, written as it is.
+/// What Envoy's /ready answer says of it.
+fn ready_said(ready: &Result<Reply, Failure>) -> String {
+    match ready {
+        Ok(r) if r.status == 200 => {
+            format!("answered {}: Envoy passes its health checks", r.describe())
+        }
+        // Envoy's /ready names its state (source/server/admin/server_info_handler.cc,
+        // Utility::serverState): DRAINING once its health checks are failed, INITIALIZING
+        // and PRE_INITIALIZING while it waits for its configuration.
+        Ok(r) if r.status == 503 && r.body.trim_ascii() == b"DRAINING" => format!(
+            "answered {}: Envoy fails its health checks (POST {}, \
+             `run --fail-healthcheck`), so load balancers that ask stop sending",
+            r.describe(),
+            Request::FailHealthcheck.path()
+        ),
+        Ok(r) if r.status == 503 && r.body.trim_ascii().ends_with(b"INITIALIZING") => format!(
+            "answered {}: Envoy is still starting, waiting for its configuration",
+            r.describe()
+        ),
+        Ok(r) => format!("answered {}", r.describe()),
+        Err(f) => f.cause.clone(),
+    }
+}
+
 fn grid(out: &mut String, rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = Vec::new();
     for row in rows.iter().filter(|r| r.len() > 1) {
@@ -815,7 +832,7 @@ mod tests {
             Duration::from_millis(25_040),
             &RULES,
             &stale,
-            0,
+            (0, None),
         );
         assert_eq!(
             deadline,
@@ -828,7 +845,7 @@ mod tests {
             Duration::from_secs(3),
             &RULES,
             &stale,
-            1,
+            (1, None),
         );
         assert_eq!(
             signal,
@@ -842,12 +859,35 @@ mod tests {
             Duration::from_secs(25),
             &RULES,
             &progress(None, None),
-            2,
+            (2, Some("no space left on device")),
         );
         assert_eq!(
             nothing,
             "deadline of 25s passed after 25.0s and nothing could be counted: no source \
-             answered; 2 earlier log lines were dropped, as writing them would have blocked"
+             answered; 2 earlier log lines were not written: no space left on device"
         );
+    }
+
+    #[test]
+    fn only_a_draining_envoy_is_said_to_fail_its_health_checks() {
+        let answered = |status, body: &str| {
+            ready_said(&Ok(Reply {
+                status,
+                body: body.as_bytes().to_vec(),
+            }))
+        };
+        assert!(
+            answered(503, "DRAINING\n").ends_with("Envoy fails its health checks (POST /healthcheck/fail, `run --fail-healthcheck`), so load balancers that ask stop sending")
+        );
+        for starting in ["PRE_INITIALIZING\n", "INITIALIZING\n"] {
+            assert_eq!(
+                answered(503, starting),
+                format!(
+                    "answered 503 '{}': Envoy is still starting, waiting for its configuration",
+                    starting.trim()
+                )
+            );
+        }
+        assert_eq!(answered(503, "busy"), "answered 503 'busy'");
     }
 }

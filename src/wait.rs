@@ -185,6 +185,16 @@ impl Follow {
     }
 }
 
+/// When the min-drain ends: `min_drain` after the drain, and `LAST_COUNT` (or one interval, if
+/// shorter) before the deadline at the latest (see `wait`).
+pub fn drain_done(rules: &Rules, drained_at: Duration) -> Duration {
+    drained_at.saturating_add(rules.min_drain).min(
+        rules
+            .deadline
+            .saturating_sub(rules.interval.min(LAST_COUNT)),
+    )
+}
+
 /// Counts at once, then every interval, until the count has stayed at or below the threshold,
 /// at counts that saw no new request arrive (`hold`: until no request has arrived, at counts
 /// that could tell), for the settle time after the min-drain; or until the
@@ -222,11 +232,7 @@ fn count(
     looks: &mut impl Looks,
     follow: &mut Follow,
 ) -> Outcome {
-    let drain_done = drained_at.saturating_add(rules.min_drain).min(
-        rules
-            .deadline
-            .saturating_sub(rules.interval.min(LAST_COUNT)),
-    );
+    let drain_done = drain_done(rules, drained_at);
     let mut low_since: Option<Duration> = None;
     let mut counted = false;
     // The last count's time: a count meant to end at a given moment starts this long before it.

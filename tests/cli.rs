@@ -223,7 +223,7 @@ fn hold_refuses_a_gateway_and_a_zero_quiet_time_in_one_line() {
 }
 
 #[test]
-fn the_log_file_gets_every_line_and_a_bad_one_is_only_a_warning() {
+fn the_log_file_gets_every_line_and_a_bad_or_full_one_is_only_a_warning() {
     let dir = one_open_connection("cli-logfile");
     let log = dir.join("hook.log");
     let out = run(watch_table(
@@ -238,6 +238,18 @@ fn the_log_file_gets_every_line_and_a_bad_one_is_only_a_warning() {
         ],
     ));
     let written = std::fs::read_to_string(&log).unwrap();
+    // A full disk: every line fails there, and the summary, on stderr, says why.
+    let full = run(watch_table(
+        &dir,
+        &[
+            "--deadline",
+            "300ms",
+            "--min-drain",
+            "0s",
+            "--log-file",
+            "/dev/full",
+        ],
+    ));
     let missing = dir.join("no/such/dir.log");
     let bad = run(watch_table(
         &dir,
@@ -255,6 +267,14 @@ fn the_log_file_gets_every_line_and_a_bad_one_is_only_a_warning() {
     assert_eq!(
         written, out.stderr,
         "the file holds exactly the lines of stderr"
+    );
+    assert_eq!(full.code, Some(1), "{full}");
+    let lines = full.stderr.lines().count() - 1;
+    assert!(
+        full.last_line().ends_with(&format!(
+            "; {lines} earlier log lines were not written: no space left on device"
+        )),
+        "{full}"
     );
     assert_eq!(bad.code, Some(1), "{bad}");
     assert!(

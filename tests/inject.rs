@@ -329,7 +329,7 @@ fn expected_deadline(grace: Option<u64>, native: bool, mesh: Mesh) -> u64 {
 fn check(pod: &str, mesh: Mesh, variant: Variant) -> String {
     let facts = Facts::of(pod, mesh);
     let patch = render(&template(variant.values()), &facts);
-    if facts.annotation("envoy-drain.io/disabled") == Some("true") {
+    if facts.annotation("envoy-drain.io/disabled").map(str::trim) == Some("true") {
         assert!(
             patch.trim().is_empty(),
             "a disabled pod gets nothing:\n{patch}"
@@ -461,7 +461,8 @@ fn apps(pod: &str) -> Vec<(String, String, String)> {
 /// gets `hold` with a deadline 10 s short of the grace period, and the binary's mount; one that
 /// had a preStop keeps it, and without the annotation every app container is left as it was.
 fn check_apps(pod: &str, merged: &str, facts: &Facts) {
-    let holding = !facts.gateway() && facts.annotation("envoy-drain.io/hold") == Some("true");
+    let holding =
+        !facts.gateway() && facts.annotation("envoy-drain.io/hold").map(str::trim) == Some("true");
     let hold = [
         "/envoy-drain/envoy-drain".to_string(),
         "hold".to_string(),
@@ -905,9 +906,18 @@ fn a_pods_envoy_drain_annotations_reach_its_hook_and_disabled_leaves_the_pod_to_
             );
         }
         // The kill switch: nothing rendered, so the pod keeps Istio's own preStop (a native
-        // sidecar's pilot-agent drain; none on a classic one).
-        let off = annotate(&pod, "envoy-drain.io/disabled", "true");
-        for variant in [Variant::Install, Variant::Image] {
+        // sidecar's pilot-agent drain; none on a classic one). The hook trims the value, and so
+        // does the template: " true" once got neither envoy-drain's wait nor a kill switch.
+        for (off, variant) in [
+            (
+                annotate(&pod, "envoy-drain.io/disabled", "true"),
+                Variant::Install,
+            ),
+            (
+                annotate(&pod, "envoy-drain.io/disabled", " true "),
+                Variant::Image,
+            ),
+        ] {
             let kept = check(&off, mesh, variant);
             assert_eq!(proxy(&kept).pre_stop, proxy(&pod).pre_stop);
             assert!(

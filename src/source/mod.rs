@@ -367,6 +367,7 @@ mod tests {
             ignore_clusters: crate::lists::Names::default(),
             inbound: false,
             proc_net: Some(proc_net),
+            warnings: vec![],
         })
     }
 
