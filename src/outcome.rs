@@ -50,4 +50,6 @@ pub struct Progress {
     pub last: Option<Count>,
     /// Set while the newest attempt to count failed: why.
     pub unknown: Option<String>,
+    /// When a count last saw a request arrive, from the start of the run.
+    pub arrived_at: Option<std::time::Duration>,
 }

@@ -162,6 +162,9 @@ impl<'a> Watch<'a> {
         let (before, failing) = {
             let mut p = lock(&self.report.progress);
             let before = (p.last.as_ref().map(|c| c.total), p.unknown.clone());
+            if arrived {
+                p.arrived_at = Some(now);
+            }
             match &reading.result {
                 Ok(count) => {
                     p.last = Some(count.clone());

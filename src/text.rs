@@ -12,7 +12,7 @@ use crate::source::clusters::{self, CLUSTERS_PATH};
 use crate::source::sockets::Reader;
 use crate::source::stats::{Answer, Hcm};
 use crate::source::{Look, Reading, Sources};
-use crate::wait::{APP_GONE, Cost, PACE, RECHECK};
+use crate::wait::{APP_GONE, ARRIVALS_QUIET, Cost, PACE, RECHECK};
 use std::fmt::Write;
 use std::time::Duration;
 
@@ -455,8 +455,16 @@ pub fn summary(
             "done after {took}: the app has exited, which leaves nothing to answer the {counted} still open{stale}; the proxy may stop now"
         ),
         Outcome::Deadline => format!(
-            "deadline of {} passed after {took} with {counted} still open{open}{stale}",
+            "deadline of {} passed after {took} with {counted} still open{open}{}{stale}",
             humantime::format_duration(deadline),
+            // What held a count at zero: requests that still came.
+            if p.arrived_at
+                .is_some_and(|t| elapsed.saturating_sub(t) <= ARRIVALS_QUIET.max(rules.settle))
+            {
+                ", and new requests still arriving"
+            } else {
+                ""
+            },
         ),
         Outcome::NothingCounted => format!(
             "deadline of {} passed after {took} and nothing could be counted: {}",
@@ -817,6 +825,7 @@ mod tests {
         Progress {
             last,
             unknown: unknown.map(str::to_string),
+            arrived_at: None,
         }
     }
 
@@ -866,6 +875,44 @@ mod tests {
             "deadline of 25s passed after 25.0s and nothing could be counted: no source \
              answered; 2 earlier log lines were not written: no space left on device"
         );
+    }
+
+    #[test]
+    fn a_deadline_that_arrivals_held_says_so() {
+        let zero = Count::requests(vec![], vec![]);
+        let mut p = progress(
+            Some(Count::of(
+                SourceKind::Clusters,
+                Unit::Requests,
+                vec![],
+                vec![],
+            )),
+            None,
+        );
+        p.arrived_at = Some(Duration::from_millis(24_600));
+        let line = summary(
+            Outcome::Deadline,
+            Duration::from_secs(25),
+            &RULES,
+            &p,
+            (0, None),
+        );
+        assert_eq!(
+            line,
+            "deadline of 25s passed after 25.0s with 0 active requests (clusters) still open, and \
+             new requests still arriving"
+        );
+        // Long ago: they stopped, and something else held the count.
+        p.arrived_at = Some(Duration::from_secs(3));
+        p.last = Some(zero);
+        let line = summary(
+            Outcome::Deadline,
+            Duration::from_secs(25),
+            &RULES,
+            &p,
+            (0, None),
+        );
+        assert!(!line.contains("arriving"), "{line}");
     }
 
     #[test]

@@ -44,6 +44,11 @@ pub const APP_GONE: Duration = Duration::from_secs(1);
 /// socket table only, which costs Envoy nothing.
 pub const RECHECK: Duration = Duration::from_millis(100);
 
+/// Where the source tells arrivals (/clusters' request counters), how long `run` also wants none
+/// to have arrived: a count at zero between two requests says nothing while they still come,
+/// even one every second or two, and ending then stops the proxy under the next one.
+pub const ARRIVALS_QUIET: Duration = Duration::from_secs(2);
+
 /// Two counts start at least this many times the last one's time apart, so that counting takes
 /// at most 1/PACE (5%) of the time of what it runs on: Envoy's main thread, which answers the
 /// admin API and also applies its configuration, and the proxy container's CPU, which the hook
@@ -261,16 +266,25 @@ fn count(
                 Until::Quiet => tick.arrivals != Arrivals::Unknown,
             };
             counted |= known;
-            match rules.until {
-                Until::AtMost(n) if tick.count.is_some_and(|c| c <= n) && !seen.arrived => {
-                    low_since.get_or_insert(now);
+            let low = match rules.until {
+                Until::AtMost(n) => tick.count.is_some_and(|c| c <= n),
+                Until::Quiet => known,
+            };
+            // Where arrivals are known, `run` also wants them to have stopped for a while: the
+            // count touches zero between two requests, however slowly they come.
+            let settle = match rules.until {
+                Until::AtMost(_) if tick.arrivals != Arrivals::Unknown => {
+                    rules.settle.max(ARRIVALS_QUIET)
                 }
+                _ => rules.settle,
+            };
+            match (low, seen.arrived) {
+                (false, _) => low_since = None,
                 // The last arrival came before this look ended: the quiet time starts again here.
-                Until::Quiet if known && seen.arrived => low_since = Some(now),
-                Until::Quiet if known => {
+                (true, true) => low_since = Some(now),
+                (true, false) => {
                     low_since.get_or_insert(now);
                 }
-                _ => low_since = None,
             }
             let cost = tick.cost.look;
             let pause = pause(rules.interval, cost);
@@ -278,7 +292,7 @@ fn count(
             let ahead = std::mem::replace(&mut lead, cost).max(cost);
             if let Some(since) = low_since {
                 // Saturating: durations up to u64::MAX seconds parse, and must not overflow.
-                let done_at = drain_done.max(since.saturating_add(rules.settle));
+                let done_at = drain_done.max(since.saturating_add(settle));
                 if now >= done_at {
                     return Outcome::Reached;
                 }
@@ -287,7 +301,7 @@ fn count(
                 // 50,000 clusters, seconds of Envoy's main thread). The settle time needs a count
                 // after the one that began it.
                 let decides = started.saturating_add(ahead) >= done_at
-                    && (rules.settle.is_zero() || since <= started);
+                    && (settle.is_zero() || since <= started);
                 if decides && done_at <= rules.deadline {
                     clock.sleep(done_at - now);
                     return Outcome::Reached;
@@ -770,7 +784,7 @@ mod tests {
     }
 
     #[test]
-    fn arrivals_hold_a_zero_count_until_a_count_sees_none() {
+    fn arrivals_hold_a_zero_count_until_none_has_come_for_a_while() {
         let r = rules();
         // Zero at every look, but a new request at every one up to 9 s: the endpoint has not yet
         // left the clients' lists.
@@ -784,7 +798,11 @@ mod tests {
             })
             .collect();
         let (o, end, _) = run_ticks(&r, &script, ms(0));
-        assert_eq!((o, end), (Outcome::Reached, ms(9500)));
+        assert_eq!(
+            (o, end),
+            (Outcome::Reached, ms(9000) + ARRIVALS_QUIET),
+            "ARRIVALS_QUIET after the count that saw the last"
+        );
         // Without arrivals the same zeros end at the min-drain.
         let (o, end, _) = run_ticks(&r, &[(0, counted(0))], ms(0));
         assert_eq!((o, end), (Outcome::Reached, ms(5000)));
@@ -1073,6 +1091,34 @@ mod tests {
         assert!(
             now.get() <= ms(30000 + 2 * 5000 + 250),
             "{:?} {at:?}",
+            now.get()
+        );
+    }
+
+    #[test]
+    fn arrivals_slower_than_one_a_count_still_hold_a_zero_count_until_they_stop() {
+        // Red-team #2: one request every 1.2 s, each over before the next count: the count is 0
+        // at every count, and one count in two sees none arrive.
+        let r = Rules {
+            min_drain: ms(2000),
+            ..rules()
+        };
+        let now = Cell::new(ms(0));
+        let (end, _) = wait_with(&r, ms(0), &now, |_, _| {
+            let t = now.get();
+            now.set(t + ms(10));
+            Tick {
+                count: Some(0),
+                arrivals: Arrivals::Requests(t.min(ms(12_000)).as_millis() as u64 / 1200),
+                ..Tick::default()
+            }
+        });
+        assert_eq!(end.outcome, Outcome::Reached);
+        // The last at 12 s, seen by the count at 12 s: ARRIVALS_QUIET after it.
+        assert!(
+            now.get() >= ms(12_000) + ARRIVALS_QUIET
+                && now.get() <= ms(12_000) + ARRIVALS_QUIET + ms(600),
+            "{:?}",
             now.get()
         );
     }
