@@ -10,7 +10,7 @@ use crate::outcome::{EXIT_REACHED, Outcome};
 use crate::report::{Report, Watch};
 use crate::source::Reading;
 use crate::source::Sources;
-use crate::source::admin::Client;
+use crate::source::admin::{Client, REQUEST_TIMEOUT};
 use crate::source::sockets::Pod;
 use crate::text;
 use crate::wait::{self, Ask, Clock, Cost, Looks, Quit, Seen, Tick};
@@ -62,22 +62,34 @@ fn wait_out(cfg: &RunConfig, start: Instant) -> i32 {
         Client::new(cfg.agent),
     );
     let client = |r: Request| if r.to_agent() { &agent } else { &admin };
-    let post = |r: Request, clock: &RealClock| {
-        let left = cfg.rules.deadline.saturating_sub(clock.now());
+    // Whether the request got an answer (any status: one that refuses it is not sent again).
+    // Sent again, only its answer is told: the failure was, once.
+    let send = |r: Request, again: bool| {
+        let left = cfg.rules.deadline.saturating_sub(start.elapsed());
         let (url, answer) = (client(r).url(r.path()), client(r).post(r.path(), left));
-        report.posted(r, &url, &answer);
+        if !again || answer.is_ok() {
+            report.posted(r, &url, &answer);
+        }
+        answer.is_ok()
     };
+    let post = |r: Request| send(r, false);
+    let resend = |r: Request| send(r, true);
     let urls: Vec<(Request, String)> = cfg
         .before
         .iter()
         .map(|&r| (r, client(r).url(r.path())))
         .collect();
     report.line(Level::Info, &text::start_line(cfg, &sources, &urls));
+    let mut unsent = Vec::new();
     for &r in &cfg.before {
-        post(r, &clock);
+        if !post(r) {
+            unsent.push(r);
+        }
     }
     let drained_at = clock.now();
     let mut hook = Hook {
+        unsent,
+        resend: &resend,
         sources: &mut sources,
         watch: Watch::new(&report, cfg, drained_at),
         start,
@@ -90,7 +102,9 @@ fn wait_out(cfg: &RunConfig, start: Instant) -> i32 {
         report.line(Level::Info, &text::app_exited());
     }
     match end.quit {
-        Quit::Yes => post(Request::Quit, &clock),
+        Quit::Yes => {
+            post(Request::Quit);
+        }
         Quit::AppNotSeen => report.line(Level::Warn, text::APP_NOT_SEEN),
         Quit::AppStillThere => {
             let others = hook.pod.as_ref().ok().map(|p| &p.others);
@@ -122,6 +136,10 @@ impl Clock for RealClock {
 /// The wait's eyes and voice: each look goes to the sources, and what the wait made of it to
 /// the report.
 struct Hook<'a> {
+    /// Requests before the wait that got no answer (Envoy stalled, restarting): sent again before
+    /// each count until one comes, so that keep-alive clients still get `connection: close`.
+    unsent: Vec<Request>,
+    resend: &'a dyn Fn(Request) -> bool,
     sources: &'a mut Sources,
     watch: Watch<'a>,
     start: Instant,
@@ -133,6 +151,14 @@ struct Hook<'a> {
 
 impl Looks for Hook<'_> {
     fn look(&mut self, left: Duration, ask: Ask) -> Tick {
+        let resent = Instant::now();
+        // Never at the cost of the count's own time before the deadline.
+        if ask == Ask::Count && left >= REQUEST_TIMEOUT.saturating_mul(2) {
+            let resend = self.resend;
+            self.unsent.retain(|&r| !resend(r));
+        }
+        let left = left.saturating_sub(resent.elapsed());
+        // Timed after those: a request sent again is not part of what the count costs Envoy.
         let asked = Instant::now();
         let (reading, pod) = match ask {
             Ask::Count => {

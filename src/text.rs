@@ -183,6 +183,14 @@ pub fn posted(r: Request, url: &str, answer: &Result<Reply, Failure>) -> (String
             ),
             true,
         ),
+        // No answer: run.rs sends it again before each count; the quit is the last request.
+        Err(f) if r != Request::Quit => (
+            format!(
+                "failed to {what}: POST {url}: {}; sending it again before each count",
+                f.cause
+            ),
+            true,
+        ),
         Err(f) => (format!("failed to {what}: POST {url}: {}", f.cause), true),
     }
 }

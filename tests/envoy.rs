@@ -977,3 +977,31 @@ fn hold_never_takes_an_envoy_it_cannot_read_for_a_quiet_one() {
         );
     });
 }
+
+#[test]
+#[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
+fn a_drain_that_got_no_answer_is_sent_again_so_keep_alive_clients_still_hear_connection_close() {
+    scenario(|bin| {
+        let _app = App::start(APP, false);
+        let envoy = start(&bin);
+        let mut idle = Conn::open(INBOUND).unwrap();
+        assert_eq!(idle.get("/ok").unwrap().status, 200);
+        // Envoy stalls (a starved node): the drain gets no answer within its second.
+        envoy.signal(libc::SIGSTOP);
+        let mut hook = spawn(command(&["run", "--min-drain", "4s", "--deadline", "10s"]));
+        hook.expect_line("failed to drain listeners", 5 * SECOND);
+        envoy.signal(libc::SIGCONT);
+        hook.expect_line("Envoy accepted the drain", 5 * SECOND);
+        let resp = idle.get("/ok").expect("an answer");
+        assert!(
+            resp.says_close(),
+            "the drain sent again reaches the keep-alive client {resp:?}"
+        );
+        let out = hook.finish();
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(
+            out.stderr.contains("; sending it again before each count"),
+            "{out}"
+        );
+    });
+}

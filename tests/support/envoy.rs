@@ -201,6 +201,12 @@ impl Envoy {
         std::fs::read_to_string(self.dir.join("envoy.log")).unwrap_or_default()
     }
 
+    /// Sends Envoy `signal`: SIGSTOP stalls it as a starved node would, SIGCONT resumes it.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: a signal to our own child, not yet reaped.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
     /// Ends Envoy at once, as a crash or an OOM kill would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
