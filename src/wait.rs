@@ -44,9 +44,10 @@ pub const APP_GONE: Duration = Duration::from_secs(1);
 /// socket table only, which costs Envoy nothing.
 pub const RECHECK: Duration = Duration::from_millis(100);
 
-/// Where the source tells arrivals (/clusters' request counters), how long `run` also wants none
-/// to have arrived: a count at zero between two requests says nothing while they still come,
-/// even one every second or two, and ending then stops the proxy under the next one.
+/// Where the source tells arrivals (/clusters' request counters) and some were seen during the
+/// wait, how long `run` also wants none to have arrived: a count at zero between two requests
+/// says nothing while they still come, even one every second or two, and ending then stops the
+/// proxy under the next one.
 pub const ARRIVALS_QUIET: Duration = Duration::from_secs(2);
 
 /// Two counts start at least this many times the last one's time apart, so that counting takes
@@ -240,6 +241,7 @@ fn count(
     let drain_done = drain_done(rules, drained_at);
     let mut low_since: Option<Duration> = None;
     let mut counted = false;
+    let mut arriving = false;
     // The last count's time: a count meant to end at a given moment starts this long before it.
     let mut lead = Duration::ZERO;
     let mut next_count = Duration::ZERO;
@@ -270,10 +272,11 @@ fn count(
                 Until::AtMost(n) => tick.count.is_some_and(|c| c <= n),
                 Until::Quiet => known,
             };
-            // Where arrivals are known, `run` also wants them to have stopped for a while: the
-            // count touches zero between two requests, however slowly they come.
+            // Once requests have been seen arriving, `run` also wants them to have stopped for a
+            // while: the count touches zero between two requests, however slowly they come.
+            arriving |= seen.arrived;
             let settle = match rules.until {
-                Until::AtMost(_) if tick.arrivals != Arrivals::Unknown => {
+                Until::AtMost(_) if arriving && tick.arrivals != Arrivals::Unknown => {
                     rules.settle.max(ARRIVALS_QUIET)
                 }
                 _ => rules.settle,
