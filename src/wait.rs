@@ -44,10 +44,9 @@ pub const APP_GONE: Duration = Duration::from_secs(1);
 /// socket table only, which costs Envoy nothing.
 pub const RECHECK: Duration = Duration::from_millis(100);
 
-/// Where the source tells arrivals (/clusters' request counters) and some were seen during the
-/// wait, how long `run` also wants none to have arrived: a count at zero between two requests
-/// says nothing while they still come, even one every second or two, and ending then stops the
-/// proxy under the next one.
+/// Where the source tells arrivals (/clusters' request counters), how long after the last one
+/// seen `run` waits at least: a count at zero between two requests says nothing while they still
+/// come, even one every second or two, and ending then stops the proxy under the next one.
 pub const ARRIVALS_QUIET: Duration = Duration::from_secs(2);
 
 /// Two counts start at least this many times the last one's time apart, so that counting takes
@@ -241,7 +240,13 @@ fn count(
     let drain_done = drain_done(rules, drained_at);
     let mut low_since: Option<Duration> = None;
     let mut counted = false;
-    let mut arriving = false;
+    // The end of the last count that saw a request arrive: the quiet time after arrivals counts
+    // from it (the request came before that count ended).
+    let mut arrived_at: Option<Duration> = None;
+    let after_arrival = match rules.until {
+        Until::AtMost(_) => ARRIVALS_QUIET,
+        Until::Quiet => rules.settle,
+    };
     // The last count's time: a count meant to end at a given moment starts this long before it.
     let mut lead = Duration::ZERO;
     let mut next_count = Duration::ZERO;
@@ -272,22 +277,13 @@ fn count(
                 Until::AtMost(n) => tick.count.is_some_and(|c| c <= n),
                 Until::Quiet => known,
             };
-            // Once requests have been seen arriving, `run` also wants them to have stopped for a
-            // while: the count touches zero between two requests, however slowly they come.
-            arriving |= seen.arrived;
-            let settle = match rules.until {
-                Until::AtMost(_) if arriving && tick.arrivals != Arrivals::Unknown => {
-                    rules.settle.max(ARRIVALS_QUIET)
-                }
-                _ => rules.settle,
-            };
-            match (low, seen.arrived) {
-                (false, _) => low_since = None,
-                // The last arrival came before this look ended: the quiet time starts again here.
-                (true, true) => low_since = Some(now),
-                (true, false) => {
-                    low_since.get_or_insert(now);
-                }
+            if seen.arrived {
+                arrived_at = Some(now);
+            }
+            if low {
+                low_since.get_or_insert(now);
+            } else {
+                low_since = None;
             }
             let cost = tick.cost.look;
             let pause = pause(rules.interval, cost);
@@ -295,7 +291,11 @@ fn count(
             let ahead = std::mem::replace(&mut lead, cost).max(cost);
             if let Some(since) = low_since {
                 // Saturating: durations up to u64::MAX seconds parse, and must not overflow.
-                let done_at = drain_done.max(since.saturating_add(settle));
+                let quiet_until =
+                    arrived_at.map_or(Duration::ZERO, |t| t.saturating_add(after_arrival));
+                let done_at = drain_done
+                    .max(since.saturating_add(rules.settle))
+                    .max(quiet_until);
                 if now >= done_at {
                     return Outcome::Reached;
                 }
@@ -304,7 +304,8 @@ fn count(
                 // 50,000 clusters, seconds of Envoy's main thread). The settle time needs a count
                 // after the one that began it.
                 let decides = started.saturating_add(ahead) >= done_at
-                    && (settle.is_zero() || since <= started);
+                    && (rules.settle.is_zero() || since <= started)
+                    && arrived_at.is_none_or(|t| t <= started);
                 if decides && done_at <= rules.deadline {
                     clock.sleep(done_at - now);
                     return Outcome::Reached;
@@ -1124,5 +1125,23 @@ mod tests {
             "{:?}",
             now.get()
         );
+    }
+
+    #[test]
+    fn arrivals_long_over_never_delay_the_end_when_the_count_reaches_zero() {
+        // Short requests until 2 s, long ones in flight until 8.3 s: the quiet time after the
+        // last arrival was over long before, and the count at zero ends the wait at once.
+        let now = Cell::new(ms(0));
+        let (end, _) = wait_with(&rules(), ms(0), &now, |_, _| {
+            let t = now.get();
+            now.set(t + ms(10));
+            Tick {
+                count: Some(if t < ms(8300) { 3 } else { 0 }),
+                arrivals: Arrivals::Requests(t.min(ms(2000)).as_millis() as u64 / 100),
+                ..Tick::default()
+            }
+        });
+        assert_eq!(end.outcome, Outcome::Reached);
+        assert_eq!(now.get(), ms(8510), "the first count at zero");
     }
 }

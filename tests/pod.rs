@@ -603,9 +603,10 @@ fn an_app_that_has_exited_ends_the_wait_though_a_client_still_holds_a_connection
             source(stats)
         );
         assert!(out.last_line().contains(&want), "{stats:?} {out}");
-        // Its sockets must stay gone for a second (APP_GONE) before it counts as exited.
+        // Its sockets must stay gone for a second (APP_GONE) before it counts as exited; then
+        // it ends, long before its 25 s deadline (a generous bound: the machine is shared).
         assert!(
-            out.ended >= exited + SECOND && out.ended - exited < SECOND + INTERVAL + MARGIN,
+            out.ended >= exited + SECOND && out.ended - exited < 3 * SECOND,
             "{stats:?}: ended a second after the app exited {out}"
         );
         drop(idle);
