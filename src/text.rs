@@ -887,40 +887,26 @@ mod tests {
 
     #[test]
     fn a_deadline_that_arrivals_held_says_so() {
-        let zero = Count::requests(vec![], vec![]);
-        let mut p = progress(
-            Some(Count::of(
-                SourceKind::Clusters,
-                Unit::Requests,
-                vec![],
-                vec![],
-            )),
-            None,
-        );
+        let at_deadline = |p: &Progress| {
+            summary(
+                Outcome::Deadline,
+                Duration::from_secs(25),
+                &RULES,
+                p,
+                (0, None),
+            )
+        };
+        let zero = Count::of(SourceKind::Clusters, Unit::Requests, vec![], vec![]);
+        let mut p = progress(Some(zero), None);
         p.arrived_at = Some(Duration::from_millis(24_600));
-        let line = summary(
-            Outcome::Deadline,
-            Duration::from_secs(25),
-            &RULES,
-            &p,
-            (0, None),
-        );
         assert_eq!(
-            line,
+            at_deadline(&p),
             "deadline of 25s passed after 25.0s with 0 active requests (clusters) still open, and \
              new requests still arriving"
         );
         // Long ago: they stopped, and something else held the count.
         p.arrived_at = Some(Duration::from_secs(3));
-        p.last = Some(zero);
-        let line = summary(
-            Outcome::Deadline,
-            Duration::from_secs(25),
-            &RULES,
-            &p,
-            (0, None),
-        );
-        assert!(!line.contains("arriving"), "{line}");
+        assert!(!at_deadline(&p).contains("arriving"), "{}", at_deadline(&p));
     }
 
     #[test]

@@ -226,42 +226,24 @@ fn hold_refuses_a_gateway_and_a_zero_quiet_time_in_one_line() {
 fn the_log_file_gets_every_line_and_a_bad_or_full_one_is_only_a_warning() {
     let dir = one_open_connection("cli-logfile");
     let log = dir.join("hook.log");
-    let out = run(watch_table(
-        &dir,
-        &[
+    let logging_to = |file: &std::path::Path| {
+        let file = file.to_str().unwrap();
+        let args = [
             "--deadline",
             "300ms",
             "--min-drain",
             "0s",
             "--log-file",
-            log.to_str().unwrap(),
-        ],
-    ));
+            file,
+        ];
+        run(watch_table(&dir, &args))
+    };
+    let out = logging_to(&log);
     let written = std::fs::read_to_string(&log).unwrap();
     // A full disk: every line fails there, and the summary, on stderr, says why.
-    let full = run(watch_table(
-        &dir,
-        &[
-            "--deadline",
-            "300ms",
-            "--min-drain",
-            "0s",
-            "--log-file",
-            "/dev/full",
-        ],
-    ));
+    let full = logging_to(std::path::Path::new("/dev/full"));
     let missing = dir.join("no/such/dir.log");
-    let bad = run(watch_table(
-        &dir,
-        &[
-            "--deadline",
-            "300ms",
-            "--min-drain",
-            "0s",
-            "--log-file",
-            missing.to_str().unwrap(),
-        ],
-    ));
+    let bad = logging_to(&missing);
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(out.code, Some(1), "{out}");
     assert_eq!(
