@@ -2,7 +2,7 @@
 //! checked configuration (config, lists, and preset for each proxy's defaults); the sources (source/: the admin client, the parsers of
 //! Envoy's stats and /clusters, the socket table read over netlink or as text and the rule that
 //! counts it, and the one decision between them) make a count (count); the wait (wait) turns
-//! counts and time into an outcome (outcome); text words all of it; run, status and install are
+//! counts and time into an outcome (outcome); text words all of it; run (and hold), status and install are
 //! the commands; log, signals and error serve them. The binary is src/main.rs; the fuzz targets in
 //! fuzz/ call the parsers directly.
 

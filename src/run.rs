@@ -1,6 +1,7 @@
-//! The `run` and `hold` commands wire the parts: its configuration, the report (the log, shared with the
-//! signal thread), the requests before the wait, the wait with the sources it looks through, the
-//! request after it, and the summary. The rules are wait.rs's, the lines report.rs's.
+//! The `run` and `hold` commands wire the parts: their configuration, the report (the log,
+//! shared with the signal thread), the requests before the wait, the wait with the sources it
+//! looks through, the request after it, and the summary. The rules are wait.rs's, the lines
+//! report.rs's.
 
 use crate::cli::{HoldArgs, RunArgs, usage_error};
 use crate::config::{self, RunConfig};
