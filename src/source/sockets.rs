@@ -361,8 +361,9 @@ const MAX_UNIX_TABLE: u64 = 16 << 20;
 
 /// The inode of the listening Unix socket bound to `path`, from `table` (`/proc/net/unix`: `Num
 /// RefCount Protocol Flags Type St Inode Path`, where a listening socket's flags hold
-/// `__SO_ACCEPTCON`, 0x10000; net/unix/af_unix.c, `unix_seq_show`). `None` when no socket listens
-/// there.
+/// `__SO_ACCEPTCON`, 0x10000; net/unix/af_unix.c, `unix_seq_show`). The path shown is the one
+/// the socket was bound to: `path` names it also through a symlink or another spelling, when
+/// both lead to the same file. `None` when no socket listens there.
 fn unix_listener(table: &Path, path: &Path) -> std::io::Result<Option<u64>> {
     const ACCEPTCON: u32 = 0x10000;
     let mut text = String::new();
@@ -370,17 +371,33 @@ fn unix_listener(table: &Path, path: &Path) -> std::io::Result<Option<u64>> {
         .take(MAX_UNIX_TABLE)
         .read_to_string(&mut text)?;
     let wanted = path.as_os_str().to_string_lossy();
+    let file = |p: &Path| fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let target = file(path);
     for line in text.lines().skip(1) {
-        let fields: Vec<&str> = line.split_ascii_whitespace().collect();
-        let [_, _, _, flags, _, _, inode, name, ..] = fields[..] else {
+        let Some((flags, inode, name)) = unix_line(line) else {
             continue;
         };
-        let listening = u32::from_str_radix(flags, 16).is_ok_and(|f| f & ACCEPTCON != 0);
-        if listening && name == wanted {
-            return Ok(inode.parse().ok());
+        let same = name == wanted || (target.is_some() && file(Path::new(name)) == target);
+        if flags & ACCEPTCON != 0 && same {
+            return Ok(Some(inode));
         }
     }
     Ok(None)
+}
+
+/// A line of `/proc/net/unix` as its flags, inode and path. The kernel prints the path as bound,
+/// after one space and spaces included, so it is the rest of the line, not a field.
+fn unix_line(line: &str) -> Option<(u32, u64, &str)> {
+    let mut fields = [""; 7];
+    let mut rest = line;
+    for field in &mut fields {
+        rest = rest.trim_start_matches(' ');
+        let end = rest.find(' ').unwrap_or(rest.len());
+        (*field, rest) = rest.split_at(end);
+    }
+    let path = rest.strip_prefix(' ').filter(|p| !p.is_empty())?;
+    let flags = u32::from_str_radix(fields[3], 16).ok()?;
+    Some((flags, fields[6].parse().ok()?, path))
 }
 
 /// The socket inodes a process holds, sorted.
@@ -458,6 +475,35 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
     use std::os::fd::AsRawFd;
+
+    /// The kernel shows a socket's path as it was bound, spaces and all; the flag names it also
+    /// through a symlink.
+    #[test]
+    fn a_listening_unix_socket_is_found_with_a_space_in_its_path_and_through_a_symlink() {
+        let dir = std::env::temp_dir().join(format!("envoy-drain unix {}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let bound = dir.join("admin sock");
+        let listener = std::os::unix::net::UnixListener::bind(&bound).unwrap();
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&bound, &link).unwrap();
+        let table = Path::new("/proc/net/unix");
+        let (by_name, by_link) = (unix_listener(table, &bound), unix_listener(table, &link));
+        let nothing = unix_listener(table, &dir.join("nothing"));
+        let inode = fs::read_link(format!("/proc/self/fd/{}", listener.as_raw_fd())).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+        let inode = inode.to_str().unwrap();
+        let inode: u64 = inode["socket:[".len()..inode.len() - 1].parse().unwrap();
+        assert_eq!(by_name.unwrap(), Some(inode));
+        assert_eq!(by_link.unwrap(), Some(inode));
+        assert_eq!(nothing.unwrap(), None);
+        let line = "0000000062cb94f9: 00000002 00000000 00010000 0001 01 31337 /run/a b";
+        assert_eq!(unix_line(line), Some((0x10000, 31337, "/run/a b")));
+        assert_eq!(
+            unix_line("0000000062cb94f9: 00000003 00000000 00000000 0001 03  1140"),
+            None
+        );
+    }
 
     /// This process's own listening socket is found as its own, with every socket it holds.
     #[test]
