@@ -81,9 +81,12 @@ pub enum Basis {
         admin: String,
         why: String,
     },
-    /// Nothing listens on the admin address: any listener's connections count, which may hold
-    /// more than Envoy's.
-    Unknown { admin: String },
+    /// Nothing listens on the admin address, or what does is not taken as Envoy (`not_envoy`
+    /// says why): any listener's connections count, which may hold more than Envoy's.
+    Unknown {
+        admin: String,
+        not_envoy: Option<String>,
+    },
 }
 
 impl Count {

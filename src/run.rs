@@ -58,32 +58,30 @@ fn wait_out(cfg: &RunConfig, start: Instant) -> i32 {
     }
     let mut clock = RealClock(start);
     let mut sources = Sources::new(&cfg.counting);
-    let (admin, agent) = (
-        Client::new(cfg.counting.admin.clone()),
-        Client::new(cfg.agent),
-    );
-    let client = |r: Request| if r.to_agent() { &agent } else { &admin };
+    // Envoy's requests go through the sources' client: an answer that is not Envoy's tells the
+    // socket table, too, not to take what listens there as Envoy.
+    let agent = Client::new(cfg.agent);
     // Whether the request got an answer (any status: one that refuses it is not sent again).
     // Sent again, only its answer is told: the failure was, once.
-    let send = |r: Request, again: bool| {
+    let send = |s: &Sources, r: Request, again: bool| {
         let left = cfg.rules.deadline.saturating_sub(start.elapsed());
-        let (url, answer) = (client(r).url(r.path()), client(r).post(r.path(), left));
+        let client = to(r, s, &agent);
+        let (url, answer) = (client.url(r.path()), client.post(r.path(), left));
         if !again || answer.is_ok() {
             report.posted(r, &url, &answer);
         }
         answer.is_ok()
     };
-    let post = |r: Request| send(r, false);
-    let resend = |r: Request| send(r, true);
+    let resend = |s: &Sources, r: Request| send(s, r, true);
     let urls: Vec<(Request, String)> = cfg
         .before
         .iter()
-        .map(|&r| (r, client(r).url(r.path())))
+        .map(|&r| (r, to(r, &sources, &agent).url(r.path())))
         .collect();
     report.line(Level::Info, &text::start_line(cfg, &sources, &urls));
     let mut unsent = Vec::new();
     for &r in &cfg.before {
-        if !post(r) {
+        if !send(&sources, r, false) {
             unsent.push(r);
         }
     }
@@ -104,7 +102,7 @@ fn wait_out(cfg: &RunConfig, start: Instant) -> i32 {
     }
     match end.quit {
         Quit::Yes => {
-            post(Request::Quit);
+            send(&sources, Request::Quit, false);
         }
         Quit::AppNotSeen => report.line(Level::Warn, text::APP_NOT_SEEN),
         Quit::AppStillThere => {
@@ -115,6 +113,11 @@ fn wait_out(cfg: &RunConfig, start: Instant) -> i32 {
     }
     report.finish(end.outcome);
     end.outcome.exit_code()
+}
+
+/// Where request `r` goes: Istio's agent, or Envoy's admin API.
+fn to<'a>(r: Request, sources: &'a Sources, agent: &'a Client) -> &'a Client {
+    if r.to_agent() { agent } else { &sources.admin }
 }
 
 /// `run` with the kill switch set: one line, and done.
@@ -140,7 +143,7 @@ struct Hook<'a> {
     /// Requests before the wait that got no answer (Envoy stalled, restarting): sent again before
     /// each count until one comes, so that keep-alive clients still get `connection: close`.
     unsent: Vec<Request>,
-    resend: &'a dyn Fn(Request) -> bool,
+    resend: &'a dyn Fn(&Sources, Request) -> bool,
     sources: &'a mut Sources,
     watch: Watch<'a>,
     start: Instant,
@@ -155,8 +158,8 @@ impl Looks for Hook<'_> {
         let resent = Instant::now();
         // Never at the cost of the count's own time before the deadline.
         if ask == Ask::Count && left >= REQUEST_TIMEOUT.saturating_mul(2) {
-            let resend = self.resend;
-            self.unsent.retain(|&r| !resend(r));
+            let (resend, sources) = (self.resend, &*self.sources);
+            self.unsent.retain(|&r| !resend(sources, r));
         }
         let left = left.saturating_sub(resent.elapsed());
         // Timed after those: a request sent again is not part of what the count costs Envoy.

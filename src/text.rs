@@ -127,10 +127,16 @@ pub fn basis(b: &Basis) -> (String, bool) {
             ),
             false,
         ),
-        Basis::Unknown { admin } => (
+        Basis::Unknown { admin, not_envoy } => (
             format!(
-                "nothing listens on Envoy's admin address {admin}, so Envoy's sockets cannot be \
-                 told apart: counting what any listener of the pod accepted"
+                "{}, so Envoy's sockets cannot be told apart: counting what any listener of the \
+                 pod accepted",
+                match not_envoy {
+                    None => format!("nothing listens on Envoy's admin address {admin}"),
+                    Some(why) => format!(
+                        "what listens on Envoy's admin address {admin} is not taken as Envoy ({why})"
+                    ),
+                }
             ),
             true,
         ),

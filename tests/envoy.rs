@@ -1005,3 +1005,113 @@ fn a_drain_that_got_no_answer_is_sent_again_so_keep_alive_clients_still_hear_con
         );
     });
 }
+
+/// A server on a Unix socket that answers every request `200 hello, world`, as anything but Envoy
+/// would: no `server: envoy` header.
+struct Impostor {
+    path: PathBuf,
+    server: Option<std::thread::JoinHandle<()>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Impostor {
+    fn start(dir: &Path) -> Impostor {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).unwrap();
+        let path = dir.join("admin.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = std::sync::Arc::clone(&stop);
+        let server = std::thread::spawn(move || {
+            // At most one connection a count for a minute; `drop` wakes the accept to stop it.
+            for conn in listener.incoming().take(1000) {
+                let Ok(mut conn) = conn else { continue };
+                if stopped.load(Ordering::SeqCst) {
+                    return;
+                }
+                conn.set_read_timeout(Some(SECOND)).unwrap();
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
+                    match conn.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => break,
+                    }
+                }
+                let _ =
+                    conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\nhello, world");
+            }
+        });
+        Impostor {
+            path,
+            server: Some(server),
+            stop,
+        }
+    }
+}
+
+impl Drop for Impostor {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = std::os::unix::net::UnixStream::connect(&self.path);
+        if let Some(server) = self.server.take() {
+            let _ = server.join();
+        }
+        if let Some(dir) = self.path.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
+fn what_answers_on_the_admin_socket_unlike_envoy_is_never_taken_for_envoy() {
+    // An impostor of Envoy's user on the socket `--admin` names, Envoy on its TCP port with a
+    // request in flight: the impostor holds none of Envoy's connections, so taking it for Envoy
+    // counted 0 and ended the wait under the request.
+    scenario(|bin| {
+        let app = App::start(APP, true);
+        let _envoy = start(&bin);
+        let dir = std::env::temp_dir().join(format!("envoy-drain-impostor-{}", std::process::id()));
+        let impostor = Impostor::start(&dir);
+        let admin = format!("unix:{}", impostor.path.display());
+        let request = in_flight(INBOUND, "/delay/2");
+        app.wait_received(1, 10 * SECOND);
+        let out = run(command(&[
+            "run",
+            "--admin",
+            &admin,
+            "--min-drain",
+            "0s",
+            "--interval",
+            "100ms",
+            "--deadline",
+            "10s",
+        ]));
+        drop(impostor);
+        let answered = app.wait_answered(10 * SECOND);
+        let (resp, _) = request.join().unwrap().expect("the request completes");
+        assert_eq!(resp.status, 200, "{resp:?}");
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(
+            out.ended >= answered,
+            "ended while the request was in flight {out}"
+        );
+        assert!(
+            out.stderr.contains("failed to drain listeners")
+                && out
+                    .stderr
+                    .contains("answered 200 without Envoy's 'server: envoy' header"),
+            "{out}"
+        );
+        assert!(
+            out.stderr.contains(&format!(
+                "what listens on Envoy's admin address {admin} is not taken as Envoy (answered \
+                 200 without Envoy's 'server: envoy' header)"
+            )),
+            "{out}"
+        );
+    });
+}

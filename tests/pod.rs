@@ -613,3 +613,54 @@ fn an_app_that_has_exited_ends_the_wait_though_a_client_still_holds_a_connection
         drop(idle);
     }
 }
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
+fn an_admin_socket_the_proxys_user_may_not_open_is_not_taken_for_an_envoy_with_nothing_open() {
+    // Root's socket, mode 0600, where `--admin` points: the hook (the proxy's user) may not open
+    // it. Its owner taken as the proxy's user made Envoy's own connections nobody's, and the
+    // wait ended under a request in flight.
+    use std::os::unix::fs::PermissionsExt;
+    let mut pod = pod(Capture::Redirect, Stats::ExitOnZero, "serve");
+    let dir = std::env::temp_dir().join(format!("envoy-drain-root-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("admin.sock");
+    let listener = pod.inside(|| std::os::unix::net::UnixListener::bind(&path).unwrap());
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let admin = format!("unix:{}", path.display());
+    warm_up(&pod);
+    let request = pod.client(|| in_flight(APP, "/local/2"));
+    pod.app_event("received /local/2", 10 * SECOND);
+    let hook = delete(
+        &pod,
+        &[
+            "run",
+            "--admin",
+            &admin,
+            "--min-drain",
+            "0s",
+            "--interval",
+            "200ms",
+            "--deadline",
+            "6s",
+        ],
+    );
+    let answered = request.join().unwrap().map(|(resp, at)| (resp.status, at));
+    let out = hook.finish();
+    drop(listener);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let (status, answered) = answered.expect("the request completes");
+    assert_eq!(status, 200, "{out}");
+    assert!(
+        out.ended >= answered,
+        "ended while the request was in flight {out}"
+    );
+    assert!(
+        out.stderr.contains(&format!(
+            "what listens on Envoy's admin address {admin} is not taken as Envoy (permission \
+             denied)"
+        )),
+        "{out}"
+    );
+}

@@ -8,6 +8,7 @@
 use crate::config::Address;
 use crate::error::{Failure, io_cause, shorten};
 use crate::source::uds::UnixConnector;
+use std::cell::RefCell;
 use std::io::{ErrorKind, Read};
 use std::time::Duration;
 use ureq::http::Response;
@@ -49,9 +50,27 @@ impl Reply {
 pub struct Client {
     address: Address,
     agent: Agent,
+    /// Whether only Envoy may answer (`Client::envoy`).
+    envoy: bool,
+    /// Why what listens at the address is not taken as Envoy, as the last answer said.
+    not_envoy: RefCell<Option<String>>,
 }
 
+/// What Envoy's admin API puts in every answer's head, whatever its configuration: the admin's
+/// HTTP connection manager overwrites the `server` header with Envoy's own name
+/// (source/server/admin/admin.h, `serverName` and `serverHeaderTransformation`).
+const ENVOY_SERVER: &str = "envoy";
+
 impl Client {
+    /// A client for Envoy's admin API: an answer without Envoy's `server: envoy` header is a
+    /// failure, as is a socket that refuses to be opened (`not_envoy` says which).
+    pub fn envoy(address: impl Into<Address>) -> Client {
+        Client {
+            envoy: true,
+            ..Client::new(address)
+        }
+    }
+
     pub fn new(address: impl Into<Address>) -> Client {
         let address = address.into();
         let config = Agent::config_builder()
@@ -74,7 +93,19 @@ impl Client {
                 DefaultResolver::default(),
             ),
         };
-        Client { address, agent }
+        Client {
+            address,
+            agent,
+            envoy: false,
+            not_envoy: RefCell::new(None),
+        }
+    }
+
+    /// Why what listens at the admin address is not Envoy, as the last request found: it answered
+    /// without Envoy's header, or its socket may not be opened (a root-owned 0600 socket). `None`
+    /// once Envoy answers, and while nothing answers at all (a stalled or stopped Envoy).
+    pub fn not_envoy(&self) -> Option<String> {
+        self.not_envoy.borrow().clone()
     }
 
     /// What a request goes to, as the log names it: `http://127.0.0.1:15000/stats`, or
@@ -148,9 +179,33 @@ impl Client {
             let request = self.agent.get(&url).config();
             request.timeout_global(Some(timeout)).build().call()
         };
-        answer
-            .map(|a| (a, timeout))
-            .map_err(|e| cause(e, timeout, BODY_LIMIT))
+        let answer = answer.map_err(|e| {
+            if let ureq::Error::Io(io) = &e
+                && io.kind() == ErrorKind::PermissionDenied
+            {
+                self.said(Some(io_cause(io)));
+            }
+            cause(e, timeout, BODY_LIMIT)
+        })?;
+        if self.envoy {
+            let server = answer.headers().get("server").map(|v| v.as_bytes());
+            if server != Some(ENVOY_SERVER.as_bytes()) {
+                let why = format!(
+                    "answered {} without Envoy's 'server: {ENVOY_SERVER}' header",
+                    answer.status().as_u16()
+                );
+                self.said(Some(why.clone()));
+                return Err(why);
+            }
+            self.said(None);
+        }
+        Ok((answer, timeout))
+    }
+
+    fn said(&self, why: Option<String>) {
+        if self.envoy {
+            *self.not_envoy.borrow_mut() = why;
+        }
     }
 }
 
@@ -265,6 +320,30 @@ mod tests {
             head
         });
         (Client::new(addr), handle)
+    }
+
+    /// Envoy's admin API names itself in every answer; what does not is not taken for it, and
+    /// Envoy's own answer is.
+    #[test]
+    fn an_answer_without_envoys_server_header_is_a_failure_that_says_so() {
+        let ask = |answer: &'static [u8]| {
+            let (plain, server) = serve(answer);
+            let client = Client {
+                envoy: true,
+                ..plain
+            };
+            let reply = client.get("/ready", Duration::from_secs(5));
+            server.join().unwrap();
+            (reply.map(|r| r.body), client.not_envoy())
+        };
+        let (reply, not_envoy) = ask(b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\nhello, world");
+        let why = "answered 200 without Envoy's 'server: envoy' header";
+        assert_eq!(reply.unwrap_err().cause, why);
+        assert_eq!(not_envoy.as_deref(), Some(why));
+        let (reply, not_envoy) =
+            ask(b"HTTP/1.1 200 OK\r\nserver: envoy\r\ncontent-length: 5\r\n\r\nLIVE\n");
+        assert_eq!(reply.unwrap(), b"LIVE\n");
+        assert_eq!(not_envoy, None);
     }
 
     fn get(answer: &'static [u8]) -> Result<Reply, String> {

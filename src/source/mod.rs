@@ -93,7 +93,7 @@ impl Sources {
         Sources {
             mode: c.mode,
             unit: c.unit,
-            admin: Client::new(c.admin.clone()),
+            admin: Client::envoy(c.admin.clone()),
             ignore: c.ignore.clone(),
             clusters: clusters::Rule {
                 preset: c.preset,
@@ -112,6 +112,12 @@ impl Sources {
     /// How long the last look waited on Envoy's admin API.
     pub fn admin_time(&self) -> Duration {
         self.admin_time
+    }
+
+    /// The socket table, told what the admin API's last answer said of who listens there.
+    fn table(&mut self) -> &mut SocketTable {
+        self.table.not_envoy(self.admin.not_envoy());
+        &mut self.table
     }
 
     /// Where the socket table is read from.
@@ -141,13 +147,13 @@ impl Sources {
             // `hold` runs before the app's SIGTERM: its sockets tell nothing then.
             return (reading, Err("not read while holding".to_string()));
         }
-        (reading, self.table.pod(until))
+        (reading, self.table().pod(until))
     }
 
     /// What the socket table says about the pod now, read within `left`.
     pub fn pod(&mut self, left: Duration) -> Result<Pod, String> {
         self.table.forget();
-        self.table.pod(within(left.max(PROC_GRACE)))
+        self.table().pod(within(left.max(PROC_GRACE)))
     }
 
     /// Counts by the configured mode and unit within `left`.
@@ -213,7 +219,7 @@ impl Sources {
             // A hung admin API may have used up the time left: the socket table still gets its
             // moment, which bounds how far past its deadline a run can end.
             let proc_until = until.max(Instant::now() + PROC_GRACE);
-            look.proc = Some(self.table.count(proc_until));
+            look.proc = Some(self.table().count(proc_until));
         }
         look
     }

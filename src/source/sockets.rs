@@ -42,6 +42,8 @@ pub struct SocketTable {
     proc_root: Result<PathBuf, String>,
     listeners: Listeners,
     envoy_pid: Option<u32>,
+    /// Why what holds the admin address is not taken as Envoy (`Client::not_envoy`).
+    not_envoy: Option<String>,
     /// What the last count's table said about the pod, until `pod` takes it.
     pod: Option<Pod>,
 }
@@ -76,8 +78,16 @@ impl SocketTable {
             admin,
             listeners: Listeners::default(),
             envoy_pid: None,
+            not_envoy: None,
             pod: None,
         }
+    }
+
+    /// Whether what holds the admin address may be taken as Envoy: `Some(why)` when the admin
+    /// API answered as something else or refused to be opened. Its holder's sockets and user
+    /// are then not Envoy's (an impostor's would count nothing; root's, nothing of Envoy's).
+    pub fn not_envoy(&mut self, why: Option<String>) {
+        self.not_envoy = why;
     }
 
     /// Where the sockets are read from.
@@ -179,7 +189,8 @@ impl SocketTable {
     ) -> (Envoy, Basis) {
         let admin = self.admin.to_string();
         let Some((uid, inode)) = admin_socket else {
-            return (Envoy::Unknown, Basis::Unknown { admin });
+            let not_envoy = self.not_envoy.clone();
+            return (Envoy::Unknown, Basis::Unknown { admin, not_envoy });
         };
         let found = match (&self.proc_root, inode) {
             (Ok(root), Some(inode)) => find_holder(root, inode, uid, self.envoy_pid, until),
@@ -203,8 +214,11 @@ impl SocketTable {
 
     /// The admin API's listening socket: its owner, and its inode when it can be read. On TCP it
     /// is in the listening sockets; a Unix socket is a file its creator owns, whose inode
-    /// `/proc/net/unix` shows. `None` when nothing listens there.
+    /// `/proc/net/unix` shows. `None` when nothing listens there, or what does is not Envoy.
     fn admin_socket(&self, listening: &Table) -> Option<(u32, Option<u64>)> {
+        if self.not_envoy.is_some() {
+            return None;
+        }
         match &self.admin {
             Address::Tcp(addr) => listening.listener(*addr).map(|s| (s.uid, Some(s.inode))),
             Address::Unix(path) => {
