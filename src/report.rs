@@ -144,7 +144,7 @@ impl<'a> Watch<'a> {
     /// Says when the time between counts changes by half or more, and why: counts took long,
     /// or are quick again.
     fn pace(&mut self, cost: Cost) {
-        let pace = wait::pause(self.cfg.rules.interval, cost.look);
+        let pace = wait::pause(self.cfg.rules.interval, cost.paced());
         let (low, high) = (
             self.pace.saturating_mul(2) / 3,
             self.pace.saturating_mul(3) / 2,
@@ -321,6 +321,7 @@ mod tests {
             let cost = Cost {
                 look: Duration::from_millis(ms),
                 admin: Duration::from_millis(ms / 2),
+                cpu: None,
             };
             (ok(count(SourceKind::Clusters, 1), None), cost)
         });

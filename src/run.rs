@@ -126,6 +126,17 @@ pub fn disabled(setting: &str) -> i32 {
     EXIT_REACHED
 }
 
+/// The CPU this process has used so far, all its threads.
+fn process_cpu() -> Option<Duration> {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: t is a valid timespec for the call to fill.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    (r == 0).then(|| Duration::new(t.tv_sec as u64, t.tv_nsec as u32))
+}
+
 struct RealClock(Instant);
 
 impl Clock for RealClock {
@@ -163,7 +174,7 @@ impl Looks for Hook<'_> {
         }
         let left = left.saturating_sub(resent.elapsed());
         // Timed after those: a request sent again is not part of what the count costs Envoy.
-        let asked = Instant::now();
+        let (asked, own) = (Instant::now(), process_cpu());
         let (reading, pod) = match ask {
             Ask::Count => {
                 let (reading, pod) = self.sources.tick(left);
@@ -171,9 +182,15 @@ impl Looks for Hook<'_> {
             }
             Ask::App | Ask::Exit => (None, self.sources.pod(left)),
         };
+        let spent = own
+            .zip(process_cpu())
+            .map(|(before, after)| after.saturating_sub(before));
         self.cost = Cost {
             look: asked.elapsed(),
             admin: self.sources.admin_time(),
+            cpu: spent
+                .zip(self.sources.envoy_cpu())
+                .map(|(own, envoy)| own + envoy),
         };
         let count = reading.as_ref().and_then(|r| r.result.as_ref().ok());
         let tick = Tick {

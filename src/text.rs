@@ -390,11 +390,14 @@ pub fn app_still_running(others: Option<&std::collections::BTreeMap<u32, u64>>) 
 
 /// The time between counts has changed with the time a count took.
 pub fn pace(pace: Duration, interval: Duration, cost: Cost) -> String {
-    let took = format!(
-        "{} ({} of it Envoy's answers)",
-        brief(cost.look),
-        brief(cost.admin)
-    );
+    let took = match cost.cpu {
+        Some(cpu) => format!("{} of CPU in {}", brief(cpu), brief(cost.look)),
+        None => format!(
+            "{} ({} of it Envoy's answers)",
+            brief(cost.look),
+            brief(cost.admin)
+        ),
+    };
     if pace == interval {
         format!(
             "counting every {} again: a count took {took}",

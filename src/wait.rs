@@ -55,11 +55,21 @@ pub const ARRIVALS_QUIET: Duration = Duration::from_secs(2);
 /// shares with Envoy (a preStop runs in its container).
 pub const PACE: u32 = 20;
 
-/// What one look took (which paces the next), and the part of it spent waiting on Envoy.
+/// What one look took, and the part of it spent waiting on Envoy; and, where it could be
+/// measured, the CPU it cost: the hook's own and Envoy's main thread's while it answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Cost {
     pub look: Duration,
     pub admin: Duration,
+    pub cpu: Option<Duration>,
+}
+
+impl Cost {
+    /// What paces the next count: the CPU the look cost, else its time. Time spent waiting on an
+    /// Envoy that does not run (stopped, starved) costs neither its main thread nor the pod.
+    pub fn paced(&self) -> Duration {
+        self.cpu.unwrap_or(self.look)
+    }
 }
 
 /// The time from the start of one count to the next: the interval, or more when a count took
@@ -286,7 +296,7 @@ fn count(
                 low_since = None;
             }
             let cost = tick.cost.look;
-            let pause = pause(rules.interval, cost);
+            let pause = pause(rules.interval, tick.cost.paced());
             next_count = started.saturating_add(pause);
             let ahead = std::mem::replace(&mut lead, cost).max(cost);
             if let Some(since) = low_since {
@@ -420,7 +430,7 @@ mod tests {
     fn cost(n: u64) -> Cost {
         Cost {
             look: ms(n),
-            admin: Duration::ZERO,
+            ..Cost::default()
         }
     }
 
@@ -564,6 +574,49 @@ mod tests {
     }
 
     #[test]
+    fn a_look_that_waited_on_a_stalled_envoy_but_cost_little_cpu_keeps_the_interval() {
+        let r = Rules {
+            min_drain: ms(0),
+            ..rules()
+        };
+        // Envoy stopped for 2 s: each look waits a second on it, and costs 10 ms of CPU.
+        let stalled = Tick {
+            count: Some(1),
+            cost: Cost {
+                look: ms(1000),
+                admin: ms(1000),
+                cpu: Some(ms(10)),
+            },
+            ..Tick::default()
+        };
+        let (o, end, at) = run_ticks(
+            &r,
+            &[(0, stalled), (2000, counted(1)), (4000, counted(0))],
+            ms(1000),
+        );
+        assert_eq!(o, Outcome::Reached);
+        assert_eq!(
+            &at[..3],
+            [0, 1000, 2000].map(ms),
+            "no pause after the stalled looks: {at:?}"
+        );
+        assert!(
+            end <= ms(5000),
+            "ended {end:?} after the count reached zero at 4 s: {at:?}"
+        );
+        // Measured CPU as long as the look paces as the look did.
+        let busy = Tick {
+            cost: Cost {
+                cpu: Some(ms(250)),
+                ..stalled.cost
+            },
+            ..stalled
+        };
+        let (_, _, at) = run_ticks(&r, &[(0, busy)], ms(1000));
+        assert_eq!(at[..2], [0, 5000].map(ms), "{at:?}");
+    }
+
+    #[test]
     fn slow_answers_space_the_counts_and_one_last_count_comes_before_the_deadline() {
         let r = Rules {
             min_drain: ms(0),
@@ -657,6 +710,7 @@ mod tests {
                     cost: Cost {
                         look: took,
                         admin: took,
+                        cpu: None,
                     },
                     ..Tick::default()
                 }

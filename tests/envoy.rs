@@ -1115,3 +1115,30 @@ fn what_answers_on_the_admin_socket_unlike_envoy_is_never_taken_for_envoy() {
         );
     });
 }
+
+#[test]
+#[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
+fn a_count_that_waited_on_a_stopped_envoy_does_not_space_the_counts() {
+    // The time a request waits on an Envoy that does not run is not its main thread's: pacing
+    // on it spaced the counts 20 s apart and held the hook long after the last response.
+    scenario(|bin| {
+        let app = App::start(APP, true);
+        let envoy = start(&bin);
+        let request = in_flight(INBOUND, "/delay/4");
+        app.wait_received(1, 10 * SECOND);
+        let mut hook = spawn(command(&["run", "--min-drain", "0s", "--deadline", "30s"]));
+        hook.expect_line("1 active connection (stats)", 5 * SECOND);
+        envoy.signal(libc::SIGSTOP);
+        hook.expect_line("stats unavailable", 5 * SECOND);
+        envoy.signal(libc::SIGCONT);
+        let (resp, answered) = request.join().unwrap().expect("the request completes");
+        assert_eq!(resp.status, 200, "{resp:?}");
+        let out = hook.finish();
+        assert_eq!(out.code, Some(0), "{out}");
+        let after = out.ended.saturating_duration_since(answered);
+        assert!(
+            out.ended >= answered && after < 2 * SECOND,
+            "ended {after:?} after the last response {out}"
+        );
+    });
+}

@@ -47,6 +47,15 @@ pub struct Look {
     pub proc: Option<Result<Count, String>>,
 }
 
+/// The CPU time thread `pid` of process `pid` (its main thread) has run, from
+/// `/proc/<pid>/task/<pid>/schedstat`, whose first field is it in nanoseconds (the kernel's
+/// Documentation/scheduler/sched-stats.rst, "/proc/<pid>/schedstat"; readable by anyone).
+fn main_thread_cpu(pid: u32) -> Option<Duration> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/schedstat")).ok()?;
+    let ns: u64 = text.split_ascii_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
 /// The least time the socket table is given, even at the deadline.
 const PROC_GRACE: Duration = Duration::from_millis(100);
 
@@ -74,6 +83,8 @@ pub struct Sources {
     /// How long the last look waited on Envoy's admin API: what the count cost Envoy's main
     /// thread, at most.
     admin_time: Duration,
+    /// What the last look's requests cost Envoy's main thread in CPU, where its process is known.
+    envoy_cpu: Option<Duration>,
     /// Why the stats gave no requests at the last count, whose requests came from /clusters:
     /// the next count asks /clusters first, and the stats only when it fails. Envoy's stats
     /// matcher is fixed when it starts, and at 10,000 clusters a filtered /stats answer costs
@@ -104,6 +115,7 @@ impl Sources {
             arrived: clusters::Arrived::default(),
             table: SocketTable::new(c.proc_net.as_deref(), c.filter(), c.admin.clone()),
             admin_time: Duration::ZERO,
+            envoy_cpu: None,
             clusters_first: None,
             stats_timeout: admin::REQUEST_TIMEOUT,
         }
@@ -112,6 +124,12 @@ impl Sources {
     /// How long the last look waited on Envoy's admin API.
     pub fn admin_time(&self) -> Duration {
         self.admin_time
+    }
+
+    /// The CPU Envoy's main thread ran while the last look's requests waited on it, where its
+    /// process is known: what the count cost it, though a stalled Envoy kept the requests long.
+    pub fn envoy_cpu(&self) -> Option<Duration> {
+        self.envoy_cpu
     }
 
     /// The socket table, told what the admin API's last answer said of who listens there.
@@ -167,11 +185,16 @@ impl Sources {
     pub fn look(&mut self, left: Duration, every: bool) -> Look {
         let until = within(left);
         let admin = self.mode != Mode::Proc;
-        let asked = Instant::now();
+        // Found once, before the requests are timed: Envoy's main thread is its process's first.
+        let envoy = admin.then(|| self.table().envoy_pid(until)).flatten();
+        let envoy_cpu = move || envoy.and_then(main_thread_cpu);
+        let (asked, cpu) = (Instant::now(), envoy_cpu());
+        let spent = move || cpu.zip(envoy_cpu()).map(|(b, a)| a.saturating_sub(b));
         if self.clusters.inbound {
             // `hold`: only /clusters counts what arrives at the app.
             let clusters = Some(self.clusters(until));
             self.admin_time = asked.elapsed();
+            self.envoy_cpu = spent();
             return Look {
                 stats: None,
                 clusters,
@@ -215,6 +238,7 @@ impl Sources {
             _ => None,
         };
         self.admin_time = asked.elapsed();
+        self.envoy_cpu = spent();
         if self.mode != Mode::Stats && (every || decide(&look).result.is_err()) {
             // A hung admin API may have used up the time left: the socket table still gets its
             // moment, which bounds how far past its deadline a run can end.

@@ -129,6 +129,17 @@ impl SocketTable {
         Ok(count)
     }
 
+    /// Envoy's process, as the last count found it, else looked up now (the admin listener's
+    /// holder); `None` where that cannot be read (`hold`, in the app's container).
+    pub fn envoy_pid(&mut self, until: Instant) -> Option<u32> {
+        if self.envoy_pid.is_none() {
+            let (listening, _) = self.read_listening(until).ok()?;
+            let admin = self.admin_socket(&listening);
+            self.envoy(admin, until);
+        }
+        self.envoy_pid
+    }
+
     /// What the pod holds besides the count, read before `until`: the count's own sockets when
     /// `count` has just read them, else a fresh read (the owners alone: whose sockets are the
     /// app's needs no search for Envoy's process).
