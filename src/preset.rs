@@ -8,6 +8,12 @@
 use crate::drain::Drain;
 use crate::lists::{ISTIO_INFRA_PORTS, matches};
 
+/// The port the sidecars' capture sends the app's outbound connections to: Istio's
+/// (istio-iptables, `ProxyPort` 15001), Kuma's transparent proxy's (kumactl's `--redirect-outbound-port`
+/// default) and Consul's (`TransparentProxy.OutboundListenerPort` default). Connections Envoy
+/// accepted there are the app's calls out, never arrivals at the app.
+pub const OUTBOUND_CAPTURE: u16 = 15001;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Preset {
     pub name: &'static str,

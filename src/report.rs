@@ -217,6 +217,7 @@ impl<'a> Watch<'a> {
                 self.cfg.counting.unit,
                 proc,
                 self.source.is_some(),
+                self.cfg.rules.until == Until::Quiet,
             )
         {
             log.line(if warn { Level::Warn } else { Level::Info }, &line);

@@ -3,7 +3,7 @@
 //! code hands data here; a change of wording is one edit in this file.
 
 use crate::config::{Mode, Rules, RunConfig, Until};
-use crate::count::{Basis, Count, NON_HTTP, SourceKind, Unit};
+use crate::count::{Arrivals, Basis, Count, NON_HTTP, SourceKind, Unit};
 use crate::drain::Request;
 use crate::error::Failure;
 use crate::outcome::{Outcome, Progress};
@@ -284,9 +284,9 @@ pub fn count_line(
             seconds(cfg.rules.deadline.saturating_sub(now))
         )
     };
-    // Only /clusters' request counter tells arrivals apart.
     let arriving = match (arriving, hold) {
         (true, _) => ", and new requests still arriving",
+        (false, true) if count.arrivals == Arrivals::Unknown => ", and arrivals unknown",
         (false, true) => ", and no new request",
         (false, false) => "",
     };
@@ -305,8 +305,23 @@ pub fn switched(
     wanted: Unit,
     proc: &Reader,
     returning: bool,
+    holding: bool,
 ) -> Option<(String, bool)> {
     match (count.source, &reading.fallback) {
+        // `hold`, whose one source is /clusters.
+        (SourceKind::Proc, Some(why)) if holding => Some((
+            format!(
+                "{why}; reading arrivals from {} instead{}",
+                reader(proc),
+                match proc {
+                    Reader::Netlink => {
+                        ": new connections accepted in the pod, and the bytes each received"
+                    }
+                    Reader::Text { .. } => ", which shows no bytes received",
+                }
+            ),
+            true,
+        )),
         (SourceKind::Proc, Some(why)) => Some((
             format!(
                 "stats unavailable ({why}); counting {}from {} instead",
@@ -486,7 +501,11 @@ pub fn summary(
         Outcome::NothingCounted => format!(
             "deadline of {} passed after {took} and nothing could be counted: {}",
             humantime::format_duration(deadline),
-            p.unknown.as_deref().unwrap_or("no source answered")
+            p.unknown.as_deref().unwrap_or(if hold {
+                "no source told what arrived"
+            } else {
+                "no source answered"
+            })
         ),
         Outcome::Interrupted(sig) => format!(
             "interrupted by {} after {took} with {counted}{open}{stale}",

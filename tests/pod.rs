@@ -664,3 +664,78 @@ fn an_admin_socket_the_proxys_user_may_not_open_is_not_taken_for_an_envoy_with_n
         "{out}"
     );
 }
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
+fn hold_tells_arrivals_from_the_socket_table_where_the_admin_api_cannot_answer() {
+    // The app container's `hold`, its admin API out of reach: requests every 200 ms for 3 s on
+    // one kept-alive connection (no new connection after the first), and the app's own calls
+    // out through the sidecar for 6 s, which never arrive at it.
+    let pod = pod(Capture::Redirect, Stats::IstioDefault, "serve");
+    warm_up(&pod);
+    let hold = spawn(pod.hook_as(
+        APP_UID,
+        APP_UID,
+        &[
+            "hold",
+            "--admin",
+            "127.0.0.1:1",
+            "--min",
+            "1s",
+            "--quiet",
+            "1s",
+            "--deadline",
+            "15s",
+        ],
+    ));
+    let mut hey = pod.as_app("hey");
+    hey.args([
+        "-z",
+        "6s",
+        "-c",
+        "1",
+        "-q",
+        "5",
+        "http://10.90.0.3:9080/local/0",
+    ]);
+    let calls_out = spawn(hey);
+    let last = pod.client(|| {
+        let mut conn = Conn::open(APP).expect("a connection to the pod");
+        let until = Instant::now() + 3 * SECOND;
+        let mut last = Instant::now();
+        // Bounded by time and by count.
+        for _ in 0..100 {
+            if Instant::now() >= until {
+                break;
+            }
+            last = Instant::now();
+            assert_eq!(conn.get("/local/0").expect("an answer").status, 200);
+            std::thread::sleep(SECOND / 5);
+        }
+        last
+    });
+    let out = hold.finish();
+    let hey = calls_out.finish();
+    assert!(
+        hey.stdout.contains("[200]"),
+        "the app's calls out were answered {hey}"
+    );
+    assert_eq!(out.code, Some(0), "{out}");
+    assert!(
+        out.ended >= last + SECOND && out.ended < last + 3 * SECOND,
+        "returned {:?} after the last request (quiet 1s) {out}",
+        out.ended.saturating_duration_since(last)
+    );
+    assert!(
+        out.stderr
+            .contains("reading arrivals from the kernel's socket table"),
+        "{out}"
+    );
+    assert!(
+        out.last_line().contains(": no request arrived for 1s, ")
+            && out
+                .last_line()
+                .contains(" (proc); the app gets its SIGTERM now"),
+        "{out}"
+    );
+}

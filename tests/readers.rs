@@ -353,3 +353,53 @@ fn where_netlink_is_refused_the_text_tables_count_and_the_log_says_so_once() {
         );
     });
 }
+
+#[test]
+#[ignore = "needs root (a network namespace): `bash scripts/test` runs it"]
+fn hold_that_cannot_read_arrivals_never_returns_early_exits_3_and_says_why() {
+    // Neither /clusters (a silent admin API, a backlog never accepted, and a refused one) nor
+    // the socket table can tell arrivals: the text tables, where netlink is refused, have no byte
+    // counts, and a connection is open whose requests they cannot see. Unknown is never quiet.
+    in_private_netns(|| {
+        let listener = TcpListener::bind("127.0.0.1:7031").unwrap();
+        let _pair = (
+            TcpStream::connect("127.0.0.1:7031").unwrap(),
+            listener.accept().unwrap(),
+        );
+        let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+        let refused = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        for admin in [silent.local_addr().unwrap(), refused] {
+            let mut cmd = command(&[
+                "hold",
+                "--admin",
+                &admin.to_string(),
+                "--min",
+                "0s",
+                "--quiet",
+                "500ms",
+                "--deadline",
+                "2s",
+            ]);
+            without_netlink(&mut cmd);
+            let out = run(cmd);
+            assert_eq!(out.code, Some(3), "{out}");
+            assert!(
+                out.elapsed >= Duration::from_secs(2)
+                    && out.elapsed < Duration::from_millis(2000 + 400),
+                "held to the deadline, not past it {out}"
+            );
+            assert!(
+                out.last_line().contains(
+                    "deadline of 2s passed after 2.0s and nothing could be counted: no source \
+                     told what arrived"
+                ) && out.stderr.contains(
+                    "reading arrivals from /proc/net/tcp and tcp6 instead, which shows no bytes received"
+                ),
+                "{out}"
+            );
+        }
+    });
+}

@@ -50,14 +50,25 @@ const DATAGRAM: usize = 32 * 1024;
 /// The most one dump may return: like the text reader's cap, about 900,000 sockets.
 const MAX_DUMP: usize = 128 << 20;
 
-/// The dump request for the sockets in `states`, sequence number `seq`.
-pub fn request(seq: u32, states: u32) -> [u8; HEADER + REQUEST] {
+/// The extension bit that asks for each socket's `struct tcp_info` (`1 << (INET_DIAG_INFO - 1)`,
+/// linux/inet_diag.h), and the attribute that carries it.
+const INFO_EXT: u8 = 1 << (INET_DIAG_INFO - 1);
+const INET_DIAG_INFO: u16 = 2;
+/// Where `tcpi_bytes_received` lies in `struct tcp_info` (linux/tcp.h; since Linux 4.1).
+const BYTES_RECEIVED: usize = 128;
+
+/// The dump request for the sockets in `states`, sequence number `seq`; with `info`, each
+/// socket's `tcp_info` too.
+pub fn request(seq: u32, states: u32, info: bool) -> [u8; HEADER + REQUEST] {
     let mut b = [0u8; HEADER + REQUEST];
     b[0..4].copy_from_slice(&((HEADER + REQUEST) as u32).to_ne_bytes());
     b[4..6].copy_from_slice(&TCPDIAG_GETSOCK.to_ne_bytes());
     b[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
     b[8..12].copy_from_slice(&seq.to_ne_bytes());
-    // Family, lengths, extensions and the socket id stay zero: a dump of everything.
+    // Family, lengths and the socket id stay zero: a dump of everything.
+    if info {
+        b[HEADER + 3] = INFO_EXT;
+    }
     b[HEADER + 52..HEADER + 56].copy_from_slice(&states.to_ne_bytes());
     b
 }
@@ -155,7 +166,24 @@ fn socket(body: &[u8]) -> Result<Socket, Bad> {
         state: m[1],
         uid: u32::from_ne_bytes([m[64], m[65], m[66], m[67]]),
         inode: u64::from(u32::from_ne_bytes([m[68], m[69], m[70], m[71]])),
+        received: bytes_received(&body[MESSAGE..]),
     })
+}
+
+/// `tcpi_bytes_received` from the attributes after an `inet_diag_msg` (each a `struct rtattr`:
+/// length and type, its payload, padded to 4 bytes), when the kernel sent `tcp_info`.
+fn bytes_received(mut attrs: &[u8]) -> Option<u64> {
+    while attrs.len() >= 4 {
+        let len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
+        let kind = u16::from_ne_bytes([attrs[2], attrs[3]]);
+        let payload = attrs.get(4..len)?;
+        if kind == INET_DIAG_INFO {
+            let b = payload.get(BYTES_RECEIVED..BYTES_RECEIVED + 8)?;
+            return Some(u64::from_ne_bytes(b.try_into().ok()?));
+        }
+        attrs = attrs.get((len + 3) & !3..).unwrap_or_default();
+    }
+    None
 }
 
 /// Why a dump failed.
@@ -176,16 +204,17 @@ fn unread(cause: impl Into<String>) -> DumpError {
 /// The listening TCP sockets of this network namespace, before `until`.
 pub fn listening(until: Instant) -> Result<Table, DumpError> {
     let mut table = Table::default();
-    exchange(&request(1, LISTENING), 1, until, &mut table)?;
+    exchange(&request(1, LISTENING, false), 1, until, &mut table)?;
     Ok(table)
 }
 
 /// Every open TCP socket of this network namespace (the states the rule reads but LISTEN), into
 /// `sink` as the kernel sends them, before `until`. The dump is not deduplicated: the kernel
 /// resumes a hash chain by position between two datagrams, so a socket shows twice only when its
-/// chain gained one meanwhile, and adds to one count at most.
-pub fn open(until: Instant, sink: &mut impl Sink) -> Result<(), DumpError> {
-    exchange(&request(2, OPEN), 2, until, sink)
+/// chain gained one meanwhile, and adds to one count at most. With `info`, each with the bytes
+/// it has received.
+pub fn open(until: Instant, info: bool, sink: &mut impl Sink) -> Result<(), DumpError> {
+    exchange(&request(2, OPEN, info), 2, until, sink)
 }
 
 /// Sends `req` to the kernel and reads the whole reply into `sink`.
@@ -377,7 +406,7 @@ mod tests {
 
     #[test]
     fn the_request_asks_for_a_dump_of_the_rules_states() {
-        let r = request(7, LISTENING | OPEN);
+        let r = request(7, LISTENING | OPEN, false);
         assert_eq!(u32::from_ne_bytes(r[0..4].try_into().unwrap()), 76);
         assert_eq!(u16::from_ne_bytes(r[4..6].try_into().unwrap()), 18);
         assert_eq!(u16::from_ne_bytes(r[6..8].try_into().unwrap()), 0x301);
@@ -424,7 +453,7 @@ mod tests {
         // No inet_diag: an error message carrying -EOPNOTSUPP (TCPDIAG_GETSOCK) or -ENOENT
         // (SOCK_DIAG_BY_FAMILY), then the request's header.
         let mut error = (-libc::ENOENT).to_ne_bytes().to_vec();
-        error.extend_from_slice(&request(1, OPEN)[..HEADER]);
+        error.extend_from_slice(&request(1, OPEN, false)[..HEADER]);
         assert_eq!(
             parse(&message(NLMSG_ERROR, 0x100, 1, &error), 1, &mut t),
             Err(Bad::Refused(libc::ENOENT))
@@ -548,10 +577,32 @@ mod tests {
         assert!(l.sockets.iter().all(|s| s.state == 10), "{:?}", l.sockets);
         assert_eq!(l.sockets.iter().filter(|s| s.local.1 == port).count(), 1);
         let mut t = Table::default();
-        open(until, &mut t).unwrap();
+        open(until, false, &mut t).unwrap();
         assert!(t.sockets.iter().all(|s| s.state != 10), "{:?}", t.sockets);
-        let on_port = t.sockets.iter().filter(|s| s.local.1 == port).count();
-        assert_eq!(on_port, 1, "the accepted end");
+        let on_port: Vec<&Socket> = t.sockets.iter().filter(|s| s.local.1 == port).collect();
+        assert_eq!(on_port.len(), 1, "the accepted end");
+        assert_eq!(on_port[0].received, None, "not asked for");
         assert!(t.sockets.iter().any(|s| s.remote.1 == port && s.state == 1));
+    }
+
+    /// Asked for, each socket comes with the bytes it has received, read or not.
+    #[test]
+    fn real_dumps_with_info_tell_the_bytes_an_accepted_connection_received() {
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let until = Instant::now() + std::time::Duration::from_secs(10);
+        let received = || {
+            let mut t = Table::default();
+            open(until, true, &mut t).unwrap();
+            let accepted = t.sockets.iter().find(|s| s.local.1 == port).copied();
+            accepted.and_then(|s| s.received)
+        };
+        assert_eq!(received(), Some(0));
+        client.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+        // Loopback delivers before the write returns; a few dumps at most, bounded in time.
+        let seen = (0..100).find_map(|_| received().filter(|&n| n > 0));
+        assert_eq!(seen, Some(16));
     }
 }

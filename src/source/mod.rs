@@ -101,6 +101,10 @@ const MAX_STATS_TIMEOUT: Duration = Duration::from_secs(8);
 
 impl Sources {
     pub fn new(c: &Counting) -> Sources {
+        let mut table = SocketTable::new(c.proc_net.as_deref(), c.filter(), c.admin.clone());
+        if c.inbound {
+            table.watch_arrivals(crate::preset::OUTBOUND_CAPTURE);
+        }
         Sources {
             mode: c.mode,
             unit: c.unit,
@@ -113,7 +117,7 @@ impl Sources {
                 inbound: c.inbound,
             },
             arrived: clusters::Arrived::default(),
-            table: SocketTable::new(c.proc_net.as_deref(), c.filter(), c.admin.clone()),
+            table,
             admin_time: Duration::ZERO,
             envoy_cpu: None,
             clusters_first: None,
@@ -191,14 +195,18 @@ impl Sources {
         let (asked, cpu) = (Instant::now(), envoy_cpu());
         let spent = move || cpu.zip(envoy_cpu()).map(|(b, a)| a.saturating_sub(b));
         if self.clusters.inbound {
-            // `hold`: only /clusters counts what arrives at the app.
-            let clusters = Some(self.clusters(until));
+            // `hold`: /clusters counts what arrives at the app; where it cannot answer, the
+            // socket table tells.
+            let clusters = self.clusters(until);
             self.admin_time = asked.elapsed();
             self.envoy_cpu = spent();
+            let proc = clusters
+                .is_err()
+                .then(|| self.table().count(until.max(Instant::now() + PROC_GRACE)));
             return Look {
                 stats: None,
-                clusters,
-                proc: None,
+                clusters: Some(clusters),
+                proc,
             };
         }
         let known = match &self.clusters_first {

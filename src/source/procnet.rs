@@ -37,6 +37,8 @@ pub struct Socket {
     /// Links the socket to the process holding it (`/proc/<pid>/fd`); 0 for a connection still
     /// in its listener's queues.
     pub inode: u64,
+    /// The bytes it has received, where netlink was asked for them (`tcpi_bytes_received`).
+    pub received: Option<u64>,
 }
 
 /// Parses one line of either table; `None` for the header and for anything malformed.
@@ -59,6 +61,7 @@ pub fn parse_line(line: &str) -> Option<Socket> {
         state,
         uid: u32::try_from(uid).ok()?,
         inode,
+        received: None,
     })
 }
 

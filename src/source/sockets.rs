@@ -5,11 +5,12 @@
 //! remembered from one count to the next.
 
 use crate::config::{Address, Filter};
-use crate::count::{Basis, Count};
+use crate::count::{Arrivals, Basis, Count};
 use crate::error::{Failure, io_cause};
+use crate::source::clusters::Arrived;
 use crate::source::diag::{self, DumpError};
 use crate::source::procnet::{
-    DEFAULT_EPHEMERAL, Envoy, LISTEN, Listeners, Rule, Sink, Table, Tally,
+    DEFAULT_EPHEMERAL, Envoy, LISTEN, Listeners, Rule, SYN_RECV, Sink, Socket, Table, Tally, taking,
 };
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
@@ -46,6 +47,9 @@ pub struct SocketTable {
     not_envoy: Option<String>,
     /// What the last count's table said about the pod, until `pod` takes it.
     pod: Option<Pod>,
+    /// With `hold`: what the connections accepted in the pod have received so far, and the
+    /// proxy's outbound capture port, whose connections are the app's own calls out.
+    arrived: Option<(Arrived, u16)>,
 }
 
 /// What the socket table says besides the count.
@@ -80,6 +84,7 @@ impl SocketTable {
             envoy_pid: None,
             not_envoy: None,
             pod: None,
+            arrived: None,
         }
     }
 
@@ -88,6 +93,12 @@ impl SocketTable {
     /// are then not Envoy's (an impostor's would count nothing; root's, nothing of Envoy's).
     pub fn not_envoy(&mut self, why: Option<String>) {
         self.not_envoy = why;
+    }
+
+    /// Makes each count tell arrivals too (`hold`, where /clusters cannot answer): see
+    /// `Received`. `outbound` is the proxy's outbound capture port.
+    pub fn watch_arrivals(&mut self, outbound: u16) {
+        self.arrived = Some((Arrived::default(), outbound));
     }
 
     /// Where the sockets are read from.
@@ -112,13 +123,40 @@ impl SocketTable {
         };
         // The text tables were read whole before Envoy's sockets were listed; a dump comes after.
         let mut tally = Tally::new(&listening, Some((rule, &self.listeners)), open.is_none());
-        read_open(&self.reader, open, until, &mut tally)?;
+        let counters = match &self.arrived {
+            Some((_, outbound)) => {
+                let mut received = Received {
+                    tally: &mut tally,
+                    listening: listening.listening(),
+                    ignore: &self.filter.ignore,
+                    outbound: *outbound,
+                    counters: Some(Vec::new()),
+                };
+                read_open(&self.reader, open, until, true, &mut received)?;
+                received.counters
+            }
+            None => {
+                read_open(&self.reader, open, until, false, &mut tally)?;
+                None
+            }
+        };
         let relist = || match (&self.proc_root, &envoy) {
             (Ok(root), Envoy::Process { pid, .. }) => sockets_of(root, *pid).ok(),
             _ => None,
         };
         let (count, owners) = tally.count(relist);
         let mut count = count.with_basis(basis);
+        if let Some((arrived, _)) = &mut self.arrived {
+            count.arrivals = match counters {
+                Some(c) => arrived.add(c),
+                None => {
+                    let why = "arrivals unknown: the socket table shows no bytes received for a \
+                               connection accepted in the pod";
+                    count.warnings.push(why.to_string());
+                    Arrivals::Unknown
+                }
+            };
+        }
         self.pod = Some(pod_of(admin, owners));
         if let Reader::Text { why: Some(why), .. } = &self.reader {
             count.warnings.push(format!(
@@ -149,7 +187,7 @@ impl SocketTable {
         }
         let (listening, open) = self.read_listening(until)?;
         let mut tally = Tally::new(&listening, None, false);
-        read_open(&self.reader, open, until, &mut tally)?;
+        read_open(&self.reader, open, until, false, &mut tally)?;
         let (_, owners) = tally.count(|| None);
         Ok(pod_of(self.admin_socket(&listening), owners))
     }
@@ -276,11 +314,12 @@ fn pod_of(admin_socket: Option<(u32, Option<u64>)>, mut owners: BTreeMap<u32, u6
 }
 
 /// The open sockets into `sink`: the text tables' as read with the listening ones, else a dump
-/// of them, before `until`.
+/// of them (with `info`, with the bytes each received), before `until`.
 fn read_open(
     reader: &Reader,
     open: Option<Table>,
     until: Instant,
+    info: bool,
     sink: &mut impl Sink,
 ) -> Result<(), String> {
     match (open, reader) {
@@ -290,9 +329,48 @@ fn read_open(
             }
             Ok(())
         }
-        (None, _) => diag::open(until, sink).map_err(|e| match e {
+        (None, _) => diag::open(until, info, sink).map_err(|e| match e {
             DumpError::Failed(f) | DumpError::Unavailable(f) => f.to_string(),
         }),
+    }
+}
+
+/// What has arrived at the pod, as the socket table tells it where /clusters cannot (`hold`):
+/// every connection accepted in the pod (one a listener of the pod serves) on a port that is
+/// neither ignored (the proxy's own: probes, scrapes, its admin API) nor the outbound capture (the
+/// app's own calls out), keyed by inode, with one more than the bytes it has received, so that a
+/// new connection is an arrival before its first byte, and a request on a kept-alive one is one
+/// too (`clusters::Arrived` compares them). Under REDIRECT that is Envoy's inbound connections
+/// on 15006 and its pooled ones to the app; under TPROXY both on the app's port. A socket without
+/// its byte count (the text tables) makes the arrivals unknown; a connection in its listener's
+/// queue has none yet, and counts as new.
+struct Received<'a, S> {
+    tally: &'a mut S,
+    listening: Vec<&'a Socket>,
+    ignore: &'a crate::lists::PortSet,
+    outbound: u16,
+    counters: Option<Vec<(u64, u64)>>,
+}
+
+impl<S: Sink> Sink for Received<'_, S> {
+    fn add(&mut self, s: Socket) {
+        let port = s.local.1;
+        let arriving = s.state != LISTEN
+            && port != self.outbound
+            && !self.ignore.contains(port)
+            && taking(&self.listening, &s.local).is_some();
+        if arriving {
+            let counter = match s.received {
+                Some(bytes) => Some(bytes.saturating_add(1)),
+                None if s.state == SYN_RECV => Some(1),
+                None => None,
+            };
+            match (counter, &mut self.counters) {
+                (Some(c), Some(counters)) => counters.push((s.inode, c)),
+                _ => self.counters = None,
+            }
+        }
+        self.tally.add(s);
     }
 }
 
@@ -500,6 +578,65 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
     use std::os::fd::AsRawFd;
+
+    /// `hold`'s arrivals from the socket table: connections accepted on the pod's ports, not on
+    /// the proxy's own or the outbound capture, each with its bytes received plus one; one
+    /// without its byte count makes them unknown.
+    #[test]
+    fn arrivals_are_the_accepted_connections_bytes_but_the_proxys_own_and_calls_out() {
+        let ip = |last: u8| {
+            let mut a = [0u8; 16];
+            a[10] = 0xff;
+            a[11] = 0xff;
+            a[12..].copy_from_slice(&[10, 0, 0, last]);
+            a
+        };
+        let socket = |port: u16, state: u8, inode: u64, received: Option<u64>| Socket {
+            local: (ip(2), port),
+            remote: (ip(9), 50000),
+            state,
+            uid: 1337,
+            inode,
+            received,
+        };
+        let listening = Table {
+            sockets: [15006, 15001, 15021, 8080]
+                .map(|port| Socket {
+                    local: ([0; 16], port),
+                    remote: ([0; 16], 0),
+                    ..socket(port, LISTEN, 0, None)
+                })
+                .to_vec(),
+            ..Table::default()
+        };
+        let ignore = crate::lists::PortSet::parse(crate::lists::ISTIO_INFRA_PORTS).unwrap();
+        let received = |sockets: &[Socket]| {
+            let mut table = Table::default();
+            let mut r = Received {
+                tally: &mut table,
+                listening: listening.listening(),
+                ignore: &ignore,
+                outbound: 15001,
+                counters: Some(Vec::new()),
+            };
+            for s in sockets {
+                r.add(*s);
+            }
+            r.counters
+        };
+        const ESTABLISHED: u8 = 1;
+        let counted = received(&[
+            socket(15006, ESTABLISHED, 7, Some(120)),
+            socket(8080, ESTABLISHED, 8, Some(0)),
+            socket(15006, SYN_RECV, 0, None),
+            socket(15001, ESTABLISHED, 9, Some(500)),
+            socket(15021, ESTABLISHED, 10, Some(90)),
+            // Opened by the pod: no listener of it serves its local port.
+            socket(41000, ESTABLISHED, 11, Some(70)),
+        ]);
+        assert_eq!(counted, Some(vec![(7, 121), (8, 1), (0, 1)]));
+        assert_eq!(received(&[socket(15006, ESTABLISHED, 7, None)]), None);
+    }
 
     /// The kernel shows a socket's path as it was bound, spaces and all; the flag names it also
     /// through a symlink.
