@@ -798,7 +798,7 @@ fn scale(drain: &Path, envoy: &Path) -> String {
     out += "\nThe answer holds every cluster and host (about 1.8 KB a host), built whole on Envoy's main thread \
             before its first byte. The hook reads it line by line as it arrives, keeping three counters a host, so \
             memory stays flat at any size, and gives it time up to the deadline rather than a byte cap. The time between \
-            counts grows with the time a count took (20 times it, so counting keeps Envoy's main thread and the proxy \
+            counts grows with what a count cost (its CPU, the hook's and Envoy's main thread's; 20 times it, so counting keeps Envoy's main thread and the proxy \
             container's CPU at most 5% busy), with a count that ends when the min-drain ends, or one last count where it can still \
             end before the deadline.\n\n\
             ### Connections from the socket table (netlink)\n\n\
