@@ -196,8 +196,9 @@ impl Sources {
         let spent = move || cpu.zip(envoy_cpu()).map(|(b, a)| a.saturating_sub(b));
         if self.clusters.inbound {
             // `hold`: /clusters counts what arrives at the app; where it cannot answer, the
-            // socket table tells.
-            let clusters = self.clusters(until);
+            // socket table tells, in the moment left for it before the deadline.
+            let before_table = until.checked_sub(PROC_GRACE).unwrap_or(until);
+            let clusters = self.clusters(before_table.max(Instant::now()));
             self.admin_time = asked.elapsed();
             self.envoy_cpu = spent();
             let proc = clusters
