@@ -65,6 +65,8 @@ impl Looks for Script<'_> {
             cost: Cost {
                 look: took,
                 admin: took,
+                // What the look cost in CPU, where it was measured: none, or part of its time.
+                cpu: (b & 0x4 != 0).then_some(took / 4),
             },
         };
         self.last
