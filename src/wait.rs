@@ -38,7 +38,7 @@ pub const LAST_COUNT: Duration = crate::source::admin::REQUEST_TIMEOUT;
 /// counts as exited: an app between closing its listener and a call out holds none for a
 /// moment, and a worker that calls out now and then holds none between its calls. A call that
 /// holds its socket for longer than `RECHECK` is seen by one of those looks.
-pub const APP_GONE: Duration = Duration::from_secs(1);
+pub const APP_GONE: Duration = Duration::from_millis(800);
 
 /// The time between two looks at the app's sockets while they are gone. Such a look reads the
 /// socket table only, which costs Envoy nothing.
@@ -337,10 +337,11 @@ fn count(
                 next_count = last_chance;
             }
         }
-        // Sockets gone where the min-drain ends within `APP_GONE`: looks close together tell
-        // by then whether the app has exited.
+        // Sockets gone where the next count would come too late to have seen them gone for
+        // `APP_GONE` when the min-drain ends: looks close together tell by then whether the app
+        // has exited.
         let mut next = next_count;
-        if follow.going() && now.saturating_add(APP_GONE) >= drain_done {
+        if follow.going() && next_count.saturating_add(APP_GONE) > drain_done {
             next = next.min(now.saturating_add(RECHECK));
         }
         if now >= rules.deadline {
@@ -874,13 +875,13 @@ mod tests {
     }
 
     #[test]
-    fn the_app_gone_for_a_second_ends_the_wait_whatever_is_open_but_never_before_the_min_drain() {
+    fn the_app_gone_for_app_gone_ends_the_wait_whatever_is_open_but_never_before_the_min_drain() {
         let script = [(0, app(Some(true), 3)), (6000, app(Some(false), 3))];
         let (end, time, at, seen) = run_steps(&rules(), &script, ms(0));
-        assert_eq!((end.outcome, time), (Outcome::AppExited, ms(7000)));
+        assert_eq!((end.outcome, time), (Outcome::AppExited, ms(6800)));
         assert_eq!(end.quit, Quit::No, "not asked to stop the proxy");
         let looks: Vec<Duration> = at.iter().copied().filter(|t| *t >= ms(6000)).collect();
-        assert_eq!(looks, (60..=70).map(|i| ms(i * 100)).collect::<Vec<_>>());
+        assert_eq!(looks, (60..=68).map(|i| ms(i * 100)).collect::<Vec<_>>());
         let apps: Vec<App> = seen.iter().map(|(_, s)| s.app).collect();
         assert_eq!(apps[apps.len() - 2..], [App::Leaving, App::Gone]);
         assert!(
@@ -940,7 +941,7 @@ mod tests {
     }
 
     #[test]
-    fn the_app_is_gone_only_after_it_was_seen_and_then_missed_for_a_second_at_close_looks() {
+    fn the_app_is_gone_only_after_it_was_seen_and_then_missed_for_app_gone_at_close_looks() {
         let mut f = Follow::default();
         let mut at = 0;
         let mut look = |holds, step| {
@@ -950,8 +951,8 @@ mod tests {
         assert_eq!(look(Some(false), 0), App::NotSeen);
         assert_eq!(look(Some(true), 500), App::Running);
         assert_eq!(look(Some(false), 500), App::Leaving);
-        let close: Vec<App> = (0..10).map(|_| look(Some(false), 100)).collect();
-        assert_eq!(close[8..], [App::Leaving, App::Gone], "{close:?}");
+        let close: Vec<App> = (0..8).map(|_| look(Some(false), 100)).collect();
+        assert_eq!(close[6..], [App::Leaving, App::Gone], "{close:?}");
         assert_eq!(look(Some(true), 100), App::Running);
         // Looks too far apart start again; so does a look that could not read the table.
         let far: Vec<App> = (0..4).map(|_| look(Some(false), 500)).collect();
@@ -998,8 +999,8 @@ mod tests {
         assert_eq!(end.quit, Quit::Yes);
         assert_eq!(
             time,
-            ms(8500),
-            "gone from the look at 7.5 s, and for a second"
+            ms(8300),
+            "gone from the look at 7.5 s, and for APP_GONE"
         );
         assert!(
             seen.iter()

@@ -344,7 +344,7 @@ fn then_quit_keeps_the_proxy_through_the_min_drain_for_an_app_that_closed_its_so
         "the proxy was stopped only once the min-drain was over {out}"
     );
     assert!(
-        out.stderr.contains("the app has exited: no socket of another user than the proxy's has been in the pod for 1s, at looks 100ms apart"),
+        out.stderr.contains("the app has exited: no socket of another user than the proxy's has been in the pod for 800ms, at looks 100ms apart"),
         "{out}"
     );
 }

@@ -14,6 +14,8 @@ use support::pod::{APP, APP_UID, Capture, Options, Pod, Stats};
 use support::{Finished, Running, spawn};
 
 const SECOND: Duration = Duration::from_secs(1);
+/// How long an app's sockets must stay gone before it counts as exited (docs/running.md).
+const APP_GONE: Duration = Duration::from_millis(800);
 /// The hook's --interval in these scenarios; it must end within one of these after the last
 /// response, plus a margin for a shared machine.
 const INTERVAL: Duration = Duration::from_millis(200);
@@ -510,8 +512,8 @@ fn then_quit_stops_the_proxy_only_once_the_app_has_exited() {
     );
     assert!(pod.agent_asked_to_quit(), "{out}");
     assert!(
-        out.ended >= exited + SECOND && out.ended - exited < SECOND + INTERVAL + MARGIN,
-        "asked to stop the proxy a second after the app exited {out}"
+        out.ended >= exited + APP_GONE && out.ended - exited < APP_GONE + INTERVAL + MARGIN,
+        "asked to stop the proxy APP_GONE after the app exited {out}"
     );
 }
 
@@ -519,7 +521,7 @@ fn then_quit_stops_the_proxy_only_once_the_app_has_exited() {
 #[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
 fn an_app_that_closes_its_sockets_works_on_and_calls_out_keeps_its_proxy() {
     // The template's classic hook: its sockets gone are no exit before the min-drain (5 s), nor
-    // before they have been gone for a second; the app's call 2 s after SIGTERM gets through.
+    // before they have been gone for APP_GONE; the app's call 2 s after SIGTERM gets through.
     let mut pod = pod(Capture::Redirect, Stats::IstioDefault, "worker");
     let mut hook = spawn(pod.hook(&["run", "--then-quit"]));
     hook.expect_line("min-drain ends in", 5 * SECOND);
@@ -536,8 +538,8 @@ fn an_app_that_closes_its_sockets_works_on_and_calls_out_keeps_its_proxy() {
     assert_eq!(out.code, Some(0), "{out}");
     assert!(pod.agent_asked_to_quit(), "{out}");
     assert!(
-        out.ended >= exited + SECOND,
-        "the proxy was stopped a second after the app's exit {out}"
+        out.ended >= exited + APP_GONE,
+        "the proxy was stopped APP_GONE after the app's exit {out}"
     );
 }
 
@@ -604,11 +606,11 @@ fn an_app_that_has_exited_ends_the_wait_though_a_client_still_holds_a_connection
             source(stats)
         );
         assert!(out.last_line().contains(&want), "{stats:?} {out}");
-        // Its sockets must stay gone for a second (APP_GONE) before it counts as exited; then
-        // it ends, long before its 25 s deadline (a generous bound: the machine is shared).
+        // Its sockets must stay gone for APP_GONE before it counts as exited; then it ends,
+        // long before its 25 s deadline (a generous bound: the machine is shared).
         assert!(
-            out.ended + INTERVAL >= exiting + SECOND && out.ended < exited + 3 * SECOND,
-            "{stats:?}: ended a second after the app exited {out}"
+            out.ended + INTERVAL >= exiting + APP_GONE && out.ended < exited + 3 * SECOND,
+            "{stats:?}: ended APP_GONE after the app exited {out}"
         );
         drop(idle);
     }
