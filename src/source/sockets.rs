@@ -43,6 +43,8 @@ pub struct SocketTable {
     proc_root: Result<PathBuf, String>,
     listeners: Listeners,
     envoy_pid: Option<u32>,
+    /// Whether `envoy_pid` has searched for Envoy's process already.
+    searched: bool,
     /// Why what holds the admin address is not taken as Envoy (`Client::not_envoy`).
     not_envoy: Option<String>,
     /// What the last count's table said about the pod, until `pod` takes it.
@@ -82,6 +84,7 @@ impl SocketTable {
             admin,
             listeners: Listeners::default(),
             envoy_pid: None,
+            searched: false,
             not_envoy: None,
             pod: None,
             arrived: None,
@@ -167,10 +170,11 @@ impl SocketTable {
         Ok(count)
     }
 
-    /// Envoy's process, as the last count found it, else looked up now (the admin listener's
-    /// holder); `None` where that cannot be read (`hold`, in the app's container).
+    /// Envoy's process, as the last count found it, else looked up now, once in a run (the
+    /// admin listener's holder; a search of /proc); `None` where that cannot be read (`hold`, in
+    /// the app's container), which later looks do not search for again.
     pub fn envoy_pid(&mut self, until: Instant) -> Option<u32> {
-        if self.envoy_pid.is_none() {
+        if self.envoy_pid.is_none() && !std::mem::replace(&mut self.searched, true) {
             let (listening, _) = self.read_listening(until).ok()?;
             let admin = self.admin_socket(&listening);
             self.envoy(admin, until);
