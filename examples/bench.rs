@@ -61,43 +61,22 @@ fn main() {
     if let [_, verb] = &args[..]
         && verb == "scale"
     {
-        println!(
-            "{}",
-            support::netns::in_private_netns(move || scale(&drain, &envoy))
-        );
+        println!("{}", support::netns::in_private_netns(move || scale(&drain, &envoy)));
         return;
     }
     println!("{}", sizes());
     let (d, e) = (drain.clone(), envoy.clone());
-    println!(
-        "{}",
-        support::netns::in_private_netns(move || waiting_costs(&d, &e))
-    );
+    println!("{}", support::netns::in_private_netns(move || waiting_costs(&d, &e)));
     let (d, e) = (drain.clone(), envoy.clone());
-    println!(
-        "{}",
-        support::netns::in_private_netns(move || first_count(&d, &e))
-    );
+    println!("{}", support::netns::in_private_netns(move || first_count(&d, &e)));
     let d = drain.clone();
-    println!(
-        "{}",
-        support::netns::in_private_netns(move || socket_table(&d))
-    );
+    println!("{}", support::netns::in_private_netns(move || socket_table(&d)));
     let (d, e) = (drain.clone(), envoy.clone());
-    println!(
-        "{}",
-        support::netns::in_private_netns(move || reaction(&d, &e))
-    );
+    println!("{}", support::netns::in_private_netns(move || reaction(&d, &e)));
     let (d, e) = (drain.clone(), envoy.clone());
-    println!(
-        "{}",
-        support::netns::in_private_netns(move || clusters_cost(&d, &e))
-    );
+    println!("{}", support::netns::in_private_netns(move || clusters_cost(&d, &e)));
     let (d, e) = (drain.clone(), envoy.clone());
-    println!(
-        "{}",
-        support::netns::in_private_netns(move || signal(&d, &e))
-    );
+    println!("{}", support::netns::in_private_netns(move || signal(&d, &e)));
 }
 
 /// An Envoy with 1,000 clusters of 3 hosts (`clusters_envoy`): what `--count requests` reads
@@ -169,10 +148,7 @@ fn sizes() -> String {
     for arch in ["amd64", "arm64"] {
         let path = format!("target/dist/{arch}/envoy-drain");
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        out += &format!(
-            "| `{path}` (static, stripped) | {size} | {} |\n",
-            size / 1024
-        );
+        out += &format!("| `{path}` (static, stripped) | {size} | {} |\n", size / 1024);
     }
     out
 }
@@ -216,10 +192,7 @@ fn watched_run(drain: &Path, args: &[&str]) -> (Vec<String>, u64, Duration) {
         .expect("envoy-drain starts");
     let err = child.stderr.take().expect("stderr");
     let lines = thread::spawn(move || {
-        BufReader::new(err)
-            .lines()
-            .map_while(Result::ok)
-            .collect::<Vec<_>>()
+        BufReader::new(err).lines().map_while(Result::ok).collect::<Vec<_>>()
     });
     let (rss_kib, cpu) = wait_usage(child);
     (lines.join().unwrap_or_default(), rss_kib, cpu)
@@ -240,11 +213,7 @@ fn waiting_costs(drain: &Path, envoy: &Path) -> String {
     for (name, source, extra) in [
         ("stats", "stats", &[][..]),
         ("proc, netlink", "proc", &[][..]),
-        (
-            "proc, text tables",
-            "proc",
-            &["--proc-net", "/proc/net"][..],
-        ),
+        ("proc, text tables", "proc", &["--proc-net", "/proc/net"][..]),
     ] {
         let (lines, rss_kib, cpu) = watched_run(
             drain,
@@ -323,10 +292,8 @@ const PER_HOLDER: usize = 7_000;
 /// `bench hold N`: opens N loopback connections to a listener of its own, says "ready", and keeps
 /// them until its stdin closes.
 fn hold(n: usize) {
-    let limit = libc::rlimit {
-        rlim_cur: 2 * PER_HOLDER as u64 + 64,
-        rlim_max: 2 * PER_HOLDER as u64 + 64,
-    };
+    let limit =
+        libc::rlimit { rlim_cur: 2 * PER_HOLDER as u64 + 64, rlim_max: 2 * PER_HOLDER as u64 + 64 };
     // SAFETY: setrlimit with a valid struct, within the hard limit.
     unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -361,9 +328,7 @@ fn holders(n: usize, children: &mut Vec<std::process::Child>) -> Result<(), Stri
         }
         children.push(child);
         if ready.trim() != "ready" {
-            return Err(format!(
-                "a holder of {here} connections did not get them all"
-            ));
+            return Err(format!("a holder of {here} connections did not get them all"));
         }
         left -= here;
     }
@@ -375,16 +340,10 @@ fn counters(drain: &Path) -> [(&'static str, String); 5] {
     let d = drain.display();
     [
         ("envoy-drain, netlink", format!("{d} status --source proc")),
-        (
-            "envoy-drain, text",
-            format!("{d} status --source proc --proc-net /proc/net"),
-        ),
+        ("envoy-drain, text", format!("{d} status --source proc --proc-net /proc/net")),
         ("ss", "ss -Htn state established | wc -l".to_string()),
         ("netstat", "netstat -tn | grep -c ESTABLISHED".to_string()),
-        (
-            "floor",
-            "cat /proc/net/tcp /proc/net/tcp6 > /dev/null".to_string(),
-        ),
+        ("floor", "cat /proc/net/tcp /proc/net/tcp6 > /dev/null".to_string()),
     ]
 }
 
@@ -461,10 +420,7 @@ fn socket_table(drain: &Path) -> String {
             break;
         }
         open = n;
-        out += &counters_row(
-            &format!("{} in the namespace", 2 * n),
-            &time_counters(drain),
-        );
+        out += &counters_row(&format!("{} in the namespace", 2 * n), &time_counters(drain));
         if n == 9_000 {
             let beside = quiet.enter(|| time_counters(drain));
             out += &counters_row("0 in the namespace, 18000 in another", &beside);
@@ -492,15 +448,7 @@ fn reaction(drain: &Path, envoy: &Path) -> String {
         let _ = conn.get("/ok");
         let started = Instant::now();
         let mut child = Command::new(drain)
-            .args([
-                "run",
-                "--drain",
-                "none",
-                "--min-drain",
-                "1s",
-                "--deadline",
-                "10s",
-            ])
+            .args(["run", "--drain", "none", "--min-drain", "1s", "--deadline", "10s"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -513,21 +461,14 @@ fn reaction(drain: &Path, envoy: &Path) -> String {
         let _ = child.wait();
         let exited = started.elapsed().as_secs_f64();
         ours.push(exited - closed);
-        let istio_exit = if closed <= MIN_DRAIN {
-            MIN_DRAIN
-        } else {
-            MIN_DRAIN + (closed - MIN_DRAIN).ceil()
-        };
+        let istio_exit =
+            if closed <= MIN_DRAIN { MIN_DRAIN } else { MIN_DRAIN + (closed - MIN_DRAIN).ceil() };
         istio.push(istio_exit - closed);
     }
     let stats = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         let mean = v.iter().sum::<f64>() / v.len() as f64;
-        (
-            v[v.len() / 2] * 1000.0,
-            mean * 1000.0,
-            v[v.len() - 1] * 1000.0,
-        )
+        (v[v.len() / 2] * 1000.0, mean * 1000.0, v[v.len() - 1] * 1000.0)
     };
     let (om, oa, ox) = stats(&mut ours);
     let (im, ia, ix) = stats(&mut istio);
@@ -597,10 +538,8 @@ fn clusters_envoy(envoy: &Path, dir: &Path, n: usize, inbound: bool) -> std::pro
          static_resources:\n  clusters:\n",
     );
     for i in 0..n {
-        let name = format!(
-            "outbound|8080||service-{i:05}.namespace-{:02}.svc.cluster.local",
-            i % 50
-        );
+        let name =
+            format!("outbound|8080||service-{i:05}.namespace-{:02}.svc.cluster.local", i % 50);
         yaml += &format!(
             "  - name: \"{name}\"\n    type: STATIC\n    connect_timeout: 1s\n    load_assignment:\n      cluster_name: \"{name}\"\n      endpoints:\n      - lb_endpoints:\n"
         );
@@ -645,12 +584,8 @@ fn cpu_of(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // The fields after the command name, which is in parentheses and may hold spaces.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let ticks: u64 = rest
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|f| f.parse::<u64>().ok())
-        .sum();
+    let ticks: u64 =
+        rest.split_whitespace().skip(11).take(2).filter_map(|f| f.parse::<u64>().ok()).sum();
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     Duration::from_millis(ticks * 1000 / hz)
@@ -683,15 +618,7 @@ fn quiet_wait(drain: &Path, envoy_pid: Option<u32>, seconds: u64, extra: &[&str]
     let before = envoy_pid.map(cpu_of);
     let started = Instant::now();
     let (min_drain, deadline) = (format!("{}s", seconds - 1), format!("{seconds}s"));
-    let args = [
-        "--drain",
-        "none",
-        "--min-drain",
-        &min_drain,
-        "--deadline",
-        &deadline,
-        "--verbose",
-    ];
+    let args = ["--drain", "none", "--min-drain", &min_drain, "--deadline", &deadline, "--verbose"];
     let (lines, rss_kib, cpu) = watched_run(drain, &[&args[..], extra].concat());
     let wall = started.elapsed();
     let counts: Vec<String> = lines
@@ -716,17 +643,9 @@ fn status_time(drain: &Path, args: &[&str], trials: usize) -> (Duration, String)
     let mut said = String::new();
     for _ in 0..trials {
         let started = Instant::now();
-        let out = Command::new(drain)
-            .arg("status")
-            .args(args)
-            .output()
-            .expect("envoy-drain runs");
+        let out = Command::new(drain).arg("status").args(args).output().expect("envoy-drain runs");
         times.push(started.elapsed());
-        said = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .to_string();
+        said = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string();
     }
     (median(times), said)
 }
@@ -878,10 +797,7 @@ fn hold_row(drain: &Path, envoy: &Path, dir: &Path, n: usize) -> String {
         let share = (cpu_of(child.id()) - before).as_secs_f64() / (ended - started).as_secs_f64();
         let log = String::from_utf8_lossy(&out.stderr);
         let messages: Vec<&str> = log.lines().filter_map(|l| l.split('\t').nth(3)).collect();
-        let reads = messages
-            .iter()
-            .filter(|m| m.starts_with(|c: char| c.is_ascii_digit()))
-            .count();
+        let reads = messages.iter().filter(|m| m.starts_with(|c: char| c.is_ascii_digit())).count();
         format!(
             "| {n} | {:.1}% | {:.1}% | {reads} | {:.1} s | `{}` |\n",
             alone * 100.0,
@@ -934,9 +850,8 @@ fn listeners_row(drain: &Path, envoy: &Path, dir: &Path, n: usize) -> String {
         TcpStream::connect(("127.0.0.1", (20_000 + n - 1) as u16)).is_ok()
     });
     // A connection to every listener, closed again: `usedonly` lists a listener once it has had one.
-    let opened = (0..n)
-        .filter(|i| TcpStream::connect(("127.0.0.1", (20_000 + i) as u16)).is_ok())
-        .count();
+    let opened =
+        (0..n).filter(|i| TcpStream::connect(("127.0.0.1", (20_000 + i) as u16)).is_ok()).count();
     let row = if ready {
         let bytes = Conn::open(support::envoy::ADMIN)
             .and_then(|mut c| c.get("/stats?usedonly&filter=downstream_cx_active$"))

@@ -66,19 +66,12 @@ fn main() {
             "[{}/{}] {}",
             i + 1,
             scenarios.len(),
-            support::mesh::table(std::slice::from_ref(&row))
-                .lines()
-                .last()
-                .unwrap_or_default()
+            support::mesh::table(std::slice::from_ref(&row)).lines().last().unwrap_or_default()
         );
         let d = &row.deletion;
         let at = |t: std::time::Instant| t.saturating_duration_since(d.deleted).as_secs_f64();
         let summary = |h: &support::running::Finished| {
-            h.last_line()
-                .split('\t')
-                .next_back()
-                .unwrap_or_default()
-                .to_string()
+            h.last_line().split('\t').next_back().unwrap_or_default().to_string()
         };
         eprintln!(
             "      app exited at {:.1}s, proxy stopped at {:.1}s{}{}",
@@ -105,10 +98,7 @@ fn main() {
 }
 
 fn is_mode(arg: &str) -> bool {
-    matches!(
-        arg,
-        "istio" | "exit-on-zero" | "envoy-drain" | "requests" | "plain"
-    )
+    matches!(arg, "istio" | "exit-on-zero" | "envoy-drain" | "requests" | "plain")
 }
 
 /// The scenarios the arguments select, in the table's order.

@@ -17,10 +17,7 @@ pub const ANNOTATION_DISABLED: &str = "envoy-drain.io/disabled";
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "made once per process: boxing saves nothing"
-)]
+#[expect(clippy::large_enum_variant, reason = "made once per process: boxing saves nothing")]
 pub enum Parsed {
     Run(RunArgs),
     Hold(HoldArgs),
@@ -132,10 +129,7 @@ pub struct Cli {
 
 #[derive(FromArgs, Debug, PartialEq)]
 #[argh(subcommand)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "made once per process: boxing saves nothing"
-)]
+#[expect(clippy::large_enum_variant, reason = "made once per process: boxing saves nothing")]
 pub enum Command {
     Run(RunArgs),
     Hold(HoldArgs),

@@ -75,10 +75,7 @@ pub struct Counting {
 
 impl Counting {
     pub fn filter(&self) -> Filter {
-        Filter {
-            ignore: self.ignore.clone(),
-            only: self.only.clone(),
-        }
+        Filter { ignore: self.ignore.clone(), only: self.only.clone() }
     }
 }
 
@@ -138,10 +135,7 @@ pub struct RunConfig {
 
 const DURATION: &str = "a duration like 500ms, 25s or 1m30s";
 
-const UNITS: [(&str, Unit); 2] = [
-    ("connections", Unit::Connections),
-    ("requests", Unit::Requests),
-];
+const UNITS: [(&str, Unit); 2] = [("connections", Unit::Connections), ("requests", Unit::Requests)];
 
 const ONLY_STATS: &str = "connections with --source proc: only Envoy's stats know requests";
 
@@ -158,18 +152,10 @@ pub fn parse_addr(name: &'static str, value: &str) -> Result<SocketAddr, UsageEr
     let rest = value.strip_prefix("http://").unwrap_or(value);
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     if let Ok(addr) = rest.parse::<SocketAddr>() {
-        return if addr.port() == 0 {
-            Err(bad())
-        } else {
-            Ok(addr)
-        };
+        return if addr.port() == 0 { Err(bad()) } else { Ok(addr) };
     }
     let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
-    let port = port
-        .parse::<u16>()
-        .ok()
-        .filter(|p| *p > 0)
-        .ok_or_else(bad)?;
+    let port = port.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(bad)?;
     if host.eq_ignore_ascii_case("localhost") {
         Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port))
     } else {
@@ -249,18 +235,11 @@ pub fn parse_admin(value: &str) -> Result<(Address, Option<String>), UsageError>
              asked; counting without the admin API",
             found.len(),
             names.join(", "),
-            if listening.is_empty() {
-                "none"
-            } else {
-                "more than one"
-            },
+            if listening.is_empty() { "none" } else { "more than one" },
         );
         return Ok((Address::Unix(PathBuf::from(path)), Some(warning)));
     }
-    Ok((
-        Address::Unix(found.pop().unwrap_or_else(|| PathBuf::from(path))),
-        None,
-    ))
+    Ok((Address::Unix(found.pop().unwrap_or_else(|| PathBuf::from(path))), None))
 }
 
 /// The files that `pattern` names, `*` matching any part of a name in any of its components.
@@ -276,11 +255,8 @@ fn matches(pattern: &Path) -> Vec<PathBuf> {
         }
         let dirs = std::mem::take(&mut found);
         for dir in dirs {
-            let listed = std::fs::read_dir(if dir.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                &dir
-            });
+            let listed =
+                std::fs::read_dir(if dir.as_os_str().is_empty() { Path::new(".") } else { &dir });
             for entry in listed.into_iter().flatten().flatten() {
                 if wildcard(&name, &entry.file_name().to_string_lossy()) {
                     found.push(dir.join(entry.file_name()));
@@ -335,17 +311,9 @@ pub fn status_config(a: &StatusArgs) -> Result<Counting, UsageError> {
         Some(v) => one_of("--preset", v, &PRESETS.map(|p| (p.name, p)))?,
         None => preset::ISTIO,
     };
-    let modes = [
-        ("auto", Mode::Auto),
-        ("stats", Mode::Stats),
-        ("proc", Mode::Proc),
-    ];
+    let modes = [("auto", Mode::Auto), ("stats", Mode::Stats), ("proc", Mode::Proc)];
     let mode = one_of("--source", a.source.as_deref().unwrap_or("auto"), &modes)?;
-    let unit = one_of(
-        "--count",
-        a.count.as_deref().unwrap_or("connections"),
-        &UNITS,
-    )?;
+    let unit = one_of("--count", a.count.as_deref().unwrap_or("connections"), &UNITS)?;
     // The socket table knows connections, never requests.
     if unit == Unit::Requests && mode == Mode::Proc {
         return Err(UsageError::new("--count", "requests", ONLY_STATS));
@@ -355,11 +323,7 @@ pub fn status_config(a: &StatusArgs) -> Result<Counting, UsageError> {
         Some(v) => {
             let set = ports("--ports", v)?;
             if set.is_empty() {
-                return Err(UsageError::new(
-                    "--ports",
-                    v,
-                    "at least one port, like 15006,15001",
-                ));
+                return Err(UsageError::new("--ports", v, "at least one port, like 15006,15001"));
             }
             Some(set)
         }
@@ -380,10 +344,7 @@ pub fn status_config(a: &StatusArgs) -> Result<Counting, UsageError> {
         admin,
         mode,
         unit,
-        ignore: ports(
-            "--ignore-ports",
-            a.ignore_ports.as_deref().unwrap_or(preset.ignore_ports),
-        )?,
+        ignore: ports("--ignore-ports", a.ignore_ports.as_deref().unwrap_or(preset.ignore_ports))?,
         only,
         ignore_clusters,
         inbound: false,
@@ -495,22 +456,13 @@ pub fn run_config(
         if d <= deadline {
             d
         } else if pod.deadline.is_some() {
-            too_long(format!(
-                "--min-drain {v}, with annotation {ANNOTATION_PREFIX}deadline,"
-            ))
+            too_long(format!("--min-drain {v}, with annotation {ANNOTATION_PREFIX}deadline,"))
         } else {
-            let given = if a.deadline.is_some() {
-                ""
-            } else {
-                " by default; --deadline raises it"
-            };
+            let given = if a.deadline.is_some() { "" } else { " by default; --deadline raises it" };
             return Err(UsageError::new(
                 "--min-drain",
                 v,
-                format!(
-                    "at most the deadline ({}{given})",
-                    humantime::format_duration(deadline)
-                ),
+                format!("at most the deadline ({}{given})", humantime::format_duration(deadline)),
             ));
         }
     } else if let Some(v) = env(ENV_MIN_DRAIN).filter(|v| !v.is_empty()) {
@@ -575,19 +527,13 @@ fn go_duration(v: &str) -> Option<Duration> {
     }
     let mut nanos: u128 = 0;
     while !rest.is_empty() {
-        let number = rest
-            .find(|c: char| !c.is_ascii_digit() && c != '.')
-            .unwrap_or(rest.len());
-        let (whole, fraction) = rest[..number]
-            .split_once('.')
-            .unwrap_or((&rest[..number], ""));
+        let number = rest.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(rest.len());
+        let (whole, fraction) = rest[..number].split_once('.').unwrap_or((&rest[..number], ""));
         if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
             return None;
         }
         rest = &rest[number..];
-        let unit = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
+        let unit = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
         let scale: u128 = match &rest[..unit] {
             "ns" => 1,
             "us" | "µs" | "μs" => 1_000,
@@ -599,9 +545,8 @@ fn go_duration(v: &str) -> Option<Duration> {
         };
         rest = &rest[unit..];
         let digits = |d: &str| {
-            d.chars().try_fold(0u128, |n, c| {
-                n.checked_mul(10)?.checked_add(u128::from(c.to_digit(10)?))
-            })
+            d.chars()
+                .try_fold(0u128, |n, c| n.checked_mul(10)?.checked_add(u128::from(c.to_digit(10)?)))
         };
         let mut part = digits(whole)?.checked_mul(scale)?;
         let mut place = scale;
@@ -615,11 +560,7 @@ fn go_duration(v: &str) -> Option<Duration> {
     if nanos > i64::MAX as u128 {
         return None;
     }
-    Some(if negative {
-        Duration::ZERO
-    } else {
-        Duration::from_nanos(nanos as u64)
-    })
+    Some(if negative { Duration::ZERO } else { Duration::from_nanos(nanos as u64) })
 }
 
 /// A duration flag that must be above zero, or its default.
@@ -635,10 +576,7 @@ fn positive(
         d if d.is_zero() => Err(UsageError::new(
             name,
             v,
-            format!(
-                "a duration above zero, like {}",
-                humantime::format_duration(default)
-            ),
+            format!("a duration above zero, like {}", humantime::format_duration(default)),
         )),
         d => Ok(d),
     }
@@ -674,10 +612,7 @@ pub fn hold_config(a: &HoldArgs) -> Result<RunConfig, UsageError> {
         return Err(UsageError::new(
             "--min",
             a.min.as_deref().unwrap_or_default(),
-            format!(
-                "at most the deadline ({})",
-                humantime::format_duration(deadline)
-            ),
+            format!("at most the deadline ({})", humantime::format_duration(deadline)),
         ));
     }
     Ok(RunConfig {
@@ -718,9 +653,7 @@ fn pod_settings(given: &[String], mode: Mode, warnings: &mut Vec<String>) -> Pod
             continue;
         };
         let mut ignore = |expected: &str| {
-            warnings.push(format!(
-                "ignoring annotation {name}={value:?}: expected {expected}"
-            ));
+            warnings.push(format!("ignoring annotation {name}={value:?}: expected {expected}"));
         };
         let duration = || humantime::parse_duration(value.trim()).ok();
         match name.strip_prefix(ANNOTATION_PREFIX) {
@@ -861,10 +794,8 @@ mod tests {
         let one = Address::Unix(path("kuma-dp-1234"));
         assert_eq!(parse_admin(&pattern), Ok((one.clone(), None)));
         // One name reached twice is one socket.
-        let twice = format!(
-            "unix:{}/kuma-dp-*/../kuma-dp-1234/kuma-envoy-admin.sock",
-            tmp.display()
-        );
+        let twice =
+            format!("unix:{}/kuma-dp-*/../kuma-dp-1234/kuma-envoy-admin.sock", tmp.display());
         assert_eq!(parse_admin(&twice), Ok((one.clone(), None)));
         // An old kuma-dp's socket left behind: the live one is asked.
         drop(sock("kuma-dp-99"));
@@ -920,9 +851,7 @@ mod tests {
         ] {
             let e = parse_addr("--admin", bad).unwrap_err().to_string();
             assert!(
-                e.starts_with(&format!(
-                    "invalid value '{bad}' for --admin: expected host:port"
-                )),
+                e.starts_with(&format!("invalid value '{bad}' for --admin: expected host:port")),
                 "{e}"
             );
         }
@@ -1001,11 +930,7 @@ mod tests {
         let c = run_config(&RunArgs::default(), &env).unwrap();
         assert_eq!(c.rules.min_drain, c.rules.deadline);
         assert_eq!(c.warnings.len(), 1);
-        assert!(
-            c.warnings[0].contains("MINIMUM_DRAIN_DURATION=60s"),
-            "{:?}",
-            c.warnings
-        );
+        assert!(c.warnings[0].contains("MINIMUM_DRAIN_DURATION=60s"), "{:?}", c.warnings);
     }
 
     #[test]
@@ -1045,11 +970,7 @@ mod tests {
     #[test]
     fn humantime_durations_parse() {
         let c = run_config(
-            &args(&[
-                ("deadline", "1m30s"),
-                ("interval", "250ms"),
-                ("settle", "2s"),
-            ]),
+            &args(&[("deadline", "1m30s"), ("interval", "250ms"), ("settle", "2s")]),
             &no_env,
         )
         .unwrap();
@@ -1060,16 +981,9 @@ mod tests {
 
     #[test]
     fn drain_agent_asks_the_agent_address() {
-        let c = run_config(
-            &args(&[("drain", "agent"), ("agent", "127.0.0.1:15099")]),
-            &no_env,
-        )
-        .unwrap();
-        assert_eq!(
-            c.before,
-            vec![Request::AgentDrain],
-            "nothing to Envoy's admin API"
-        );
+        let c = run_config(&args(&[("drain", "agent"), ("agent", "127.0.0.1:15099")]), &no_env)
+            .unwrap();
+        assert_eq!(c.before, vec![Request::AgentDrain], "nothing to Envoy's admin API");
         assert_eq!(c.agent.to_string(), "127.0.0.1:15099");
     }
 
@@ -1078,10 +992,7 @@ mod tests {
         let c = run_config(&args(&[("preset", "contour")]), &no_env).unwrap();
         assert_eq!(c.counting.admin.to_string(), "unix:/admin/admin.sock");
         assert!(c.counting.ignore.contains(8002) && c.counting.ignore.contains(9001));
-        assert!(
-            !c.counting.ignore.contains(15021),
-            "Istio's ports are not Contour's"
-        );
+        assert!(!c.counting.ignore.contains(15021), "Istio's ports are not Contour's");
         assert_eq!(
             c.before,
             vec![Request::DrainListeners { all: true }],
@@ -1141,11 +1052,8 @@ mod tests {
 
     #[test]
     fn an_empty_ignore_list_ignores_nothing_and_ports_narrow_the_proc_count() {
-        let c = run_config(
-            &args(&[("ignore-ports", ""), ("ports", "15006,15001")]),
-            &no_env,
-        )
-        .unwrap();
+        let c =
+            run_config(&args(&[("ignore-ports", ""), ("ports", "15006,15001")]), &no_env).unwrap();
         assert!(c.counting.ignore.is_empty());
         let only = c.counting.only.unwrap();
         assert!(only.contains(15006) && only.contains(15001) && !only.contains(8080));
@@ -1171,21 +1079,16 @@ mod tests {
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
         // 600s on a pod whose grace period gives 24s: the kubelet would kill the hook at 30s.
         let past = run_config(
-            &args(&[
-                ("deadline", "24s"),
-                ("pod-annotation", "envoy-drain.io/deadline=600s"),
-            ]),
+            &args(&[("deadline", "24s"), ("pod-annotation", "envoy-drain.io/deadline=600s")]),
             &no_env,
         )
         .unwrap();
         assert_eq!(past.rules.deadline, Duration::from_secs(24));
         assert_eq!(
             past.warnings,
-            [
-                "annotation envoy-drain.io/deadline=10m is past --deadline 24s, which the injection \
+            ["annotation envoy-drain.io/deadline=10m is past --deadline 24s, which the injection \
               template derives from the pod's terminationGracePeriodSeconds; using 24s: raise the \
-              grace period instead"
-            ]
+              grace period instead"]
         );
     }
 
@@ -1228,10 +1131,7 @@ mod tests {
     #[test]
     fn a_min_drain_past_the_pods_own_deadline_is_a_warning_not_a_failed_hook() {
         let flag = run_config(
-            &args(&[
-                ("min-drain", "20s"),
-                ("pod-annotation", "envoy-drain.io/deadline=5s"),
-            ]),
+            &args(&[("min-drain", "20s"), ("pod-annotation", "envoy-drain.io/deadline=5s")]),
             &no_env,
         )
         .unwrap();
@@ -1242,18 +1142,13 @@ mod tests {
                 "--min-drain 20s, with annotation envoy-drain.io/deadline, is longer than the deadline (5s); using the deadline as the min-drain"
             ]
         );
-        let annotation = run_config(
-            &args(&[("pod-annotation", "envoy-drain.io/min-drain=1m")]),
-            &no_env,
-        )
-        .unwrap();
+        let annotation =
+            run_config(&args(&[("pod-annotation", "envoy-drain.io/min-drain=1m")]), &no_env)
+                .unwrap();
         assert_eq!(annotation.rules.min_drain, annotation.rules.deadline);
         assert_eq!(annotation.warnings.len(), 1, "{:?}", annotation.warnings);
         let proc = run_config(
-            &args(&[
-                ("source", "proc"),
-                ("pod-annotation", "envoy-drain.io/count=requests"),
-            ]),
+            &args(&[("source", "proc"), ("pod-annotation", "envoy-drain.io/count=requests")]),
             &no_env,
         )
         .unwrap();

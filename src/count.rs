@@ -76,17 +76,10 @@ pub enum Basis {
     /// Envoy is the process holding the admin listener; its sockets are the ones it holds.
     Process { pid: u32, uid: u32, admin: String },
     /// Its process could not be read (`why`): Envoy's sockets are its admin listener owner's.
-    Owner {
-        uid: u32,
-        admin: String,
-        why: String,
-    },
+    Owner { uid: u32, admin: String, why: String },
     /// Nothing listens on the admin address, or what does is not taken as Envoy (`not_envoy`
     /// says why): any listener's connections count, which may hold more than Envoy's.
-    Unknown {
-        admin: String,
-        not_envoy: Option<String>,
-    },
+    Unknown { admin: String, not_envoy: Option<String> },
 }
 
 impl Count {
@@ -117,10 +110,7 @@ impl Count {
     }
 
     pub fn with_basis(self, basis: Basis) -> Count {
-        Count {
-            basis: Some(basis),
-            ..self
-        }
+        Count { basis: Some(basis), ..self }
     }
 
     /// A request count from Envoy's stats; `NON_HTTP` names the part that is connections.

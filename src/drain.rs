@@ -68,11 +68,7 @@ pub fn before(drain: Drain, fail_healthcheck: bool) -> Vec<Request> {
         Drain::Agent => Some(Request::AgentDrain),
         Drain::None => None,
     };
-    fail_healthcheck
-        .then_some(Request::FailHealthcheck)
-        .into_iter()
-        .chain(drain)
-        .collect()
+    fail_healthcheck.then_some(Request::FailHealthcheck).into_iter().chain(drain).collect()
 }
 
 #[cfg(test)]
@@ -83,10 +79,7 @@ mod tests {
     fn the_health_checks_fail_before_the_drain_and_none_sends_nothing_to_drain() {
         assert_eq!(
             before(Drain::Inbound, true),
-            [
-                Request::FailHealthcheck,
-                Request::DrainListeners { all: false }
-            ]
+            [Request::FailHealthcheck, Request::DrainListeners { all: false }]
         );
         assert_eq!(before(Drain::Agent, false), [Request::AgentDrain]);
         assert_eq!(before(Drain::None, false), []);

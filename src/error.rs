@@ -40,11 +40,7 @@ pub struct UsageError {
 
 impl UsageError {
     pub fn new(name: &'static str, value: &str, expected: impl Into<String>) -> Self {
-        UsageError {
-            name,
-            value: value.to_string(),
-            expected: expected.into(),
-        }
+        UsageError { name, value: value.to_string(), expected: expected.into() }
     }
 }
 
@@ -72,11 +68,7 @@ pub struct Failure {
 
 impl Failure {
     pub fn new(verb: &'static str, object: impl Into<String>, cause: impl Into<String>) -> Self {
-        Failure {
-            verb,
-            object: object.into(),
-            cause: cause.into(),
-        }
+        Failure { verb, object: object.into(), cause: cause.into() }
     }
 }
 
@@ -98,10 +90,7 @@ mod tests {
             "invalid value 'soon\\n' for --deadline: expected a duration like 25s"
         );
         let failure = Failure::new("read", "/proc/net/tcp", "not a regular file");
-        assert_eq!(
-            failure.to_string(),
-            "failed to read /proc/net/tcp: not a regular file"
-        );
+        assert_eq!(failure.to_string(), "failed to read /proc/net/tcp: not a regular file");
     }
 
     #[test]

@@ -14,11 +14,7 @@ const BINARY_NAME: &str = "envoy-drain";
 
 /// Where the copy goes: `DEST/envoy-drain` when DEST is a directory, else DEST itself.
 fn target(dest: &Path) -> PathBuf {
-    if dest.is_dir() {
-        dest.join(BINARY_NAME)
-    } else {
-        dest.to_path_buf()
-    }
+    if dest.is_dir() { dest.join(BINARY_NAME) } else { dest.to_path_buf() }
 }
 
 /// The command: one line on stdout (path, size, version), or the failure on stderr.
@@ -49,11 +45,7 @@ fn install(dest: &Path) -> Result<(PathBuf, u64), Failure> {
         .unwrap_or_else(|| BINARY_NAME.to_string());
     let failed = |step: String| Failure::new("install to", target.display().to_string(), step);
     let (temp, mut out) = create_temp(&dir, &name).map_err(|e| {
-        failed(format!(
-            "cannot create a temporary file in {}: {}",
-            dir.display(),
-            io_cause(&e)
-        ))
+        failed(format!("cannot create a temporary file in {}: {}", dir.display(), io_cause(&e)))
     })?;
     // From here on the temporary file is ours, and the only one a failure removes.
     let failed = |step: String| {
@@ -61,20 +53,10 @@ fn install(dest: &Path) -> Result<(PathBuf, u64), Failure> {
         failed(step)
     };
     let written = copy_to(&mut source, &mut out).map_err(|e| {
-        failed(format!(
-            "cannot write {} from {}: {}",
-            temp.display(),
-            from.display(),
-            io_cause(&e)
-        ))
+        failed(format!("cannot write {} from {}: {}", temp.display(), from.display(), io_cause(&e)))
     })?;
-    fs::rename(&temp, &target).map_err(|e| {
-        failed(format!(
-            "cannot rename {} to it: {}",
-            temp.display(),
-            io_cause(&e)
-        ))
-    })?;
+    fs::rename(&temp, &target)
+        .map_err(|e| failed(format!("cannot rename {} to it: {}", temp.display(), io_cause(&e))))?;
     // The rename is durable once the directory is flushed; a failure here changes nothing visible.
     if let Ok(d) = File::open(&dir) {
         let _ = d.sync_all();
@@ -110,12 +92,7 @@ fn create_temp(dir: &Path, name: &str) -> io::Result<(PathBuf, File)> {
     let mut last = io::Error::from(io::ErrorKind::AlreadyExists);
     for n in 0..100 {
         let temp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
-        match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o700)
-            .open(&temp)
-        {
+        match OpenOptions::new().write(true).create_new(true).mode(0o700).open(&temp) {
             Ok(f) => return Ok((temp, f)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = e,
             Err(e) => return Err(e),

@@ -85,9 +85,7 @@ mod tests {
     #[test]
     fn the_default_list_holds_istios_infrastructure_ports_but_not_traffic_ports() {
         let s = PortSet::parse(ISTIO_INFRA_PORTS).unwrap();
-        for p in [
-            15000, 15004, 15010, 15012, 15014, 15020, 15021, 15053, 15090,
-        ] {
+        for p in [15000, 15004, 15010, 15012, 15014, 15020, 15021, 15053, 15090] {
             assert!(s.contains(p), "{p} should be ignored");
         }
         for p in [15001, 15006, 15008, 15009, 80] {

@@ -50,13 +50,7 @@ pub struct Out {
 
 impl Out {
     pub fn new(writer: Box<dyn Write + Send>) -> Out {
-        Out {
-            writer,
-            fd: None,
-            poll_first: false,
-            dropped: 0,
-            failed: None,
-        }
+        Out { writer, fd: None, poll_first: false, dropped: 0, failed: None }
     }
 
     /// stderr as a descriptor of its own, opened anew through /proc with O_NONBLOCK so that the
@@ -88,11 +82,7 @@ impl Out {
     /// Writes `bytes` whole, at once, or drops them; with `wait`, waits that long for room.
     fn put(&mut self, bytes: &[u8], wait: Duration) -> bool {
         let room = |fd: RawFd, wait: Duration| {
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLOUT,
-                revents: 0,
-            };
+            let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
             let ms = libc::c_int::try_from(wait.as_millis()).unwrap_or(libc::c_int::MAX);
             // SAFETY: poll on one pollfd we own.
             unsafe { libc::poll(&mut p, 1, ms) == 1 }
@@ -138,16 +128,10 @@ pub struct Logger {
 /// Formats one line, at most `MAX_LINE` bytes. Control characters (a hostile admin body can hold
 /// any) become spaces so an event is always exactly one line.
 pub fn format_line(time: SystemTime, level: Level, message: &str) -> String {
-    let head = format!(
-        "{}\t{}\tenvoy-drain\t",
-        humantime::format_rfc3339_micros(time),
-        level.name()
-    );
+    let head =
+        format!("{}\t{}\tenvoy-drain\t", humantime::format_rfc3339_micros(time), level.name());
     let mut line = head;
-    for c in message
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-    {
+    for c in message.chars().map(|c| if c.is_control() { ' ' } else { c }) {
         if line.len() + c.len_utf8() >= MAX_LINE {
             break;
         }
@@ -159,14 +143,7 @@ pub fn format_line(time: SystemTime, level: Level, message: &str) -> String {
 
 impl Logger {
     pub fn new(out: Out, live: bool) -> Logger {
-        Logger {
-            out,
-            file: None,
-            live,
-            shown: None,
-            warned: HashSet::new(),
-            closed: false,
-        }
+        Logger { out, file: None, live, shown: None, warned: HashSet::new(), closed: false }
     }
 
     /// Logs to stderr, live when it is a terminal.
@@ -280,8 +257,7 @@ impl Logger {
             .map(|c| if c.is_control() { ' ' } else { c })
             .take(terminal_width().saturating_sub(1))
             .collect();
-        self.out
-            .put(format!("\r\x1b[K{text}").as_bytes(), Duration::ZERO);
+        self.out.put(format!("\r\x1b[K{text}").as_bytes(), Duration::ZERO);
         self.shown = Some(text);
     }
 
@@ -348,10 +324,7 @@ mod tests {
         let t = SystemTime::UNIX_EPOCH;
         let l = format_line(t, Level::Warn, "bad\nbody\r\x1b[2Jhere\t");
         assert_eq!(l.matches('\n').count(), 1);
-        assert!(
-            l.ends_with("\twarn\tenvoy-drain\tbad body  [2Jhere \n"),
-            "{l:?}"
-        );
+        assert!(l.ends_with("\twarn\tenvoy-drain\tbad body  [2Jhere \n"), "{l:?}");
     }
 
     #[test]
@@ -373,15 +346,8 @@ mod tests {
             log.info("1 active connection (proc)");
             log.waiting("1 active connection (proc)", true);
             let text = sink.text();
-            assert!(
-                text.ends_with("interrupted by SIGTERM\n"),
-                "{live}: {text:?}"
-            );
-            assert_eq!(
-                text.matches("active connection").count(),
-                0,
-                "{live}: {text:?}"
-            );
+            assert!(text.ends_with("interrupted by SIGTERM\n"), "{live}: {text:?}");
+            assert_eq!(text.matches("active connection").count(), 0, "{live}: {text:?}");
         }
     }
 

@@ -35,12 +35,7 @@ pub struct Report {
 
 impl Report {
     pub fn new(log: Logger, start: Instant, rules: Rules) -> Report {
-        Report {
-            log: Mutex::new(log),
-            progress: Mutex::new(Progress::default()),
-            start,
-            rules,
-        }
+        Report { log: Mutex::new(log), progress: Mutex::new(Progress::default()), start, rules }
     }
 
     pub fn line(&self, level: Level, message: &str) {
@@ -133,9 +128,9 @@ impl<'a> Watch<'a> {
         }
         self.app_told = true;
         match (app, pod) {
-            (App::Running, Ok(p)) => self
-                .report
-                .line(Level::Info, &text::waiting_for_app(&p.others)),
+            (App::Running, Ok(p)) => {
+                self.report.line(Level::Info, &text::waiting_for_app(&p.others))
+            }
             (App::Unknown, Err(why)) => self.report.line(Level::Warn, &text::app_unknown(why)),
             _ => {}
         }
@@ -145,10 +140,7 @@ impl<'a> Watch<'a> {
     /// or are quick again.
     fn pace(&mut self, cost: Cost) {
         let pace = wait::pause(self.cfg.rules.interval, cost.paced());
-        let (low, high) = (
-            self.pace.saturating_mul(2) / 3,
-            self.pace.saturating_mul(3) / 2,
-        );
+        let (low, high) = (self.pace.saturating_mul(2) / 3, self.pace.saturating_mul(3) / 2);
         if pace != self.pace && (pace <= low || pace >= high || pace == self.cfg.rules.interval) {
             let line = text::pace(pace, self.cfg.rules.interval, cost);
             self.report.line(Level::Info, &line);
@@ -234,10 +226,7 @@ impl<'a> Watch<'a> {
             || self.cfg.verbose
             || now.saturating_sub(self.line_at) >= HEARTBEAT;
         let min_drain_end = wait::drain_done(&self.cfg.rules, self.drained_at);
-        log.waiting(
-            &text::count_line(count, arriving, now, min_drain_end, self.cfg),
-            worth_a_line,
-        );
+        log.waiting(&text::count_line(count, arriving, now, min_drain_end, self.cfg), worth_a_line);
         drop(log);
         if worth_a_line {
             self.line_at = now;
@@ -260,36 +249,21 @@ mod tests {
             SourceKind::Proc => "port 15006",
             SourceKind::Clusters => "cluster inbound|8080||",
         };
-        let part = Part {
-            name: name.to_string(),
-            active: n,
-        };
+        let part = Part { name: name.to_string(), active: n };
         Count::new(source, vec![part], vec![])
     }
 
     fn ok(c: Count, fallback: Option<&str>) -> Reading {
-        Reading {
-            result: Ok(c),
-            fallback: fallback.map(str::to_string),
-        }
+        Reading { result: Ok(c), fallback: fallback.map(str::to_string) }
     }
 
     fn unknown(why: &str) -> Reading {
-        Reading {
-            result: Err(why.to_string()),
-            fallback: Some(why.to_string()),
-        }
+        Reading { result: Err(why.to_string()), fallback: Some(why.to_string()) }
     }
 
     /// Feeds readings one second apart and returns the log and the last progress.
     fn watch(readings: Vec<Reading>, verbose: bool) -> (String, Progress) {
-        watch_with(
-            RunArgs {
-                verbose,
-                ..RunArgs::default()
-            },
-            readings,
-        )
+        watch_with(RunArgs { verbose, ..RunArgs::default() }, readings)
     }
 
     fn watch_with(args: RunArgs, readings: Vec<Reading>) -> (String, Progress) {
@@ -304,10 +278,7 @@ mod tests {
         let sink = Sink::default();
         let report = report_to(&sink, Duration::ZERO);
         let mut w = Watch::new(&report, &cfg, Duration::ZERO);
-        let proc = Reader::Text {
-            dir: "/proc/net".into(),
-            why: None,
-        };
+        let proc = Reader::Text { dir: "/proc/net".into(), why: None };
         for (i, (r, cost)) in looks.into_iter().enumerate() {
             let seen = Seen::default();
             w.counted(r, seen, &proc, Duration::from_secs(i as u64), cost);
@@ -358,11 +329,7 @@ mod tests {
             false,
         );
         assert_eq!(log.matches("stats unavailable (connection refused); counting from /proc/net/tcp and tcp6 instead").count(), 1, "{log}");
-        assert_eq!(
-            log.matches("Envoy's stats answer again").count(),
-            1,
-            "{log}"
-        );
+        assert_eq!(log.matches("Envoy's stats answer again").count(), 1, "{log}");
     }
 
     #[test]
@@ -375,25 +342,14 @@ mod tests {
             ],
             false,
         );
-        assert_eq!(
-            log.matches("cannot count: stats: refused; proc: missing")
-                .count(),
-            1,
-            "{log}"
-        );
-        assert_eq!(
-            p.last.map(|c| c.total),
-            Some(1),
-            "the last known count stays"
-        );
+        assert_eq!(log.matches("cannot count: stats: refused; proc: missing").count(), 1, "{log}");
+        assert_eq!(p.last.map(|c| c.total), Some(1), "the last known count stays");
         assert_eq!(p.unknown.as_deref(), Some("stats: refused; proc: missing"));
     }
 
     #[test]
     fn an_unchanged_count_is_not_repeated_until_the_heartbeat() {
-        let readings = (0..7)
-            .map(|_| ok(count(SourceKind::Stats, 2), None))
-            .collect();
+        let readings = (0..7).map(|_| ok(count(SourceKind::Stats, 2), None)).collect();
         let (log, _) = watch(readings, false);
         let lines: Vec<&str> = log.lines().collect();
         assert_eq!(lines.len(), 2, "first count, then a line after 5s: {log}");
@@ -405,9 +361,7 @@ mod tests {
 
     #[test]
     fn verbose_logs_the_breakdown_at_every_count() {
-        let readings = (0..3)
-            .map(|_| ok(count(SourceKind::Stats, 2), None))
-            .collect();
+        let readings = (0..3).map(|_| ok(count(SourceKind::Stats, 2), None)).collect();
         let (log, _) = watch(readings, true);
         assert_eq!(log.matches("listener 0.0.0.0_15006=2").count(), 3, "{log}");
         assert!(log.contains("min-drain ends in 4.0s"), "{log}");
@@ -415,15 +369,9 @@ mod tests {
 
     #[test]
     fn a_request_count_that_falls_back_to_connections_says_which_count_is_in_force() {
-        let args = RunArgs {
-            count: Some("requests".to_string()),
-            ..RunArgs::default()
-        };
+        let args = RunArgs { count: Some("requests".to_string()), ..RunArgs::default() };
         let requests = || {
-            let part = Part {
-                name: "http inbound_0.0.0.0_8080".to_string(),
-                active: 1,
-            };
+            let part = Part { name: "http inbound_0.0.0.0_8080".to_string(), active: 1 };
             Count::requests(vec![part], vec![])
         };
         let no_rq = "Envoy does not report downstream_rq_active";
@@ -449,10 +397,7 @@ mod tests {
                 "1 active request (stats); min-drain ends in 2.0s",
             ]
         );
-        assert_eq!(
-            p.last.map(|c| c.describe()),
-            Some("1 active request".to_string())
-        );
+        assert_eq!(p.last.map(|c| c.describe()), Some("1 active request".to_string()));
     }
 
     #[test]
@@ -465,10 +410,7 @@ mod tests {
             ..RunArgs::default()
         };
         let (log, _) = watch_with(args, vec![ok(count(SourceKind::Proc, 0), None)]);
-        assert!(
-            log.contains("0 active connections (proc); min-drain ends in 0.5s"),
-            "{log}"
-        );
+        assert!(log.contains("0 active connections (proc); min-drain ends in 0.5s"), "{log}");
     }
 
     #[test]
@@ -482,9 +424,7 @@ mod tests {
     /// A run whose log goes to `sink`, started `ago`.
     fn report_to(sink: &Sink, ago: Duration) -> Report {
         let logger = Logger::new(Out::new(Box::new(sink.clone())), false);
-        let rules = crate::config::run_config(&RunArgs::default(), &|_| None)
-            .unwrap()
-            .rules;
+        let rules = crate::config::run_config(&RunArgs::default(), &|_| None).unwrap().rules;
         Report::new(logger, Instant::now() - ago, rules)
     }
 

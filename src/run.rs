@@ -73,11 +73,8 @@ fn wait_out(cfg: &RunConfig, start: Instant) -> i32 {
         answer.is_ok()
     };
     let resend = |s: &Sources, r: Request| send(s, r, true);
-    let urls: Vec<(Request, String)> = cfg
-        .before
-        .iter()
-        .map(|&r| (r, to(r, &sources, &agent).url(r.path())))
-        .collect();
+    let urls: Vec<(Request, String)> =
+        cfg.before.iter().map(|&r| (r, to(r, &sources, &agent).url(r.path()))).collect();
     report.line(Level::Info, &text::start_line(cfg, &sources, &urls));
     let mut unsent = Vec::new();
     for &r in &cfg.before {
@@ -128,10 +125,7 @@ pub fn disabled(setting: &str) -> i32 {
 
 /// The CPU this process has used so far, all its threads.
 fn process_cpu() -> Option<Duration> {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: t is a valid timespec for the call to fill.
     let r = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
     (r == 0).then(|| Duration::new(t.tv_sec as u64, t.tv_nsec as u32))
@@ -182,15 +176,11 @@ impl Looks for Hook<'_> {
             }
             Ask::App | Ask::Exit => (None, self.sources.pod(left)),
         };
-        let spent = own
-            .zip(process_cpu())
-            .map(|(before, after)| after.saturating_sub(before));
+        let spent = own.zip(process_cpu()).map(|(before, after)| after.saturating_sub(before));
         self.cost = Cost {
             look: asked.elapsed(),
             admin: self.sources.admin_time(),
-            cpu: spent
-                .zip(self.sources.envoy_cpu())
-                .map(|(own, envoy)| own + envoy),
+            cpu: spent.zip(self.sources.envoy_cpu()).map(|(own, envoy)| own + envoy),
         };
         let count = reading.as_ref().and_then(|r| r.result.as_ref().ok());
         let tick = Tick {

@@ -22,10 +22,8 @@ pub fn on_interrupt(report: impl FnOnce(i32) + Send + 'static) -> bool {
         }
         set
     };
-    let spawned = thread::Builder::new()
-        .name("signals".to_string())
-        .stack_size(64 * 1024)
-        .spawn(move || {
+    let spawned =
+        thread::Builder::new().name("signals".to_string()).stack_size(64 * 1024).spawn(move || {
             let mut sig = 0;
             // SAFETY: sigwait and signal with valid arguments; SIG_DFL restores the default.
             unsafe {

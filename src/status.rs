@@ -33,9 +33,5 @@ pub fn command(args: &StatusArgs) -> i32 {
         "{}",
         crate::text::status(&look, &reading, &sources, ready.as_ref())
     );
-    if reading.result.is_ok() {
-        EXIT_REACHED
-    } else {
-        EXIT_NOTHING_COUNTED
-    }
+    if reading.result.is_ok() { EXIT_REACHED } else { EXIT_NOTHING_COUNTED }
 }

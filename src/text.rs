@@ -25,11 +25,7 @@ pub fn seconds(d: Duration) -> String {
 
 /// Milliseconds below a second, else `seconds`.
 fn brief(d: Duration) -> String {
-    if d < Duration::from_secs(1) {
-        format!("{}ms", d.as_millis())
-    } else {
-        seconds(d)
-    }
+    if d < Duration::from_secs(1) { format!("{}ms", d.as_millis()) } else { seconds(d) }
 }
 
 fn plural(n: u64, one: &str, many: &str) -> String {
@@ -62,12 +58,8 @@ impl Count {
         match self.unit {
             Unit::Connections => plural(self.total, "active connection", "active connections"),
             Unit::Requests => {
-                let tcp = self
-                    .parts
-                    .iter()
-                    .filter(|p| p.name == NON_HTTP)
-                    .map(|p| p.active)
-                    .sum::<u64>();
+                let tcp =
+                    self.parts.iter().filter(|p| p.name == NON_HTTP).map(|p| p.active).sum::<u64>();
                 let requests = plural(self.total - tcp, "active request", "active requests");
                 if tcp == 0 {
                     requests
@@ -152,11 +144,7 @@ fn request_words(r: Request) -> (&'static str, &'static str, &'static str) {
             "fail Envoy's health checks (draining anyway)",
         ),
         Request::DrainListeners { all } => (
-            if all {
-                "draining all listeners"
-            } else {
-                "draining inbound listeners"
-            },
+            if all { "draining all listeners" } else { "draining inbound listeners" },
             "Envoy accepted the drain",
             "drain listeners (waiting anyway)",
         ),
@@ -178,17 +166,10 @@ fn request_words(r: Request) -> (&'static str, &'static str, &'static str) {
 pub fn posted(r: Request, url: &str, answer: &Result<Reply, Failure>) -> (String, bool) {
     let (_, done, what) = request_words(r);
     match answer {
-        Ok(reply) if reply.status == 200 => (
-            format!("{done}: POST {url} answered {}", reply.describe()),
-            false,
-        ),
-        Ok(reply) => (
-            format!(
-                "failed to {what}: POST {url}: answered {}",
-                reply.describe()
-            ),
-            true,
-        ),
+        Ok(reply) if reply.status == 200 => {
+            (format!("{done}: POST {url} answered {}", reply.describe()), false)
+        }
+        Ok(reply) => (format!("failed to {what}: POST {url}: answered {}", reply.describe()), true),
         // No answer: run.rs sends it again before each count; the quit is the last request.
         Err(f) if r != Request::Quit => (
             format!(
@@ -230,10 +211,7 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, Stri
     let target = if r.settle.is_zero() {
         format!("at most {exit_at}")
     } else {
-        format!(
-            "at most {exit_at} for {}",
-            humantime::format_duration(r.settle)
-        )
+        format!("at most {exit_at} for {}", humantime::format_duration(r.settle))
     };
     let what_count = match sources.unit {
         Unit::Connections => "active connections",
@@ -241,10 +219,7 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, Stri
     };
     let stats = match sources.unit {
         Unit::Connections => format!("Envoy's stats ({})", sources.stats_url()),
-        Unit::Requests => format!(
-            "Envoy's stats ({}), else its /clusters",
-            sources.stats_url()
-        ),
+        Unit::Requests => format!("Envoy's stats ({}), else its /clusters", sources.stats_url()),
     };
     let from = match sources.mode {
         Mode::Auto => format!("{stats}, else {proc}"),
@@ -268,21 +243,14 @@ pub fn count_line(
     min_drain_end: Duration,
     cfg: &RunConfig,
 ) -> String {
-    let breakdown = if cfg.verbose {
-        count.still_open()
-    } else {
-        String::new()
-    };
+    let breakdown = if cfg.verbose { count.still_open() } else { String::new() };
     let hold = cfg.rules.until == Until::Quiet;
     let when = if now < min_drain_end && hold {
         format!("at least {} more", seconds(min_drain_end - now))
     } else if now < min_drain_end {
         format!("min-drain ends in {}", seconds(min_drain_end - now))
     } else {
-        format!(
-            "{} left before the deadline",
-            seconds(cfg.rules.deadline.saturating_sub(now))
-        )
+        format!("{} left before the deadline", seconds(cfg.rules.deadline.saturating_sub(now)))
     };
     let arriving = match (arriving, hold) {
         (true, _) => ", and new requests still arriving",
@@ -290,11 +258,7 @@ pub fn count_line(
         (false, true) => ", and no new request",
         (false, false) => "",
     };
-    format!(
-        "{} ({}){breakdown}{arriving}; {when}",
-        count.describe(),
-        count.source.name()
-    )
+    format!("{} ({}){breakdown}{arriving}; {when}", count.describe(), count.source.name())
 }
 
 /// When the count in force changes source or unit, the line that says so and why, and whether it
@@ -325,11 +289,7 @@ pub fn switched(
         (SourceKind::Proc, Some(why)) => Some((
             format!(
                 "stats unavailable ({why}); counting {}from {} instead",
-                if wanted == Unit::Requests {
-                    "connections "
-                } else {
-                    ""
-                },
+                if wanted == Unit::Requests { "connections " } else { "" },
                 reader(proc)
             ),
             true,
@@ -407,11 +367,7 @@ pub fn app_still_running(others: Option<&std::collections::BTreeMap<u32, u64>>) 
 pub fn pace(pace: Duration, interval: Duration, cost: Cost) -> String {
     let took = match cost.cpu {
         Some(cpu) => format!("{} of CPU in {}", brief(cpu), brief(cost.look)),
-        None => format!(
-            "{} ({} of it Envoy's answers)",
-            brief(cost.look),
-            brief(cost.admin)
-        ),
+        None => format!("{} ({} of it Envoy's answers)", brief(cost.look), brief(cost.admin)),
     };
     if pace == interval {
         format!(
@@ -473,11 +429,7 @@ pub fn summary(
         Outcome::Deadline if hold => format!(
             "deadline of {} passed after {took} with {}, {counted}{stale}; the app gets its SIGTERM now",
             humantime::format_duration(deadline),
-            if stale.is_empty() {
-                "requests still arriving"
-            } else {
-                "arrivals unknown"
-            }
+            if stale.is_empty() { "requests still arriving" } else { "arrivals unknown" }
         ),
         Outcome::Reached => format!("done after {took}: {counted}; the proxy may stop now"),
         Outcome::AppExited if p.last.is_none() => {
@@ -509,19 +461,11 @@ pub fn summary(
         ),
         Outcome::Interrupted(sig) => format!(
             "interrupted by {} after {took} with {counted}{open}{stale}",
-            if sig == libc::SIGINT {
-                "SIGINT"
-            } else {
-                "SIGTERM"
-            },
+            if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" },
         ),
     };
     if dropped > 0 {
-        let (was, it) = if dropped == 1 {
-            (" was", "it")
-        } else {
-            ("s were", "them")
-        };
+        let (was, it) = if dropped == 1 { (" was", "it") } else { ("s were", "them") };
         line += &match failed {
             Some(why) => format!("; {dropped} earlier log line{was} not written: {why}"),
             None => format!(
@@ -599,12 +543,8 @@ pub fn status(
                 (SourceKind::Stats, Some(_)) => ", because Envoy does not report requests",
                 _ => "",
             };
-            let _ = writeln!(
-                out,
-                "\nrun would count {} (from {}{why})",
-                c.describe(),
-                c.source.name()
-            );
+            let _ =
+                writeln!(out, "\nrun would count {} (from {}{why})", c.describe(), c.source.name());
         }
         Err(_) => out.push_str("\nrun could not count anything right now\n"),
     }
@@ -680,12 +620,10 @@ fn table(out: &mut String, heading: &str, c: &Count, notes: Vec<Vec<String>>) {
 }
 
 fn stats_table(out: &mut String, a: &Answer) {
-    let skipped = a.skipped.iter().map(|s| {
-        vec![format!(
-            "not counted: {} ({}), {} active",
-            s.name, s.why, s.active
-        )]
-    });
+    let skipped = a
+        .skipped
+        .iter()
+        .map(|s| vec![format!("not counted: {} ({}), {} active", s.name, s.why, s.active)]);
     table(out, "listener", &a.count, skipped.collect());
 }
 
@@ -706,17 +644,10 @@ fn proc_table(out: &mut String, c: &Count) {
 /// out and why.
 fn clusters_table(out: &mut String, a: &clusters::Answer) {
     let busy = |c: &&clusters::Cluster| c.requests > 0 || c.connections > 0;
-    let (counted, left_out): (Vec<&clusters::Cluster>, Vec<_>) = a
-        .clusters
-        .iter()
-        .filter(busy)
-        .partition(|c| c.left_out.is_none());
+    let (counted, left_out): (Vec<&clusters::Cluster>, Vec<_>) =
+        a.clusters.iter().filter(busy).partition(|c| c.left_out.is_none());
     let mut rows = vec![row(&[&"cluster", &"requests", &"connections"])];
-    rows.extend(
-        counted
-            .iter()
-            .map(|c| row(&[&c.name, &c.requests, &c.connections])),
-    );
+    rows.extend(counted.iter().map(|c| row(&[&c.name, &c.requests, &c.connections])));
     rows.push(row(&[&"total", &a.count.total]));
     if a.quiet > 0 {
         let more = plural(a.quiet, "more cluster", "more clusters");
@@ -746,20 +677,9 @@ fn clusters_table(out: &mut String, a: &clusters::Answer) {
 
 /// Requests and connections side by side per HTTP connection manager, then what has no HTTP.
 fn requests_table(out: &mut String, c: &Count, hcms: &[Hcm]) {
-    let tcp = c
-        .parts
-        .iter()
-        .find(|p| p.name == NON_HTTP)
-        .map_or(0, |p| p.active);
-    let mut rows = vec![row(&[
-        &"HTTP connection manager",
-        &"requests",
-        &"connections",
-    ])];
-    rows.extend(
-        hcms.iter()
-            .map(|h| row(&[&h.prefix, &h.requests, &h.connections])),
-    );
+    let tcp = c.parts.iter().find(|p| p.name == NON_HTTP).map_or(0, |p| p.active);
+    let mut rows = vec![row(&[&"HTTP connection manager", &"requests", &"connections"])];
+    rows.extend(hcms.iter().map(|h| row(&[&h.prefix, &h.requests, &h.connections])));
     rows.push(row(&[&NON_HTTP, &"-", &tcp]));
     out.push('\n');
     grid(out, &rows);
@@ -771,21 +691,14 @@ mod tests {
     use crate::count::Part;
 
     fn part(name: &str, active: u64) -> Part {
-        Part {
-            name: name.to_string(),
-            active,
-        }
+        Part { name: name.to_string(), active }
     }
 
     #[test]
     fn total_sums_parts_and_breakdown_names_only_open_ones() {
         let c = Count::new(
             SourceKind::Stats,
-            vec![
-                part("b_15006", 2),
-                part("a_15001", 0),
-                part("[__1]_8080", 1),
-            ],
+            vec![part("b_15006", 2), part("a_15001", 0), part("[__1]_8080", 1)],
             vec![],
         );
         assert_eq!(c.total, 3);
@@ -799,23 +712,13 @@ mod tests {
 
     #[test]
     fn a_request_count_says_what_is_requests_and_what_is_connections() {
-        let with_tcp = Count::requests(
-            vec![part("http inbound_0.0.0.0_8080", 2), part(NON_HTTP, 1)],
-            vec![],
-        );
+        let with_tcp =
+            Count::requests(vec![part("http inbound_0.0.0.0_8080", 2), part(NON_HTTP, 1)], vec![]);
         assert_eq!(with_tcp.total, 3);
-        assert_eq!(
-            with_tcp.describe(),
-            "2 active requests and 1 non-HTTP connection"
-        );
-        assert_eq!(
-            with_tcp.breakdown(),
-            "http inbound_0.0.0.0_8080=2, non-HTTP connections=1"
-        );
-        let one = Count::requests(
-            vec![part("http inbound_0.0.0.0_8080", 1), part(NON_HTTP, 0)],
-            vec![],
-        );
+        assert_eq!(with_tcp.describe(), "2 active requests and 1 non-HTTP connection");
+        assert_eq!(with_tcp.breakdown(), "http inbound_0.0.0.0_8080=2, non-HTTP connections=1");
+        let one =
+            Count::requests(vec![part("http inbound_0.0.0.0_8080", 1), part(NON_HTTP, 0)], vec![]);
         assert_eq!(one.describe(), "1 active request");
     }
 
@@ -840,11 +743,7 @@ mod tests {
         ] {
             assert_eq!(seconds(Duration::from_millis(ms)), want, "{ms} ms");
         }
-        assert_eq!(
-            seconds(Duration::MAX),
-            "18446744073709551616.0s",
-            "no overflow"
-        );
+        assert_eq!(seconds(Duration::MAX), "18446744073709551616.0s", "no overflow");
     }
 
     /// `run`'s defaults.
@@ -858,11 +757,7 @@ mod tests {
     };
 
     fn progress(last: Option<Count>, unknown: Option<&str>) -> Progress {
-        Progress {
-            last,
-            unknown: unknown.map(str::to_string),
-            arrived_at: None,
-        }
+        Progress { last, unknown: unknown.map(str::to_string), arrived_at: None }
     }
 
     #[test]
@@ -872,13 +767,8 @@ mod tests {
             Some(one),
             Some("failed to GET http://127.0.0.1:15000/stats: connection refused"),
         );
-        let deadline = summary(
-            Outcome::Deadline,
-            Duration::from_millis(25_040),
-            &RULES,
-            &stale,
-            (0, None),
-        );
+        let deadline =
+            summary(Outcome::Deadline, Duration::from_millis(25_040), &RULES, &stale, (0, None));
         assert_eq!(
             deadline,
             "deadline of 25s passed after 25.0s with 1 active connection (proc) still open: \
@@ -916,13 +806,7 @@ mod tests {
     #[test]
     fn a_deadline_that_arrivals_held_says_so() {
         let at_deadline = |p: &Progress| {
-            summary(
-                Outcome::Deadline,
-                Duration::from_secs(25),
-                &RULES,
-                p,
-                (0, None),
-            )
+            summary(Outcome::Deadline, Duration::from_secs(25), &RULES, p, (0, None))
         };
         let zero = Count::of(SourceKind::Clusters, Unit::Requests, vec![], vec![]);
         let mut p = progress(Some(zero), None);
@@ -939,12 +823,8 @@ mod tests {
 
     #[test]
     fn only_a_draining_envoy_is_said_to_fail_its_health_checks() {
-        let answered = |status, body: &str| {
-            ready_said(&Ok(Reply {
-                status,
-                body: body.as_bytes().to_vec(),
-            }))
-        };
+        let answered =
+            |status, body: &str| ready_said(&Ok(Reply { status, body: body.as_bytes().to_vec() }));
         assert!(
             answered(503, "DRAINING\n").ends_with("Envoy fails its health checks (POST /healthcheck/fail, `run --fail-healthcheck`), so load balancers that ask stop sending")
         );

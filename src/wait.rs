@@ -155,11 +155,7 @@ impl Follow {
             (None, _) | (Some(true), _) => {
                 self.app_seen |= holds_sockets.is_some();
                 self.gone_since = None;
-                return if holds_sockets.is_some() {
-                    App::Running
-                } else {
-                    App::Unknown
-                };
+                return if holds_sockets.is_some() { App::Running } else { App::Unknown };
             }
             (Some(false), false) => return App::NotSeen,
             (Some(false), true) => match self.gone_since {
@@ -168,11 +164,7 @@ impl Follow {
             },
         };
         self.gone_since = Some(since);
-        if ended.saturating_sub(since) >= APP_GONE {
-            App::Gone
-        } else {
-            App::Leaving
-        }
+        if ended.saturating_sub(since) >= APP_GONE { App::Gone } else { App::Leaving }
     }
 
     /// Whether a request arrived since the last look that could tell: the counter moved (one
@@ -193,21 +185,16 @@ impl Follow {
     }
 
     fn see(&mut self, tick: &Tick, started: Duration, ended: Duration) -> Seen {
-        Seen {
-            app: self.app(tick.app, started, ended),
-            arrived: self.arrived(tick.arrivals),
-        }
+        Seen { app: self.app(tick.app, started, ended), arrived: self.arrived(tick.arrivals) }
     }
 }
 
 /// When the min-drain ends: `min_drain` after the drain, and `LAST_COUNT` (or one interval, if
 /// shorter) before the deadline at the latest (see `wait`).
 pub fn drain_done(rules: &Rules, drained_at: Duration) -> Duration {
-    drained_at.saturating_add(rules.min_drain).min(
-        rules
-            .deadline
-            .saturating_sub(rules.interval.min(LAST_COUNT)),
-    )
+    drained_at
+        .saturating_add(rules.min_drain)
+        .min(rules.deadline.saturating_sub(rules.interval.min(LAST_COUNT)))
 }
 
 /// Counts at once, then every interval, until the count has stayed at or below the threshold,
@@ -265,11 +252,7 @@ fn count(
         if started >= rules.deadline {
             break;
         }
-        let ask = if started >= next_count {
-            Ask::Count
-        } else {
-            Ask::App
-        };
+        let ask = if started >= next_count { Ask::Count } else { Ask::App };
         let tick = looks.look(rules.deadline - started, ask);
         let now = clock.now();
         let seen = follow.see(&tick, started, now);
@@ -303,9 +286,7 @@ fn count(
                 // Saturating: durations up to u64::MAX seconds parse, and must not overflow.
                 let quiet_until =
                     arrived_at.map_or(Duration::ZERO, |t| t.saturating_add(after_arrival));
-                let done_at = drain_done
-                    .max(since.saturating_add(rules.settle))
-                    .max(quiet_until);
+                let done_at = drain_done.max(since.saturating_add(rules.settle)).max(quiet_until);
                 if now >= done_at {
                     return Outcome::Reached;
                 }
@@ -330,9 +311,7 @@ fn count(
             }
             // A paced wait with no count due before the deadline counts once more where a
             // count can still end before it.
-            let last_chance = rules
-                .deadline
-                .saturating_sub((now - started).saturating_mul(2));
+            let last_chance = rules.deadline.saturating_sub((now - started).saturating_mul(2));
             if pause > rules.interval && next_count >= rules.deadline && last_chance > now {
                 next_count = last_chance;
             }
@@ -349,11 +328,7 @@ fn count(
         }
         clock.sleep(next.clamp(now, rules.deadline) - now);
     }
-    if counted {
-        Outcome::Deadline
-    } else {
-        Outcome::NothingCounted
-    }
+    if counted { Outcome::Deadline } else { Outcome::NothingCounted }
 }
 
 /// `--then-quit` once the count is reached: the app may still be shutting down and call out
@@ -370,10 +345,7 @@ fn app_exit(
         let started = clock.now();
         let tick = looks.look(rules.deadline.saturating_sub(started), Ask::Exit);
         let app = follow.app(tick.app, started, clock.now());
-        let seen = Seen {
-            app,
-            arrived: false,
-        };
+        let seen = Seen { app, arrived: false };
         looks.seen(Ask::Exit, seen);
         let pause = match app {
             App::Gone => return Quit::Yes,
@@ -422,17 +394,11 @@ mod tests {
     }
 
     fn counted(n: u64) -> Tick {
-        Tick {
-            count: Some(n),
-            ..Tick::default()
-        }
+        Tick { count: Some(n), ..Tick::default() }
     }
 
     fn cost(n: u64) -> Cost {
-        Cost {
-            look: ms(n),
-            ..Cost::default()
-        }
+        Cost { look: ms(n), ..Cost::default() }
     }
 
     /// Looks answered by a closure; what the wait made of each is kept.
@@ -457,10 +423,7 @@ mod tests {
         now: &Cell<Duration>,
         look: impl FnMut(Duration, Ask) -> Tick,
     ) -> (End, Vec<(Ask, Seen)>) {
-        let mut script = Script {
-            look,
-            seen: Vec::new(),
-        };
+        let mut script = Script { look, seen: Vec::new() };
         let end = wait(r, drained_at, &mut FakeClock(now), &mut script);
         (end, script.seen)
     }
@@ -475,10 +438,7 @@ mod tests {
         let ticks: Vec<(u64, Tick)> = script
             .iter()
             .map(|&(from, count)| {
-                let tick = Tick {
-                    count,
-                    ..Tick::default()
-                };
+                let tick = Tick { count, ..Tick::default() };
                 (from, tick)
             })
             .collect();
@@ -506,10 +466,7 @@ mod tests {
         let (end, seen) = wait_with(rules, ms(0), &now, |left, _| {
             let t = now.get();
             at.push(t);
-            assert!(
-                t + left <= rules.deadline,
-                "time left is bounded by the deadline"
-            );
+            assert!(t + left <= rules.deadline, "time left is bounded by the deadline");
             now.set(t + cost.min(left));
             match script.iter().rposition(|(from, _)| ms(*from) <= t) {
                 Some(step) => script[step].1,
@@ -537,29 +494,16 @@ mod tests {
 
     #[test]
     fn threshold_above_zero() {
-        let r = Rules {
-            until: Until::AtMost(2),
-            min_drain: ms(0),
-            ..rules()
-        };
+        let r = Rules { until: Until::AtMost(2), min_drain: ms(0), ..rules() };
         let (o, end, _) = run(&r, &[(0, Some(5)), (1000, Some(2))], ms(0));
         assert_eq!((o, end), (Outcome::Reached, ms(1000)));
     }
 
     #[test]
     fn settle_needs_the_count_to_stay_low_that_long() {
-        let r = Rules {
-            settle: ms(2000),
-            min_drain: ms(0),
-            ..rules()
-        };
+        let r = Rules { settle: ms(2000), min_drain: ms(0), ..rules() };
         // low at 1s, back up at 2s, low again from 3s: settles at 5s.
-        let script = [
-            (0, Some(2)),
-            (1000, Some(0)),
-            (2000, Some(1)),
-            (3000, Some(0)),
-        ];
+        let script = [(0, Some(2)), (1000, Some(0)), (2000, Some(1)), (3000, Some(0))];
         let (o, end, _) = run(&r, &script, ms(0));
         assert_eq!((o, end), (Outcome::Reached, ms(5000)));
     }
@@ -576,69 +520,35 @@ mod tests {
 
     #[test]
     fn a_look_that_waited_on_a_stalled_envoy_but_cost_little_cpu_keeps_the_interval() {
-        let r = Rules {
-            min_drain: ms(0),
-            ..rules()
-        };
+        let r = Rules { min_drain: ms(0), ..rules() };
         // Envoy stopped for 2 s: each look waits a second on it, and costs 10 ms of CPU.
         let stalled = Tick {
             count: Some(1),
-            cost: Cost {
-                look: ms(1000),
-                admin: ms(1000),
-                cpu: Some(ms(10)),
-            },
+            cost: Cost { look: ms(1000), admin: ms(1000), cpu: Some(ms(10)) },
             ..Tick::default()
         };
-        let (o, end, at) = run_ticks(
-            &r,
-            &[(0, stalled), (2000, counted(1)), (4000, counted(0))],
-            ms(1000),
-        );
+        let (o, end, at) =
+            run_ticks(&r, &[(0, stalled), (2000, counted(1)), (4000, counted(0))], ms(1000));
         assert_eq!(o, Outcome::Reached);
-        assert_eq!(
-            &at[..3],
-            [0, 1000, 2000].map(ms),
-            "no pause after the stalled looks: {at:?}"
-        );
-        assert!(
-            end <= ms(5000),
-            "ended {end:?} after the count reached zero at 4 s: {at:?}"
-        );
+        assert_eq!(&at[..3], [0, 1000, 2000].map(ms), "no pause after the stalled looks: {at:?}");
+        assert!(end <= ms(5000), "ended {end:?} after the count reached zero at 4 s: {at:?}");
         // Measured CPU as long as the look paces as the look did.
-        let busy = Tick {
-            cost: Cost {
-                cpu: Some(ms(250)),
-                ..stalled.cost
-            },
-            ..stalled
-        };
+        let busy = Tick { cost: Cost { cpu: Some(ms(250)), ..stalled.cost }, ..stalled };
         let (_, _, at) = run_ticks(&r, &[(0, busy)], ms(1000));
         assert_eq!(at[..2], [0, 5000].map(ms), "{at:?}");
     }
 
     #[test]
     fn slow_answers_space_the_counts_and_one_last_count_comes_before_the_deadline() {
-        let r = Rules {
-            min_drain: ms(0),
-            ..rules()
-        };
-        let slow = |count| Tick {
-            count: Some(count),
-            cost: cost(250),
-            ..Tick::default()
-        };
+        let r = Rules { min_drain: ms(0), ..rules() };
+        let slow = |count| Tick { count: Some(count), cost: cost(250), ..Tick::default() };
         // Each look takes 250 ms: a count every 5 s, and one at 24.5 s, where a count that takes
         // as long still ends before the 25 s deadline.
         let (o, end, at) = run_ticks(&r, &[(0, slow(1))], ms(250));
         assert_eq!((o, end), (Outcome::Deadline, ms(25000)));
         assert_eq!(at, [0, 5000, 10000, 15000, 20000, 24500].map(ms), "{at:?}");
         // A quick look keeps the interval.
-        let quick = Tick {
-            count: Some(1),
-            cost: cost(20),
-            ..Tick::default()
-        };
+        let quick = Tick { count: Some(1), cost: cost(20), ..Tick::default() };
         let (_, _, at) = run_ticks(&r, &[(0, quick)], ms(20));
         assert_eq!(at.len(), 50, "every 500 ms: {at:?}");
         // The count reaching zero is seen at the next paced count.
@@ -646,11 +556,7 @@ mod tests {
         assert_eq!((o, end), (Outcome::Reached, ms(15250)));
         // The bench's wait (min-drain 9 s, deadline 10 s), quiet: paced counts, one when the
         // min-drain ends, and no last count before the deadline beside it.
-        let bench = Rules {
-            min_drain: ms(9000),
-            deadline: ms(10000),
-            ..rules()
-        };
+        let bench = Rules { min_drain: ms(9000), deadline: ms(10000), ..rules() };
         let (o, end, at) = run_ticks(&bench, &[(0, slow(0))], ms(250));
         assert_eq!((o, end), (Outcome::Reached, ms(9000)));
         assert_eq!(at, [0, 5000, 8750].map(ms), "the last one ends at 9 s");
@@ -658,11 +564,7 @@ mod tests {
 
     #[test]
     fn an_unknown_count_breaks_the_settle_time_and_never_counts_as_zero() {
-        let r = Rules {
-            settle: ms(1000),
-            min_drain: ms(0),
-            ..rules()
-        };
+        let r = Rules { settle: ms(1000), min_drain: ms(0), ..rules() };
         let script = [(0, Some(0)), (500, None), (1000, Some(0))];
         let (o, end, _) = run(&r, &script, ms(0));
         assert_eq!((o, end), (Outcome::Reached, ms(2000)));
@@ -675,11 +577,7 @@ mod tests {
     fn deadline_with_connections_open_is_a_deadline_and_is_not_overrun() {
         let (o, end, at) = run(&rules(), &[(0, Some(1))], ms(0));
         assert_eq!((o, end), (Outcome::Deadline, ms(25000)));
-        assert_eq!(
-            *at.last().unwrap(),
-            ms(24500),
-            "no count is started at the deadline"
-        );
+        assert_eq!(*at.last().unwrap(), ms(24500), "no count is started at the deadline");
     }
 
     #[test]
@@ -692,11 +590,7 @@ mod tests {
     fn a_count_of_seconds_starts_early_enough_to_end_the_min_drain_and_is_not_repeated() {
         // 50,000 clusters: the first count takes 4 s, the next 3.5 s. A quiet pod: the second
         // count starts at 5 s so that it ends by the min-drain's end at 9 s, and decides then.
-        let bench = Rules {
-            min_drain: ms(9000),
-            deadline: ms(10000),
-            ..rules()
-        };
+        let bench = Rules { min_drain: ms(9000), deadline: ms(10000), ..rules() };
         // Each look's count and cost: the first, then every later one.
         let looks = |r: &Rules, counts: [u64; 2], costs: [u64; 2]| {
             let now = Cell::new(ms(0));
@@ -708,11 +602,7 @@ mod tests {
                 now.set(now.get() + took);
                 Tick {
                     count: Some(counts[i]),
-                    cost: Cost {
-                        look: took,
-                        admin: took,
-                        cpu: None,
-                    },
+                    cost: Cost { look: took, admin: took, cpu: None },
                     ..Tick::default()
                 }
             });
@@ -726,12 +616,7 @@ mod tests {
         assert_eq!((o, end, at.len()), (Outcome::Reached, ms(9300), 2));
         // A settle time needs a count after the one that began it, even when the count before
         // took long: 1 request, then none from the last count before the 30 s deadline on.
-        let settle = Rules {
-            min_drain: ms(0),
-            deadline: ms(30000),
-            settle: ms(500),
-            ..rules()
-        };
+        let settle = Rules { min_drain: ms(0), deadline: ms(30000), settle: ms(500), ..rules() };
         let (o, end, at) = looks(&settle, [1, 0], [4000, 1000]);
         assert_eq!((o, end), (Outcome::Reached, ms(24000)));
         assert_eq!(at, [0, 22000, 23000].map(ms));
@@ -741,37 +626,20 @@ mod tests {
     fn slow_counts_run_back_to_back_and_still_stop_at_the_deadline() {
         let (o, end, at) = run(&rules(), &[(0, Some(1))], ms(700));
         assert_eq!(o, Outcome::Deadline);
-        assert_eq!(
-            end,
-            ms(25000),
-            "the last count is cut short by the deadline"
-        );
-        assert_eq!(
-            at[1],
-            ms(700),
-            "the next count starts right after a slow one"
-        );
+        assert_eq!(end, ms(25000), "the last count is cut short by the deadline");
+        assert_eq!(at[1], ms(700), "the next count starts right after a slow one");
     }
 
     #[test]
     fn a_count_that_takes_the_rest_of_the_time_ends_at_the_deadline() {
-        let r = Rules {
-            deadline: ms(3000),
-            min_drain: ms(0),
-            ..rules()
-        };
+        let r = Rules { deadline: ms(3000), min_drain: ms(0), ..rules() };
         let (o, end, at) = run(&r, &[(0, Some(1))], ms(3000));
         assert_eq!((o, end, at.len()), (Outcome::Deadline, ms(3000), 1));
     }
 
     #[test]
     fn settle_longer_than_what_is_left_ends_at_the_deadline() {
-        let r = Rules {
-            settle: ms(10000),
-            min_drain: ms(0),
-            deadline: ms(3000),
-            ..rules()
-        };
+        let r = Rules { settle: ms(10000), min_drain: ms(0), deadline: ms(3000), ..rules() };
         let (o, end, _) = run(&r, &[(0, Some(0))], ms(0));
         assert_eq!((o, end), (Outcome::Deadline, ms(3000)));
     }
@@ -780,35 +648,20 @@ mod tests {
     fn the_largest_durations_that_parse_never_overflow() {
         let huge = Duration::from_secs(u64::MAX);
         // A settle time added to a count taken after the first second.
-        let settle = Rules {
-            settle: huge,
-            until: Until::AtMost(5),
-            ..rules()
-        };
+        let settle = Rules { settle: huge, until: Until::AtMost(5), ..rules() };
         let (o, end, _) = run(&settle, &[(0, Some(1))], ms(1500));
         assert_eq!((o, end), (Outcome::Deadline, ms(25000)));
         // An interval added to a count taken at 2 s, when the min-drain ended.
-        let interval = Rules {
-            interval: huge,
-            min_drain: ms(2000),
-            ..rules()
-        };
+        let interval = Rules { interval: huge, min_drain: ms(2000), ..rules() };
         let (o, end, at) = run(&interval, &[(0, Some(0)), (1000, Some(3))], ms(0));
-        assert_eq!(
-            (o, end, at),
-            (Outcome::Deadline, ms(25000), vec![ms(0), ms(2000)])
-        );
+        assert_eq!((o, end, at), (Outcome::Deadline, ms(25000), vec![ms(0), ms(2000)]));
     }
 
     #[test]
     fn a_min_drain_as_long_as_the_deadline_still_lets_a_quiet_pod_end_before_it() {
         for drained_at in [ms(0), ms(40)] {
             let now = Cell::new(drained_at);
-            let r = Rules {
-                min_drain: ms(3000),
-                deadline: ms(3000),
-                ..rules()
-            };
+            let r = Rules { min_drain: ms(3000), deadline: ms(3000), ..rules() };
             let o = wait_with(&r, drained_at, &now, |_, _| counted(0)).0.outcome;
             assert_eq!(o, Outcome::Reached, "drained at {drained_at:?}");
             assert!(
@@ -818,26 +671,15 @@ mod tests {
             );
         }
         let now = Cell::new(ms(0));
-        let r = Rules {
-            min_drain: ms(3000),
-            deadline: ms(3000),
-            ..rules()
-        };
+        let r = Rules { min_drain: ms(3000), deadline: ms(3000), ..rules() };
         let o = wait_with(&r, ms(0), &now, |_, _| counted(1)).0.outcome;
-        assert_eq!(
-            o,
-            Outcome::Deadline,
-            "an open connection still waits it out"
-        );
+        assert_eq!(o, Outcome::Deadline, "an open connection still waits it out");
     }
 
     #[test]
     fn min_drain_counts_from_the_drain_not_from_the_start() {
         let now = Cell::new(ms(800));
-        let r = Rules {
-            min_drain: ms(1000),
-            ..rules()
-        };
+        let r = Rules { min_drain: ms(1000), ..rules() };
         let o = wait_with(&r, ms(800), &now, |_, _| counted(0)).0.outcome;
         assert_eq!((o, now.get()), (Outcome::Reached, ms(1800)));
     }
@@ -849,10 +691,7 @@ mod tests {
         // left the clients' lists.
         let script: Vec<(u64, Tick)> = (0..19)
             .map(|i| {
-                let tick = Tick {
-                    arrivals: Arrivals::Requests(40 + i),
-                    ..counted(0)
-                };
+                let tick = Tick { arrivals: Arrivals::Requests(40 + i), ..counted(0) };
                 (i * 500, tick)
             })
             .collect();
@@ -868,10 +707,7 @@ mod tests {
     }
 
     fn app(holds: Option<bool>, n: u64) -> Tick {
-        Tick {
-            app: holds,
-            ..counted(n)
-        }
+        Tick { app: holds, ..counted(n) }
     }
 
     #[test]
@@ -884,10 +720,7 @@ mod tests {
         assert_eq!(looks, (60..=68).map(|i| ms(i * 100)).collect::<Vec<_>>());
         let apps: Vec<App> = seen.iter().map(|(_, s)| s.app).collect();
         assert_eq!(apps[apps.len() - 2..], [App::Leaving, App::Gone]);
-        assert!(
-            seen.iter().any(|(ask, _)| *ask == Ask::App),
-            "looks at the app alone"
-        );
+        assert!(seen.iter().any(|(ask, _)| *ask == Ask::App), "looks at the app alone");
         // Gone from 1 s on: the wait still holds until the min-drain ends.
         let script = [(0, app(Some(true), 3)), (1000, app(Some(false), 3))];
         let (o, end, _) = run_ticks(&rules(), &script, ms(0));
@@ -911,10 +744,7 @@ mod tests {
 
     #[test]
     fn a_worker_that_calls_out_now_and_then_is_not_taken_for_gone() {
-        let r = Rules {
-            then_quit: true,
-            ..rules()
-        };
+        let r = Rules { then_quit: true, ..rules() };
         // No listener; a 300 ms call out every 700 ms, or every second (in step with the
         // interval), the last one starting before 20 s; then nothing.
         for period in [700, 1000] {
@@ -923,14 +753,7 @@ mod tests {
                 let t = now.get().as_millis() as u64;
                 app(Some(t < 20_000 && t % period < 300), 0)
             });
-            assert_eq!(
-                end,
-                End {
-                    outcome: Outcome::Reached,
-                    quit: Quit::Yes
-                },
-                "{period}"
-            );
+            assert_eq!(end, End { outcome: Outcome::Reached, quit: Quit::Yes }, "{period}");
             let last_call_end = ms(19_999 / period * period + 300);
             let stopped = now.get();
             assert!(
@@ -965,46 +788,26 @@ mod tests {
     fn a_request_counter_that_moved_is_an_arrival() {
         let mut f = Follow::default();
         let requests = Arrivals::Requests;
-        assert!(
-            !f.arrived(requests(40)),
-            "the first count has nothing to compare"
-        );
+        assert!(!f.arrived(requests(40)), "the first count has nothing to compare");
         assert!(!f.arrived(requests(40)), "no new request");
-        assert!(
-            f.arrived(requests(41)),
-            "a request, on a kept connection or a new one"
-        );
-        assert!(
-            !f.arrived(Arrivals::Unknown),
-            "an unknown count or the stats tell nothing"
-        );
+        assert!(f.arrived(requests(41)), "a request, on a kept connection or a new one");
+        assert!(!f.arrived(Arrivals::Unknown), "an unknown count or the stats tell nothing");
         assert!(!f.arrived(requests(41)), "compared with the last counter");
         assert!(f.arrived(requests(3)), "a restarted Envoy's counter");
     }
 
     #[test]
     fn then_quit_stops_the_proxy_once_the_app_has_exited_after_the_count_is_reached() {
-        let r = Rules {
-            then_quit: true,
-            ..rules()
-        };
+        let r = Rules { then_quit: true, ..rules() };
         // Zero from 1 s; the app holds sockets until 7.2 s.
-        let script = [
-            (0, app(Some(true), 2)),
-            (1000, app(Some(true), 0)),
-            (7200, app(Some(false), 0)),
-        ];
+        let script =
+            [(0, app(Some(true), 2)), (1000, app(Some(true), 0)), (7200, app(Some(false), 0))];
         let (end, time, _, seen) = run_steps(&r, &script, ms(0));
         assert_eq!(end.outcome, Outcome::Reached);
         assert_eq!(end.quit, Quit::Yes);
-        assert_eq!(
-            time,
-            ms(8300),
-            "gone from the look at 7.5 s, and for APP_GONE"
-        );
+        assert_eq!(time, ms(8300), "gone from the look at 7.5 s, and for APP_GONE");
         assert!(
-            seen.iter()
-                .any(|(ask, s)| *ask == Ask::Exit && s.app == App::Running),
+            seen.iter().any(|(ask, s)| *ask == Ask::Exit && s.app == App::Running),
             "the app was looked at alone after the count was reached"
         );
         // The app's exit during the count stops the proxy too, once the min-drain is over.
@@ -1016,16 +819,10 @@ mod tests {
 
     #[test]
     fn then_quit_never_stops_the_proxy_under_an_app_it_cannot_see_go() {
-        let r = Rules {
-            then_quit: true,
-            ..rules()
-        };
+        let r = Rules { then_quit: true, ..rules() };
         // Never seen: its exit cannot be told; decided at once.
         let (end, time, _, _) = run_steps(&r, &[(0, app(Some(false), 0))], ms(0));
-        assert_eq!(
-            (end.outcome, end.quit),
-            (Outcome::Reached, Quit::AppNotSeen)
-        );
+        assert_eq!((end.outcome, end.quit), (Outcome::Reached, Quit::AppNotSeen));
         assert_eq!(time, ms(5000));
         // Still there, or unknown, until the deadline: given up one interval before it.
         for holds in [Some(true), None] {
@@ -1066,18 +863,11 @@ mod tests {
             Tick {
                 // In flight: what the hold does not wait for.
                 count: Some(3),
-                arrivals: if known {
-                    Arrivals::Requests(arrived)
-                } else {
-                    Arrivals::Unknown
-                },
+                arrivals: if known { Arrivals::Requests(arrived) } else { Arrivals::Unknown },
                 ..Tick::default()
             }
         });
-        assert!(
-            seen.iter().all(|(_, s)| s.app == App::Unknown),
-            "a hold never looks at the app"
-        );
+        assert!(seen.iter().all(|(_, s)| s.app == App::Unknown), "a hold never looks at the app");
         (end.outcome, now.get())
     }
 
@@ -1094,10 +884,7 @@ mod tests {
         );
         // Nothing arrives: the min holds it.
         let (o, end) = hold_with(&r, &[], (0, 0));
-        assert!(
-            o == Outcome::Reached && end >= ms(5000) && end <= ms(5100),
-            "{end:?}"
-        );
+        assert!(o == Outcome::Reached && end >= ms(5000) && end <= ms(5100), "{end:?}");
         // One request every 1.5 s, less than the quiet time apart: it holds to the deadline.
         let slow: Vec<u64> = (0..20).map(|i| i * 1500).collect();
         assert_eq!(hold_with(&r, &slow, (0, 0)).0, Outcome::Deadline);
@@ -1111,10 +898,7 @@ mod tests {
         assert_eq!(o, Outcome::Reached);
         assert!(end >= ms(8000) && end <= ms(8600), "{end:?}");
         // Never readable: nothing counted, at the deadline.
-        assert_eq!(
-            hold_with(&r, &[], (0, 30000)),
-            (Outcome::NothingCounted, ms(20000))
-        );
+        assert_eq!(hold_with(&r, &[], (0, 30000)), (Outcome::NothingCounted, ms(20000)));
         // A request that arrived while it could not read is seen when it reads again.
         let (_, end) = hold_with(&r, &[3000], (2000, 4000));
         assert!(end >= ms(6000) && end <= ms(6600), "{end:?}");
@@ -1147,21 +931,14 @@ mod tests {
         );
         // The last arrival is seen by the first count after it, and a count one pace later
         // sees none: two paces at most.
-        assert!(
-            now.get() <= ms(30000 + 2 * 5000 + 250),
-            "{:?} {at:?}",
-            now.get()
-        );
+        assert!(now.get() <= ms(30000 + 2 * 5000 + 250), "{:?} {at:?}", now.get());
     }
 
     #[test]
     fn arrivals_slower_than_one_a_count_still_hold_a_zero_count_until_they_stop() {
         // Red-team #2: one request every 1.2 s, each over before the next count: the count is 0
         // at every count, and one count in two sees none arrive.
-        let r = Rules {
-            min_drain: ms(2000),
-            ..rules()
-        };
+        let r = Rules { min_drain: ms(2000), ..rules() };
         let now = Cell::new(ms(0));
         let (end, _) = wait_with(&r, ms(0), &now, |_, _| {
             let t = now.get();

@@ -7,12 +7,7 @@ use support::{command, run};
 
 /// (command, flag, bad value, what the message must say was expected)
 const CASES: &[(&str, &str, &str, &str)] = &[
-    (
-        "run",
-        "--admin",
-        "envoy:15000",
-        "host:port with an IP address or localhost",
-    ),
+    ("run", "--admin", "envoy:15000", "host:port with an IP address or localhost"),
     ("run", "--admin", "https://127.0.0.1:15000", "host:port"),
     ("run", "--admin", "127.0.0.1", "host:port"),
     ("run", "--admin", "127.0.0.1:0", "host:port"),
@@ -22,12 +17,7 @@ const CASES: &[(&str, &str, &str, &str)] = &[
     ("run", "--source", "netstat", "auto, stats or proc"),
     ("run", "--count", "streams", "connections or requests"),
     ("status", "--count", "all", "connections or requests"),
-    (
-        "run",
-        "--min-drain",
-        "5",
-        "a duration like 500ms, 25s or 1m30s",
-    ),
+    ("run", "--min-drain", "5", "a duration like 500ms, 25s or 1m30s"),
     ("run", "--min-drain", "-1s", "a duration"),
     ("run", "--deadline", "soon", "a duration"),
     ("run", "--deadline", "0s", "a duration above zero"),
@@ -37,12 +27,7 @@ const CASES: &[(&str, &str, &str, &str)] = &[
     ("run", "--settle", "1 fortnight", "a duration"),
     ("run", "--exit-at", "-1", "a whole number of connections"),
     ("run", "--exit-at", "1.5", "a whole number of connections"),
-    (
-        "run",
-        "--ignore-ports",
-        "15000,admin",
-        "comma-separated ports from 1 to 65535",
-    ),
+    ("run", "--ignore-ports", "15000,admin", "comma-separated ports from 1 to 65535"),
     ("run", "--ignore-ports", "70000", "comma-separated ports"),
     ("run", "--ports", "", "at least one port"),
     ("run", "--ports", "0", "comma-separated ports"),

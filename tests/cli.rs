@@ -9,25 +9,14 @@ use support::{command, one_open_connection, run, spawn, temp_dir, watch_table};
 
 /// A loopback address nothing listens on.
 fn refused() -> String {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string()
 }
 
 #[test]
 fn help_lists_the_commands_and_exit_codes() {
     let out = run(command(&["--help"]));
     assert_eq!(out.code, Some(0), "{out}");
-    for want in [
-        "run ",
-        "hold ",
-        "status ",
-        "Exit codes:",
-        "130",
-        "ENVOY_DRAIN_DISABLED",
-    ] {
+    for want in ["run ", "hold ", "status ", "Exit codes:", "130", "ENVOY_DRAIN_DISABLED"] {
         assert!(out.stdout.contains(want), "missing {want:?} {out}");
     }
     let run_help = run(command(&["run", "--help"]));
@@ -58,10 +47,7 @@ fn help_lists_the_commands_and_exit_codes() {
 fn version_prints_name_and_version() {
     let out = run(command(&["--version"]));
     assert_eq!(out.code, Some(0), "{out}");
-    assert_eq!(
-        out.stdout,
-        format!("envoy-drain {}\n", env!("CARGO_PKG_VERSION"))
-    );
+    assert_eq!(out.stdout, format!("envoy-drain {}\n", env!("CARGO_PKG_VERSION")));
 }
 
 #[test]
@@ -82,8 +68,7 @@ fn the_kill_switch_exits_0_at_once_with_one_line() {
     assert_eq!(out.code, Some(0), "{out}");
     assert_eq!(out.stderr.lines().count(), 1, "{out}");
     assert!(
-        out.stderr
-            .contains("ENVOY_DRAIN_DISABLED=1 is set: not draining and not waiting"),
+        out.stderr.contains("ENVOY_DRAIN_DISABLED=1 is set: not draining and not waiting"),
         "{out}"
     );
     let mut empty = command(&["run", "--deadline", "5x"]);
@@ -105,8 +90,7 @@ fn the_kill_switch_wins_over_every_argument_error() {
         let out = run(c);
         assert_eq!(out.code, Some(0), "{args:?} {out}");
         assert!(
-            out.stderr
-                .contains("ENVOY_DRAIN_DISABLED=true is set: not draining and not waiting"),
+            out.stderr.contains("ENVOY_DRAIN_DISABLED=true is set: not draining and not waiting"),
             "{out}"
         );
     }
@@ -115,25 +99,11 @@ fn the_kill_switch_wins_over_every_argument_error() {
 #[test]
 fn status_with_no_source_answering_exits_3() {
     let dir = temp_dir("cli-status3");
-    let out = run(command(&[
-        "status",
-        "--admin",
-        &refused(),
-        "--proc-net",
-        dir.to_str().unwrap(),
-    ]));
+    let out = run(command(&["status", "--admin", &refused(), "--proc-net", dir.to_str().unwrap()]));
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(out.code, Some(3), "{out}");
-    assert!(
-        out.stdout
-            .contains("unavailable: failed to GET http://127.0.0.1:"),
-        "{out}"
-    );
-    assert!(
-        out.stdout
-            .contains("run could not count anything right now"),
-        "{out}"
-    );
+    assert!(out.stdout.contains("unavailable: failed to GET http://127.0.0.1:"), "{out}");
+    assert!(out.stdout.contains("run could not count anything right now"), "{out}");
 }
 
 #[test]
@@ -153,10 +123,7 @@ fn run_that_never_counts_exits_3_at_the_deadline_and_says_why() {
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(out.code, Some(3), "{out}");
     let last = out.last_line();
-    assert!(
-        last.contains("\terror\tenvoy-drain\tdeadline of 1s passed after"),
-        "{out}"
-    );
+    assert!(last.contains("\terror\tenvoy-drain\tdeadline of 1s passed after"), "{out}");
     assert!(
         last.contains("nothing could be counted: stats: failed to GET")
             && last.contains("proc: failed to read ")
@@ -197,14 +164,7 @@ fn the_log_file_gets_every_line_and_a_bad_or_full_one_is_only_a_warning() {
     let log = dir.join("hook.log");
     let logging_to = |file: &std::path::Path| {
         let file = file.to_str().unwrap();
-        let args = [
-            "--deadline",
-            "300ms",
-            "--min-drain",
-            "0s",
-            "--log-file",
-            file,
-        ];
+        let args = ["--deadline", "300ms", "--min-drain", "0s", "--log-file", file];
         run(watch_table(&dir, &args))
     };
     let out = logging_to(&log);
@@ -215,10 +175,7 @@ fn the_log_file_gets_every_line_and_a_bad_or_full_one_is_only_a_warning() {
     let bad = logging_to(&missing);
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(out.code, Some(1), "{out}");
-    assert_eq!(
-        written, out.stderr,
-        "the file holds exactly the lines of stderr"
-    );
+    assert_eq!(written, out.stderr, "the file holds exactly the lines of stderr");
     assert_eq!(full.code, Some(1), "{full}");
     let lines = full.stderr.lines().count() - 1;
     assert!(
@@ -246,8 +203,7 @@ fn fake_agent() -> (String, std::thread::JoinHandle<String>) {
     let addr = listener.local_addr().unwrap().to_string();
     let handle = std::thread::spawn(move || {
         let (mut conn, _) = listener.accept().unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut reader = BufReader::new(conn.try_clone().unwrap());
         let mut request_line = String::new();
         reader.read_line(&mut request_line).unwrap();
@@ -269,9 +225,7 @@ const NOTHING: &str = "  sl  local_address rem_address   st\n";
 /// Nobody may connect to `agent` by now.
 fn never_asked(agent: &TcpListener) -> bool {
     agent.set_nonblocking(true).unwrap();
-    agent
-        .accept()
-        .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
+    agent.accept().is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
 }
 
 /// `run --then-quit` with this min-drain on a socket table (in a directory named `name`) where
@@ -280,19 +234,12 @@ fn never_asked(agent: &TcpListener) -> bool {
 fn quitting(
     name: &str,
     min_drain: &str,
-) -> (
-    std::path::PathBuf,
-    String,
-    std::thread::JoinHandle<String>,
-    support::Running,
-) {
+) -> (std::path::PathBuf, String, std::thread::JoinHandle<String>, support::Running) {
     let dir = temp_dir(name);
     std::fs::write(dir.join("tcp"), APP_LISTENING).unwrap();
     let (agent, request) = fake_agent();
-    let hook = spawn(watch_table(
-        &dir,
-        &["--min-drain", min_drain, "--then-quit", "--agent", &agent],
-    ));
+    let hook =
+        spawn(watch_table(&dir, &["--min-drain", min_drain, "--then-quit", "--agent", &agent]));
     (dir, agent, request, hook)
 }
 
@@ -326,10 +273,7 @@ fn then_quit_asks_the_agent_to_stop_the_proxy_once_the_app_has_exited() {
         )),
         "{out}"
     );
-    assert!(
-        out.last_line().contains("done after"),
-        "the summary stays last {out}"
-    );
+    assert!(out.last_line().contains("done after"), "the summary stays last {out}");
 }
 
 #[test]
@@ -356,16 +300,10 @@ fn then_quit_leaves_the_proxy_alone_when_it_never_saw_the_app() {
     std::fs::write(dir.join("tcp"), NOTHING).unwrap();
     let agent = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = agent.local_addr().unwrap().to_string();
-    let out = run(watch_table(
-        &dir,
-        &["--min-drain", "0s", "--then-quit", "--agent", &addr],
-    ));
+    let out = run(watch_table(&dir, &["--min-drain", "0s", "--then-quit", "--agent", &addr]));
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(out.code, Some(0), "the count was reached {out}");
-    assert!(
-        never_asked(&agent),
-        "the agent was not asked to stop the proxy {out}"
-    );
+    assert!(never_asked(&agent), "the agent was not asked to stop the proxy {out}");
     assert!(
         out.stderr.contains("no socket of the app seen while waiting, so its exit cannot be told: not asking the Istio agent to stop the proxy"),
         "{out}"
@@ -382,22 +320,11 @@ fn then_quit_leaves_the_proxy_alone_while_the_app_still_holds_sockets() {
     let addr = agent.local_addr().unwrap().to_string();
     let out = run(watch_table(
         &dir,
-        &[
-            "--min-drain",
-            "0s",
-            "--deadline",
-            "1s",
-            "--then-quit",
-            "--agent",
-            &addr,
-        ],
+        &["--min-drain", "0s", "--deadline", "1s", "--then-quit", "--agent", &addr],
     ));
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(out.code, Some(0), "the count was reached {out}");
-    assert!(
-        never_asked(&agent),
-        "the agent was not asked to stop the proxy {out}"
-    );
+    assert!(never_asked(&agent), "the agent was not asked to stop the proxy {out}");
     for line in [
         "waiting for the app to exit before asking the Istio agent to stop the proxy: uid 1000: 1 socket still open",
         "the app has not exited by the deadline (uid 1000: 1 socket): not asking the Istio agent to stop the proxy",
@@ -431,14 +358,8 @@ fn a_hanging_admin_api_does_not_hold_the_hook_past_its_deadline() {
             && out.stderr.contains("no complete answer within 1s"),
         "{out}"
     );
-    assert!(
-        out.stderr.contains("counting from"),
-        "falls back to the socket table {out}"
-    );
-    assert!(
-        out.elapsed < Duration::from_millis(1500 + 400),
-        "the deadline is hard: {out}"
-    );
+    assert!(out.stderr.contains("counting from"), "falls back to the socket table {out}");
+    assert!(out.elapsed < Duration::from_millis(1500 + 400), "the deadline is hard: {out}");
 }
 
 #[test]
@@ -446,13 +367,8 @@ fn status_reads_a_pods_socket_table_as_the_fixture_expects() {
     // A REDIRECT pod's table (tests/fixtures/proc-net): IPv4, IPv6 and mapped clients on 15006,
     // the app's call on 15001, Envoy's pools to the app and to 443, the app's own sockets,
     // infrastructure ports and closed sockets. Not a live table: Envoy is told by its owner.
-    let out = run(command(&[
-        "status",
-        "--source",
-        "proc",
-        "--proc-net",
-        "tests/fixtures/proc-net",
-    ]));
+    let out =
+        run(command(&["status", "--source", "proc", "--proc-net", "tests/fixtures/proc-net"]));
     assert_eq!(out.code, Some(0), "{out}");
     let want = std::fs::read_to_string("tests/fixtures/proc-net-status.txt").unwrap();
     assert_eq!(out.stdout, want, "{out}");
@@ -463,11 +379,7 @@ fn a_pods_annotations_win_over_the_flags_and_a_bad_one_is_a_warning_not_a_lost_w
     let dir = one_open_connection("cli-annotations");
     let good = run(watch_table(
         &dir,
-        &[
-            "--deadline=20s",
-            "--min-drain=0s",
-            "--pod-annotation=envoy-drain.io/deadline=400ms",
-        ],
+        &["--deadline=20s", "--min-drain=0s", "--pod-annotation=envoy-drain.io/deadline=400ms"],
     ));
     let bad = run(watch_table(
         &dir,
@@ -480,10 +392,7 @@ fn a_pods_annotations_win_over_the_flags_and_a_bad_one_is_a_warning_not_a_lost_w
     ));
     let off = run(watch_table(
         &dir,
-        &[
-            "--deadline=20s",
-            "--pod-annotation=envoy-drain.io/disabled=true",
-        ],
+        &["--deadline=20s", "--pod-annotation=envoy-drain.io/disabled=true"],
     ));
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(good.code, Some(1), "{good}");
@@ -503,16 +412,9 @@ fn a_pods_annotations_win_over_the_flags_and_a_bad_one_is_a_warning_not_a_lost_w
         ),
         "{bad}"
     );
-    assert!(
-        bad.last_line().contains("deadline of 300ms passed"),
-        "{bad}"
-    );
+    assert!(bad.last_line().contains("deadline of 300ms passed"), "{bad}");
     assert_eq!(off.code, Some(0), "{off}");
-    assert_eq!(
-        off.stderr.lines().count(),
-        1,
-        "the pod's kill switch: {off}"
-    );
+    assert_eq!(off.stderr.lines().count(), 1, "the pod's kill switch: {off}");
     assert!(
         off.stderr.contains(
             "annotation envoy-drain.io/disabled=true is set: not draining and not waiting"
@@ -527,24 +429,14 @@ fn a_deadline_of_centuries_from_a_flag_or_an_annotation_is_waited_on_without_a_p
     let dir = temp_dir("cli-centuries");
     std::fs::write(dir.join("tcp"), "  sl  local_address rem_address   st\n").unwrap();
     let most = format!("{}s", u64::MAX);
-    let flag = run(watch_table(
-        &dir,
-        &["--deadline", &most, "--min-drain", "0s"],
-    ));
+    let flag = run(watch_table(&dir, &["--deadline", &most, "--min-drain", "0s"]));
     let annotation = run(watch_table(
         &dir,
-        &[
-            "--min-drain=0s",
-            &format!("--pod-annotation=envoy-drain.io/deadline={most}"),
-        ],
+        &["--min-drain=0s", &format!("--pod-annotation=envoy-drain.io/deadline={most}")],
     ));
     std::fs::remove_dir_all(&dir).unwrap();
     for out in [flag, annotation] {
         assert_eq!(out.code, Some(0), "{out}");
-        assert!(
-            out.last_line()
-                .contains("done after 0.0s: 0 active connections (proc)"),
-            "{out}"
-        );
+        assert!(out.last_line().contains("done after 0.0s: 0 active connections (proc)"), "{out}");
     }
 }

@@ -42,10 +42,7 @@ fn in_flight_requests_all_complete_and_run_exits_right_after_the_last() {
         for req in requests {
             let (resp, at) = req.join().unwrap().expect("the request completes");
             assert_eq!(resp.status, 200, "{resp:?}");
-            assert!(
-                resp.says_close(),
-                "a drained listener says connection: close {resp:?}"
-            );
+            assert!(resp.says_close(), "a drained listener says connection: close {resp:?}");
             last = last.max(at);
         }
         let out = r.finish();
@@ -56,16 +53,8 @@ fn in_flight_requests_all_complete_and_run_exits_right_after_the_last() {
             "exited {after:?} after the last response (interval 500ms) {out}"
         );
         let seen = out.counts();
-        assert_eq!(
-            seen.first().map(String::as_str),
-            Some("3 active connections (stats)"),
-            "{out}"
-        );
-        assert_eq!(
-            seen.last().map(String::as_str),
-            Some("0 active connections (stats)"),
-            "{out}"
-        );
+        assert_eq!(seen.first().map(String::as_str), Some("3 active connections (stats)"), "{out}");
+        assert_eq!(seen.last().map(String::as_str), Some("0 active connections (stats)"), "{out}");
     });
 }
 
@@ -76,15 +65,8 @@ fn nothing_in_flight_exits_0_when_the_min_drain_ends_not_before() {
         let _envoy = start(&bin);
         let out = run(command(&["run", "--min-drain", "1s"]));
         assert_eq!(out.code, Some(0), "{out}");
-        assert!(
-            out.elapsed >= SECOND && out.elapsed < 2 * SECOND,
-            "{:?} {out}",
-            out.elapsed
-        );
-        assert!(
-            out.last_line().contains("0 active connections (stats)"),
-            "{out}"
-        );
+        assert!(out.elapsed >= SECOND && out.elapsed < 2 * SECOND, "{:?} {out}", out.elapsed);
+        assert!(out.last_line().contains("0 active connections (stats)"), "{out}");
     });
 }
 
@@ -118,17 +100,9 @@ fn without_connection_stats_run_counts_sockets_and_still_waits_for_requests() {
         // In a pod being deleted the app stops too: it closes each connection after answering.
         let app = App::start(APP, true);
         let merge = vec!["tests/envoy/no-connection-stats.yaml"];
-        let _envoy = Envoy::start(
-            &bin,
-            Options {
-                merge,
-                ..Options::default()
-            },
-        );
-        let requests: Vec<_> = ["/delay/1", "/delay/2"]
-            .into_iter()
-            .map(|p| in_flight(INBOUND, p))
-            .collect();
+        let _envoy = Envoy::start(&bin, Options { merge, ..Options::default() });
+        let requests: Vec<_> =
+            ["/delay/1", "/delay/2"].into_iter().map(|p| in_flight(INBOUND, p)).collect();
         app.wait_received(2, 10 * SECOND);
         let r = spawn(command(&["run", "--min-drain", "500ms"]));
         let mut last = Instant::now();
@@ -140,8 +114,7 @@ fn without_connection_stats_run_counts_sockets_and_still_waits_for_requests() {
         let out = r.finish();
         assert_eq!(out.code, Some(0), "{out}");
         assert!(
-            out.stderr
-                .contains("stats unavailable (Envoy does not report downstream_cx_active")
+            out.stderr.contains("stats unavailable (Envoy does not report downstream_cx_active")
                 && out.stderr.contains(
                     "counting from the kernel's socket table (netlink sock_diag) instead"
                 ),
@@ -149,15 +122,10 @@ fn without_connection_stats_run_counts_sockets_and_still_waits_for_requests() {
         );
         assert!(out.ended >= last, "exited before the last response {out}");
         assert!(
-            out.counts()
-                .iter()
-                .any(|c| c.ends_with("(proc)") && !c.starts_with("0 ")),
+            out.counts().iter().any(|c| c.ends_with("(proc)") && !c.starts_with("0 ")),
             "{out}"
         );
-        assert!(
-            out.last_line().contains("0 active connections (proc)"),
-            "{out}"
-        );
+        assert!(out.last_line().contains("0 active connections (proc)"), "{out}");
     });
 }
 
@@ -169,19 +137,10 @@ fn when_envoy_dies_run_counts_sockets_and_exits_by_what_is_really_open() {
         let mut envoy = start(&bin);
         let request = in_flight(INBOUND, "/delay/2");
         app.wait_received(1, 10 * SECOND);
-        let mut r = spawn(command(&[
-            "run",
-            "--min-drain",
-            "0s",
-            "--interval",
-            "100ms",
-        ]));
+        let mut r = spawn(command(&["run", "--min-drain", "0s", "--interval", "100ms"]));
         r.expect_line("1 active connection (stats)", 10 * SECOND);
         envoy.kill();
-        assert!(
-            request.join().unwrap().is_err(),
-            "the client lost its proxy"
-        );
+        assert!(request.join().unwrap().is_err(), "the client lost its proxy");
         r.expect_line(
             "counting from the kernel's socket table (netlink sock_diag) instead",
             10 * SECOND,
@@ -191,10 +150,7 @@ fn when_envoy_dies_run_counts_sockets_and_exits_by_what_is_really_open() {
         let out = r.finish();
         assert_eq!(out.code, Some(0), "{out}");
         assert!(out.stderr.contains("connection refused"), "{out}");
-        assert!(
-            out.ended >= answered,
-            "exited while the app still held a connection {out}"
-        );
+        assert!(out.ended >= answered, "exited while the app still held a connection {out}");
     });
 }
 
@@ -202,36 +158,23 @@ fn when_envoy_dies_run_counts_sockets_and_exits_by_what_is_really_open() {
 #[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
 fn drain_inbound_leaves_outbound_responses_alone_and_drain_all_does_not() {
     scenario(|bin| {
-        let _envoy = Envoy::start(
-            &bin,
-            Options {
-                drain_time_s: 30,
-                ..Options::default()
-            },
-        );
+        let _envoy = Envoy::start(&bin, Options { drain_time_s: 30, ..Options::default() });
         let mut r = spawn(command(&["run", "--drain", "inbound", "--min-drain", "1s"]));
         r.expect_line("Envoy accepted the drain", 10 * SECOND);
         let outbound = Conn::open(OUTBOUND).unwrap().get("/ok").unwrap();
         let inbound = Conn::open(INBOUND).unwrap().get("/ok").unwrap();
-        assert!(
-            !outbound.says_close(),
-            "outbound is not drained {outbound:?}"
-        );
+        assert!(!outbound.says_close(), "outbound is not drained {outbound:?}");
         assert!(inbound.says_close(), "inbound is drained {inbound:?}");
         assert_eq!(r.finish().code, Some(0));
 
         let all = run(command(&["run", "--drain", "all", "--min-drain", "0s"]));
         assert_eq!(all.code, Some(0), "{all}");
         assert!(
-            all.stderr
-                .contains("drain_listeners?graceful&skip_exit answered 200 'OK'"),
+            all.stderr.contains("drain_listeners?graceful&skip_exit answered 200 'OK'"),
             "{all}"
         );
         let outbound = Conn::open(OUTBOUND).unwrap().get("/ok").unwrap();
-        assert!(
-            outbound.says_close(),
-            "outbound is drained too {outbound:?}"
-        );
+        assert!(outbound.says_close(), "outbound is drained too {outbound:?}");
     });
 }
 
@@ -260,13 +203,7 @@ fn a_connection_made_after_envoys_own_drain_time_is_still_served_while_the_hook_
     // drain said skip_exit: clients whose endpoint list still has the pod must not be refused.
     scenario(|bin| {
         let _app = App::start(APP, false);
-        let _envoy = Envoy::start(
-            &bin,
-            Options {
-                drain_time_s: 1,
-                ..Options::default()
-            },
-        );
+        let _envoy = Envoy::start(&bin, Options { drain_time_s: 1, ..Options::default() });
         let mut r = spawn(command(&["run", "--min-drain", "4s", "--deadline", "6s"]));
         r.expect_line("Envoy accepted the drain", 10 * SECOND);
         let drained = Instant::now();
@@ -284,8 +221,7 @@ fn a_connection_made_after_envoys_own_drain_time_is_still_served_while_the_hook_
         let out = r.finish();
         assert_eq!(out.code, Some(0), "{out}");
         assert!(
-            out.stderr
-                .contains("drain_listeners?inboundonly&graceful&skip_exit answered 200 'OK'"),
+            out.stderr.contains("drain_listeners?inboundonly&graceful&skip_exit answered 200 'OK'"),
             "{out}"
         );
     });
@@ -306,12 +242,9 @@ fn status_shows_the_connections_the_test_holds_per_listener_and_per_port() {
     scenario(|bin| {
         let _envoy = start(&bin);
         let mut held = Vec::new();
-        for (addr, path) in [
-            (INBOUND, "/ok"),
-            (INBOUND, "/ok"),
-            (OUTBOUND, "/ok"),
-            (HEALTH, "/healthz/ready"),
-        ] {
+        for (addr, path) in
+            [(INBOUND, "/ok"), (INBOUND, "/ok"), (OUTBOUND, "/ok"), (HEALTH, "/healthz/ready")]
+        {
             let mut c = Conn::open(addr).unwrap();
             assert_eq!(c.get(path).unwrap().status, 200);
             held.push(c);
@@ -322,17 +255,12 @@ fn status_shows_the_connections_the_test_holds_per_listener_and_per_port() {
         assert_eq!(row(&out.stdout, "0.0.0.0_15001"), Some(1), "{out}");
         assert_eq!(row(&out.stdout, "0.0.0.0_15021"), None, "{out}");
         assert!(
-            out.stdout
-                .contains("not counted: 0.0.0.0_15021 (ignored port), 1 active"),
+            out.stdout.contains("not counted: 0.0.0.0_15021 (ignored port), 1 active"),
             "{out}"
         );
         assert_eq!(row(&out.stdout, "port 15006"), Some(2), "{out}");
         assert_eq!(row(&out.stdout, "port 15001"), Some(1), "{out}");
-        assert!(
-            out.stdout
-                .contains("run would count 3 active connections (from stats)"),
-            "{out}"
-        );
+        assert!(out.stdout.contains("run would count 3 active connections (from stats)"), "{out}");
         drop(held);
     });
 }
@@ -349,16 +277,8 @@ fn ipv6_listeners_count_under_their_real_stat_names_unless_their_port_is_ignored
         let out = run(command(&["status", "--source", "stats"]));
         assert_eq!(out.code, Some(0), "{out}");
         assert_eq!(row(&out.stdout, "[__1]_15006"), Some(1), "{out}");
-        assert!(
-            out.stdout
-                .contains("not counted: [__1]_15021 (ignored port), 1 active"),
-            "{out}"
-        );
-        assert!(
-            out.stdout
-                .contains("run would count 1 active connection (from stats)"),
-            "{out}"
-        );
+        assert!(out.stdout.contains("not counted: [__1]_15021 (ignored port), 1 active"), "{out}");
+        assert!(out.stdout.contains("run would count 1 active connection (from stats)"), "{out}");
     });
 }
 
@@ -445,15 +365,8 @@ fn a_tcp_proxy_stream_keeps_a_request_count_waiting() {
         let _app = App::start(APP, false);
         let _envoy = start(&bin);
         let stream = std::net::TcpStream::connect("127.0.0.1:3306").unwrap();
-        let out = run(command(&[
-            "run",
-            "--count",
-            "requests",
-            "--min-drain",
-            "0s",
-            "--deadline",
-            "2s",
-        ]));
+        let out =
+            run(command(&["run", "--count", "requests", "--min-drain", "0s", "--deadline", "2s"]));
         assert_eq!(out.code, Some(1), "{out}");
         assert!(
             out.last_line().contains(
@@ -476,9 +389,7 @@ fn http2_streams_on_one_connection_count_as_several_requests() {
             h2.get("/delay/1.5").unwrap();
         }
         app.wait_received(3, 10 * SECOND);
-        let status = run(command(&[
-            "status", "--source", "stats", "--count", "requests",
-        ]));
+        let status = run(command(&["status", "--source", "stats", "--count", "requests"]));
         let row: Option<Vec<&str>> = status
             .stdout
             .lines()
@@ -501,24 +412,12 @@ fn with_connection_stats_only_requests_come_from_clusters_and_an_idle_connection
     scenario(|bin| {
         let app = App::start(APP, false);
         let merge = vec!["tests/envoy/cx-stats-only.yaml"];
-        let _envoy = Envoy::start(
-            &bin,
-            Options {
-                merge,
-                ..Options::default()
-            },
-        );
+        let _envoy = Envoy::start(&bin, Options { merge, ..Options::default() });
         let mut idle = Conn::open(INBOUND).unwrap();
         assert_eq!(idle.get("/ok").unwrap().status, 200);
         let slow = in_flight(INBOUND, "/delay/1");
         app.wait_received(1, 10 * SECOND);
-        let out = run(command(&[
-            "run",
-            "--count",
-            "requests",
-            "--min-drain",
-            "0s",
-        ]));
+        let out = run(command(&["run", "--count", "requests", "--min-drain", "0s"]));
         let (resp, answered) = slow.join().unwrap().expect("the request completes");
         assert_eq!(resp.status, 200);
         assert_eq!(out.code, Some(0), "{out}");
@@ -546,13 +445,7 @@ fn with_connection_stats_only_requests_come_from_clusters_and_an_idle_connection
 fn an_admin_api_on_a_unix_socket_is_asked_and_tells_envoys_sockets_apart() {
     // Contour's and Kuma's admin APIs listen on a Unix socket only.
     scenario(|bin| {
-        let envoy = Envoy::start(
-            &bin,
-            Options {
-                admin: Admin::Unix,
-                ..Options::default()
-            },
-        );
+        let envoy = Envoy::start(&bin, Options { admin: Admin::Unix, ..Options::default() });
         let socket = envoy.admin_socket();
         let admin = format!("unix:{}", socket.display());
         let mut held = Conn::open(INBOUND).unwrap();
@@ -567,23 +460,15 @@ fn an_admin_api_on_a_unix_socket_is_asked_and_tells_envoys_sockets_apart() {
         );
         assert_eq!(row(&out.stdout, "0.0.0.0_15006"), Some(1), "{out}");
         assert!(
-            out.stdout
-                .contains(&format!("which holds the admin listener {admin}")),
+            out.stdout.contains(&format!("which holds the admin listener {admin}")),
             "the socket table found Envoy as the holder of the Unix socket {out}"
         );
         assert_eq!(row(&out.stdout, "port 15006"), Some(1), "{out}");
         // A pattern with one match is that socket; a connection held keeps `run` to its deadline,
         // and it drains through the socket.
         let pattern = format!("unix:{}/*.sock", socket.parent().unwrap().display());
-        let out = run(command(&[
-            "run",
-            "--admin",
-            &pattern,
-            "--deadline",
-            "2s",
-            "--min-drain",
-            "0s",
-        ]));
+        let out =
+            run(command(&["run", "--admin", &pattern, "--deadline", "2s", "--min-drain", "0s"]));
         assert_eq!(out.code, Some(1), "{out}");
         assert!(
             out.stderr.contains(&format!(
@@ -591,11 +476,7 @@ fn an_admin_api_on_a_unix_socket_is_asked_and_tells_envoys_sockets_apart() {
             )),
             "{out}"
         );
-        assert!(
-            out.last_line()
-                .contains("1 active connection (stats) still open"),
-            "{out}"
-        );
+        assert!(out.last_line().contains("1 active connection (stats) still open"), "{out}");
         drop(held);
     });
 }
@@ -608,10 +489,7 @@ fn fail_healthcheck_makes_envoy_answer_503_before_the_drain_and_status_shows_it(
     scenario(|bin| {
         let _envoy = start(&bin);
         let ready = || {
-            Conn::open(envoy::ADMIN)
-                .and_then(|mut c| c.get("/ready"))
-                .map(|r| r.status)
-                .unwrap()
+            Conn::open(envoy::ADMIN).and_then(|mut c| c.get("/ready")).map(|r| r.status).unwrap()
         };
         assert_eq!(ready(), 200);
         let before = run(command(&["status"]));
@@ -627,16 +505,10 @@ fn fail_healthcheck_makes_envoy_answer_503_before_the_drain_and_status_shows_it(
             10 * SECOND,
         );
         r.expect_line("Envoy accepted the drain", 10 * SECOND);
-        assert_eq!(
-            ready(),
-            503,
-            "load balancers that ask are told to stop sending"
-        );
+        assert_eq!(ready(), 503, "load balancers that ask are told to stop sending");
         let during = run(command(&["status"]));
         assert!(
-            during
-                .stdout
-                .contains("answered 503 'DRAINING': Envoy fails its health checks"),
+            during.stdout.contains("answered 503 'DRAINING': Envoy fails its health checks"),
             "{during}"
         );
         let out = r.finish();
@@ -676,14 +548,8 @@ fn preset_suite(shape: Shape) {
             if !stats {
                 merge.push("tests/envoy/no-connection-stats.yaml");
             }
-            let envoy = Envoy::start(
-                &bin,
-                Options {
-                    merge,
-                    admin: shape.admin,
-                    ..Options::default()
-                },
-            );
+            let envoy =
+                Envoy::start(&bin, Options { merge, admin: shape.admin, ..Options::default() });
             // The preset's own --admin, but for the Unix socket's directory, which is the test's.
             let mut preset = vec!["--preset", shape.preset];
             let socket = format!("unix:{}", envoy.admin_socket().display());
@@ -700,17 +566,14 @@ fn preset_suite(shape: Shape) {
             }
             let out = status();
             assert!(
-                out.stdout
-                    .contains("run would count 0 active connections (from "),
+                out.stdout.contains("run would count 0 active connections (from "),
                 "{what}: the proxy's own listeners never count {out}"
             );
             let mut traffic = Conn::open(shape.traffic).unwrap();
             assert_eq!(traffic.get("/delay/0").unwrap().status, 200);
             let out = status();
             assert!(
-                out.stdout.contains(&format!(
-                    "run would count 1 active connection (from {source}"
-                )),
+                out.stdout.contains(&format!("run would count 1 active connection (from {source}")),
                 "{what}: the traffic's connection counts {out}"
             );
             // Requests: one of the proxy's own in flight never holds the hook, the traffic's does,
@@ -726,16 +589,12 @@ fn preset_suite(shape: Shape) {
             let (resp, ended) = ours.join().unwrap().unwrap();
             assert_eq!(resp.status, 200, "{what}: the drain let the request finish");
             assert_eq!(out.code, Some(0), "{what} {out}");
-            assert!(
-                out.ended >= ended,
-                "{what}: the hook waited for the request {out}"
-            );
+            assert!(out.ended >= ended, "{what}: the hook waited for the request {out}");
             // What a connection count (Envoy Gateway's and Contour's own) still sees.
             let left = status();
             assert!(
-                left.stdout.contains(&format!(
-                    "run would count 1 active connection (from {source}"
-                )),
+                left.stdout
+                    .contains(&format!("run would count 1 active connection (from {source}")),
                 "{what}: the idle connection outlives the drain {left}"
             );
             drop(idle);
@@ -825,15 +684,7 @@ fn the_contour_preset_drains_all_counts_the_traffic_listener_and_never_contours_
 
 /// `hold` with a quiet time of 1 s, and this minimum and deadline.
 fn holding(min: &str, deadline: &str) -> support::Running {
-    spawn(command(&[
-        "hold",
-        "--min",
-        min,
-        "--quiet",
-        "1s",
-        "--deadline",
-        deadline,
-    ]))
+    spawn(command(&["hold", "--min", min, "--quiet", "1s", "--deadline", deadline]))
 }
 
 /// The hold returned 0, its quiet time after the `last` arrival, and not much later.
@@ -889,10 +740,7 @@ fn hold_returns_a_quiet_time_after_the_last_http_request_and_the_apps_calls_out_
         let out = hold.finish();
         outbound.join().unwrap();
         returned_a_quiet_time_after(&out, last);
-        assert!(
-            out.stderr.contains("and new requests still arriving"),
-            "{out}"
-        );
+        assert!(out.stderr.contains("and new requests still arriving"), "{out}");
         assert!(
             out.last_line().contains(": no request arrived for 1s, 0 active requests (clusters); the app gets its SIGTERM now"),
             "{out}"
@@ -903,10 +751,7 @@ fn hold_returns_a_quiet_time_after_the_last_http_request_and_the_apps_calls_out_
         let so_far = status
             .stdout
             .lines()
-            .find_map(|l| {
-                l.trim()
-                    .strip_prefix("arrived at the app so far, which `hold` reads: ")
-            })
+            .find_map(|l| l.trim().strip_prefix("arrived at the app so far, which `hold` reads: "))
             .and_then(|l| l.split(' ').next()?.parse::<u64>().ok());
         assert!(
             so_far.is_some_and(|n| (10..=16).contains(&n)),
@@ -922,14 +767,9 @@ fn hold_returns_a_quiet_time_after_the_last_tcp_connection() {
         let _app = App::start(APP, false);
         let _envoy = start(&bin);
         let hold = holding("1s", "15s");
-        let last = arrivals(
-            "127.0.0.1:3306",
-            SECOND / 4,
-            Instant::now() + 3 * SECOND,
-            true,
-        )
-        .join()
-        .unwrap();
+        let last = arrivals("127.0.0.1:3306", SECOND / 4, Instant::now() + 3 * SECOND, true)
+            .join()
+            .unwrap();
         returned_a_quiet_time_after(&hold.finish(), last);
     });
 }
@@ -969,14 +809,11 @@ fn hold_counts_from_the_socket_table_once_envoy_cannot_answer() {
         assert_eq!(out.code, Some(0), "{out}");
         assert!(
             out.stderr.contains("/clusters: ")
-                && out
-                    .stderr
-                    .contains("reading arrivals from the kernel's socket table"),
+                && out.stderr.contains("reading arrivals from the kernel's socket table"),
             "the failure and the fallback are told {out}"
         );
         assert!(
-            out.last_line()
-                .contains(": no request arrived for 1s, 0 active connections (proc)"),
+            out.last_line().contains(": no request arrived for 1s, 0 active connections (proc)"),
             "{out}"
         );
     });
@@ -997,16 +834,10 @@ fn a_drain_that_got_no_answer_is_sent_again_so_keep_alive_clients_still_hear_con
         envoy.signal(libc::SIGCONT);
         hook.expect_line("Envoy accepted the drain", 5 * SECOND);
         let resp = idle.get("/ok").expect("an answer");
-        assert!(
-            resp.says_close(),
-            "the drain sent again reaches the keep-alive client {resp:?}"
-        );
+        assert!(resp.says_close(), "the drain sent again reaches the keep-alive client {resp:?}");
         let out = hook.finish();
         assert_eq!(out.code, Some(0), "{out}");
-        assert!(
-            out.stderr.contains("; sending it again before each count"),
-            "{out}"
-        );
+        assert!(out.stderr.contains("; sending it again before each count"), "{out}");
     });
 }
 
@@ -1048,11 +879,7 @@ impl Impostor {
                     conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\nhello, world");
             }
         });
-        Impostor {
-            path,
-            server: Some(server),
-            stop,
-        }
+        Impostor { path, server: Some(server), stop }
     }
 }
 
@@ -1099,15 +926,10 @@ fn what_answers_on_the_admin_socket_unlike_envoy_is_never_taken_for_envoy() {
         let (resp, _) = request.join().unwrap().expect("the request completes");
         assert_eq!(resp.status, 200, "{resp:?}");
         assert_eq!(out.code, Some(0), "{out}");
-        assert!(
-            out.ended >= answered,
-            "ended while the request was in flight {out}"
-        );
+        assert!(out.ended >= answered, "ended while the request was in flight {out}");
         assert!(
             out.stderr.contains("failed to drain listeners")
-                && out
-                    .stderr
-                    .contains("answered 200 without Envoy's 'server: envoy' header"),
+                && out.stderr.contains("answered 200 without Envoy's 'server: envoy' header"),
             "{out}"
         );
         assert!(

@@ -47,30 +47,20 @@ fn against_with(fault: Fault, extra: &[&str]) -> (Finished, Hostile) {
 
 /// What every fault must leave true.
 fn ends_cleanly_at_the_deadline(out: &Finished) {
-    assert_eq!(
-        out.code,
-        Some(1),
-        "a deadline with one connection open {out}"
-    );
+    assert_eq!(out.code, Some(1), "a deadline with one connection open {out}");
     assert!(!out.stderr.contains("panicked"), "{out}");
     assert!(
         out.elapsed >= DEADLINE && out.elapsed < DEADLINE + Duration::from_millis(200),
         "ended {:?} after start, deadline {DEADLINE:?} {out}",
         out.elapsed
     );
-    assert!(
-        out.last_line().contains("deadline of 1s 500ms passed"),
-        "the summary is last {out}"
-    );
+    assert!(out.last_line().contains("deadline of 1s 500ms passed"), "the summary is last {out}");
 }
 
 /// Falls back to the socket table, with one line naming the fault.
 fn falls_back_naming(out: &Finished, fault: &str) {
-    let switch: Vec<&str> = out
-        .stderr
-        .lines()
-        .filter(|l| l.contains("stats unavailable ("))
-        .collect();
+    let switch: Vec<&str> =
+        out.stderr.lines().filter(|l| l.contains("stats unavailable (")).collect();
     assert_eq!(switch.len(), 1, "one line says why {out}");
     assert!(switch[0].contains(fault), "the line names {fault:?} {out}");
     assert!(switch[0].contains("; counting from "), "{out}");
@@ -103,10 +93,8 @@ fn a_50_mib_body_is_cut_off_at_the_cap() {
     // In a namespace of its own with small TCP buffers, what the server gets out on a connection
     // is what envoy-drain read plus at most a few KiB the kernel held.
     let (out, written) = in_private_netns(|| {
-        for (sysctl, value) in [
-            ("tcp_rmem", "4096 16384 65536"),
-            ("tcp_wmem", "4096 16384 65536"),
-        ] {
+        for (sysctl, value) in [("tcp_rmem", "4096 16384 65536"), ("tcp_wmem", "4096 16384 65536")]
+        {
             std::fs::write(format!("/proc/sys/net/ipv4/{sysctl}"), value).unwrap();
         }
         let (out, h) = against(Fault::Flood);
@@ -133,22 +121,13 @@ fn an_answer_with_a_line_that_is_not_a_count_is_unknown_and_the_socket_table_cou
     // Before, such a line was skipped and the only traffic listener counted as 0.
     for (fault, line) in [
         (Fault::BadLines, "'listener.no_separator_here'".to_string()),
-        (
-            Fault::Value("3e0"),
-            "'listener.0.0.0.0_15006.downstream_cx_active: 3e0'".to_string(),
-        ),
-        (
-            Fault::Value("-5"),
-            "'listener.0.0.0.0_15006.downstream_cx_active: -5'".to_string(),
-        ),
+        (Fault::Value("3e0"), "'listener.0.0.0.0_15006.downstream_cx_active: 3e0'".to_string()),
+        (Fault::Value("-5"), "'listener.0.0.0.0_15006.downstream_cx_active: -5'".to_string()),
         (
             Fault::Value("18446744073709551616"),
             "'listener.0.0.0.0_15006.downstream_cx_active: 18446744073709551616'".to_string(),
         ),
-        (
-            Fault::CrOnly,
-            "'http.admin.downstream_cx_active: 1".to_string(),
-        ),
+        (Fault::CrOnly, "'http.admin.downstream_cx_active: 1".to_string()),
     ] {
         let (out, _h) = against(fault);
         ends_cleanly_at_the_deadline(&out);
@@ -157,8 +136,7 @@ fn an_answer_with_a_line_that_is_not_a_count_is_unknown_and_the_socket_table_cou
             &format!("Envoy's stats answer has a line that is not '<name>: <count>': {line}"),
         );
         assert!(
-            out.last_line()
-                .contains("1 active connection (proc) still open: port 8080=1"),
+            out.last_line().contains("1 active connection (proc) still open: port 8080=1"),
             "{fault:?}: counted from the socket table {out}"
         );
     }
@@ -170,11 +148,7 @@ fn four_mib_of_bad_lines_cost_one_line_of_log_and_do_not_delay_a_sigterm() {
     // SIGTERM's summary waited behind it.
     let hostile = Hostile::start(Fault::ManyBadLines);
     let dir = one_open_connection("hostile-many");
-    let mut r = spawn(hook(
-        &hostile,
-        &dir,
-        &["--deadline", "30s", "--interval", "100ms"],
-    ));
+    let mut r = spawn(hook(&hostile, &dir, &["--deadline", "30s", "--interval", "100ms"]));
     r.expect_line("1 active connection (proc)", Duration::from_secs(10));
     let sent = std::time::Instant::now();
     // SAFETY: signalling our own child.
@@ -182,10 +156,7 @@ fn four_mib_of_bad_lines_cost_one_line_of_log_and_do_not_delay_a_sigterm() {
     let out = r.finish();
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(out.code, Some(143), "{out}");
-    assert!(
-        out.ended.saturating_duration_since(sent) < Duration::from_secs(1),
-        "{out}"
-    );
+    assert!(out.ended.saturating_duration_since(sent) < Duration::from_secs(1), "{out}");
     assert_eq!(
         out.stderr.matches("is not '<name>: <count>'").count(),
         1,
@@ -196,23 +167,11 @@ fn four_mib_of_bad_lines_cost_one_line_of_log_and_do_not_delay_a_sigterm() {
 #[test]
 fn error_statuses_are_named_with_their_bodies() {
     for (fault, named) in [
-        (
-            Fault::NotFound,
-            "answered 404 'invalid path. admin commands are:",
-        ),
-        (
-            Fault::MethodNotAllowed,
-            "answered 405 'Method GET not allowed, POST required.'",
-        ),
-        (
-            Fault::ServerError,
-            "answered 500 'internal error: stats store is being rebuilt'",
-        ),
+        (Fault::NotFound, "answered 404 'invalid path. admin commands are:"),
+        (Fault::MethodNotAllowed, "answered 405 'Method GET not allowed, POST required.'"),
+        (Fault::ServerError, "answered 500 'internal error: stats store is being rebuilt'"),
         // Not Envoy's answer: it names no server.
-        (
-            Fault::Redirect,
-            "answered 302 without Envoy's 'server: envoy' header",
-        ),
+        (Fault::Redirect, "answered 302 without Envoy's 'server: envoy' header"),
     ] {
         let (out, _h) = against(fault);
         ends_cleanly_at_the_deadline(&out);

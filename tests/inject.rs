@@ -93,9 +93,7 @@ fn template(values: &str) -> String {
         .map(|l| l.len() - l.trim_start().len())
         .min()
         .unwrap_or(0);
-    body.iter()
-        .map(|l| format!("{}\n", l.get(indent..).unwrap_or_default()))
-        .collect()
+    body.iter().map(|l| format!("{}\n", l.get(indent..).unwrap_or_default())).collect()
 }
 
 /// The mesh a pod is injected in: Istio's native-sidecar flag, and its proxy config's
@@ -108,10 +106,7 @@ struct Mesh {
 
 impl Mesh {
     fn with_flag(native_flag: bool) -> Mesh {
-        Mesh {
-            native_flag,
-            termination_drain: 5.0,
-        }
+        Mesh { native_flag, termination_drain: 5.0 }
     }
 }
 
@@ -135,18 +130,14 @@ impl Facts {
         let out = output(cmd, "what istiod passes the template");
         let mut lines = out.lines();
         let context = lines.next().expect("the context").to_string();
-        let mut facts = Facts {
-            context,
-            grace: None,
-            annotations: Vec::new(),
-        };
+        let mut facts = Facts { context, grace: None, annotations: Vec::new() };
         for line in lines {
             match line.split('\t').collect::<Vec<_>>()[..] {
                 ["grace", ""] => {}
                 ["grace", g] => facts.grace = Some(g.parse().expect("seconds")),
-                ["annotation", name, value] => facts
-                    .annotations
-                    .push((name.to_string(), value.to_string())),
+                ["annotation", name, value] => {
+                    facts.annotations.push((name.to_string(), value.to_string()))
+                }
                 _ => panic!("context.py: {line:?}"),
             }
         }
@@ -154,10 +145,7 @@ impl Facts {
     }
 
     fn annotation(&self, name: &str) -> Option<&str> {
-        self.annotations
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        self.annotations.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
 
     /// A gateway names Istio's gateway template among its own.
@@ -188,18 +176,10 @@ fn merge(pod: &str, patch: &str) -> String {
     let pod = scratch.write("pod.yaml", pod);
     let patch = scratch.write("patch.yaml", patch);
     let mut cmd = kubectl();
-    cmd.args([
-        "patch",
-        "--local",
-        "--type",
-        "strategic",
-        "-o",
-        "yaml",
-        "-f",
-    ])
-    .arg(&pod)
-    .arg("--patch-file")
-    .arg(&patch);
+    cmd.args(["patch", "--local", "--type", "strategic", "-o", "yaml", "-f"])
+        .arg(&pod)
+        .arg("--patch-file")
+        .arg(&patch);
     output(cmd, "kubectl patch --local --type strategic")
 }
 
@@ -246,21 +226,12 @@ fn proxy(pod: &str) -> Proxy {
         "{.spec.containers[*].name}".to_string(),
     ];
     for list in ["initContainers", "containers"] {
-        for f in [
-            "lifecycle.preStop.exec.command",
-            "lifecycle.postStart",
-            "volumeMounts",
-        ] {
+        for f in ["lifecycle.preStop.exec.command", "lifecycle.postStart", "volumeMounts"] {
             paths.push(field(list, f));
         }
     }
     let got = fields(pod, &paths);
-    let count = |names: &str| {
-        names
-            .split_whitespace()
-            .filter(|n| *n == "istio-proxy")
-            .count()
-    };
+    let count = |names: &str| names.split_whitespace().filter(|n| *n == "istio-proxy").count();
     let (inits, containers) = (count(&got[0]), count(&got[1]));
     assert_eq!(
         inits + containers,
@@ -282,10 +253,7 @@ fn proxy(pod: &str) -> Proxy {
 fn fields(pod: &str, paths: &[String]) -> Vec<String> {
     const SEPARATOR: &str = "\n<<envoy-drain>>\n";
     let joined = paths.join(&format!("{{\"{}\"}}", SEPARATOR.escape_default()));
-    let got: Vec<String> = query(pod, &joined)
-        .split(SEPARATOR)
-        .map(str::to_string)
-        .collect();
+    let got: Vec<String> = query(pod, &joined).split(SEPARATOR).map(str::to_string).collect();
     assert_eq!(got.len(), paths.len(), "{paths:?}: {got:?}");
     got
 }
@@ -316,11 +284,7 @@ fn json_string(s: &str) -> String {
 /// must fit after the hook (the kubelet's 2s to stop a native sidecar; pilot-agent's
 /// terminationDrainDuration, in whole seconds up, after a classic one) and 1s, at least 1s.
 fn expected_deadline(grace: Option<u64>, native: bool, mesh: Mesh) -> u64 {
-    let after = if native {
-        2
-    } else {
-        mesh.termination_drain.ceil() as u64
-    };
+    let after = if native { 2 } else { mesh.termination_drain.ceil() as u64 };
     grace.unwrap_or(30).saturating_sub(after + 1).max(1)
 }
 
@@ -330,23 +294,15 @@ fn check(pod: &str, mesh: Mesh, variant: Variant) -> String {
     let facts = Facts::of(pod, mesh);
     let patch = render(&template(variant.values()), &facts);
     if facts.annotation("envoy-drain.io/disabled").map(str::trim) == Some("true") {
-        assert!(
-            patch.trim().is_empty(),
-            "a disabled pod gets nothing:\n{patch}"
-        );
+        assert!(patch.trim().is_empty(), "a disabled pod gets nothing:\n{patch}");
         return pod.to_string();
     }
     let before = proxy(pod);
     let merged = merge(pod, &patch);
     let after = proxy(&merged);
-    assert_eq!(
-        after.in_init, before.in_init,
-        "istio-proxy stays where Istio put it\n{merged}"
-    );
+    assert_eq!(after.in_init, before.in_init, "istio-proxy stays where Istio put it\n{merged}");
     let mut want = vec!["/envoy-drain/envoy-drain".to_string(), "run".to_string()];
-    let port = facts
-        .annotation("status.sidecar.istio.io/port")
-        .unwrap_or("15020");
+    let port = facts.annotation("status.sidecar.istio.io/port").unwrap_or("15020");
     if facts.gateway() {
         // No app: every listener drains, and requests count, not a load balancer's idle pools.
         want.extend(["--drain=all".to_string(), "--count=requests".to_string()]);
@@ -354,20 +310,10 @@ fn check(pod: &str, mesh: Mesh, variant: Variant) -> String {
         // Native: the agent drains, and stops the proxy at once on the SIGTERM that follows the
         // app's exit. Classic: the hook asks the agent to stop the proxy once the app has
         // exited. Neither where the pod turns the agent's status server off (port 0).
-        want.push(
-            if after.in_init {
-                "--drain=agent"
-            } else {
-                "--then-quit"
-            }
-            .to_string(),
-        );
+        want.push(if after.in_init { "--drain=agent" } else { "--then-quit" }.to_string());
         want.push(format!("--agent=127.0.0.1:{port}"));
     }
-    want.push(format!(
-        "--deadline={}s",
-        expected_deadline(facts.grace, after.in_init, mesh)
-    ));
+    want.push(format!("--deadline={}s", expected_deadline(facts.grace, after.in_init, mesh)));
     want.push("--log-file=/proc/1/fd/1".to_string());
     for (name, value) in &facts.annotations {
         if name.starts_with("envoy-drain.io/") {
@@ -386,18 +332,9 @@ fn check(pod: &str, mesh: Mesh, variant: Variant) -> String {
         "envoy-drain takes {want:?}: {}",
         String::from_utf8_lossy(&parsed.stderr)
     );
-    let want = format!(
-        "[{}]",
-        want.iter()
-            .map(|w| json_string(w))
-            .collect::<Vec<_>>()
-            .join(",")
-    );
+    let want = format!("[{}]", want.iter().map(|w| json_string(w)).collect::<Vec<_>>().join(","));
     assert_eq!(after.pre_stop, want, "our preStop\n{merged}");
-    assert_eq!(
-        after.post_start, before.post_start,
-        "Istio's postStart is kept\n{merged}"
-    );
+    assert_eq!(after.post_start, before.post_start, "Istio's postStart is kept\n{merged}");
     assert!(
         after
             .mounts
@@ -423,20 +360,13 @@ fn check(pod: &str, mesh: Mesh, variant: Variant) -> String {
             );
         }
         Variant::Image => {
-            assert!(
-                volume.contains(r#""reference":"envoy-drain:0.1.0""#),
-                "{volume}\n{merged}"
-            );
+            assert!(volume.contains(r#""reference":"envoy-drain:0.1.0""#), "{volume}\n{merged}");
             assert!(install.is_empty(), "no init container: {install}\n{merged}");
         }
     }
     check_apps(pod, &merged, &facts);
     no_stub(&merged);
-    assert_eq!(
-        merge(&merged, &patch),
-        merged,
-        "applying it twice changes nothing"
-    );
+    assert_eq!(merge(&merged, &patch), merged, "applying it twice changes nothing");
     validate(&merged);
     merged
 }
@@ -466,10 +396,7 @@ fn check_apps(pod: &str, merged: &str, facts: &Facts) {
     let hold = [
         "/envoy-drain/envoy-drain".to_string(),
         "hold".to_string(),
-        format!(
-            "--deadline={}s",
-            facts.grace.unwrap_or(30).saturating_sub(10).max(1)
-        ),
+        format!("--deadline={}s", facts.grace.unwrap_or(30).saturating_sub(10).max(1)),
         "--log-file=/proc/1/fd/1".to_string(),
     ];
     let parsed = Command::new(env!("CARGO_BIN_EXE_envoy-drain"))
@@ -480,10 +407,7 @@ fn check_apps(pod: &str, merged: &str, facts: &Facts) {
     assert!(parsed.status.success(), "envoy-drain takes {hold:?}");
     let want = format!(
         r#"{{"exec":{{"command":[{}]}}}}"#,
-        hold.iter()
-            .map(|w| json_string(w))
-            .collect::<Vec<_>>()
-            .join(",")
+        hold.iter().map(|w| json_string(w)).collect::<Vec<_>>().join(",")
     );
     let after = apps(merged);
     for (name, pre_stop, mounts) in apps(pod) {
@@ -514,10 +438,7 @@ fn no_stub(pod: &str) {
         .map(|list| format!("{{range .spec.{list}[*]}}{{.name}}={{.image}}{{\"\\n\"}}{{end}}"));
     for (list, rows) in lists.iter().zip(fields(pod, &paths)) {
         for row in rows.lines() {
-            assert!(
-                !row.ends_with('='),
-                "{list} holds a container without an image: {row}\n{pod}"
-            );
+            assert!(!row.ends_with('='), "{list} holds a container without an image: {row}\n{pod}");
         }
     }
 }
@@ -556,23 +477,11 @@ fn both_templates_merge_into_every_injected_pod_without_losing_istios_hooks() {
 fn the_native_sidecars_own_prestop_is_replaced_and_the_holds_poststart_kept() {
     let (native, flag) = fixture("native-hold.yaml");
     let before = proxy(&native);
-    assert!(
-        before.pre_stop.contains("pilot-agent"),
-        "{}",
-        before.pre_stop
-    );
+    assert!(before.pre_stop.contains("pilot-agent"), "{}", before.pre_stop);
     let merged = check(&native, Mesh::with_flag(flag), Variant::Install);
     let after = proxy(&merged);
-    assert!(
-        !after.pre_stop.contains("pilot-agent"),
-        "{}",
-        after.pre_stop
-    );
-    assert!(
-        after.post_start.contains(r#"["pilot-agent","wait"]"#),
-        "{}",
-        after.post_start
-    );
+    assert!(!after.pre_stop.contains("pilot-agent"), "{}", after.pre_stop);
+    assert!(after.post_start.contains(r#"["pilot-agent","wait"]"#), "{}", after.post_start);
 }
 
 #[test]
@@ -582,21 +491,13 @@ fn the_one_decision_follows_istios_flag_unless_the_pods_annotation_says_otherwis
         let text = template(variant.values());
         // Where the rendered patch puts istio-proxy, and whether it drains through the agent.
         let outcome = |flag: bool, annotation: Option<&str>| {
-            let annotations: Vec<(&str, &str)> = annotation
-                .map(|v| ("sidecar.istio.io/nativeSidecar", v))
-                .into_iter()
-                .collect();
-            let patch = render(
-                &text,
-                &Facts::of(&bare_pod(&annotations), Mesh::with_flag(flag)),
-            );
+            let annotations: Vec<(&str, &str)> =
+                annotation.map(|v| ("sidecar.istio.io/nativeSidecar", v)).into_iter().collect();
+            let patch = render(&text, &Facts::of(&bare_pod(&annotations), Mesh::with_flag(flag)));
             let as_pod = format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: patch\n{patch}");
             let inits = query(&as_pod, "{.spec.initContainers[*].name}");
             let containers = query(&as_pod, "{.spec.containers[*].name}");
-            let list = match (
-                inits.contains("istio-proxy"),
-                containers.contains("istio-proxy"),
-            ) {
+            let list = match (inits.contains("istio-proxy"), containers.contains("istio-proxy")) {
                 (true, false) => "initContainers",
                 (false, true) => "containers",
                 _ => panic!("istio-proxy once: {inits:?} {containers:?}\n{patch}"),
@@ -605,16 +506,8 @@ fn the_one_decision_follows_istios_flag_unless_the_pods_annotation_says_otherwis
         };
         assert_eq!(outcome(false, None), ("containers", false), "{variant:?}");
         assert_eq!(outcome(true, None), ("initContainers", true), "{variant:?}");
-        assert_eq!(
-            outcome(true, Some("false")),
-            ("containers", false),
-            "{variant:?}"
-        );
-        assert_eq!(
-            outcome(false, Some("true")),
-            ("initContainers", true),
-            "{variant:?}"
-        );
+        assert_eq!(outcome(true, Some("false")), ("containers", false), "{variant:?}");
+        assert_eq!(outcome(false, Some("true")), ("initContainers", true), "{variant:?}");
     }
 }
 
@@ -630,10 +523,7 @@ fn aiming_the_classic_patch_at_a_native_pod_leaves_a_stub_the_checks_catch() {
     );
     let merged = merge(&native, &classic_patch);
     let caught = std::panic::catch_unwind(|| no_stub(&merged));
-    assert!(
-        caught.is_err(),
-        "a stub istio-proxy must be caught:\n{merged}"
-    );
+    assert!(caught.is_err(), "a stub istio-proxy must be caught:\n{merged}");
 }
 
 /// A pod with only these annotations, for what the template renders from them alone.
@@ -678,11 +568,9 @@ fn set(pod: &str, patch: &str) -> String {
 fn as_operators_have_it(golden: &str) -> (String, Mesh) {
     let facts = Facts::of(golden, Mesh::with_flag(false));
     let pod = match facts.annotation("inject.istio.io/templates") {
-        Some(t) if !t.contains("envoy-drain") => annotate(
-            golden,
-            "inject.istio.io/templates",
-            &format!("{t},envoy-drain"),
-        ),
+        Some(t) if !t.contains("envoy-drain") => {
+            annotate(golden, "inject.istio.io/templates", &format!("{t},envoy-drain"))
+        }
         _ => golden.to_string(),
     };
     let flag = proxy(golden).in_init
@@ -714,32 +602,17 @@ fn both_templates_merge_into_istios_own_injected_goldens() {
     let mut cmd = Command::new(repo("target/tools-venv/bin/python"));
     cmd.arg(repo("tests/inject/goldens.py")).arg(&dir);
     let listed = output(cmd, "splitting the goldens into pods");
-    let pods: Vec<(&str, &str)> = listed
-        .lines()
-        .map(|l| l.split_once('\t').expect("golden, tab, pod"))
-        .collect();
+    let pods: Vec<(&str, &str)> =
+        listed.lines().map(|l| l.split_once('\t').expect("golden, tab, pod")).collect();
     // Istio's own output already holds an image-less istio-proxy beside the real one where a
     // custom template patched the wrong list (istio/istio #56455): there is nothing to check
     // "exactly one istio-proxy" against.
-    let names = |pod: &str| {
-        query(
-            pod,
-            "{.spec.initContainers[*].name} {.spec.containers[*].name}",
-        )
-    };
+    let names = |pod: &str| query(pod, "{.spec.initContainers[*].name} {.spec.containers[*].name}");
     let (stubbed, pods): (Vec<_>, Vec<_>) = pods.into_iter().partition(|(_, pod)| {
-        names(pod)
-            .split_whitespace()
-            .filter(|n| *n == "istio-proxy")
-            .count()
-            > 1
+        names(pod).split_whitespace().filter(|n| *n == "istio-proxy").count() > 1
     });
     let stubbed: Vec<&str> = stubbed.iter().map(|(g, _)| *g).collect();
-    assert_eq!(
-        stubbed,
-        ["sidecar-spire.yaml.injected"],
-        "Istio's own stubs"
-    );
+    assert_eq!(stubbed, ["sidecar-spire.yaml.injected"], "Istio's own stubs");
     // Two workers: each check runs kubectl and a validator a dozen times.
     let failed = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|s| {
@@ -763,10 +636,7 @@ fn both_templates_merge_into_istios_own_injected_goldens() {
         }
     });
     let failed = failed.into_inner().unwrap();
-    assert!(
-        failed.is_empty(),
-        "goldens that failed their checks: {failed:?}"
-    );
+    assert!(failed.is_empty(), "goldens that failed their checks: {failed:?}");
     let goldens: std::collections::BTreeSet<&str> = pods.iter().map(|(g, _)| *g).collect();
     eprintln!(
         "merged both templates into {} pods of {} goldens with an istio-proxy",
@@ -801,10 +671,9 @@ fn the_deadline_is_the_pods_grace_period_less_what_must_follow_the_hook() {
         // Kubernetes' default when unset, three of users' own, and one too short to hold anything.
         for grace in [None, Some(30), Some(120), Some(3600), Some(3)] {
             let pod = match grace {
-                Some(g) => set(
-                    &pod,
-                    &format!("{{\"spec\":{{\"terminationGracePeriodSeconds\":{g}}}}}"),
-                ),
+                Some(g) => {
+                    set(&pod, &format!("{{\"spec\":{{\"terminationGracePeriodSeconds\":{g}}}}}"))
+                }
                 None => pod.clone(),
             };
             for variant in [Variant::Install, Variant::Image] {
@@ -845,10 +714,7 @@ fn the_deadline_is_the_pods_grace_period_less_what_must_follow_the_hook() {
     for (fixture_name, want) in [("classic.yaml", 120 - 21 - 1), ("native.yaml", 117)] {
         let (pod, flag) = fixture(fixture_name);
         let pod = set(&pod, "{\"spec\":{\"terminationGracePeriodSeconds\":120}}");
-        let mesh = Mesh {
-            native_flag: flag,
-            termination_drain: 20.5,
-        };
+        let mesh = Mesh { native_flag: flag, termination_drain: 20.5 };
         let merged = check(&pod, mesh, Variant::Install);
         assert_eq!(rendered_deadline(&merged), want, "{fixture_name}");
     }
@@ -909,14 +775,8 @@ fn a_pods_envoy_drain_annotations_reach_its_hook_and_disabled_leaves_the_pod_to_
         // sidecar's pilot-agent drain; none on a classic one). The hook trims the value, and so
         // does the template: " true" once got neither envoy-drain's wait nor a kill switch.
         for (off, variant) in [
-            (
-                annotate(&pod, "envoy-drain.io/disabled", "true"),
-                Variant::Install,
-            ),
-            (
-                annotate(&pod, "envoy-drain.io/disabled", " true "),
-                Variant::Image,
-            ),
+            (annotate(&pod, "envoy-drain.io/disabled", "true"), Variant::Install),
+            (annotate(&pod, "envoy-drain.io/disabled", " true "), Variant::Image),
         ] {
             let kept = check(&off, mesh, variant);
             assert_eq!(proxy(&kept).pre_stop, proxy(&pod).pre_stop);
@@ -951,10 +811,7 @@ fn a_gateway_drains_every_listener_and_counts_requests_even_where_sidecars_are_n
     );
     for (golden, pod) in gateways {
         let (pod, mesh) = as_operators_have_it(pod);
-        assert!(
-            mesh.native_flag,
-            "{golden}: the flag that could misplace it"
-        );
+        assert!(mesh.native_flag, "{golden}: the flag that could misplace it");
         for variant in [Variant::Install, Variant::Image] {
             let merged = check(&pod, mesh, variant);
             let after = proxy(&merged);

@@ -24,10 +24,7 @@ fn installs_into_a_directory_as_an_executable_copy_and_says_so_in_one_line() {
     let original = std::fs::read(BIN).unwrap();
     let copy = std::fs::read(&installed).unwrap();
     let mode = std::fs::metadata(&installed).unwrap().permissions().mode() & 0o777;
-    let runs = std::process::Command::new(&installed)
-        .arg("--version")
-        .output()
-        .unwrap();
+    let runs = std::process::Command::new(&installed).arg("--version").output().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(out.code, Some(0), "{out}");
     assert_eq!(
@@ -61,15 +58,8 @@ fn installing_again_replaces_the_file_by_rename_and_leaves_nothing_behind() {
     let size = std::fs::metadata(&dest).unwrap().len();
     let left = entries(&dir);
     std::fs::remove_dir_all(&dir).unwrap();
-    assert_eq!(
-        (first.code, second.code),
-        (Some(0), Some(0)),
-        "{first}{second}"
-    );
-    assert_eq!(
-        seen, "old binary",
-        "the old file was replaced, not written over"
-    );
+    assert_eq!((first.code, second.code), (Some(0), Some(0)), "{first}{second}");
+    assert_eq!(seen, "old binary", "the old file was replaced, not written over");
     assert_eq!(size, std::fs::metadata(BIN).unwrap().len());
     assert_eq!(left, vec!["hook"], "no temporary file is left");
 }
@@ -81,18 +71,15 @@ fn a_destination_that_cannot_be_written_names_the_path_and_the_cause_and_exits_1
     std::fs::write(&file, "x").unwrap();
     let missing = dir.join("no/such/dir/envoy-drain");
     let under_file = file.join("envoy-drain");
-    let cases = [
-        (missing.clone(), "no such file or directory"),
-        (under_file.clone(), "not a directory"),
-    ];
+    let cases =
+        [(missing.clone(), "no such file or directory"), (under_file.clone(), "not a directory")];
     for (dest, cause) in cases {
         let out = run(command(&["install", dest.to_str().unwrap()]));
         assert_eq!(out.code, Some(1), "{out}");
         assert!(
-            out.stderr.starts_with(&format!(
-                "envoy-drain: failed to install to {}: ",
-                dest.display()
-            )) && out.stderr.contains(cause)
+            out.stderr
+                .starts_with(&format!("envoy-drain: failed to install to {}: ", dest.display()))
+                && out.stderr.contains(cause)
                 && out.stderr.lines().count() == 1,
             "{out}"
         );
@@ -114,8 +101,7 @@ fn a_temporary_file_left_by_a_killed_install_with_the_same_pid_does_not_fail_the
     let other = dir.join(".envoy-drain.4242.0.tmp");
     std::fs::write(&other, b"someone else's").unwrap();
     let mut c = std::process::Command::new("unshare");
-    c.args(["--pid", "--fork", "--mount-proc", BIN, "install"])
-        .arg(&dir);
+    c.args(["--pid", "--fork", "--mount-proc", BIN, "install"]).arg(&dir);
     let out = run(c);
     let installed = std::fs::read(dir.join("envoy-drain")).unwrap_or_default();
     let names = entries(&dir);
@@ -124,11 +110,7 @@ fn a_temporary_file_left_by_a_killed_install_with_the_same_pid_does_not_fail_the
     assert_eq!(installed, std::fs::read(BIN).unwrap(), "a whole copy");
     assert_eq!(
         names,
-        vec![
-            ".envoy-drain.1.0.tmp",
-            ".envoy-drain.4242.0.tmp",
-            "envoy-drain"
-        ],
+        vec![".envoy-drain.1.0.tmp", ".envoy-drain.4242.0.tmp", "envoy-drain"],
         "the others' files are left as they were"
     );
 }

@@ -31,16 +31,9 @@ fn a_log_file_that_is_a_fifo_nobody_reads_does_not_hang_the_open() {
     let dir = one_open_connection("logs-fifo");
     let log = dir.join("hook.log");
     fifo(&log);
-    let out = run(waiting(
-        &dir,
-        &["--deadline", "1s", "--log-file", log.to_str().unwrap()],
-    ));
+    let out = run(waiting(&dir, &["--deadline", "1s", "--log-file", log.to_str().unwrap()]));
     std::fs::remove_dir_all(&dir).unwrap();
-    assert_eq!(
-        out.code,
-        Some(1),
-        "a deadline with one connection open {out}"
-    );
+    assert_eq!(out.code, Some(1), "a deadline with one connection open {out}");
     assert!(
         out.stderr.contains(&format!(
             "failed to open log file {}: nothing reads it; logging to stderr only",
@@ -54,18 +47,7 @@ fn a_log_file_that_is_a_fifo_nobody_reads_does_not_hang_the_open() {
 /// A run that logs a line a millisecond to `log` and waits for 30 s.
 fn chatty(dir: &std::path::Path, log: &std::path::Path) -> std::process::Command {
     let log = log.to_str().unwrap();
-    waiting(
-        dir,
-        &[
-            "--deadline",
-            "30s",
-            "--interval",
-            "1ms",
-            "--verbose",
-            "--log-file",
-            log,
-        ],
-    )
+    waiting(dir, &["--deadline", "30s", "--interval", "1ms", "--verbose", "--log-file", log])
 }
 
 /// SIGTERM to the run once `seen` says it is going, and its exit within a second.
@@ -90,11 +72,7 @@ fn a_log_pipe_whose_reader_stalls_drops_lines_counts_them_and_holds_nothing() {
     let log = dir.join("hook.log");
     fifo(&log);
     // A reader that never reads, its pipe shrunk to one page.
-    let reader = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&log)
-        .unwrap();
+    let reader = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&log).unwrap();
     // SAFETY: fcntl on a descriptor we own.
     unsafe { libc::fcntl(reader.as_raw_fd(), libc::F_SETPIPE_SZ, 4096) };
     let mut r = spawn(chatty(&dir, &log));
@@ -130,18 +108,9 @@ fn a_stderr_nobody_reads_holds_neither_the_counting_nor_the_exit() {
     // SAFETY: fcntl on a descriptor we own.
     unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, 4096) };
     let mut cmd = chatty(&dir, &log);
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(write_end))
-        .spawn()
-        .unwrap();
+    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::from(write_end)).spawn().unwrap();
     // It keeps counting while stderr is full: the log file grows past what a page holds.
-    let lines = || {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .lines()
-            .count()
-    };
+    let lines = || std::fs::read_to_string(&log).unwrap_or_default().lines().count();
     let until = Instant::now() + Duration::from_secs(10);
     while lines() < 500 && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(10));
@@ -165,10 +134,7 @@ fn a_stderr_nobody_reads_holds_neither_the_counting_nor_the_exit() {
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(status.and_then(|s| s.code()), Some(143), "{text}");
-    assert!(
-        took < Duration::from_secs(1),
-        "exited {took:?} after SIGTERM"
-    );
+    assert!(took < Duration::from_secs(1), "exited {took:?} after SIGTERM");
     let last = text.lines().last().unwrap_or_default();
     assert!(
         last.contains("interrupted by SIGTERM")

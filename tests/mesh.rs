@@ -25,11 +25,7 @@ fn deleted_under_load(ordering: Ordering, mode: Mode) -> Row {
 }
 
 fn run_scenario(scenario: Scenario) -> Row {
-    mesh::run(
-        &support::envoy::required(),
-        Path::new(support::BIN),
-        scenario,
-    )
+    mesh::run(&support::envoy::required(), Path::new(support::BIN), scenario)
 }
 
 /// The row as the table shows it, and the hook's summary.
@@ -57,11 +53,7 @@ fn no_request_failed(row: &Row) {
     load_ran(row);
     assert_eq!(row.failed, 0, "{}", shown(row));
     assert_eq!(row.long_ok, LONG, "{}", shown(row));
-    let hook = row
-        .deletion
-        .hook
-        .as_ref()
-        .expect("the proxy's preStop hook ran");
+    let hook = row.deletion.hook.as_ref().expect("the proxy's preStop hook ran");
     assert_eq!(hook.code, Some(0), "{hook}");
 }
 
@@ -129,8 +121,6 @@ fn an_nginx_style_app_behind_hold_fails_no_request_when_the_mesh_learns_of_it_10
     let hold = row.deletion.app_hook.as_ref().expect("the app's hold ran");
     assert_eq!(hold.code, Some(0), "{hold}");
     // The default quiet time is 3 s, and arrivals are read every 500 ms.
-    let after = row
-        .hold_after_last_arrival()
-        .expect("a last arrival at pod A");
+    let after = row.hold_after_last_arrival().expect("a last arrival at pod A");
     assert!((3.0..4.5).contains(&after), "{}\n{hold}", shown(&row));
 }

@@ -37,29 +37,12 @@ const HOOK_REQUESTS: [&str; 9] = [
 ];
 
 /// The preStop command of these scenarios.
-const HOOK: [&str; 7] = [
-    "run",
-    "--min-drain",
-    "500ms",
-    "--interval",
-    "200ms",
-    "--deadline",
-    "20s",
-];
+const HOOK: [&str; 7] = ["run", "--min-drain", "500ms", "--interval", "200ms", "--deadline", "20s"];
 
 /// The pod.
 fn pod(capture: Capture, stats: Stats, on_sigterm: &'static str) -> Pod {
-    let options = Options {
-        capture,
-        stats,
-        on_sigterm,
-        ..Options::default()
-    };
-    Pod::start(
-        &support::envoy::required(),
-        Path::new(support::BIN),
-        options,
-    )
+    let options = Options { capture, stats, on_sigterm, ..Options::default() };
+    Pod::start(&support::envoy::required(), Path::new(support::BIN), options)
 }
 
 /// The pod's deletion: the kubelet runs the proxy's preStop hook and, at the same moment, sends
@@ -98,15 +81,9 @@ fn ended_right_after(out: &Finished, last: Instant, stats: Stats, what: &str) {
     );
     let zero = format!("0 active connections {}", source(stats));
     assert!(out.last_line().contains(&zero), "{what} {out}");
-    assert!(
-        out.ended >= last,
-        "{what}: the hook ended before the last response {out}"
-    );
+    assert!(out.ended >= last, "{what}: the hook ended before the last response {out}");
     let after = out.ended - last;
-    assert!(
-        after < INTERVAL + MARGIN,
-        "{what}: ended {after:?} after the last response {out}"
-    );
+    assert!(after < INTERVAL + MARGIN, "{what}: ended {after:?} after the last response {out}");
 }
 
 #[test]
@@ -147,10 +124,7 @@ fn a_request_that_calls_another_service_completes_and_the_hook_ends_right_after_
             let mut pod = pod(capture, stats, "serve");
             let (resp, answered, out) = deleted_during(&mut pod, "/call/2");
             assert_eq!(resp.status, 200, "{what} {resp:?}");
-            assert_eq!(
-                resp.body, "app: slept 2s\n",
-                "{what}: the other service answered"
-            );
+            assert_eq!(resp.body, "app: slept 2s\n", "{what}: the other service answered");
             ended_right_after(&out, answered, stats, &what);
         }
     }
@@ -201,11 +175,7 @@ fn a_last_outbound_call_after_sigterm_is_waited_for_and_succeeds() {
 fn an_idle_keep_alive_client_holds_a_connection_count_to_the_deadline_naming_its_listener() {
     for (capture, stats, open) in [
         (Capture::Redirect, Stats::IstioDefault, "port 15006=1"),
-        (
-            Capture::Redirect,
-            Stats::ExitOnZero,
-            "listener 0.0.0.0_15006=1",
-        ),
+        (Capture::Redirect, Stats::ExitOnZero, "listener 0.0.0.0_15006=1"),
         (Capture::Tproxy, Stats::IstioDefault, "port 8080 (TPROXY)=1"),
     ] {
         let what = format!("{capture:?} {stats:?}");
@@ -250,16 +220,8 @@ fn status_shows_what_counts_and_why_the_rest_of_the_pods_table_does_not() {
             .contains("stats: GET http://127.0.0.1:15000/stats?usedonly&type=Gauges&filter=downstream_cx_active%24\n  unavailable: Envoy does not report downstream_cx_active"),
         "{out}"
     );
-    assert!(
-        out.stdout
-            .contains("counting what Envoy accepted: Envoy is pid "),
-        "{out}"
-    );
-    assert_eq!(
-        rows(&out.stdout, "accepted on"),
-        vec![("port 15006", 1), ("total", 1)],
-        "{out}"
-    );
+    assert!(out.stdout.contains("counting what Envoy accepted: Envoy is pid "), "{out}");
+    assert_eq!(rows(&out.stdout, "accepted on"), vec![("port 15006", 1), ("total", 1)], "{out}");
     // Each of Envoy's two workers keeps a pool of its own: one connection or two.
     let left_out = rows(&out.stdout, "not counted");
     for want in [
@@ -311,15 +273,8 @@ fn requests_on(stdout: &str, cluster: &str) -> Option<u64> {
 
 /// The pod with an exporter of the user's own.
 fn pod_with_exporter() -> Pod {
-    let options = Options {
-        exporter: true,
-        ..Options::default()
-    };
-    Pod::start(
-        &support::envoy::required(),
-        Path::new(support::BIN),
-        options,
-    )
+    let options = Options { exporter: true, ..Options::default() };
+    Pod::start(&support::envoy::required(), Path::new(support::BIN), options)
 }
 
 #[test]
@@ -338,11 +293,7 @@ fn requests_ignore_an_idle_keep_alive_client_and_end_right_after_the_last_respon
         let request = pod.client(|| in_flight(APP, "/call/1.5"));
         pod.app_event("received /call/1.5", 10 * SECOND);
         let status = support::run(pod.hook(&["status", "--count", "requests"]));
-        assert_eq!(
-            requests_on(&status.stdout, "inbound|8080||"),
-            Some(1),
-            "{what} {status}"
-        );
+        assert_eq!(requests_on(&status.stdout, "inbound|8080||"), Some(1), "{what} {status}");
         assert!(
             status.stdout.contains("xds-grpc (Istio's own cluster)"),
             "{what}: the agent's ADS stream is shown, not counted {status}"
@@ -353,8 +304,7 @@ fn requests_ignore_an_idle_keep_alive_client_and_end_right_after_the_last_respon
         let out = hook.finish();
         assert_eq!(out.code, Some(0), "{what} {out}");
         assert!(
-            out.stderr
-                .contains("counting requests in flight from Envoy's /clusters instead"),
+            out.stderr.contains("counting requests in flight from Envoy's /clusters instead"),
             "{what} {out}"
         );
         assert_eq!(
@@ -366,11 +316,7 @@ fn requests_ignore_an_idle_keep_alive_client_and_end_right_after_the_last_respon
             out.ended >= answered && out.ended - answered < INTERVAL + MARGIN,
             "{what}: ends right after the response, the idle connection open {out}"
         );
-        assert_eq!(
-            idle.get("/local/0").unwrap().status,
-            200,
-            "{what}: still open"
-        );
+        assert_eq!(idle.get("/local/0").unwrap().status, 200, "{what}: still open");
     }
 }
 
@@ -381,15 +327,10 @@ fn a_tcp_exchange_after_sigterm_holds_a_request_count_until_it_ends() {
     let hook = delete(&pod, &HOOK_REQUESTS);
     let done = pod.app_event("last call", 10 * SECOND);
     let out = hook.finish();
-    assert!(
-        pod.app_lines().iter().any(|l| l == "last call done"),
-        "{:?}",
-        pod.app_lines()
-    );
+    assert!(pod.app_lines().iter().any(|l| l == "last call done"), "{:?}", pod.app_lines());
     assert_eq!(out.code, Some(0), "{out}");
     assert!(
-        out.counts()
-            .contains(&"1 active request (clusters)".to_string()),
+        out.counts().contains(&"1 active request (clusters)".to_string()),
         "the TCP stream is one request on its upstream host {out}"
     );
     assert!(
@@ -423,11 +364,7 @@ fn http2_streams_on_one_connection_are_several_requests_in_clusters() {
 fn an_exporters_long_lived_stream_holds_a_request_count_unless_its_cluster_is_ignored() {
     let pod = pod_with_exporter();
     let open = support::envoy::until(10 * SECOND, || pod.exporter_streams() > 0);
-    assert!(
-        open,
-        "Envoy opened its metrics stream; its log:\n{}",
-        pod.envoy_log()
-    );
+    assert!(open, "Envoy opened its metrics stream; its log:\n{}", pod.envoy_log());
     let run_requests = |extra: &[&str]| {
         let mut args = vec![
             "run",
@@ -454,9 +391,7 @@ fn an_exporters_long_lived_stream_holds_a_request_count_unless_its_cluster_is_ig
     let left_out = run_requests(&["--ignore-clusters", "outbound|15999||*"]);
     assert_eq!(left_out.code, Some(0), "{left_out}");
     assert!(
-        left_out
-            .last_line()
-            .contains("done after 0.0s: 0 active requests (clusters)"),
+        left_out.last_line().contains("done after 0.0s: 0 active requests (clusters)"),
         "{left_out}"
     );
 }
@@ -476,16 +411,12 @@ fn draining_through_the_agent_does_what_istios_native_sidecar_prestop_does() {
     let resp = pod
         .client(|| Conn::open(APP).and_then(|mut c| c.get("/local/0")))
         .expect("a request during the drain");
-    assert!(
-        resp.says_close(),
-        "the inbound listener is draining {resp:?}"
-    );
+    assert!(resp.says_close(), "the inbound listener is draining {resp:?}");
     let out = r.finish();
     assert_eq!(out.code, Some(0), "{out}");
     assert!(pod.agent_asked_to_drain(), "{out}");
     assert!(
-        out.stderr
-            .contains("asking the Istio agent to drain (POST http://127.0.0.1:15020/drain)"),
+        out.stderr.contains("asking the Istio agent to drain (POST http://127.0.0.1:15020/drain)"),
         "{out}"
     );
 }
@@ -530,11 +461,7 @@ fn an_app_that_closes_its_sockets_works_on_and_calls_out_keeps_its_proxy() {
     pod.app_event("last call", 10 * SECOND);
     let exited = pod.app_event("exiting", 10 * SECOND);
     let out = hook.finish();
-    assert!(
-        pod.app_lines().iter().any(|l| l == "last call 200"),
-        "{:?} {out}",
-        pod.app_lines()
-    );
+    assert!(pod.app_lines().iter().any(|l| l == "last call 200"), "{:?} {out}", pod.app_lines());
     assert_eq!(out.code, Some(0), "{out}");
     assert!(pod.agent_asked_to_quit(), "{out}");
     assert!(
@@ -563,14 +490,10 @@ fn new_requests_still_arriving_hold_the_wait_though_the_count_touches_zero_betwe
         let out = hook.finish();
         assert_eq!(out.code, Some(0), "{stats:?} {out}");
         assert!(
-            out.stderr
-                .contains("0 active requests (clusters), and new requests still arriving"),
+            out.stderr.contains("0 active requests (clusters), and new requests still arriving"),
             "{stats:?} {out}"
         );
-        assert!(
-            out.ended >= last,
-            "{stats:?}: the hook ended while requests still arrived {out}"
-        );
+        assert!(out.ended >= last, "{stats:?}: the hook ended while requests still arrived {out}");
         // The count that sees the last one arrive, then the 2 s that run wants without one
         // (docs/running.md), and the count that ends them.
         let after = out.ended - last;
@@ -636,17 +559,7 @@ fn an_admin_socket_the_proxys_user_may_not_open_is_not_taken_for_an_envoy_with_n
     pod.app_event("received /local/2", 10 * SECOND);
     let hook = delete(
         &pod,
-        &[
-            "run",
-            "--admin",
-            &admin,
-            "--min-drain",
-            "0s",
-            "--interval",
-            "200ms",
-            "--deadline",
-            "6s",
-        ],
+        &["run", "--admin", &admin, "--min-drain", "0s", "--interval", "200ms", "--deadline", "6s"],
     );
     let answered = request.join().unwrap().map(|(resp, at)| (resp.status, at));
     let out = hook.finish();
@@ -654,10 +567,7 @@ fn an_admin_socket_the_proxys_user_may_not_open_is_not_taken_for_an_envoy_with_n
     std::fs::remove_dir_all(&dir).unwrap();
     let (status, answered) = answered.expect("the request completes");
     assert_eq!(status, 200, "{out}");
-    assert!(
-        out.ended >= answered,
-        "ended while the request was in flight {out}"
-    );
+    assert!(out.ended >= answered, "ended while the request was in flight {out}");
     assert!(
         out.stderr.contains(&format!(
             "what listens on Envoy's admin address {admin} is not taken as Envoy (permission \
@@ -678,28 +588,10 @@ fn hold_tells_arrivals_from_the_socket_table_where_the_admin_api_cannot_answer()
     let hold = spawn(pod.hook_as(
         APP_UID,
         APP_UID,
-        &[
-            "hold",
-            "--admin",
-            "127.0.0.1:1",
-            "--min",
-            "1s",
-            "--quiet",
-            "1s",
-            "--deadline",
-            "15s",
-        ],
+        &["hold", "--admin", "127.0.0.1:1", "--min", "1s", "--quiet", "1s", "--deadline", "15s"],
     ));
     let mut hey = pod.as_app("hey");
-    hey.args([
-        "-z",
-        "6s",
-        "-c",
-        "1",
-        "-q",
-        "5",
-        "http://10.90.0.3:9080/local/0",
-    ]);
+    hey.args(["-z", "6s", "-c", "1", "-q", "5", "http://10.90.0.3:9080/local/0"]);
     let calls_out = spawn(hey);
     let last = pod.client(|| {
         let mut conn = Conn::open(APP).expect("a connection to the pod");
@@ -718,26 +610,17 @@ fn hold_tells_arrivals_from_the_socket_table_where_the_admin_api_cannot_answer()
     });
     let out = hold.finish();
     let hey = calls_out.finish();
-    assert!(
-        hey.stdout.contains("[200]"),
-        "the app's calls out were answered {hey}"
-    );
+    assert!(hey.stdout.contains("[200]"), "the app's calls out were answered {hey}");
     assert_eq!(out.code, Some(0), "{out}");
     assert!(
         out.ended >= last + SECOND && out.ended < last + 3 * SECOND,
         "returned {:?} after the last request (quiet 1s) {out}",
         out.ended.saturating_duration_since(last)
     );
-    assert!(
-        out.stderr
-            .contains("reading arrivals from the kernel's socket table"),
-        "{out}"
-    );
+    assert!(out.stderr.contains("reading arrivals from the kernel's socket table"), "{out}");
     assert!(
         out.last_line().contains(": no request arrived for 1s, ")
-            && out
-                .last_line()
-                .contains(" (proc); the app gets its SIGTERM now"),
+            && out.last_line().contains(" (proc); the app gets its SIGTERM now"),
         "{out}"
     );
 }

@@ -16,15 +16,8 @@ fn status_counts_each_loopback_connection_once_under_its_listening_port() {
         assert_eq!(out.code, Some(0), "{out}");
         let row = format!("port {}", held.port);
         let line = out.stdout.lines().find(|l| l.contains(&row));
-        assert!(
-            line.is_some_and(|l| l.trim_end().ends_with(" 3")),
-            "a row '{row} ... 3' {out}"
-        );
-        assert!(
-            out.stdout
-                .contains("run would count 3 active connections (from proc)"),
-            "{out}"
-        );
+        assert!(line.is_some_and(|l| l.trim_end().ends_with(" 3")), "a row '{row} ... 3' {out}");
+        assert!(out.stdout.contains("run would count 3 active connections (from proc)"), "{out}");
     });
 }
 
@@ -34,33 +27,12 @@ fn ignored_and_unlisted_ports_are_not_counted() {
     in_private_netns(|| {
         let held = hold(2);
         let port = held.port.to_string();
-        let ignored = run(command(&[
-            "status",
-            "--source",
-            "proc",
-            "--ignore-ports",
-            &port,
-        ]));
-        assert!(
-            ignored
-                .stdout
-                .contains("run would count 0 active connections"),
-            "{ignored}"
-        );
+        let ignored = run(command(&["status", "--source", "proc", "--ignore-ports", &port]));
+        assert!(ignored.stdout.contains("run would count 0 active connections"), "{ignored}");
         let other = run(command(&["status", "--source", "proc", "--ports", "15006"]));
-        assert!(
-            other
-                .stdout
-                .contains("run would count 0 active connections"),
-            "{other}"
-        );
+        assert!(other.stdout.contains("run would count 0 active connections"), "{other}");
         let listed = run(command(&["status", "--source", "proc", "--ports", &port]));
-        assert!(
-            listed
-                .stdout
-                .contains("run would count 2 active connections"),
-            "{listed}"
-        );
+        assert!(listed.stdout.contains("run would count 2 active connections"), "{listed}");
     });
 }
 
@@ -118,14 +90,8 @@ fn run_exits_1_at_the_deadline_naming_the_port_still_open() {
             "1500ms",
         ]));
         assert_eq!(out.code, Some(1), "{out}");
-        let want = format!(
-            "with 1 active connection (proc) still open: port {}=1",
-            held.port
-        );
-        assert!(
-            out.last_line().contains("deadline of 1s 500ms passed"),
-            "{out}"
-        );
+        let want = format!("with 1 active connection (proc) still open: port {}=1", held.port);
+        assert!(out.last_line().contains("deadline of 1s 500ms passed"), "{out}");
         assert!(out.last_line().contains(&want), "{out}");
         assert!(
             out.elapsed >= Duration::from_millis(1500) && out.elapsed < Duration::from_secs(5),

@@ -32,16 +32,10 @@ fn as_uid<T>(uid: u32, make: impl FnOnce() -> T) -> T {
 
 /// A connection that stays in SYN_SENT: its SYNs to `to` are dropped.
 fn syn_sent(to: SocketAddr) -> OwnedFd {
-    let SocketAddr::V4(v4) = to else {
-        panic!("IPv4 only")
-    };
+    let SocketAddr::V4(v4) = to else { panic!("IPv4 only") };
     // SAFETY: socket() takes no pointers; its result is checked, then owned.
     let fd = unsafe {
-        libc::socket(
-            libc::AF_INET,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
+        libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)
     };
     assert!(fd >= 0, "{}", std::io::Error::last_os_error());
     // SAFETY: a new descriptor that nothing else owns.
@@ -49,9 +43,7 @@ fn syn_sent(to: SocketAddr) -> OwnedFd {
     let addr = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: v4.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*v4.ip()).to_be(),
-        },
+        sin_addr: libc::in_addr { s_addr: u32::from(*v4.ip()).to_be() },
         sin_zero: [0; 8],
     };
     // SAFETY: addr lives across the call, with its size passed.
@@ -63,20 +55,14 @@ fn syn_sent(to: SocketAddr) -> OwnedFd {
         )
     };
     let e = std::io::Error::last_os_error();
-    assert!(
-        r == -1 && e.raw_os_error() == Some(libc::EINPROGRESS),
-        "{e}"
-    );
+    assert!(r == -1 && e.raw_os_error() == Some(libc::EINPROGRESS), "{e}");
     owned
 }
 
 fn iptables(args: &str) {
-    let out = Command::new("iptables")
-        .args(args.split(' '))
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("NOT RUN: iptables is needed for SYN_SENT and SYN_RECV sockets ({e})")
-        });
+    let out = Command::new("iptables").args(args.split(' ')).output().unwrap_or_else(|e| {
+        panic!("NOT RUN: iptables is needed for SYN_SENT and SYN_RECV sockets ({e})")
+    });
     assert!(out.status.success(), "iptables {args}: {out:?}");
 }
 
@@ -107,12 +93,9 @@ fn zoo() -> Zoo {
         ]
     });
     let app = listen(v4(8080));
-    for (listener, to) in [
-        (&proxy[1], v4(7010)),
-        (&proxy[2], v6(7011)),
-        (&proxy[3], v4(7012)),
-        (&proxy[3], v6(7012)),
-    ] {
+    for (listener, to) in
+        [(&proxy[1], v4(7010)), (&proxy[2], v6(7011)), (&proxy[3], v4(7012)), (&proxy[3], v6(7012))]
+    {
         let client = TcpStream::connect(to).unwrap();
         let (server, _) = as_uid(PROXY_UID, || listener.accept().unwrap());
         keep.push(Box::new((client, server)));
@@ -132,9 +115,7 @@ fn zoo() -> Zoo {
     keep.push(Box::new(TcpStream::connect(v4(7010)).unwrap()));
     // SYN_RECV on the proxy's listener: the client is established, the server never sees its ACK.
     keep.push(Box::new(TcpStream::connect(v4(7002)).unwrap()));
-    keep.push(Box::new(as_uid(PROXY_UID, || {
-        syn_sent(SocketAddr::from(([127, 0, 0, 2], 7001)))
-    })));
+    keep.push(Box::new(as_uid(PROXY_UID, || syn_sent(SocketAddr::from(([127, 0, 0, 2], 7001))))));
     keep.push(Box::new(syn_sent(SocketAddr::from(([127, 0, 0, 3], 7001)))));
     keep.push(Box::new(proxy));
     keep.push(Box::new(app));
@@ -151,15 +132,10 @@ fn both_readers(admin: &str) -> (String, String) {
         assert_eq!(out.code, Some(0), "{out}");
     }
     assert!(
-        netlink
-            .stdout
-            .starts_with("proc: the kernel's socket table (netlink sock_diag)\n"),
+        netlink.stdout.starts_with("proc: the kernel's socket table (netlink sock_diag)\n"),
         "{netlink}"
     );
-    assert!(
-        text.stdout.starts_with("proc: /proc/net/tcp and tcp6\n"),
-        "{text}"
-    );
+    assert!(text.stdout.starts_with("proc: /proc/net/tcp and tcp6\n"), "{text}");
     let body = |s: &str| s.split_once('\n').map(|(_, b)| b.to_string()).unwrap();
     (body(&netlink.stdout), body(&text.stdout))
 }
@@ -227,19 +203,13 @@ fn under_churn_neither_reader_loses_a_connection_that_stays_open() {
                 let mut args = vec!["status", "--source", "proc", "--ports", &steady_port];
                 args.extend(proc_net.iter().flat_map(|d| ["--proc-net", *d]));
                 let out = run(command(&args));
-                seen.push((
-                    proc_net,
-                    out.stdout.lines().last().unwrap_or("").to_string(),
-                ));
+                seen.push((proc_net, out.stdout.lines().last().unwrap_or("").to_string()));
             }
         }
         stop.store(true, Ordering::Relaxed);
         let churned = churn.join().unwrap();
         drop((steady, crowd));
-        assert!(
-            churned > 20,
-            "connections opened and closed meanwhile: {churned}"
-        );
+        assert!(churned > 20, "connections opened and closed meanwhile: {churned}");
         for (reader, last) in seen {
             assert_eq!(
                 last, "run would count 5 active connections (from proc)",
@@ -255,20 +225,10 @@ fn without_netlink(cmd: &mut Command) {
     let filter = [
         // The syscall number; anything but socket() is allowed.
         bpf(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0),
-        bpf(
-            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
-            0,
-            3,
-            libc::SYS_socket as u32,
-        ),
+        bpf(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, 0, 3, libc::SYS_socket as u32),
         // Its first argument, the family (the low half of args[0] on a little-endian machine).
         bpf(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 16),
-        bpf(
-            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
-            0,
-            1,
-            libc::AF_NETLINK as u32,
-        ),
+        bpf(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, 0, 1, libc::AF_NETLINK as u32),
         bpf(
             libc::BPF_RET | libc::BPF_K,
             0,
@@ -281,16 +241,11 @@ fn without_netlink(cmd: &mut Command) {
     // calls on data it owns.
     unsafe {
         cmd.pre_exec(move || {
-            let prog = libc::sock_fprog {
-                len: filter.len() as u16,
-                filter: filter.as_ptr().cast_mut(),
-            };
+            let prog =
+                libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr().cast_mut() };
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-                || libc::prctl(
-                    libc::PR_SET_SECCOMP,
-                    libc::SECCOMP_MODE_FILTER,
-                    &raw const prog,
-                ) != 0
+                || libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &raw const prog)
+                    != 0
             {
                 return Err(std::io::Error::last_os_error());
             }
@@ -300,12 +255,7 @@ fn without_netlink(cmd: &mut Command) {
 }
 
 fn bpf(code: u32, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
-    libc::sock_filter {
-        code: code as u16,
-        jt,
-        jf,
-        k,
-    }
+    libc::sock_filter { code: code as u16, jt, jf, k }
 }
 
 #[test]
@@ -313,10 +263,7 @@ fn bpf(code: u32, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
 fn where_netlink_is_refused_the_text_tables_count_and_the_log_says_so_once() {
     in_private_netns(|| {
         let listener = TcpListener::bind("127.0.0.1:7030").unwrap();
-        let pair = (
-            TcpStream::connect("127.0.0.1:7030").unwrap(),
-            listener.accept().unwrap(),
-        );
+        let pair = (TcpStream::connect("127.0.0.1:7030").unwrap(), listener.accept().unwrap());
         let mut status = command(&["status", "--source", "proc"]);
         without_netlink(&mut status);
         let out = run(status);
@@ -324,11 +271,7 @@ fn where_netlink_is_refused_the_text_tables_count_and_the_log_says_so_once() {
         let why = "netlink sock_diag is unavailable (failed to open a NETLINK_SOCK_DIAG socket: \
                    protocol not supported): reading /proc/net/tcp and tcp6 instead";
         assert!(out.stdout.contains(why), "{out}");
-        assert!(
-            out.stdout
-                .contains("run would count 1 active connection (from proc)"),
-            "{out}"
-        );
+        assert!(out.stdout.contains("run would count 1 active connection (from proc)"), "{out}");
         let mut hook = watch_sockets(&[
             "--min-drain",
             "0s",
@@ -347,10 +290,7 @@ fn where_netlink_is_refused_the_text_tables_count_and_the_log_says_so_once() {
         let out = r.finish();
         assert_eq!(out.code, Some(0), "{out}");
         assert_eq!(out.stderr.matches(why).count(), 1, "once {out}");
-        assert!(
-            out.last_line().contains("0 active connections (proc)"),
-            "{out}"
-        );
+        assert!(out.last_line().contains("0 active connections (proc)"), "{out}");
     });
 }
 
@@ -362,15 +302,9 @@ fn hold_that_cannot_read_arrivals_never_returns_early_exits_3_and_says_why() {
     // counts, and a connection is open whose requests they cannot see. Unknown is never quiet.
     in_private_netns(|| {
         let listener = TcpListener::bind("127.0.0.1:7031").unwrap();
-        let _pair = (
-            TcpStream::connect("127.0.0.1:7031").unwrap(),
-            listener.accept().unwrap(),
-        );
+        let _pair = (TcpStream::connect("127.0.0.1:7031").unwrap(), listener.accept().unwrap());
         let silent = TcpListener::bind("127.0.0.1:0").unwrap();
-        let refused = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        let refused = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         for admin in [silent.local_addr().unwrap(), refused] {
             let mut cmd = command(&[
                 "hold",

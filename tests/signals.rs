@@ -7,10 +7,7 @@ use support::{one_open_connection, spawn, watch_table};
 
 #[test]
 fn sigterm_and_sigint_print_the_summary_and_exit_143_and_130_at_once() {
-    for (sig, code, name) in [
-        (libc::SIGTERM, 143, "SIGTERM"),
-        (libc::SIGINT, 130, "SIGINT"),
-    ] {
+    for (sig, code, name) in [(libc::SIGTERM, 143, "SIGTERM"), (libc::SIGINT, 130, "SIGINT")] {
         let dir = one_open_connection(&format!("signals-{name}"));
         let mut r = spawn(watch_table(&dir, &["--deadline", "30s"]));
         r.expect_line("1 active connection (proc)", Duration::from_secs(10));
@@ -22,18 +19,12 @@ fn sigterm_and_sigint_print_the_summary_and_exit_143_and_130_at_once() {
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(out.code, Some(code), "{out}");
         assert!(
-            out.last_line()
-                .contains(&format!("interrupted by {name} after"))
-                && out
-                    .last_line()
-                    .contains("with 1 active connection (proc): port 8080=1"),
+            out.last_line().contains(&format!("interrupted by {name} after"))
+                && out.last_line().contains("with 1 active connection (proc): port 8080=1"),
             "{out}"
         );
         // The promise is 100 ms (BENCHMARKS.md measures it); a shared machine gets a margin here.
-        assert!(
-            took < Duration::from_secs(1),
-            "exited {took:?} after {name} {out}"
-        );
+        assert!(took < Duration::from_secs(1), "exited {took:?} after {name} {out}");
         // The elapsed time it states is when it wrote the line: no later than its exit.
         let stated: f64 = out
             .last_line()

@@ -14,13 +14,7 @@ fn status_with_tcp(name: &str, make: impl FnOnce(&Path)) -> support::Finished {
     let dir = temp_dir(name);
     std::fs::write(dir.join("tcp6"), "").unwrap();
     make(&dir.join("tcp"));
-    let out = run(command(&[
-        "status",
-        "--source",
-        "proc",
-        "--proc-net",
-        dir.to_str().unwrap(),
-    ]));
+    let out = run(command(&["status", "--source", "proc", "--proc-net", dir.to_str().unwrap()]));
     std::fs::remove_dir_all(&dir).unwrap();
     out
 }
@@ -31,15 +25,8 @@ fn unknown_because(out: &support::Finished, why: &str) {
         out.stdout.contains("  unavailable: failed to read ") && out.stdout.contains(why),
         "names {why:?} {out}"
     );
-    assert!(
-        out.stdout
-            .contains("run could not count anything right now"),
-        "{out}"
-    );
-    assert!(
-        out.elapsed < Duration::from_secs(5),
-        "it returns at once {out}"
-    );
+    assert!(out.stdout.contains("run could not count anything right now"), "{out}");
+    assert!(out.elapsed < Duration::from_secs(5), "it returns at once {out}");
 }
 
 #[test]
@@ -60,9 +47,8 @@ fn a_fifo_in_place_of_the_table_returns_at_once_as_unknown() {
 
 #[test]
 fn dev_zero_in_place_of_the_table_is_unknown_without_an_abort() {
-    let out = status_with_tcp("unknown-zero", |p| {
-        std::os::unix::fs::symlink("/dev/zero", p).unwrap()
-    });
+    let out =
+        status_with_tcp("unknown-zero", |p| std::os::unix::fs::symlink("/dev/zero", p).unwrap());
     unknown_because(&out, "/tcp: not a regular file");
 }
 
@@ -88,17 +74,10 @@ fn run_on_an_unreadable_table_waits_out_its_deadline_and_exits_3() {
     let dir = temp_dir("unknown-run");
     std::fs::write(dir.join("tcp6"), "").unwrap();
     std::fs::create_dir(dir.join("tcp")).unwrap();
-    let out = run(watch_table(
-        &dir,
-        &["--min-drain", "0s", "--deadline", "1s"],
-    ));
+    let out = run(watch_table(&dir, &["--min-drain", "0s", "--deadline", "1s"]));
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(out.code, Some(3), "never 0: the pod might be busy {out}");
-    assert!(
-        out.last_line()
-            .contains("nothing could be counted: failed to read "),
-        "{out}"
-    );
+    assert!(out.last_line().contains("nothing could be counted: failed to read "), "{out}");
     assert!(out.elapsed >= Duration::from_secs(1), "{out}");
 }
 
@@ -126,8 +105,7 @@ fn a_quiet_pod_exits_0_when_its_min_drain_is_as_long_as_its_deadline() {
     for out in [&short, &env] {
         assert_eq!(out.code, Some(0), "{out}");
         assert!(
-            out.last_line()
-                .contains("0 active connections (proc); the proxy may stop now"),
+            out.last_line().contains("0 active connections (proc); the proxy may stop now"),
             "{out}"
         );
         assert!(
@@ -135,9 +113,5 @@ fn a_quiet_pod_exits_0_when_its_min_drain_is_as_long_as_its_deadline() {
             "ends in the last interval before the deadline {out}"
         );
     }
-    assert!(
-        env.stderr
-            .contains("MINIMUM_DRAIN_DURATION=60s is longer than the deadline"),
-        "{env}"
-    );
+    assert!(env.stderr.contains("MINIMUM_DRAIN_DURATION=60s is longer than the deadline"), "{env}");
 }

@@ -3,9 +3,11 @@
 //! ESTABLISHED, SYN_SENT, SYN_RECV, CLOSE_WAIT) either counted or listed with why not.
 #![no_main]
 
-use envoy_drain::lists::{ISTIO_INFRA_PORTS, PortSet};
 use envoy_drain::config::Filter;
-use envoy_drain::source::procnet::{DEFAULT_EPHEMERAL, Envoy, Listeners, Rule, Table, count, parse_line};
+use envoy_drain::lists::{ISTIO_INFRA_PORTS, PortSet};
+use envoy_drain::source::procnet::{
+    DEFAULT_EPHEMERAL, Envoy, Listeners, Rule, Table, count, parse_line,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -31,11 +33,7 @@ fuzz_target!(|data: &[u8]| {
     ];
     let mut listeners = Listeners::default();
     for envoy in &envoys {
-        let rule = Rule {
-            filter: &filter,
-            envoy,
-            ephemeral: DEFAULT_EPHEMERAL,
-        };
+        let rule = Rule { filter: &filter, envoy, ephemeral: DEFAULT_EPHEMERAL };
         let c = count(&table, &rule, &mut listeners);
         let counted: u64 = c.parts.iter().map(|p| p.active).sum();
         let left_out: u64 = c.excluded.iter().map(|e| e.n).sum();

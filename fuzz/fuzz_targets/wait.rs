@@ -51,8 +51,7 @@ impl Looks for Script<'_> {
             return self.last;
         };
         let took = Duration::from_millis(u64::from(b >> 4) * 100);
-        self.now
-            .set(self.now.get().saturating_add(took).min(self.deadline));
+        self.now.set(self.now.get().saturating_add(took).min(self.deadline));
         self.requests += u64::from(b & 0x8 != 0);
         self.last = Tick {
             count: (b & 0xf != 0xf).then_some(u64::from(b & 0x7)),
@@ -115,16 +114,15 @@ fuzz_target!(|data: &[u8]| {
         Outcome::Reached if end.quit == Quit::No => assert!(
             match rules.until {
                 Until::AtMost(most) => last.count.is_some_and(|n| n <= most) && !seen.arrived,
-                Until::Quiet => last.arrivals != Arrivals::Unknown
-                    && (!seen.arrived || rules.settle.is_zero()),
+                Until::Quiet =>
+                    last.arrivals != Arrivals::Unknown && (!seen.arrived || rules.settle.is_zero()),
             },
             "reached on {last:?}, {seen:?}"
         ),
         Outcome::AppExited => {
             assert_eq!(seen.app, App::Gone, "app exit on {last:?}");
-            let drain_done = rules
-                .min_drain
-                .min(deadline.saturating_sub(rules.interval.min(LAST_COUNT)));
+            let drain_done =
+                rules.min_drain.min(deadline.saturating_sub(rules.interval.min(LAST_COUNT)));
             assert!(now.get() >= drain_done, "app exit at {:?}", now.get());
         }
         _ => {}

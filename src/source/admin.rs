@@ -65,10 +65,7 @@ impl Client {
     /// A client for Envoy's admin API: an answer without Envoy's `server: envoy` header is a
     /// failure, as is a socket that refuses to be opened (`not_envoy` says which).
     pub fn envoy(address: impl Into<Address>) -> Client {
-        Client {
-            envoy: true,
-            ..Client::new(address)
-        }
+        Client { envoy: true, ..Client::new(address) }
     }
 
     pub fn new(address: impl Into<Address>) -> Client {
@@ -93,12 +90,7 @@ impl Client {
                 DefaultResolver::default(),
             ),
         };
-        Client {
-            address,
-            agent,
-            envoy: false,
-            not_envoy: RefCell::new(None),
-        }
+        Client { address, agent, envoy: false, not_envoy: RefCell::new(None) }
     }
 
     /// Why what listens at the admin address is not Envoy, as the last request found: it answered
@@ -235,10 +227,7 @@ fn read_lines(
 ) -> Result<(), String> {
     let status = answer.status().as_u16();
     if status != 200 {
-        let reply = read_whole(answer, timeout).unwrap_or(Reply {
-            status,
-            body: Vec::new(),
-        });
+        let reply = read_whole(answer, timeout).unwrap_or(Reply { status, body: Vec::new() });
         return Err(format!("answered {}", reply.describe()));
     }
     let failed = |e: ureq::Error| format!("answered 200 but {}", cause(e, timeout, limit));
@@ -328,10 +317,7 @@ mod tests {
     fn an_answer_without_envoys_server_header_is_a_failure_that_says_so() {
         let ask = |answer: &'static [u8]| {
             let (plain, server) = serve(answer);
-            let client = Client {
-                envoy: true,
-                ..plain
-            };
+            let client = Client { envoy: true, ..plain };
             let reply = client.get("/ready", Duration::from_secs(5));
             server.join().unwrap();
             (reply.map(|r| r.body), client.not_envoy())
@@ -348,9 +334,7 @@ mod tests {
 
     fn get(answer: &'static [u8]) -> Result<Reply, String> {
         let (client, server) = serve(answer);
-        let reply = client
-            .whole("GET", "/stats", Duration::from_secs(5))
-            .map_err(|f| f.cause);
+        let reply = client.whole("GET", "/stats", Duration::from_secs(5)).map_err(|f| f.cause);
         server.join().unwrap();
         reply
     }
@@ -361,10 +345,7 @@ mod tests {
         let reply = client.post("/drain_listeners?graceful", Duration::from_secs(5));
         let head = server.join().unwrap().to_ascii_lowercase();
         assert_eq!(reply.unwrap().body, b"OK\n");
-        assert!(
-            head.starts_with("post /drain_listeners?graceful http/1.1\r\n"),
-            "{head}"
-        );
+        assert!(head.starts_with("post /drain_listeners?graceful http/1.1\r\n"), "{head}");
         assert!(head.contains("\r\nhost: 127.0.0.1:"), "{head}");
         assert!(head.contains("\r\ncontent-length: 0\r\n"), "{head}");
         assert!(head.contains("\r\nuser-agent: envoy-drain/"), "{head}");
@@ -399,11 +380,7 @@ mod tests {
             (b"", "connection closed mid-answer"),
         ] {
             let e = get(answer).unwrap_err();
-            assert!(
-                e.contains(want),
-                "{e} for {:?}",
-                String::from_utf8_lossy(answer)
-            );
+            assert!(e.contains(want), "{e} for {:?}", String::from_utf8_lossy(answer));
         }
     }
 
@@ -416,10 +393,7 @@ mod tests {
         );
         let chunked = get(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nFFFFFFFF\r\nxx")
             .unwrap_err();
-        assert!(
-            chunked.starts_with("answered 200 but "),
-            "cut off, or ended early: {chunked}"
-        );
+        assert!(chunked.starts_with("answered 200 but "), "cut off, or ended early: {chunked}");
     }
 
     #[test]
@@ -440,10 +414,7 @@ mod tests {
             lines(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\na\nb\nc\nd\ne\nf\ng\nh\n\r\n0\r\n\r\n"),
             Err("answered 200 but its body is larger than 10 bytes".to_string())
         );
-        assert_eq!(
-            lines(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\na\nb\nc\nd\ne\n"),
-            Ok(5)
-        );
+        assert_eq!(lines(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\na\nb\nc\nd\ne\n"), Ok(5));
     }
 
     #[test]
@@ -453,9 +424,7 @@ mod tests {
         );
         let mut lines = Vec::new();
         client
-            .get_lines("/clusters", Duration::from_secs(5), u64::MAX, |l| {
-                lines.push(l.to_string())
-            })
+            .get_lines("/clusters", Duration::from_secs(5), u64::MAX, |l| lines.push(l.to_string()))
             .unwrap();
         server.join().unwrap();
         assert_eq!(lines, vec!["a\n", "bcd\n", "e"]);
@@ -473,19 +442,14 @@ mod tests {
             while reader.read_line(&mut head).unwrap() > 2 {}
             // Envoy builds a large /clusters answer whole before its first byte.
             std::thread::sleep(REQUEST_TIMEOUT + Duration::from_millis(300));
-            conn.write_all(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n")
-                .unwrap();
+            conn.write_all(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n").unwrap();
             let line = b"outbound|80||a.b.svc.cluster.local::10.0.0.1:80::rq_active::0\n";
             for _ in 0..LINES {
                 conn.write_all(line).unwrap();
             }
         });
         let mut lines = 0;
-        client
-            .get_lines("/clusters", Duration::from_secs(20), u64::MAX, |_| {
-                lines += 1
-            })
-            .unwrap();
+        client.get_lines("/clusters", Duration::from_secs(20), u64::MAX, |_| lines += 1).unwrap();
         server.join().unwrap();
         assert_eq!(lines, LINES, "{} MiB, all of it", (LINES * 63) >> 20);
     }
@@ -495,20 +459,13 @@ mod tests {
         let silent = TcpListener::bind("127.0.0.1:0").unwrap();
         let client = Client::new(silent.local_addr().unwrap());
         let started = Instant::now();
-        let e = client
-            .whole("GET", "/stats", Duration::from_millis(300))
-            .unwrap_err();
+        let e = client.whole("GET", "/stats", Duration::from_millis(300)).unwrap_err();
         let url = client.url("/stats");
-        assert_eq!(
-            e.to_string(),
-            format!("failed to GET {url}: no complete answer within 300ms")
-        );
+        assert_eq!(e.to_string(), format!("failed to GET {url}: no complete answer within 300ms"));
         assert!(started.elapsed() < Duration::from_secs(2));
         let refused = silent.local_addr().unwrap();
         drop(silent);
-        let e = Client::new(refused)
-            .whole("GET", "/", Duration::from_secs(1))
-            .unwrap_err();
+        let e = Client::new(refused).whole("GET", "/", Duration::from_secs(1)).unwrap_err();
         assert_eq!(e.cause, "connection refused");
     }
 }

@@ -82,13 +82,7 @@ pub struct Tally {
 /// up as one, which keeps the count whole and the memory flat.
 const KEPT: usize = 1000;
 
-const LISTED: [&str; 5] = [
-    "rq_active",
-    "rq_pending_active",
-    "cx_active",
-    "rq_total",
-    "cx_total",
-];
+const LISTED: [&str; 5] = ["rq_active", "rq_pending_active", "cx_active", "rq_total", "cx_total"];
 
 impl Tally {
     /// Takes one line: `<cluster>::<host>::<stat>::<value>`; other lines are skipped.
@@ -168,12 +162,7 @@ impl Tally {
                 } else {
                     None
                 };
-                Cluster {
-                    name: name.to_string(),
-                    requests: 0,
-                    connections: 0,
-                    left_out,
-                }
+                Cluster { name: name.to_string(), requests: 0, connections: 0, left_out }
             }
         };
         self.current.insert(current)
@@ -217,10 +206,7 @@ impl Tally {
             .clusters
             .iter()
             .filter(|c| c.left_out.is_none() && c.requests > 0)
-            .map(|c| Part {
-                name: format!("cluster {}", c.name),
-                active: c.requests,
-            })
+            .map(|c| Part { name: format!("cluster {}", c.name), active: c.requests })
             .collect();
         Ok(Answer {
             count: Count::of(SourceKind::Clusters, Unit::Requests, parts, vec![]),
@@ -276,13 +262,8 @@ impl Arrived {
 /// Splits `<cluster>::<host>` where the host is an address: an IPv6 host holds `::` too, so the
 /// split is the first one after which the rest parses as an address, else the first one.
 fn split_host(rest: &str) -> Option<(&str, &str)> {
-    let splits = || {
-        rest.match_indices("::")
-            .map(|(i, _)| (&rest[..i], &rest[i + 2..]))
-    };
-    splits()
-        .find(|(_, host)| host.parse::<SocketAddr>().is_ok())
-        .or_else(|| splits().next())
+    let splits = || rest.match_indices("::").map(|(i, _)| (&rest[..i], &rest[i + 2..]));
+    splits().find(|(_, host)| host.parse::<SocketAddr>().is_ok()).or_else(|| splits().next())
 }
 
 #[cfg(test)]
@@ -346,11 +327,7 @@ prometheus_stats::127.0.0.1:15000::rq_active::0
             (1, Some("Istio's own cluster")),
             "the ADS stream is shown, not counted"
         );
-        let inbound = a
-            .clusters
-            .iter()
-            .find(|c| c.name == "inbound|8080||")
-            .unwrap();
+        let inbound = a.clusters.iter().find(|c| c.name == "inbound|8080||").unwrap();
         assert_eq!((inbound.requests, inbound.connections), (1, 2));
     }
 
@@ -359,24 +336,13 @@ prometheus_stats::127.0.0.1:15000::rq_active::0
         for (preset, own, why) in [
             ("consul", "consul-dataplane", "Consul's own cluster"),
             ("kuma", "system_ads", "Kuma's own cluster"),
-            (
-                "kuma",
-                "system_meshmetric_prometheus_default",
-                "Kuma's own cluster",
-            ),
-            (
-                "envoy-gateway",
-                "xds_cluster",
-                "Envoy Gateway's own cluster",
-            ),
+            ("kuma", "system_meshmetric_prometheus_default", "Kuma's own cluster"),
+            ("envoy-gateway", "xds_cluster", "Envoy Gateway's own cluster"),
             ("contour", "contour", "Contour's own cluster"),
         ] {
             let body =
                 format!("{own}::10.0.0.1:5678::rq_active::1\napp::10.0.0.2:8080::rq_active::1\n");
-            let rule = Rule {
-                preset: crate::preset::find(preset).unwrap(),
-                ..istio()
-            };
+            let rule = Rule { preset: crate::preset::find(preset).unwrap(), ..istio() };
             let a = tally(&body, &rule).unwrap();
             assert_eq!(a.count.total, 1, "{preset}: only the app's request counts");
             let c = a.clusters.iter().find(|c| c.name == own).unwrap();
@@ -425,11 +391,7 @@ mine::10.0.0.7:80::rq_active::4
         let body =
             "inbound|8080||::[::1]:8080::rq_active::3\nweird::name::[fd00::5]:80::rq_active::1\n";
         let a = tally(body, &istio()).unwrap();
-        let names: Vec<_> = a
-            .clusters
-            .iter()
-            .map(|c| (c.name.as_str(), c.requests))
-            .collect();
+        let names: Vec<_> = a.clusters.iter().map(|c| (c.name.as_str(), c.requests)).collect();
         assert_eq!(names, vec![("inbound|8080||", 3), ("weird::name", 1)]);
     }
 
@@ -439,10 +401,7 @@ mine::10.0.0.7:80::rq_active::4
         assert!(tally("c::observability_name::c\n", &istio()).is_err());
         let bad = "c::10.0.0.1:80::rq_active::-1\n";
         let e = tally(bad, &istio()).unwrap_err();
-        assert!(
-            e.contains("not a count: 'c::10.0.0.1:80::rq_active::-1'"),
-            "{e}"
-        );
+        assert!(e.contains("not a count: 'c::10.0.0.1:80::rq_active::-1'"), "{e}");
         let bad_but_left_out =
             "xds-grpc::10.0.0.1:80::rq_active::x\nc::10.0.0.1:80::rq_active::0\n";
         assert_eq!(tally(bad_but_left_out, &istio()).unwrap().count.total, 0);
@@ -454,10 +413,7 @@ mine::10.0.0.7:80::rq_active::4
         for i in 0..5000 {
             let name = format!("outbound|80||s{i}.ns.svc.cluster.local");
             t.add_line(&format!("{name}::10.0.0.1:80::cx_active::1"), &istio());
-            t.add_line(
-                &format!("{name}::10.0.0.1:80::rq_active::{}", i % 2),
-                &istio(),
-            );
+            t.add_line(&format!("{name}::10.0.0.1:80::rq_active::{}", i % 2), &istio());
         }
         let a = t.finish().unwrap();
         assert_eq!(a.count.total, 2500);
@@ -490,10 +446,7 @@ inbound|15090||::127.0.0.1:15090::rq_total::5
     #[test]
     fn a_host_that_vanishes_or_restarts_its_counter_takes_no_arrival_back() {
         let counters = |body: &str, rule: &Rule| tally(body, rule).unwrap().counters;
-        let rule = Rule {
-            inbound: true,
-            ..istio()
-        };
+        let rule = Rule { inbound: true, ..istio() };
         let host = |port: u16, rq: u64, cx: u64| {
             format!(
                 "inbound|8080||::10.90.0.{port}:8080::rq_active::0
@@ -507,10 +460,7 @@ outbound|9080||svc::10.90.0.3:9080::rq_total::{rq}
         let first = host(2, 40, 10) + &host(4, 7, 7);
         assert_eq!(arrived.add(counters(&first, &rule)), Arrivals::Requests(0));
         // The host with 47 requests is gone; nothing arrived.
-        assert_eq!(
-            arrived.add(counters(&host(2, 40, 10), &rule)),
-            Arrivals::Requests(0)
-        );
+        assert_eq!(arrived.add(counters(&host(2, 40, 10), &rule)), Arrivals::Requests(0));
         // Re-created with its counters from 0: its 2 requests are new, on 1 new connection.
         let again = host(2, 40, 10) + &host(4, 2, 1);
         assert_eq!(arrived.add(counters(&again, &rule)), Arrivals::Requests(3));
@@ -529,25 +479,16 @@ inbound|8080||::10.90.0.2:8080::rq_total::{n}
                 .collect::<String>()
         };
         let mut dups = Arrived::default();
-        for (rq, total) in [
-            (&[726, 1, 1][..], 0),
-            (&[1, 1, 726], 0),
-            (&[1, 727], 1),
-            (&[1, 727, 1], 2),
-        ] {
-            assert_eq!(
-                dups.add(counters(&dup(rq), &rule)),
-                Arrivals::Requests(total)
-            );
+        for (rq, total) in
+            [(&[726, 1, 1][..], 0), (&[1, 1, 726], 0), (&[1, 727], 1), (&[1, 727, 1], 2)]
+        {
+            assert_eq!(dups.add(counters(&dup(rq), &rule)), Arrivals::Requests(total));
         }
         // The outbound cluster's requests and the app's own calls out never arrive at it.
         let out = host(2, 40, 10).replace(
             "outbound|9080||svc::10.90.0.3:9080::rq_total::40",
             "outbound|9080||svc::10.90.0.3:9080::rq_total::90",
         );
-        assert_eq!(
-            arrived.add(counters(&(out + &host(4, 2, 1)), &rule)),
-            Arrivals::Requests(3)
-        );
+        assert_eq!(arrived.add(counters(&(out + &host(4, 2, 1)), &rule)), Arrivals::Requests(3));
     }
 }

@@ -97,17 +97,13 @@ pub fn parse(datagram: &[u8], seq: u32, sink: &mut impl Sink) -> Result<bool, Ba
         let flags = u16::from_ne_bytes([rest[6], rest[7]]);
         let their_seq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
         if len < HEADER || len > rest.len() {
-            return Err(malformed(
-                "a message whose length does not fit the datagram",
-            ));
+            return Err(malformed("a message whose length does not fit the datagram"));
         }
         if their_seq != seq {
             return Err(malformed("a message for another request"));
         }
         if flags & NLM_F_DUMP_INTR != 0 {
-            return Err(malformed(
-                "the kernel says the tables changed under the dump",
-            ));
+            return Err(malformed("the kernel says the tables changed under the dump"));
         }
         let body = &rest[HEADER..len];
         match kind {
@@ -151,9 +147,7 @@ fn socket(body: &[u8]) -> Result<Socket, Bad> {
             }
             AF_INET6 => a.copy_from_slice(&m[at..at + 16]),
             _ => {
-                return Err(Bad::Malformed(
-                    "a socket of neither IPv4 nor IPv6".to_string(),
-                ));
+                return Err(Bad::Malformed("a socket of neither IPv4 nor IPv6".to_string()));
             }
         }
         Ok(a)
@@ -222,11 +216,7 @@ fn exchange(req: &[u8], seq: u32, until: Instant, sink: &mut impl Sink) -> Resul
     let os = || io_cause(&std::io::Error::last_os_error());
     // SAFETY: socket() takes no pointers; the descriptor it returns is checked, then owned.
     let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-            NETLINK_SOCK_DIAG,
-        )
+        libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, NETLINK_SOCK_DIAG)
     };
     if fd < 0 {
         return Err(DumpError::Unavailable(Failure::new(
@@ -252,20 +242,14 @@ fn exchange(req: &[u8], seq: u32, until: Instant, sink: &mut impl Sink) -> Resul
         )
     };
     if sent != req.len() as isize {
-        return Err(DumpError::Unavailable(Failure::new(
-            "send",
-            "the sock_diag request",
-            os(),
-        )));
+        return Err(DumpError::Unavailable(Failure::new("send", "the sock_diag request", os())));
     }
     let mut buf = vec![0u8; DATAGRAM];
     let mut total = 0usize;
     loop {
         let n = receive(&fd, &mut buf, until)?;
         if n > buf.len() {
-            return Err(unread(format!(
-                "a datagram of {n} bytes does not fit {DATAGRAM}"
-            )));
+            return Err(unread(format!("a datagram of {n} bytes does not fit {DATAGRAM}")));
         }
         total += n;
         if total > MAX_DUMP {
@@ -281,10 +265,7 @@ fn exchange(req: &[u8], seq: u32, until: Instant, sink: &mut impl Sink) -> Resul
                 return Err(DumpError::Unavailable(Failure::new(
                     "dump",
                     "the kernel's TCP sockets over netlink",
-                    format!(
-                        "the kernel refused: {}",
-                        std::io::Error::from_raw_os_error(errno)
-                    ),
+                    format!("the kernel refused: {}", std::io::Error::from_raw_os_error(errno)),
                 )));
             }
             Err(Bad::Malformed(why)) => return Err(unread(why)),
@@ -420,14 +401,7 @@ mod tests {
             TCPDIAG_GETSOCK,
             0x2,
             1,
-            &diag(
-                AF_INET,
-                1,
-                (&[127, 0, 0, 1], 8080),
-                (&[127, 0, 0, 2], 50000),
-                1337,
-                42,
-            ),
+            &diag(AF_INET, 1, (&[127, 0, 0, 1], 8080), (&[127, 0, 0, 2], 50000), 1337, 42),
         );
         let v6 = std::net::Ipv6Addr::LOCALHOST.octets();
         d.extend(message(
@@ -459,21 +433,12 @@ mod tests {
             Err(Bad::Refused(libc::ENOENT))
         );
         // No protocol handler: the dump's end carries the error instead of 0.
-        assert_eq!(
-            parse(&done(1, -libc::ENOENT), 1, &mut t),
-            Err(Bad::Refused(libc::ENOENT))
-        );
+        assert_eq!(parse(&done(1, -libc::ENOENT), 1, &mut t), Err(Bad::Refused(libc::ENOENT)));
         for (bytes, why) in [
             (done(2, 0), "another request"),
-            (
-                message(NLMSG_DONE, NLM_F_DUMP_INTR, 1, &0i32.to_ne_bytes()),
-                "changed",
-            ),
+            (message(NLMSG_DONE, NLM_F_DUMP_INTR, 1, &0i32.to_ne_bytes()), "changed"),
             (message(99, 0, 1, &[]), "unknown type"),
-            (
-                message(TCPDIAG_GETSOCK, 0, 1, &[0; 8]),
-                "shorter than inet_diag_msg",
-            ),
+            (message(TCPDIAG_GETSOCK, 0, 1, &[0; 8]), "shorter than inet_diag_msg"),
             (message(NLMSG_DONE, 0, 1, &[]), "without its code"),
             (done(1, 0)[..10].to_vec(), "shorter than its header"),
         ] {
@@ -502,28 +467,14 @@ mod tests {
         .flat_map(|b| message(TCPDIAG_GETSOCK, 0x2, 1, b))
         .collect::<Vec<u8>>();
         parse(&d, 1, &mut t).unwrap();
-        let filter = Filter {
-            ignore: PortSet::default(),
-            only: None,
-        };
-        let envoy = Envoy::Process {
-            pid: 1,
-            uid: 1337,
-            inodes: vec![5],
-        };
-        let rule = Rule {
-            filter: &filter,
-            envoy: &envoy,
-            ephemeral: DEFAULT_EPHEMERAL,
-        };
+        let filter = Filter { ignore: PortSet::default(), only: None };
+        let envoy = Envoy::Process { pid: 1, uid: 1337, inodes: vec![5] };
+        let rule = Rule { filter: &filter, envoy: &envoy, ephemeral: DEFAULT_EPHEMERAL };
         let c = count(&t, &rule, &mut Listeners::default());
         assert_eq!(c.total, 1, "{c:?}");
         assert_eq!(
             c.excluded[0],
-            Excluded {
-                why: "another process's socket (uid 0)".to_string(),
-                n: 1
-            },
+            Excluded { why: "another process's socket (uid 0)".to_string(), n: 1 },
             "no listener on 9090: left as the kernel said"
         );
     }
@@ -554,10 +505,7 @@ mod tests {
             DumpError::Unavailable(Failure::new(
                 "dump",
                 "the kernel's TCP sockets over netlink",
-                format!(
-                    "the kernel refused: {}",
-                    std::io::Error::from_raw_os_error(libc::ENOENT)
-                )
+                format!("the kernel refused: {}", std::io::Error::from_raw_os_error(libc::ENOENT))
             ))
         );
         // Protocol 253 is reserved for experiments: no inet_diag handler will ever exist.

@@ -204,11 +204,7 @@ impl Sources {
             let proc = clusters
                 .is_err()
                 .then(|| self.table().count(until.max(Instant::now() + PROC_GRACE)));
-            return Look {
-                stats: None,
-                clusters: Some(clusters),
-                proc,
-            };
+            return Look { stats: None, clusters: Some(clusters), proc };
         }
         let known = match &self.clusters_first {
             Some(why) if admin && !every && self.unit == Unit::Requests => Some(why.clone()),
@@ -222,14 +218,8 @@ impl Sources {
             }),
             None => admin.then(|| self.stats(until)),
         };
-        let stats_requests = stats
-            .as_ref()
-            .is_some_and(|s| matches!(s.requests, Some(Ok(_))));
-        let mut look = Look {
-            stats,
-            clusters: None,
-            proc: None,
-        };
+        let stats_requests = stats.as_ref().is_some_and(|s| matches!(s.requests, Some(Ok(_))));
+        let mut look = Look { stats, clusters: None, proc: None };
         if admin && self.unit == Unit::Requests && (every || !stats_requests) {
             look.clusters = Some(self.clusters(until));
         }
@@ -237,13 +227,9 @@ impl Sources {
             look.stats = Some(self.stats(until));
         }
         self.clusters_first = match (&look.clusters, &look.stats) {
-            (
-                Some(Ok(_)),
-                Some(StatsLook {
-                    requests: Some(Err(why)),
-                    ..
-                }),
-            ) if !every => Some(why.clone()),
+            (Some(Ok(_)), Some(StatsLook { requests: Some(Err(why)), .. })) if !every => {
+                Some(why.clone())
+            }
             _ => None,
         };
         self.admin_time = asked.elapsed();
@@ -259,16 +245,11 @@ impl Sources {
 
     fn stats(&mut self, until: Instant) -> StatsLook {
         let requests = self.unit == Unit::Requests;
-        let timeout = self
-            .stats_timeout
-            .min(until.saturating_duration_since(Instant::now()));
+        let timeout = self.stats_timeout.min(until.saturating_duration_since(Instant::now()));
         let asked = Instant::now();
         let mut lines = stats::Lines::new(&self.ignore, self.clusters.preset);
-        let got = self
-            .admin
-            .get_lines(self.stats_path(), timeout, admin::BODY_LIMIT, |l| {
-                lines.add(l)
-            });
+        let got =
+            self.admin.get_lines(self.stats_path(), timeout, admin::BODY_LIMIT, |l| lines.add(l));
         if got.is_err() && asked.elapsed() >= timeout {
             self.stats_timeout = self.stats_timeout.saturating_mul(2).min(MAX_STATS_TIMEOUT);
         }
@@ -286,10 +267,7 @@ impl Sources {
             }
             Err(f) => {
                 let why = f.to_string();
-                StatsLook {
-                    connections: Err(why.clone()),
-                    requests: requests.then_some(Err(why)),
-                }
+                StatsLook { connections: Err(why.clone()), requests: requests.then_some(Err(why)) }
             }
         }
     }
@@ -299,9 +277,7 @@ impl Sources {
         let mut tally = clusters::Tally::default();
         let left = until.saturating_duration_since(Instant::now());
         self.admin
-            .get_lines(CLUSTERS_PATH, left, u64::MAX, |line| {
-                tally.add_line(line, &self.clusters)
-            })
+            .get_lines(CLUSTERS_PATH, left, u64::MAX, |line| tally.add_line(line, &self.clusters))
             .map_err(|f| f.to_string())?;
         let mut answer = tally.finish()?;
         let arrivals = self.arrived.add(std::mem::take(&mut answer.counters));
@@ -353,10 +329,7 @@ pub fn decide(look: &Look) -> Reading {
         (Some(Err(proc)), Some(why)) => Err(format!("stats: {why}; proc: {proc}")),
         (Some(Err(proc)), None) => Err(proc.clone()),
         (None, Some(why)) => {
-            return Reading {
-                result: Err(why.clone()),
-                fallback: None,
-            };
+            return Reading { result: Err(why.clone()), fallback: None };
         }
         (None, None) => Err("no source was read".to_string()),
     };
@@ -364,10 +337,7 @@ pub fn decide(look: &Look) -> Reading {
 }
 
 fn reading(count: &Count, why: &[String]) -> Reading {
-    Reading {
-        result: Ok(count.clone()),
-        fallback: (!why.is_empty()).then(|| why.join("; ")),
-    }
+    Reading { result: Ok(count.clone()), fallback: (!why.is_empty()).then(|| why.join("; ")) }
 }
 
 #[cfg(test)]
@@ -379,10 +349,7 @@ mod tests {
 
     /// A loopback port nothing listens on: bound, then closed.
     fn refused() -> SocketAddr {
-        TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
+        TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
     }
 
     fn dir(name: &str, tcp: Option<&str>) -> PathBuf {
@@ -442,11 +409,8 @@ mod tests {
     #[test]
     fn one_table_missing_is_fine_both_missing_is_unknown() {
         let d = dir("missing", Some(ONE));
-        let count = |d: &PathBuf| {
-            sources(Mode::Proc, d.clone())
-                .count(Duration::from_secs(1))
-                .result
-        };
+        let count =
+            |d: &PathBuf| sources(Mode::Proc, d.clone()).count(Duration::from_secs(1)).result;
         assert_eq!(count(&d).unwrap().total, 1);
         std::fs::remove_file(d.join("tcp")).unwrap();
         let e = count(&d).unwrap_err();
@@ -474,42 +438,24 @@ mod tests {
     #[test]
     fn no_time_left_means_no_request() {
         let r = sources(Mode::Stats, PathBuf::from("/nonexistent")).count(Duration::ZERO);
-        assert!(
-            r.result
-                .unwrap_err()
-                .ends_with("no time left before the deadline")
-        );
+        assert!(r.result.unwrap_err().ends_with("no time left before the deadline"));
     }
 
     fn proc_count(n: u64) -> Count {
-        let part = crate::count::Part {
-            name: "port 15006".to_string(),
-            active: n,
-        };
+        let part = crate::count::Part { name: "port 15006".to_string(), active: n };
         Count::new(SourceKind::Proc, vec![part], vec![])
     }
 
     fn answer(n: u64) -> Answer {
-        let part = crate::count::Part {
-            name: "0.0.0.0_15006".to_string(),
-            active: n,
-        };
-        Answer {
-            count: Count::new(SourceKind::Stats, vec![part], vec![]),
-            skipped: vec![],
-        }
+        let part = crate::count::Part { name: "0.0.0.0_15006".to_string(), active: n };
+        Answer { count: Count::new(SourceKind::Stats, vec![part], vec![]), skipped: vec![] }
     }
 
     #[test]
     fn the_decision_prefers_requests_then_connections_then_the_socket_table() {
-        let stats = |connections: Result<Answer, String>, requests| StatsLook {
-            connections,
-            requests,
-        };
-        let requests = Answer {
-            count: Count::requests(vec![], vec![]),
-            skipped: vec![],
-        };
+        let stats =
+            |connections: Result<Answer, String>, requests| StatsLook { connections, requests };
+        let requests = Answer { count: Count::requests(vec![], vec![]), skipped: vec![] };
         let cases = [
             (
                 stats(Ok(answer(2)), Some(Ok((requests, vec![])))),
@@ -535,27 +481,15 @@ mod tests {
                 Err("stats: refused; proc: no table".to_string()),
                 Some("refused"),
             ),
-            (
-                stats(Err("refused".to_string()), None),
-                None,
-                Err("refused".to_string()),
-                None,
-            ),
+            (stats(Err("refused".to_string()), None), None, Err("refused".to_string()), None),
         ];
         for (s, proc, want, fallback) in cases {
-            let r = decide(&Look {
-                stats: Some(s),
-                clusters: None,
-                proc,
-            });
+            let r = decide(&Look { stats: Some(s), clusters: None, proc });
             assert_eq!(r.result.map(|c| c.describe()), want);
             assert_eq!(r.fallback.as_deref(), fallback);
         }
-        let proc_only = decide(&Look {
-            stats: None,
-            clusters: None,
-            proc: Some(Ok(proc_count(1))),
-        });
+        let proc_only =
+            decide(&Look { stats: None, clusters: None, proc: Some(Ok(proc_count(1))) });
         assert_eq!(proc_only.result.unwrap().total, 1);
         assert_eq!(proc_only.fallback, None);
     }
@@ -563,22 +497,16 @@ mod tests {
     #[test]
     fn without_request_stats_requests_come_from_clusters_and_say_why() {
         let clusters_answer = |n| clusters::Answer {
-            count: Count::of(SourceKind::Clusters, Unit::Requests, vec![], vec![]).with_excluded(
-                vec![crate::count::Excluded {
-                    why: "x".to_string(),
-                    n,
-                }],
-            ),
+            count: Count::of(SourceKind::Clusters, Unit::Requests, vec![], vec![])
+                .with_excluded(vec![crate::count::Excluded { why: "x".to_string(), n }]),
             clusters: vec![],
             quiet: 0,
             hosts_left_out: vec![],
             counters: vec![],
             app_arrived: (0, 0),
         };
-        let no_rq = StatsLook {
-            connections: Ok(answer(2)),
-            requests: Some(Err("no rq".to_string())),
-        };
+        let no_rq =
+            StatsLook { connections: Ok(answer(2)), requests: Some(Err("no rq".to_string())) };
         let r = decide(&Look {
             stats: Some(no_rq.clone()),
             clusters: Some(Ok(clusters_answer(0))),

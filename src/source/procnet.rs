@@ -55,14 +55,7 @@ pub fn parse_line(line: &str) -> Option<Socket> {
     let mut fields = fields.skip(3);
     let uid = decimal(fields.next()?)?;
     let inode = decimal(fields.nth(1)?)?;
-    Some(Socket {
-        local,
-        remote,
-        state,
-        uid: u32::try_from(uid).ok()?,
-        inode,
-        received: None,
-    })
+    Some(Socket { local, remote, state, uid: u32::try_from(uid).ok()?, inode, received: None })
 }
 
 fn decimal(field: &str) -> Option<u64> {
@@ -167,10 +160,7 @@ impl Table {
 
     /// Whether `s` is in a state the rule looks at.
     fn keeps(s: &Socket) -> bool {
-        matches!(
-            s.state,
-            LISTEN | ESTABLISHED | SYN_SENT | SYN_RECV | CLOSE_WAIT
-        )
+        matches!(s.state, LISTEN | ESTABLISHED | SYN_SENT | SYN_RECV | CLOSE_WAIT)
     }
 
     /// Drops sockets seen twice. No walk of the kernel's socket tables is atomic: with
@@ -187,8 +177,7 @@ impl Table {
                 _ => std::cmp::Ordering::Equal,
             })
         });
-        self.sockets
-            .dedup_by(|a, b| a.inode == b.inode && (a.inode != 0 || ends(a) == ends(b)));
+        self.sockets.dedup_by(|a, b| a.inode == b.inode && (a.inode != 0 || ends(a) == ends(b)));
     }
 
     /// The listening sockets.
@@ -206,9 +195,7 @@ impl Table {
 /// address first, else a wildcard of its family on its port.
 pub fn taking<'a>(listening: &[&'a Socket], local: &Endpoint) -> Option<&'a Socket> {
     let exact = listening.iter().find(|s| s.local == *local);
-    exact
-        .or_else(|| listening.iter().find(|s| serves(&s.local, local)))
-        .copied()
+    exact.or_else(|| listening.iter().find(|s| serves(&s.local, local))).copied()
 }
 
 fn is_header(line: &str) -> bool {
@@ -221,11 +208,7 @@ fn is_header(line: &str) -> bool {
 pub enum Envoy {
     /// Envoy's process, found as the holder of its admin listener: the sockets it holds,
     /// sorted.
-    Process {
-        pid: u32,
-        uid: u32,
-        inodes: Vec<u64>,
-    },
+    Process { pid: u32, uid: u32, inodes: Vec<u64> },
     /// Its process cannot be read: the sockets owned by its admin listener's owner.
     User { uid: u32 },
     /// Nothing listens on the admin address: Envoy's sockets cannot be told apart.
@@ -286,10 +269,7 @@ impl Listeners {
             let envoys = envoy.holds(s);
             match self.0.iter_mut().find(|l| l.local == s.local) {
                 Some(l) => l.envoys = envoys.or(l.envoys),
-                None => self.0.push(Listening {
-                    local: s.local,
-                    envoys,
-                }),
+                None => self.0.push(Listening { local: s.local, envoys }),
             }
         }
     }
@@ -358,12 +338,7 @@ impl Rule<'_> {
             (Some(true), None) if self.transparent(s) => true,
             (Some(true), None) => return Verdict::EnvoyOpened(remote),
         };
-        if self
-            .filter
-            .only
-            .as_ref()
-            .is_some_and(|o| !o.contains(local))
-        {
+        if self.filter.only.as_ref().is_some_and(|o| !o.contains(local)) {
             return Verdict::NotListed(local);
         }
         Verdict::Accepted { port: local, kept }
@@ -439,31 +414,21 @@ impl<'a> Tally<'a> {
         {
             let inodes = relist();
             for s in std::mem::take(&mut self.unsure) {
-                let envoys = inodes
-                    .as_ref()
-                    .is_none_or(|i| i.binary_search(&s.inode).is_ok());
-                *self
-                    .verdicts
-                    .entry(rule.verdict(&s, listeners, Some(envoys)))
-                    .or_default() += 1;
+                let envoys = inodes.as_ref().is_none_or(|i| i.binary_search(&s.inode).is_ok());
+                *self.verdicts.entry(rule.verdict(&s, listeners, Some(envoys))).or_default() += 1;
             }
         }
         let mut parts = Vec::new();
         let mut excluded = Vec::new();
         for (v, n) in self.verdicts {
             match v {
-                Verdict::Accepted { .. } => parts.push(Part {
-                    name: v.label(),
-                    active: n,
-                }),
+                Verdict::Accepted { .. } => parts.push(Part { name: v.label(), active: n }),
                 _ => excluded.push(Excluded { why: v.label(), n }),
             }
         }
         if !self.listening.is_empty() {
-            excluded.push(Excluded {
-                why: "listening".to_string(),
-                n: self.listening.len() as u64,
-            });
+            excluded
+                .push(Excluded { why: "listening".to_string(), n: self.listening.len() as u64 });
         }
         let count = Count::new(SourceKind::Proc, parts, vec![]).with_excluded(excluded);
         (count, self.owners)
@@ -494,25 +459,16 @@ impl Sink for Tally<'_> {
         if self.listed_first
             && envoys == Some(false)
             && rule.envoy.uid() == Some(s.uid)
-            && matches!(
-                rule.verdict(&s, listeners, Some(true)),
-                Verdict::Accepted { .. }
-            )
+            && matches!(rule.verdict(&s, listeners, Some(true)), Verdict::Accepted { .. })
         {
             if self.unsure.len() < MAX_UNSURE {
                 self.unsure.push(s);
                 return;
             }
-            *self
-                .verdicts
-                .entry(rule.verdict(&s, listeners, Some(true)))
-                .or_default() += 1;
+            *self.verdicts.entry(rule.verdict(&s, listeners, Some(true))).or_default() += 1;
             return;
         }
-        *self
-            .verdicts
-            .entry(rule.verdict(&s, listeners, envoys))
-            .or_default() += 1;
+        *self.verdicts.entry(rule.verdict(&s, listeners, envoys)).or_default() += 1;
     }
 }
 
@@ -560,26 +516,16 @@ mod tests {
     }
 
     fn istio() -> Filter {
-        Filter {
-            ignore: PortSet::parse(crate::lists::ISTIO_INFRA_PORTS).unwrap(),
-            only: None,
-        }
+        Filter { ignore: PortSet::parse(crate::lists::ISTIO_INFRA_PORTS).unwrap(), only: None }
     }
 
     fn count_with(lines: &[String], filter: &Filter, envoy: &Envoy) -> Count {
-        let rule = Rule {
-            filter,
-            envoy,
-            ephemeral: DEFAULT_EPHEMERAL,
-        };
+        let rule = Rule { filter, envoy, ephemeral: DEFAULT_EPHEMERAL };
         count(&table(lines), &rule, &mut Listeners::default())
     }
 
     fn parts(c: &Count) -> Vec<(&str, u64)> {
-        c.parts
-            .iter()
-            .map(|p| (p.name.as_str(), p.active))
-            .collect()
+        c.parts.iter().map(|p| (p.name.as_str(), p.active)).collect()
     }
 
     fn excluded(c: &Count) -> Vec<(&str, u64)> {
@@ -589,11 +535,7 @@ mod tests {
     fn envoy(uid: u32, inodes: &[u64]) -> Envoy {
         let mut inodes = inodes.to_vec();
         inodes.sort_unstable();
-        Envoy::Process {
-            pid: 42,
-            uid,
-            inodes,
-        }
+        Envoy::Process { pid: 42, uid, inodes }
     }
 
     #[test]
@@ -609,11 +551,7 @@ mod tests {
         let l = "   0: 00000000000000000000000001000000:3AAE 0000000000000000FFFF00000100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 4242 1 0000000000000000 20 4 30 10 -1";
         let s = parse_line(l).unwrap();
         assert_eq!(show(&s.local), "[::1]:15022");
-        assert_eq!(
-            show(&s.remote),
-            "127.0.0.1:54321",
-            "mapped addresses read as IPv4"
-        );
+        assert_eq!(show(&s.remote), "127.0.0.1:54321", "mapped addresses read as IPv4");
         let global = "   1: B80D0120000000000000000001000000:0050 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4243 1";
         assert_eq!(show(&parse_line(global).unwrap().local), "[2001:db8::1]:80");
     }
@@ -710,11 +648,7 @@ mod tests {
         ]);
         t.dedup();
         let inodes: Vec<u64> = t.sockets.iter().map(|s| s.inode).collect();
-        assert_eq!(
-            inodes,
-            vec![0, 0, 5, 6, 7],
-            "two queued connections, two listeners, one"
-        );
+        assert_eq!(inodes, vec![0, 0, 5, 6, 7], "two queued connections, two listeners, one");
     }
 
     #[test]
@@ -750,11 +684,7 @@ mod tests {
         let filter = istio();
         let listed = [10, 11, 12, 13, 14, 16, 17, 18, 19];
         let before = envoy(1337, &listed);
-        let rule = Rule {
-            filter: &filter,
-            envoy: &before,
-            ephemeral: DEFAULT_EPHEMERAL,
-        };
+        let rule = Rule { filter: &filter, envoy: &before, ephemeral: DEFAULT_EPHEMERAL };
         let mut listeners = Listeners::default();
         listeners.learn(&t, &before);
         let count = |relist: Option<&[u64]>| {
@@ -771,11 +701,7 @@ mod tests {
             excluded(&c).contains(&("another process's socket (uid 1337)", 1)),
             "the agent's probe, listed again, is still not Envoy's: {c:?}"
         );
-        assert_eq!(
-            count(None).total,
-            2,
-            "not listed again: it counts as Envoy's"
-        );
+        assert_eq!(count(None).total, 2, "not listed again: it counts as Envoy's");
         assert_eq!(
             count(Some(&listed)).total,
             1,
@@ -864,11 +790,7 @@ mod tests {
     #[test]
     fn a_listener_seen_once_still_explains_its_connections_after_it_closed() {
         let e = envoy(1337, &[11, 15]);
-        let rule = Rule {
-            filter: &istio(),
-            envoy: &e,
-            ephemeral: DEFAULT_EPHEMERAL,
-        };
+        let rule = Rule { filter: &istio(), envoy: &e, ephemeral: DEFAULT_EPHEMERAL };
         let mut seen = Listeners::default();
         let with_listener = table(&[
             line("00000000:3A9E", "00000000:0000", "0A", 1337, 11),
@@ -908,10 +830,7 @@ mod tests {
     #[test]
     fn an_ipv4_wildcard_listener_does_not_take_ipv6_connections() {
         let v6_client = "   1: 00000000000000000000000001000000:1F90 00000000000000000000000001000000:C350 01 00000000:00000000 00:00000000 00000000     0        0 3 1";
-        let lines = [
-            line("00000000:1F90", "00000000:0000", "0A", 0, 1),
-            v6_client.to_string(),
-        ];
+        let lines = [line("00000000:1F90", "00000000:0000", "0A", 0, 1), v6_client.to_string()];
         let c = count_with(&lines, &istio(), &Envoy::Unknown);
         assert_eq!(c.total, 0, "{:?}", c.excluded);
     }
@@ -928,10 +847,8 @@ mod tests {
         let c = count_with(&lines, &istio(), &e);
         assert_eq!(parts(&c), vec![("port 15006", 1)]);
         assert!(excluded(&c).contains(&("ignored port 15000", 1)));
-        let only = Filter {
-            ignore: PortSet::default(),
-            only: Some(PortSet::parse("15001").unwrap()),
-        };
+        let only =
+            Filter { ignore: PortSet::default(), only: Some(PortSet::parse("15001").unwrap()) };
         let c = count_with(&lines, &only, &e);
         assert_eq!(parts(&c), vec![("port 15001", 1)]);
         assert!(excluded(&c).contains(&("port 15006, not in --ports", 1)));
@@ -980,11 +897,7 @@ mod tests {
             owners.remove(&1337);
             owners
         };
-        assert_eq!(
-            owners(&live),
-            BTreeMap::from([(1000, 2)]),
-            "a listener and a connection"
-        );
+        assert_eq!(owners(&live), BTreeMap::from([(1000, 2)]), "a listener and a connection");
         // After the app's exit: its connection in FIN_WAIT2 and TIME_WAIT (uid 0) are not read.
         let gone = table(&[
             line("0200000A:1F90", "0600007F:A000", "05", 1000, 0),

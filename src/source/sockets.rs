@@ -67,10 +67,7 @@ impl SocketTable {
     pub fn new(proc_net: Option<&Path>, filter: Filter, admin: Address) -> SocketTable {
         let reader = match proc_net {
             None => Reader::Netlink,
-            Some(dir) => Reader::Text {
-                dir: dir.to_path_buf(),
-                why: None,
-            },
+            Some(dir) => Reader::Text { dir: dir.to_path_buf(), why: None },
         };
         SocketTable {
             proc_root: match proc_net {
@@ -119,11 +116,7 @@ impl SocketTable {
         let admin = self.admin_socket(&listening);
         let (envoy, basis) = self.envoy(admin, until);
         self.listeners.learn(&listening, &envoy);
-        let rule = Rule {
-            filter: &self.filter,
-            envoy: &envoy,
-            ephemeral: self.ephemeral(),
-        };
+        let rule = Rule { filter: &self.filter, envoy: &envoy, ephemeral: self.ephemeral() };
         // The text tables were read whole before Envoy's sockets were listed; a dump comes after.
         let mut tally = Tally::new(&listening, Some((rule, &self.listeners)), open.is_none());
         let counters = match &self.arrived {
@@ -212,10 +205,8 @@ impl SocketTable {
                 }
                 Err(DumpError::Failed(f)) => return Err(f.to_string()),
                 Err(DumpError::Unavailable(f)) => {
-                    self.reader = Reader::Text {
-                        dir: PathBuf::from(PROC_NET),
-                        why: Some(f.to_string()),
-                    };
+                    self.reader =
+                        Reader::Text { dir: PathBuf::from(PROC_NET), why: Some(f.to_string()) };
                 }
             }
         }
@@ -227,10 +218,7 @@ impl SocketTable {
         // `/proc/net/tcp` was seen to repeat lines many times over in one read under churn.
         table.dedup();
         let (listening, open) = table.sockets.into_iter().partition(|s| s.state == LISTEN);
-        let table = |sockets| Table {
-            sockets,
-            ..Table::default()
-        };
+        let table = |sockets| Table { sockets, ..Table::default() };
         Ok((table(listening), Some(table(open))))
     }
 
@@ -247,19 +235,15 @@ impl SocketTable {
         };
         let found = match (&self.proc_root, inode) {
             (Ok(root), Some(inode)) => find_holder(root, inode, uid, self.envoy_pid, until),
-            (Ok(root), None) => Err(format!(
-                "{} does not show the socket's inode",
-                root.join("net/unix").display()
-            )),
+            (Ok(root), None) => {
+                Err(format!("{} does not show the socket's inode", root.join("net/unix").display()))
+            }
             (Err(why), _) => Err(why.clone()),
         };
         match found {
             Ok((pid, inodes)) => {
                 self.envoy_pid = Some(pid);
-                (
-                    Envoy::Process { pid, uid, inodes },
-                    Basis::Process { pid, uid, admin },
-                )
+                (Envoy::Process { pid, uid, inodes }, Basis::Process { pid, uid, admin })
             }
             Err(why) => (Envoy::User { uid }, Basis::Owner { uid, admin, why }),
         }
@@ -296,11 +280,7 @@ impl SocketTable {
             let mut ports = text.split_ascii_whitespace().map(str::parse::<u16>);
             Some((ports.next()?.ok()?, ports.next()?.ok()?))
         };
-        self.proc_root
-            .as_ref()
-            .ok()
-            .and_then(read)
-            .unwrap_or(DEFAULT_EPHEMERAL)
+        self.proc_root.as_ref().ok().and_then(read).unwrap_or(DEFAULT_EPHEMERAL)
     }
 }
 
@@ -405,19 +385,12 @@ fn read_tables(dir: &Path, until: Instant) -> Result<Table, Failure> {
 fn read_table(path: &Path, table: &mut Table, until: Instant) -> Result<bool, Failure> {
     let failed = |why: String| Failure::new("read", path.display().to_string(), why);
     // O_NONBLOCK: a FIFO in a table's place must not hang the open.
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-    {
+    let file = match OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(failed(io_cause(&e))),
     };
-    let kind = file
-        .metadata()
-        .map_err(|e| failed(io_cause(&e)))?
-        .file_type();
+    let kind = file.metadata().map_err(|e| failed(io_cause(&e)))?.file_type();
     // The kernel's tables are regular files; a FIFO, a device or a directory is not one.
     if !kind.is_file() {
         return Err(failed("not a regular file".to_string()));
@@ -474,9 +447,7 @@ const MAX_UNIX_TABLE: u64 = 16 << 20;
 fn unix_listener(table: &Path, path: &Path) -> std::io::Result<Option<u64>> {
     const ACCEPTCON: u32 = 0x10000;
     let mut text = String::new();
-    fs::File::open(table)?
-        .take(MAX_UNIX_TABLE)
-        .read_to_string(&mut text)?;
+    fs::File::open(table)?.take(MAX_UNIX_TABLE).read_to_string(&mut text)?;
     let wanted = path.as_os_str().to_string_lossy();
     let file = |p: &Path| fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
     let target = file(path);
@@ -547,18 +518,10 @@ fn find_holder(
     let mut denied = None;
     for entry in dir.flatten() {
         if Instant::now() >= until {
-            let late = Failure::new(
-                "find",
-                "Envoy's process",
-                "no time left before the deadline",
-            );
+            let late = Failure::new("find", "Envoy's process", "no time left before the deadline");
             return Err(late.to_string());
         }
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
             continue;
         };
         // /proc/<pid> belongs to the process's user: only Envoy's user can hold its listener.
@@ -665,10 +628,7 @@ mod tests {
         assert_eq!(nothing.unwrap(), None);
         let line = "0000000062cb94f9: 00000002 00000000 00010000 0001 01 31337 /run/a b";
         assert_eq!(unix_line(line), Some((0x10000, 31337, "/run/a b")));
-        assert_eq!(
-            unix_line("0000000062cb94f9: 00000003 00000000 00000000 0001 03  1140"),
-            None
-        );
+        assert_eq!(unix_line("0000000062cb94f9: 00000003 00000000 00000000 0001 03  1140"), None);
     }
 
     /// This process's own listening socket is found as its own, with every socket it holds.

@@ -109,11 +109,7 @@ impl Lines {
             more_skipped: (0, 0),
             hcms: Vec::new(),
             index: HashMap::new(),
-            more_hcms: Hcm {
-                prefix: String::new(),
-                requests: 0,
-                connections: 0,
-            },
+            more_hcms: Hcm { prefix: String::new(), requests: 0, connections: 0 },
             wrapped: (0, None),
         }
     }
@@ -145,16 +141,13 @@ impl Lines {
         self.admin.1 |= name == ADMIN_RQ_LINE;
         if let Some(listener) = listener_name(name) {
             match skip_reason(listener, &self.ignore, &self.preset) {
-                Some(why) if self.skipped.len() < KEPT => self.skipped.push(Skipped {
-                    name: listener.to_string(),
-                    active: n,
-                    why,
-                }),
+                Some(why) if self.skipped.len() < KEPT => {
+                    self.skipped.push(Skipped { name: listener.to_string(), active: n, why })
+                }
                 Some(_) => add_up(&mut self.more_skipped, n),
-                None if self.parts.len() < KEPT => self.parts.push(Part {
-                    name: listener.to_string(),
-                    active: n,
-                }),
+                None if self.parts.len() < KEPT => {
+                    self.parts.push(Part { name: listener.to_string(), active: n })
+                }
                 None => add_up(&mut self.more_parts, n),
             }
         } else if let Some((prefix, is_request)) = hcm_stat(name, &self.preset) {
@@ -162,22 +155,15 @@ impl Lines {
                 Some(&i) => &mut self.hcms[i],
                 None if self.hcms.len() < KEPT => {
                     self.index.insert(prefix.to_string(), self.hcms.len());
-                    self.hcms.push(Hcm {
-                        prefix: prefix.to_string(),
-                        requests: 0,
-                        connections: 0,
-                    });
+                    self.hcms.push(Hcm { prefix: prefix.to_string(), requests: 0, connections: 0 });
                     let last = self.hcms.len() - 1;
                     &mut self.hcms[last]
                 }
                 // Added up rather than set: the rest are many managers' lines.
                 None => {
                     let more = &mut self.more_hcms;
-                    let figure = if is_request {
-                        &mut more.requests
-                    } else {
-                        &mut more.connections
-                    };
+                    let figure =
+                        if is_request { &mut more.requests } else { &mut more.connections };
                     *figure = figure.saturating_add(n);
                     return;
                 }
@@ -254,16 +240,10 @@ impl Lines {
                 ..self.more_hcms.clone()
             });
         }
-        let http_connections = hcms
-            .iter()
-            .map(|h| h.connections)
-            .fold(0, u64::saturating_add);
+        let http_connections = hcms.iter().map(|h| h.connections).fold(0, u64::saturating_add);
         let mut parts: Vec<Part> = hcms
             .iter()
-            .map(|h| Part {
-                name: format!("http {}", h.prefix),
-                active: h.requests,
-            })
+            .map(|h| Part { name: format!("http {}", h.prefix), active: h.requests })
             .collect();
         parts.push(Part {
             name: NON_HTTP.to_string(),
@@ -297,14 +277,12 @@ fn gauge(line: &str) -> Option<(&str, u64)> {
 /// one of `preset`'s own): its prefix, and whether it is the request line.
 fn hcm_stat<'a>(name: &'a str, preset: &Preset) -> Option<(&'a str, bool)> {
     let rest = name.strip_prefix("http.")?;
-    let (prefix, is_request) = match (
-        rest.strip_suffix(".downstream_rq_active"),
-        rest.strip_suffix(SUFFIX),
-    ) {
-        (Some(p), _) => (p, true),
-        (None, Some(p)) => (p, false),
-        (None, None) => return None,
-    };
+    let (prefix, is_request) =
+        match (rest.strip_suffix(".downstream_rq_active"), rest.strip_suffix(SUFFIX)) {
+            (Some(p), _) => (p, true),
+            (None, Some(p)) => (p, false),
+            (None, None) => return None,
+        };
     (!prefix.is_empty() && !preset.owns_hcm(prefix)).then_some((prefix, is_request))
 }
 
@@ -372,11 +350,7 @@ mod tests {
     }
 
     fn parts(a: &Answer) -> Vec<(&str, u64)> {
-        a.count
-            .parts
-            .iter()
-            .map(|p| (p.name.as_str(), p.active))
-            .collect()
+        a.count.parts.iter().map(|p| (p.name.as_str(), p.active)).collect()
     }
 
     /// Real Envoy 1.40.0 with two workers (docs/how-it-works.md, "Envoy's stats").
@@ -397,10 +371,7 @@ listener.admin.main_thread.downstream_cx_active: 1
     fn real_envoy_answer_counts_each_listener_once_without_admin_http_or_workers() {
         let a = parse(REAL, &istio()).unwrap();
         assert_eq!(a.count.total, 5);
-        assert_eq!(
-            parts(&a),
-            vec![("127.0.0.1_15001", 2), ("127.0.0.1_15006", 3)]
-        );
+        assert_eq!(parts(&a), vec![("127.0.0.1_15001", 2), ("127.0.0.1_15006", 3)]);
         assert!(a.count.warnings.is_empty());
         assert_eq!(a.skipped.len(), 1, "only the admin listener is skipped");
     }
@@ -433,10 +404,7 @@ listener.admin.downstream_cx_active: 1
 ";
         let a = parse(body, &istio()).unwrap();
         assert_eq!(parts(&a), vec![("[__1]_15007", 6)]);
-        assert_eq!(
-            a.skipped.iter().filter(|s| s.why == "ignored port").count(),
-            5
-        );
+        assert_eq!(a.skipped.iter().filter(|s| s.why == "ignored port").count(), 5);
     }
 
     #[test]
@@ -514,19 +482,12 @@ listener.admin.downstream_cx_active: 1
             "garbage without separator",
         ] {
             let body = format!("{good}{bad}\n");
-            assert_eq!(
-                parse(&body, &istio()),
-                Err(Unusable::Unreadable(bad.to_string())),
-                "{bad}"
-            );
+            assert_eq!(parse(&body, &istio()), Err(Unusable::Unreadable(bad.to_string())), "{bad}");
             assert!(parse_requests(&body, &istio()).is_err(), "{bad}");
         }
         // Lines ending in a lone CR run together into one line that is not a count.
         let cr_only = "listener.admin.downstream_cx_active: 1\rlistener.0.0.0.0_15006.downstream_cx_active: 3\r";
-        assert!(matches!(
-            parse(cr_only, &istio()),
-            Err(Unusable::Unreadable(_))
-        ));
+        assert!(matches!(parse(cr_only, &istio()), Err(Unusable::Unreadable(_))));
     }
 
     #[test]
@@ -580,20 +541,13 @@ listener.admin.main_thread.downstream_cx_active: 1
         let (a, hcms) = parse_requests(REQUESTS, &istio()).unwrap();
         assert_eq!(
             parts(&a),
-            vec![
-                ("http inbound_0.0.0.0_8080", 1),
-                ("non-HTTP connections", 1)
-            ],
+            vec![("http inbound_0.0.0.0_8080", 1), ("non-HTTP connections", 1)],
             "the idle keep-alive connection is not a request; the TCP stream is a connection"
         );
         assert_eq!(a.count.total, 2);
         assert_eq!(
             hcms,
-            vec![Hcm {
-                prefix: "inbound_0.0.0.0_8080".to_string(),
-                requests: 1,
-                connections: 2
-            }],
+            vec![Hcm { prefix: "inbound_0.0.0.0_8080".to_string(), requests: 1, connections: 2 }],
             "admin and Istio's agent manager are left out"
         );
     }
@@ -617,10 +571,7 @@ listener.admin.downstream_cx_active: 1
         assert_eq!(parse_requests(REAL, &istio()), Err(Unusable::NotEnabled));
         assert_eq!(parse(REAL, &istio()).unwrap().count.total, 5);
         let no_listener_stats = "http.admin.downstream_rq_active: 1\n";
-        assert_eq!(
-            parse_requests(no_listener_stats, &istio()),
-            Err(Unusable::NotEnabled)
-        );
+        assert_eq!(parse_requests(no_listener_stats, &istio()), Err(Unusable::NotEnabled));
     }
 
     #[test]
@@ -630,10 +581,7 @@ listener.admin.downstream_cx_active: 1
 
     #[test]
     fn long_garbage_is_shortened_in_what_is_said_of_it() {
-        let body = format!(
-            "{}\nlistener.admin.downstream_cx_active: 1\n",
-            "é".repeat(500)
-        );
+        let body = format!("{}\nlistener.admin.downstream_cx_active: 1\n", "é".repeat(500));
         let Err(Unusable::Unreadable(line)) = parse(&body, &istio()) else {
             panic!("unreadable");
         };
@@ -658,20 +606,10 @@ listener.admin.downstream_cx_active: 1
             lines.add(line);
         }
         let (a, hcms) = lines.requests(&lines.connections().unwrap()).unwrap();
-        assert_eq!(
-            a.count.total, 1,
-            "the health check in flight on 8002 is Contour's own"
-        );
+        assert_eq!(a.count.total, 1, "the health check in flight on 8002 is Contour's own");
         assert_eq!(hcms.len(), 1);
         // Read as Istio's, the same answer counts it.
-        assert_eq!(
-            parse_requests(body, &PortSet::default())
-                .unwrap()
-                .0
-                .count
-                .total,
-            2
-        );
+        assert_eq!(parse_requests(body, &PortSet::default()).unwrap().0.count.total, 2);
     }
 
     #[test]
@@ -699,17 +637,10 @@ listener.admin.downstream_cx_active: 1
         let whys: Vec<_> = connections.skipped.iter().map(|s| s.why).collect();
         assert_eq!(
             whys,
-            [
-                "the proxy's own listener",
-                "the proxy's own listener",
-                "Envoy's admin listener"
-            ]
+            ["the proxy's own listener", "the proxy's own listener", "Envoy's admin listener"]
         );
         let (requests, _) = lines.requests(&connections).unwrap();
-        assert_eq!(
-            requests.count.total, 1,
-            "the scrape in flight is Kuma's own"
-        );
+        assert_eq!(requests.count.total, 1, "the scrape in flight is Kuma's own");
         // Read as Istio's, the scrape and the config poll count.
         assert_eq!(parse(body, &PortSet::default()).unwrap().count.total, 3);
     }
@@ -725,21 +656,14 @@ listener.admin.downstream_cx_active: 1
     fn past_a_thousand_listeners_the_rest_are_added_up_as_one() {
         let mut body = String::from("listener.admin.downstream_cx_active: 1\n");
         for i in 0..10_000 {
-            body += &format!(
-                "listener.0.0.0.0_{}.downstream_cx_active: {}\n",
-                20_000 + i,
-                i % 2
-            );
+            body += &format!("listener.0.0.0.0_{}.downstream_cx_active: {}\n", 20_000 + i, i % 2);
         }
         let a = parse(&body, &PortSet::default()).unwrap();
         assert_eq!(a.count.total, 5000);
         assert_eq!(a.count.parts.len(), KEPT + 1);
         assert_eq!(
             a.count.parts[KEPT],
-            Part {
-                name: "(9000 more listeners)".to_string(),
-                active: 4500
-            }
+            Part { name: "(9000 more listeners)".to_string(), active: 4500 }
         );
     }
 
@@ -755,11 +679,7 @@ listener.admin.downstream_cx_active: 1
         }
         let started = std::time::Instant::now();
         let (a, hcms) = parse_requests(&body, &istio()).unwrap();
-        assert_eq!(
-            (hcms.len(), a.count.total),
-            (KEPT + 1, 100_000),
-            "memory stays flat"
-        );
+        assert_eq!((hcms.len(), a.count.total), (KEPT + 1, 100_000), "memory stays flat");
         let more = &hcms[KEPT];
         assert_eq!(
             (more.prefix.as_str(), more.requests, more.connections),

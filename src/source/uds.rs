@@ -124,9 +124,7 @@ impl Transport for UnixTransport {
         let timeout = timeout.for_write();
         self.stream.set_write_timeout(left(timeout)?)?;
         let output = &self.buffers.output()[..amount];
-        self.stream
-            .write_all(output)
-            .map_err(|e| io_error(e, timeout))
+        self.stream.write_all(output).map_err(|e| io_error(e, timeout))
     }
 
     fn await_input(&mut self, timeout: NextTimeout) -> Result<bool, Error> {
@@ -181,16 +179,10 @@ mod tests {
             Err(Error::Timeout(_)) => true,
             Err(e) => panic!("{e}"),
         });
-        assert!(
-            full,
-            "the backlog filled after {} connections",
-            queued.len()
-        );
+        assert!(full, "the backlog filled after {} connections", queued.len());
         let client = Client::new(Address::Unix(path));
         let started = Instant::now();
-        let e = client
-            .post("/drain_listeners", Duration::from_millis(300))
-            .unwrap_err();
+        let e = client.post("/drain_listeners", Duration::from_millis(300)).unwrap_err();
         let took = started.elapsed();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(e.cause, "no complete answer within 300ms");

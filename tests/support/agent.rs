@@ -65,10 +65,7 @@ impl ControlPlane {
         state.version += 1;
         let message = grpc_frame(&endpoints_response(&state.addrs, state.version));
         state.streams.retain(|(conn, stream)| {
-            conn.lock()
-                .unwrap()
-                .write_all(&h2::frame(h2::DATA, 0, *stream, &message))
-                .is_ok()
+            conn.lock().unwrap().write_all(&h2::frame(h2::DATA, 0, *stream, &message)).is_ok()
         });
     }
 
@@ -76,9 +73,7 @@ impl ControlPlane {
     fn subscribe(&self, conn: &Arc<Mutex<UnixStream>>, stream: u32) -> std::io::Result<()> {
         let mut state = self.state.lock().unwrap();
         let message = grpc_frame(&endpoints_response(&state.addrs, state.version));
-        conn.lock()
-            .unwrap()
-            .write_all(&h2::frame(h2::DATA, 0, stream, &message))?;
+        conn.lock().unwrap().write_all(&h2::frame(h2::DATA, 0, stream, &message))?;
         state.streams.push((Arc::clone(conn), stream));
         Ok(())
     }
@@ -134,17 +129,8 @@ impl Agent {
                 });
             }
         });
-        ready
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the agent started");
-        Agent {
-            stop,
-            streams,
-            quit,
-            drained,
-            exit_on_zero,
-            envoy,
-        }
+        ready.recv_timeout(Duration::from_secs(10)).expect("the agent started");
+        Agent { stop, streams, quit, drained, exit_on_zero, envoy }
     }
 
     /// The Envoy this agent runs: what `/quitquitquit` and SIGTERM stop.
@@ -242,10 +228,7 @@ impl Drop for Agent {
 pub fn as_user(uid: u32, gid: u32) {
     // SAFETY: plain system calls on this thread's credentials; setgroups first, while privileged.
     unsafe {
-        assert_eq!(
-            libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<u32>()),
-            0
-        );
+        assert_eq!(libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<u32>()), 0);
         assert_eq!(libc::syscall(libc::SYS_setresgid, gid, gid, gid), 0);
         assert_eq!(libc::syscall(libc::SYS_setresuid, uid, uid, uid), 0);
     }
@@ -319,10 +302,7 @@ fn serve_ads(
             return control.subscribe(&writer, stream);
         }
         let reply = grpc_frame(&delta_response(&type_url, answered.len()));
-        writer
-            .lock()
-            .unwrap()
-            .write_all(&h2::frame(h2::DATA, 0, stream, &reply))
+        writer.lock().unwrap().write_all(&h2::frame(h2::DATA, 0, stream, &reply))
     })
 }
 
@@ -367,9 +347,7 @@ pub fn serve_grpc<W: Write>(
                 // Skip the padding length and the padding when the frame is padded.
                 let data = if f.flags & h2::PADDED != 0 {
                     let pad = usize::from(f.payload.first().copied().unwrap_or(0));
-                    f.payload
-                        .get(1..len.saturating_sub(pad))
-                        .unwrap_or_default()
+                    f.payload.get(1..len.saturating_sub(pad)).unwrap_or_default()
                 } else {
                     &f.payload[..]
                 };

@@ -46,13 +46,7 @@ impl App {
                 }
             })
         };
-        App {
-            addr: addr.to_string(),
-            stop,
-            conns,
-            events,
-            accept: Some(accept),
-        }
+        App { addr: addr.to_string(), stop, conns, events, accept: Some(accept) }
     }
 
     /// Waits until `n` requests have arrived; fails the test after `limit`.
@@ -100,17 +94,10 @@ fn serve(stream: TcpStream, tx: Sender<Event>, close_after_response: bool) {
         }
         let path = request.split_whitespace().nth(1).unwrap_or("/").to_string();
         let _ = tx.send(Event::Received(path.clone()));
-        let delay = path
-            .strip_prefix("/delay/")
-            .and_then(|s| s.parse::<f64>().ok())
-            .unwrap_or(0.0);
+        let delay = path.strip_prefix("/delay/").and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
         thread::sleep(Duration::from_secs_f64(delay.clamp(0.0, 30.0)));
         let body = format!("slept {delay}s\n");
-        let close = if close_after_response {
-            "Connection: close\r\n"
-        } else {
-            ""
-        };
+        let close = if close_after_response { "Connection: close\r\n" } else { "" };
         let written = write!(
             out,
             "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n{close}\r\n{body}",

@@ -23,9 +23,7 @@ fn repo(path: &str) -> PathBuf {
 
 /// The Envoy binary, or why there is none to run.
 pub fn binary() -> Result<PathBuf, String> {
-    let bin = std::env::var_os("ENVOY_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(installed);
+    let bin = std::env::var_os("ENVOY_BIN").map(PathBuf::from).unwrap_or_else(installed);
     let runs = Command::new(&bin)
         .arg("--version")
         .output()
@@ -64,9 +62,7 @@ pub fn live() -> bool {
 
 /// Whether the admin API on `addr` says LIVE.
 fn live_at(addr: &str) -> bool {
-    Conn::open(addr)
-        .and_then(|mut c| c.get("/ready"))
-        .is_ok_and(|r| r.status == 200)
+    Conn::open(addr).and_then(|mut c| c.get("/ready")).is_ok_and(|r| r.status == 200)
 }
 
 /// Whether the admin API on the Unix socket `path` says LIVE (the answer ends with the
@@ -77,8 +73,7 @@ fn ready_on(path: &Path) -> bool {
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
     let mut answer = String::new();
-    s.write_all(b"GET /ready HTTP/1.1\r\nhost: envoy\r\nconnection: close\r\n\r\n")
-        .is_ok()
+    s.write_all(b"GET /ready HTTP/1.1\r\nhost: envoy\r\nconnection: close\r\n\r\n").is_ok()
         && s.read_to_string(&mut answer).is_ok()
         && answer.starts_with("HTTP/1.1 200")
 }
@@ -118,11 +113,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Options {
-        Options {
-            drain_time_s: 5,
-            merge: Vec::new(),
-            admin: Admin::Tcp(ADMIN),
-        }
+        Options { drain_time_s: 5, merge: Vec::new(), admin: Admin::Tcp(ADMIN) }
     }
 }
 
@@ -190,10 +181,7 @@ impl Envoy {
 
     fn wait(&self, limit: Duration, live: impl FnMut() -> bool) {
         if !until(limit, live) {
-            panic!(
-                "Envoy was not LIVE within {limit:?}; its log:\n{}",
-                self.log()
-            );
+            panic!("Envoy was not LIVE within {limit:?}; its log:\n{}", self.log());
         }
     }
 

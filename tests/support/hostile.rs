@@ -87,11 +87,7 @@ impl Hostile {
                 thread::spawn(move || serve(conn, fault, &w, &s));
             }
         });
-        Hostile {
-            addr,
-            written,
-            stop,
-        }
+        Hostile { addr, written, stop }
     }
 }
 
@@ -197,31 +193,22 @@ fn serve(conn: TcpStream, fault: Fault, written: &AtomicU64, stop: &AtomicBool) 
         Fault::MethodNotAllowed => {
             let body = "Method GET not allowed, POST required.";
             send(
-                format!(
-                    "{}{body}",
-                    head("405 Method Not Allowed", Some(body.len() as u64))
-                )
-                .as_bytes(),
+                format!("{}{body}", head("405 Method Not Allowed", Some(body.len() as u64)))
+                    .as_bytes(),
             );
         }
         Fault::ServerError => {
             let body = "internal error: stats store is being rebuilt\n";
             send(
-                format!(
-                    "{}{body}",
-                    head("500 Internal Server Error", Some(body.len() as u64))
-                )
-                .as_bytes(),
+                format!("{}{body}", head("500 Internal Server Error", Some(body.len() as u64)))
+                    .as_bytes(),
             );
         }
         Fault::ResetMidBody => {
             send(head("200 OK", Some(100_000)).as_bytes());
             send(&STATS.as_bytes()[..40]);
             // SO_LINGER 0: close sends RST instead of FIN.
-            let linger = libc::linger {
-                l_onoff: 1,
-                l_linger: 0,
-            };
+            let linger = libc::linger { l_onoff: 1, l_linger: 0 };
             // SAFETY: setsockopt on a socket we own with a correctly sized value.
             unsafe {
                 libc::setsockopt(

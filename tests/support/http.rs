@@ -19,16 +19,12 @@ pub struct Response {
 
 impl Response {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
 
     /// Envoy told the client to close: what a drain does to an HTTP/1 response.
     pub fn says_close(&self) -> bool {
-        self.header("connection")
-            .is_some_and(|v| v.eq_ignore_ascii_case("close"))
+        self.header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"))
     }
 }
 
@@ -41,9 +37,7 @@ impl Conn {
     pub fn open(addr: &str) -> io::Result<Conn> {
         let stream = TcpStream::connect(addr)?;
         stream.set_read_timeout(Some(READ_LIMIT))?;
-        Ok(Conn {
-            reader: BufReader::new(stream),
-        })
+        Ok(Conn { reader: BufReader::new(stream) })
     }
 
     pub fn get(&mut self, path: &str) -> io::Result<Response> {
@@ -61,10 +55,7 @@ impl Conn {
     fn read_response(&mut self) -> io::Result<Response> {
         let mut line = String::new();
         if self.reader.read_line(&mut line)? == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "closed before a response",
-            ));
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed before a response"));
         }
         let status = line
             .split_whitespace()
@@ -83,22 +74,12 @@ impl Conn {
                 headers.push((k.trim().to_string(), v.trim().to_string()));
             }
         }
-        let mut r = Response {
-            status,
-            headers,
-            body: String::new(),
-        };
-        if let Some(len) = r
-            .header("content-length")
-            .and_then(|v| v.parse::<usize>().ok())
-        {
+        let mut r = Response { status, headers, body: String::new() };
+        if let Some(len) = r.header("content-length").and_then(|v| v.parse::<usize>().ok()) {
             let mut body = vec![0; len];
             self.reader.read_exact(&mut body)?;
             r.body = String::from_utf8_lossy(&body).into_owned();
-        } else if r
-            .header("transfer-encoding")
-            .is_some_and(|v| v.contains("chunked"))
-        {
+        } else if r.header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
             r.body = self.read_chunked()?;
         }
         Ok(r)
@@ -160,11 +141,7 @@ impl H2 {
                 }
             }
         });
-        Ok(H2 {
-            stream,
-            next_id: 1,
-            done,
-        })
+        Ok(H2 { stream, next_id: 1, done })
     }
 
     /// Starts a GET on a new stream of this connection.

@@ -115,12 +115,6 @@ pub fn delete(
         };
         let proxy_stopped = pod.sigterm_proxy(until);
         let (app_exited, app_hook) = app_exited.join().expect("the app's container");
-        Deletion {
-            deleted,
-            app_exited,
-            proxy_stopped,
-            hook,
-            app_hook,
-        }
+        Deletion { deleted, app_exited, proxy_stopped, hook, app_hook }
     })
 }

@@ -54,12 +54,8 @@ pub enum AppKind {
 }
 
 impl AppKind {
-    pub const ALL: [AppKind; 4] = [
-        AppKind::Graceful,
-        AppKind::Nginx,
-        AppKind::Sleep5,
-        AppKind::Flush,
-    ];
+    pub const ALL: [AppKind; 4] =
+        [AppKind::Graceful, AppKind::Nginx, AppKind::Sleep5, AppKind::Flush];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -111,13 +107,8 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub const ALL: [Mode; 5] = [
-        Mode::Istio,
-        Mode::ExitOnZero,
-        Mode::EnvoyDrain,
-        Mode::Requests,
-        Mode::Plain,
-    ];
+    pub const ALL: [Mode; 5] =
+        [Mode::Istio, Mode::ExitOnZero, Mode::EnvoyDrain, Mode::Requests, Mode::Plain];
 
     pub fn name(self, ordering: Ordering) -> &'static str {
         match (self, ordering) {
@@ -247,18 +238,13 @@ impl Row {
 
     /// Last request end to proxy stop, in seconds.
     pub fn last_request_to_proxy_stop(&self) -> Option<f64> {
-        self.last_request_end
-            .map(|end| secs(self.deletion.proxy_stopped, end))
+        self.last_request_end.map(|end| secs(self.deletion.proxy_stopped, end))
     }
 }
 
 /// `a - b` in seconds, signed.
 fn secs(a: Instant, b: Instant) -> f64 {
-    if a >= b {
-        (a - b).as_secs_f64()
-    } else {
-        -(b - a).as_secs_f64()
-    }
+    if a >= b { (a - b).as_secs_f64() } else { -(b - a).as_secs_f64() }
 }
 
 /// The three pods on one network.
@@ -274,9 +260,7 @@ impl Mesh {
     /// client's sidecar has both endpoints.
     pub fn start(envoy: &Path, hook: &Path, app: AppKind, stats: Stats) -> Mesh {
         let network = Network::new(false);
-        network
-            .control
-            .set_endpoints(&[&format!("{A}:8080"), &format!("{B}:8080")]);
+        network.control.set_endpoints(&[&format!("{A}:8080"), &format!("{B}:8080")]);
         let server = |on_sigterm, stats| Options {
             capture: Capture::Redirect,
             stats,
@@ -284,24 +268,10 @@ impl Mesh {
             ..Options::default()
         };
         let a = Pod::join(&network, A, envoy, hook, server(app.on_sigterm(), stats));
-        let b = Pod::join(
-            &network,
-            B,
-            envoy,
-            hook,
-            server("serve", Stats::IstioDefault),
-        );
-        let client_options = Options {
-            client: true,
-            ..Options::default()
-        };
+        let b = Pod::join(&network, B, envoy, hook, server("serve", Stats::IstioDefault));
+        let client_options = Options { client: true, ..Options::default() };
         let client = Pod::join(&network, CLIENT, envoy, hook, client_options);
-        let mesh = Mesh {
-            a,
-            b,
-            client,
-            network,
-        };
+        let mesh = Mesh { a, b, client, network };
         let both = mesh.wait_endpoints(&[A, B]);
         assert!(
             both,
@@ -380,11 +350,7 @@ fn hey_outcome(out: &str) -> Outcome {
         };
         let rest = rest.trim();
         if section.starts_with("Status code") {
-            let n: usize = rest
-                .split_whitespace()
-                .next()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0);
+            let n: usize = rest.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
             o.sent += n;
             match number {
                 200..=399 => {}
@@ -498,10 +464,7 @@ struct Clock {
 
 impl Clock {
     fn now() -> Clock {
-        Clock {
-            wall: SystemTime::now(),
-            mono: Instant::now(),
-        }
+        Clock { wall: SystemTime::now(), mono: Instant::now() }
     }
 
     fn instant(&self, t: SystemTime) -> Instant {
@@ -636,11 +599,8 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
         .filter(|a| a.upstream == a_host && (200..400).contains(&a.code))
         .map(|a| clock.instant(a.end))
         .max();
-    let last_arrival = log
-        .iter()
-        .filter(|a| a.upstream == a_host)
-        .map(|a| clock.instant(a.start))
-        .max();
+    let last_arrival =
+        log.iter().filter(|a| a.upstream == a_host).map(|a| clock.instant(a.start)).max();
     let mut kinds = kinds_from_flags(&log);
     let mut failed = short.failed();
     let mut sent = short.sent;
@@ -657,11 +617,7 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
     if s.app == AppKind::Flush {
         // The app's last call through its own sidecar is a request too.
         mesh.a.app_said("last call");
-        let last = mesh
-            .a
-            .app_lines()
-            .iter()
-            .find(|l| l.starts_with("last call"));
+        let last = mesh.a.app_lines().iter().find(|l| l.starts_with("last call"));
         sent += 1;
         match last.map(String::as_str) {
             Some("last call 200") => {}
@@ -680,13 +636,10 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
         kinds,
         long_at_a: at_a,
         long_ok: at_a.saturating_sub(long_failed),
-        hook_summary: deletion.hook.as_ref().map(|h| {
-            h.last_line()
-                .split('\t')
-                .next_back()
-                .unwrap_or_default()
-                .to_string()
-        }),
+        hook_summary: deletion
+            .hook
+            .as_ref()
+            .map(|h| h.last_line().split('\t').next_back().unwrap_or_default().to_string()),
         deletion,
         last_request_end,
         last_arrival,

@@ -83,23 +83,12 @@ pub fn hold(n: usize) -> Held {
             (client, server)
         })
         .collect();
-    Held {
-        port,
-        listener,
-        ends,
-    }
+    Held { port, listener, ends }
 }
 
 /// `run --count requests` reacting fast: what the HTTP/2 tests start with their streams in flight.
-pub const RUN_REQUESTS: [&str; 7] = [
-    "run",
-    "--count",
-    "requests",
-    "--min-drain",
-    "0s",
-    "--interval",
-    "100ms",
-];
+pub const RUN_REQUESTS: [&str; 7] =
+    ["run", "--count", "requests", "--min-drain", "0s", "--interval", "100ms"];
 
 /// Runs `cmd` (`RUN_REQUESTS` while the three HTTP/2 requests of `h2` are in flight) and checks
 /// that it counted the three and ended at 0 from `source` once they were answered.
@@ -113,8 +102,7 @@ pub fn counts_three_streams_then_zero(cmd: Command, h2: &http::H2, source: &str)
         "{out}"
     );
     assert!(
-        out.last_line()
-            .contains(&format!("0 active requests ({source})")),
+        out.last_line().contains(&format!("0 active requests ({source})")),
         "the idle h2 connection does not count {out}"
     );
 }

@@ -15,9 +15,7 @@ pub fn in_private_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'stati
         unshare_net();
         f()
     });
-    worker
-        .join()
-        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    worker.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
 /// Moves the calling thread into a new network namespace with its loopback up.
@@ -109,11 +107,7 @@ fn loopback_up() {
         for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
             *dst = *src as libc::c_char;
         }
-        assert_eq!(
-            libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req),
-            0,
-            "SIOCGIFFLAGS lo"
-        );
+        assert_eq!(libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req), 0, "SIOCGIFFLAGS lo");
         req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
         assert_eq!(
             libc::ioctl(fd, libc::SIOCSIFFLAGS, &req),

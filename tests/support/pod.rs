@@ -131,8 +131,7 @@ impl Process {
     /// SIGKILL, then waits for the exit; when it exited.
     pub fn kill(&self) -> Instant {
         self.signal(libc::SIGKILL);
-        self.wait_until(Instant::now() + Duration::from_secs(10))
-            .expect("a killed process exits")
+        self.wait_until(Instant::now() + Duration::from_secs(10)).expect("a killed process exits")
     }
 }
 
@@ -160,10 +159,7 @@ impl Network {
         }
         let other = Netns::new();
         ip(&other, &["link", "add", "br0", "type", "bridge"]);
-        ip(
-            &other,
-            &["addr", "add", &format!("{OTHER_IP}/24"), "dev", "br0"],
-        );
+        ip(&other, &["addr", "add", &format!("{OTHER_IP}/24"), "dev", "br0"]);
         ip(&other, &["link", "set", "br0", "up"]);
         let (service, database) =
             other.enter(|| (App::start("10.90.0.3:9080", false), Database::start()));
@@ -180,12 +176,7 @@ impl Network {
     fn attach(&self, pod: &Netns, addr: &str) {
         let port = format!("veth{}", addr.rsplit('.').next().unwrap_or("0"));
         let node = self.other.path();
-        ip(
-            pod,
-            &[
-                "link", "add", "eth0", "type", "veth", "peer", "name", &port, "netns", &node,
-            ],
-        );
+        ip(pod, &["link", "add", "eth0", "type", "veth", "peer", "name", &port, "netns", &node]);
         ip(&self.other, &["link", "set", &port, "master", "br0", "up"]);
         ip(pod, &["addr", "add", &format!("{addr}/24"), "dev", "eth0"]);
         ip(pod, &["link", "set", "eth0", "up"]);
@@ -301,13 +292,7 @@ impl Pod {
     /// Builds the pod on a network of its own and waits until Envoy is live and the app
     /// listens. `envoy` is Envoy's binary (support::envoy::binary), `hook` envoy-drain's.
     pub fn start(envoy: &Path, hook: &Path, options: Options) -> Pod {
-        Pod::join(
-            &Network::new(options.exporter),
-            POD_IP,
-            envoy,
-            hook,
-            options,
-        )
+        Pod::join(&Network::new(options.exporter), POD_IP, envoy, hook, options)
     }
 
     /// Builds the pod at `addr` on `network` and waits until Envoy is live and the app listens.
@@ -338,12 +323,7 @@ impl Pod {
         check(restore);
         if options.capture == Capture::Tproxy {
             ip(&pod, &["rule", "add", "fwmark", "1337", "lookup", "133"]);
-            ip(
-                &pod,
-                &[
-                    "route", "add", "local", "default", "dev", "lo", "table", "133",
-                ],
-            );
+            ip(&pod, &["route", "add", "local", "default", "dev", "lo", "table", "133"]);
         }
 
         let (uid, gid) = proxy_user(options.capture);
@@ -379,25 +359,18 @@ impl Pod {
     fn wait_live(&self) {
         let limit = Duration::from_secs(30);
         if !super::envoy::until(limit, || self.inside(super::envoy::live)) {
-            panic!(
-                "Envoy was not LIVE within {limit:?}; its log:\n{}",
-                self.envoy_log()
-            );
+            panic!("Envoy was not LIVE within {limit:?}; its log:\n{}", self.envoy_log());
         }
     }
 
     /// Whether the agent was asked to drain (`POST /drain`).
     pub fn agent_asked_to_drain(&self) -> bool {
-        self.agent
-            .as_ref()
-            .is_some_and(|a| a.drained.load(std::sync::atomic::Ordering::SeqCst))
+        self.agent.as_ref().is_some_and(|a| a.drained.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     /// Whether the agent was asked to stop the proxy (`POST /quitquitquit`).
     pub fn agent_asked_to_quit(&self) -> bool {
-        self.agent
-            .as_ref()
-            .is_some_and(|a| a.quit.load(std::sync::atomic::Ordering::SeqCst))
+        self.agent.as_ref().is_some_and(|a| a.quit.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     /// The proxy container gets SIGTERM: the agent stand-in shuts Envoy down as pilot-agent does
@@ -407,9 +380,7 @@ impl Pod {
         if let Some(agent) = &self.agent {
             self.pod.enter(|| agent.on_sigterm(until));
         }
-        self.envoy
-            .wait_until(until)
-            .unwrap_or_else(|| self.envoy.kill())
+        self.envoy.wait_until(until).unwrap_or_else(|| self.envoy.kill())
     }
 
     /// Envoy's process.
@@ -432,9 +403,7 @@ impl Pod {
 
     /// ADS streams Envoy has opened to the agent.
     pub fn ads_streams(&self) -> usize {
-        self.agent
-            .as_ref()
-            .map_or(0, |a| a.streams.load(std::sync::atomic::Ordering::SeqCst))
+        self.agent.as_ref().map_or(0, |a| a.streams.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     pub fn envoy_log(&self) -> String {
@@ -581,10 +550,7 @@ fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: Options) -> Arc<P
         .stderr(log);
     // Envoy takes one --config-yaml: the merges have distinct top-level keys, so they concatenate.
     let merges = [
-        (
-            options.stats == Stats::ExitOnZero,
-            "tests/pod/exit-on-zero-stats.yaml",
-        ),
+        (options.stats == Stats::ExitOnZero, "tests/pod/exit-on-zero-stats.yaml"),
         (options.exporter, "tests/pod/exporter.yaml"),
         (options.client, "tests/pod/client.yaml"),
     ];
@@ -658,11 +624,7 @@ impl Collector {
                 });
             }
         });
-        Collector {
-            addr: addr.to_string(),
-            stop,
-            streams,
-        }
+        Collector { addr: addr.to_string(), stop, streams }
     }
 }
 
@@ -705,10 +667,8 @@ fn serve_database(conn: TcpStream) {
         return;
     };
     for line in BufReader::new(conn).lines().map_while(Result::ok) {
-        let wait = line
-            .strip_prefix("wait ")
-            .and_then(|s| s.trim().parse::<f64>().ok())
-            .unwrap_or(0.0);
+        let wait =
+            line.strip_prefix("wait ").and_then(|s| s.trim().parse::<f64>().ok()).unwrap_or(0.0);
         thread::sleep(Duration::from_secs_f64(wait.clamp(0.0, 30.0)));
         if out.write_all(b"done\n").is_err() {
             return;

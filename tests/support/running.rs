@@ -80,14 +80,7 @@ pub fn spawn(mut cmd: Command) -> Running {
         let _ = out.read_to_string(&mut s);
         s
     });
-    Running {
-        command,
-        child: Some(child),
-        started,
-        lines,
-        seen: Vec::new(),
-        stdout: Some(stdout),
-    }
+    Running { command, child: Some(child), started, lines, seen: Vec::new(), stdout: Some(stdout) }
 }
 
 /// Runs to the end (killed at `HARD_LIMIT`).
@@ -147,11 +140,7 @@ impl Running {
         Finished {
             command: std::mem::take(&mut self.command),
             code: status.code(),
-            stdout: self
-                .stdout
-                .take()
-                .and_then(|h| h.join().ok())
-                .unwrap_or_default(),
+            stdout: self.stdout.take().and_then(|h| h.join().ok()).unwrap_or_default(),
             stderr: stderr.iter().map(|l| format!("{l}\n")).collect(),
             elapsed: self.started.elapsed(),
             ended: Instant::now(),
