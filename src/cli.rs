@@ -345,35 +345,21 @@ pub struct InstallArgs {
 mod tests {
     use super::*;
 
-    fn parsed(args: &[&str]) -> Parsed {
-        let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+    /// The arguments after the program's name, split at spaces.
+    fn parsed(args: &str) -> Parsed {
+        let args: Vec<OsString> =
+            format!("envoy-drain {args}").split(' ').map(OsString::from).collect();
         parse(&args, &|_| None)
     }
 
     #[test]
     fn a_flag_with_an_equals_sign_parses_as_the_flag_and_its_value() {
         assert_eq!(
-            parsed(&[
-                "envoy-drain",
-                "run",
-                "--drain=agent",
-                "--deadline=30s",
-                "--count",
-                "requests"
-            ]),
-            parsed(&[
-                "envoy-drain",
-                "run",
-                "--drain",
-                "agent",
-                "--deadline",
-                "30s",
-                "--count",
-                "requests"
-            ]),
+            parsed("run --drain=agent --deadline=30s --count requests"),
+            parsed("run --drain agent --deadline 30s --count requests"),
         );
         assert!(matches!(
-            parsed(&["envoy-drain", "run", "--log-file=/proc/1/fd/1", "--agent=127.0.0.1:15020"]),
+            parsed("run --log-file=/proc/1/fd/1 --agent=127.0.0.1:15020"),
             Parsed::Run(a) if a.log_file.as_deref() == Some("/proc/1/fd/1")
                 && a.agent.as_deref() == Some("127.0.0.1:15020")
         ));
@@ -382,11 +368,11 @@ mod tests {
     #[test]
     fn only_the_first_equals_sign_splits_and_nothing_after_a_double_dash() {
         assert!(matches!(
-            parsed(&["envoy-drain", "run", "--log-file=/tmp/a=b"]),
+            parsed("run --log-file=/tmp/a=b"),
             Parsed::Run(a) if a.log_file.as_deref() == Some("/tmp/a=b")
         ));
         assert!(matches!(
-            parsed(&["envoy-drain", "install", "--", "--dest=x"]),
+            parsed("install -- --dest=x"),
             Parsed::Install(a) if a.dest == "--dest=x"
         ));
     }
@@ -394,25 +380,21 @@ mod tests {
     #[test]
     fn a_value_given_to_a_switch_is_a_usage_error_naming_it() {
         assert_eq!(
-            parsed(&["envoy-drain", "run", "--then-quit=yes"]),
+            parsed("run --then-quit=yes"),
             Parsed::Usage("Unrecognized argument: yes".to_string())
         );
     }
+
     #[test]
     fn the_pods_disabled_annotation_is_a_kill_switch_and_only_true_turns_it_on() {
         assert_eq!(
-            parsed(&[
-                "envoy-drain",
-                "run",
-                "--pod-annotation=envoy-drain.io/disabled=true",
-                "--deadline=24s",
-            ]),
+            parsed("run --pod-annotation=envoy-drain.io/disabled=true --deadline=24s"),
             Parsed::Disabled("annotation envoy-drain.io/disabled=true".to_string())
         );
         for other in ["false", "yes", "True"] {
             assert!(
                 matches!(
-                    parsed(&["envoy-drain", "run", &format!("--pod-annotation=envoy-drain.io/disabled={other}")]),
+                    parsed(&format!("run --pod-annotation=envoy-drain.io/disabled={other}")),
                     Parsed::Run(a) if a.pod_annotation.len() == 1
                 ),
                 "{other}"

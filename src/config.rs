@@ -768,8 +768,6 @@ mod tests {
             parse_admin("127.0.0.1:9901"),
             Ok((Address::Tcp("127.0.0.1:9901".parse().unwrap()), None))
         );
-        let e = parse_admin("unix:").unwrap_err().to_string();
-        assert!(e.contains("expected unix: and the path"), "{e}");
         let tmp = std::env::temp_dir().join(format!("envoy-drain-glob-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
         let path = |dir: &str| tmp.join(dir).join("kuma-envoy-admin.sock");
@@ -835,62 +833,6 @@ mod tests {
         ] {
             assert_eq!(wildcard(pattern, name), want, "{pattern} {name}");
         }
-    }
-
-    #[test]
-    fn admin_addresses_that_would_need_dns_or_tls_are_refused() {
-        for bad in [
-            "envoy:15000",
-            "127.0.0.1",
-            "https://127.0.0.1:15000",
-            "127.0.0.1:0",
-            "127.0.0.1:99999",
-            "http://127.0.0.1:15000/stats",
-            "",
-            "[::1]",
-        ] {
-            let e = parse_addr("--admin", bad).unwrap_err().to_string();
-            assert!(
-                e.starts_with(&format!("invalid value '{bad}' for --admin: expected host:port")),
-                "{e}"
-            );
-        }
-    }
-
-    #[test]
-    fn bad_values_name_the_flag_the_value_and_what_was_expected() {
-        assert_eq!(
-            err(&[("deadline", "5x")]),
-            "invalid value '5x' for --deadline: expected a duration like 500ms, 25s or 1m30s"
-        );
-        assert!(
-            err(&[("interval", "0s")])
-                .starts_with("invalid value '0s' for --interval: expected a duration above zero")
-        );
-        assert!(err(&[("interval", "-1s")]).starts_with("invalid value '-1s' for --interval"));
-        assert!(err(&[("settle", "soon")]).starts_with("invalid value 'soon' for --settle"));
-        assert!(err(&[("min-drain", "1")]).starts_with("invalid value '1' for --min-drain"));
-        assert!(err(&[("drain", "outbound")]).ends_with("expected inbound, all, none or agent"));
-        assert!(err(&[("source", "netstat")]).ends_with("expected auto, stats or proc"));
-        assert!(err(&[("count", "streams")]).ends_with("expected connections or requests"));
-        assert_eq!(
-            err(&[("count", "requests"), ("source", "proc")]),
-            "invalid value 'requests' for --count: expected connections with --source proc: only Envoy's stats know requests"
-        );
-        assert!(err(&[("exit-at", "-1")]).starts_with("invalid value '-1' for --exit-at"));
-        assert!(err(&[("ignore-ports", "15000,admin")]).contains("('admin' is not one)"));
-        assert!(
-            err(&[("ignore-clusters", "*")])
-                .starts_with("invalid value '*' for --ignore-clusters: expected comma-separated")
-        );
-        assert!(
-            err(&[("ports", "")])
-                .starts_with("invalid value '' for --ports: expected at least one port")
-        );
-        assert!(
-            err(&[("agent", "pilot:15020")]).starts_with("invalid value 'pilot:15020' for --agent")
-        );
-        assert!(err(&[("deadline", "0s")]).starts_with("invalid value '0s' for --deadline"));
     }
 
     #[test]

@@ -262,13 +262,8 @@ mod tests {
     }
 
     /// Feeds readings one second apart and returns the log and the last progress.
-    fn watch(readings: Vec<Reading>, verbose: bool) -> (String, Progress) {
-        watch_with(RunArgs { verbose, ..RunArgs::default() }, readings)
-    }
-
-    fn watch_with(args: RunArgs, readings: Vec<Reading>) -> (String, Progress) {
-        let looks = readings.into_iter().map(|r| (r, Cost::default())).collect();
-        watch_costs(args, looks)
+    fn watch(args: RunArgs, readings: Vec<Reading>) -> (String, Progress) {
+        watch_costs(args, readings.into_iter().map(|r| (r, Cost::default())).collect())
     }
 
     /// Feeds readings, each with what its look cost, one second apart; returns the log and the
@@ -320,13 +315,13 @@ mod tests {
     #[test]
     fn switching_to_proc_and_back_is_logged_once_each_way_with_the_reason() {
         let (log, _) = watch(
+            RunArgs::default(),
             vec![
                 ok(count(SourceKind::Stats, 3), None),
                 ok(count(SourceKind::Proc, 3), Some("connection refused")),
                 ok(count(SourceKind::Proc, 2), Some("connection refused")),
                 ok(count(SourceKind::Stats, 2), None),
             ],
-            false,
         );
         assert_eq!(log.matches("stats unavailable (connection refused); counting from /proc/net/tcp and tcp6 instead").count(), 1, "{log}");
         assert_eq!(log.matches("Envoy's stats answer again").count(), 1, "{log}");
@@ -335,12 +330,12 @@ mod tests {
     #[test]
     fn an_unknown_count_is_none_is_logged_once_and_kept_for_the_summary() {
         let (log, p) = watch(
+            RunArgs::default(),
             vec![
                 ok(count(SourceKind::Stats, 1), None),
                 unknown("stats: refused; proc: missing"),
                 unknown("stats: refused; proc: missing"),
             ],
-            false,
         );
         assert_eq!(log.matches("cannot count: stats: refused; proc: missing").count(), 1, "{log}");
         assert_eq!(p.last.map(|c| c.total), Some(1), "the last known count stays");
@@ -350,7 +345,7 @@ mod tests {
     #[test]
     fn an_unchanged_count_is_not_repeated_until_the_heartbeat() {
         let readings = (0..7).map(|_| ok(count(SourceKind::Stats, 2), None)).collect();
-        let (log, _) = watch(readings, false);
+        let (log, _) = watch(RunArgs::default(), readings);
         let lines: Vec<&str> = log.lines().collect();
         assert_eq!(lines.len(), 2, "first count, then a line after 5s: {log}");
         assert!(
@@ -362,7 +357,7 @@ mod tests {
     #[test]
     fn verbose_logs_the_breakdown_at_every_count() {
         let readings = (0..3).map(|_| ok(count(SourceKind::Stats, 2), None)).collect();
-        let (log, _) = watch(readings, true);
+        let (log, _) = watch(RunArgs { verbose: true, ..RunArgs::default() }, readings);
         assert_eq!(log.matches("listener 0.0.0.0_15006=2").count(), 3, "{log}");
         assert!(log.contains("min-drain ends in 4.0s"), "{log}");
     }
@@ -375,7 +370,7 @@ mod tests {
             Count::requests(vec![part], vec![])
         };
         let no_rq = "Envoy does not report downstream_rq_active";
-        let (log, p) = watch_with(
+        let (log, p) = watch(
             args,
             vec![
                 ok(requests(), None),
@@ -409,7 +404,7 @@ mod tests {
             min_drain: Some("1s".to_string()),
             ..RunArgs::default()
         };
-        let (log, _) = watch_with(args, vec![ok(count(SourceKind::Proc, 0), None)]);
+        let (log, _) = watch(args, vec![ok(count(SourceKind::Proc, 0), None)]);
         assert!(log.contains("0 active connections (proc); min-drain ends in 0.5s"), "{log}");
     }
 
@@ -417,7 +412,7 @@ mod tests {
     fn parser_warnings_are_logged_once_per_run() {
         let mut c = count(SourceKind::Stats, 0);
         c.warnings = vec!["gauge wrapped".to_string()];
-        let (log, _) = watch(vec![ok(c.clone(), None), ok(c, None)], false);
+        let (log, _) = watch(RunArgs::default(), vec![ok(c.clone(), None), ok(c, None)]);
         assert_eq!(log.matches("gauge wrapped").count(), 1, "{log}");
     }
 
@@ -446,38 +441,35 @@ mod tests {
         );
     }
 
+    /// The summary of a run started `secs` ago that ended with `outcome` after counting `last`.
+    fn summary(secs: u64, last: Option<u64>, outcome: Outcome) -> String {
+        let sink = Sink::default();
+        let run = report_to(&sink, Duration::from_secs(secs));
+        lock(&run.progress).last = last.map(|n| count(SourceKind::Proc, n));
+        assert!(run.finish(outcome));
+        sink.text()
+    }
+
     #[test]
     fn a_run_the_apps_exit_ended_says_so_and_what_it_left_open() {
-        let sink = Sink::default();
-        let run = report_to(&sink, Duration::from_secs(3));
-        assert!(run.finish(Outcome::AppExited));
-        let sink2 = Sink::default();
-        let run2 = report_to(&sink2, Duration::from_secs(3));
-        lock(&run2.progress).last = Some(count(SourceKind::Proc, 1));
-        assert!(run2.finish(Outcome::AppExited));
+        let none = summary(3, None, Outcome::AppExited);
+        let one = summary(3, Some(1), Outcome::AppExited);
+        let done = "\tinfo\tenvoy-drain\tdone after 3.0s: the app has exited";
+        assert!(none.ends_with(&format!("{done}; the proxy may stop now\n")), "{none}");
         assert!(
-            sink.text().contains(
-                "\tinfo\tenvoy-drain\tdone after 3.0s: the app has exited; the proxy may stop now"
-            ),
-            "{}",
-            sink.text()
-        );
-        assert!(
-            sink2.text().contains("\tinfo\tenvoy-drain\tdone after 3.0s: the app has exited, which leaves nothing to answer the 1 active connection (proc) still open; the proxy may stop now"),
-            "{}",
-            sink2.text()
+            one.ends_with(&format!(
+                "{done}, which leaves nothing to answer the 1 active connection (proc) still \
+                 open; the proxy may stop now\n"
+            )),
+            "{one}"
         );
     }
 
     #[test]
     fn a_run_that_reached_zero_ends_with_an_info_line() {
-        let sink = Sink::default();
-        let run = report_to(&sink, Duration::from_secs(7));
-        lock(&run.progress).last = Some(count(SourceKind::Proc, 0));
-        assert!(run.finish(Outcome::Reached));
-        let log = sink.text();
+        let log = summary(7, Some(0), Outcome::Reached);
         assert!(
-            log.contains("\tinfo\tenvoy-drain\tdone after 7.0s: 0 active connections (proc); the proxy may stop now"),
+            log.ends_with("\tinfo\tenvoy-drain\tdone after 7.0s: 0 active connections (proc); the proxy may stop now\n"),
             "{log}"
         );
     }

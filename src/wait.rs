@@ -428,34 +428,43 @@ mod tests {
         (end, script.seen)
     }
 
-    /// Runs the loop with counts given as (from time in ms, count) steps; each count takes
-    /// `cost` of fake time. Returns the outcome, when it ended and the times counted at.
-    fn run(
-        rules: &Rules,
-        script: &[(u64, Option<u64>)],
-        cost: Duration,
-    ) -> (Outcome, Duration, Vec<Duration>) {
-        let ticks: Vec<(u64, Tick)> = script
-            .iter()
-            .map(|&(from, count)| {
-                let tick = Tick { count, ..Tick::default() };
-                (from, tick)
-            })
-            .collect();
-        run_ticks(rules, &ticks, cost)
+    /// The wait on a fake clock from 0, each look taking `step` ms and answered by `look` from
+    /// the time it started. Returns the end, when it ended and the times looked at.
+    fn ticking(
+        r: &Rules,
+        step: u64,
+        mut look: impl FnMut(Duration) -> Tick,
+    ) -> (End, Duration, Vec<Duration>) {
+        let now = Cell::new(ms(0));
+        let mut at = Vec::new();
+        let (end, _) = wait_with(r, ms(0), &now, |_, _| {
+            let t = now.get();
+            at.push(t);
+            now.set(t + ms(step));
+            look(t)
+        });
+        (end, now.get(), at)
     }
 
-    /// `run` with whole looks: each (from time in ms, look) step holds from then on.
-    fn run_ticks(
+    impl From<Option<u64>> for Tick {
+        fn from(count: Option<u64>) -> Tick {
+            Tick { count, ..Tick::default() }
+        }
+    }
+
+    /// Runs the loop with (from time in ms, count or look) steps, each holding from then on and
+    /// taking `cost` of fake time. Returns the outcome, when it ended and the times counted at.
+    fn run(
         rules: &Rules,
-        script: &[(u64, Tick)],
+        script: &[(u64, impl Copy + Into<Tick>)],
         cost: Duration,
     ) -> (Outcome, Duration, Vec<Duration>) {
-        let (end, time, at, _) = run_steps(rules, script, cost);
+        let ticks: Vec<(u64, Tick)> = script.iter().map(|&(from, t)| (from, t.into())).collect();
+        let (end, time, at, _) = run_steps(rules, &ticks, cost);
         (end.outcome, time, at)
     }
 
-    /// `run_ticks` with the whole end and what the wait made of each look.
+    /// `run` with the whole end and what the wait made of each look.
     fn run_steps(
         rules: &Rules,
         script: &[(u64, Tick)],
@@ -528,13 +537,13 @@ mod tests {
             ..Tick::default()
         };
         let (o, end, at) =
-            run_ticks(&r, &[(0, stalled), (2000, counted(1)), (4000, counted(0))], ms(1000));
+            run(&r, &[(0, stalled), (2000, counted(1)), (4000, counted(0))], ms(1000));
         assert_eq!(o, Outcome::Reached);
         assert_eq!(&at[..3], [0, 1000, 2000].map(ms), "no pause after the stalled looks: {at:?}");
         assert!(end <= ms(5000), "ended {end:?} after the count reached zero at 4 s: {at:?}");
         // Measured CPU as long as the look paces as the look did.
         let busy = Tick { cost: Cost { cpu: Some(ms(250)), ..stalled.cost }, ..stalled };
-        let (_, _, at) = run_ticks(&r, &[(0, busy)], ms(1000));
+        let (_, _, at) = run(&r, &[(0, busy)], ms(1000));
         assert_eq!(at[..2], [0, 5000].map(ms), "{at:?}");
     }
 
@@ -544,20 +553,20 @@ mod tests {
         let slow = |count| Tick { count: Some(count), cost: cost(250), ..Tick::default() };
         // Each look takes 250 ms: a count every 5 s, and one at 24.5 s, where a count that takes
         // as long still ends before the 25 s deadline.
-        let (o, end, at) = run_ticks(&r, &[(0, slow(1))], ms(250));
+        let (o, end, at) = run(&r, &[(0, slow(1))], ms(250));
         assert_eq!((o, end), (Outcome::Deadline, ms(25000)));
         assert_eq!(at, [0, 5000, 10000, 15000, 20000, 24500].map(ms), "{at:?}");
         // A quick look keeps the interval.
         let quick = Tick { count: Some(1), cost: cost(20), ..Tick::default() };
-        let (_, _, at) = run_ticks(&r, &[(0, quick)], ms(20));
+        let (_, _, at) = run(&r, &[(0, quick)], ms(20));
         assert_eq!(at.len(), 50, "every 500 ms: {at:?}");
         // The count reaching zero is seen at the next paced count.
-        let (o, end, _) = run_ticks(&r, &[(0, slow(1)), (12000, slow(0))], ms(250));
+        let (o, end, _) = run(&r, &[(0, slow(1)), (12000, slow(0))], ms(250));
         assert_eq!((o, end), (Outcome::Reached, ms(15250)));
         // The bench's wait (min-drain 9 s, deadline 10 s), quiet: paced counts, one when the
         // min-drain ends, and no last count before the deadline beside it.
         let bench = Rules { min_drain: ms(9000), deadline: ms(10000), ..rules() };
-        let (o, end, at) = run_ticks(&bench, &[(0, slow(0))], ms(250));
+        let (o, end, at) = run(&bench, &[(0, slow(0))], ms(250));
         assert_eq!((o, end), (Outcome::Reached, ms(9000)));
         assert_eq!(at, [0, 5000, 8750].map(ms), "the last one ends at 9 s");
     }
@@ -695,14 +704,14 @@ mod tests {
                 (i * 500, tick)
             })
             .collect();
-        let (o, end, _) = run_ticks(&r, &script, ms(0));
+        let (o, end, _) = run(&r, &script, ms(0));
         assert_eq!(
             (o, end),
             (Outcome::Reached, ms(9000) + ARRIVALS_QUIET),
             "ARRIVALS_QUIET after the count that saw the last"
         );
         // Without arrivals the same zeros end at the min-drain.
-        let (o, end, _) = run_ticks(&r, &[(0, counted(0))], ms(0));
+        let (o, end, _) = run(&r, &[(0, counted(0))], ms(0));
         assert_eq!((o, end), (Outcome::Reached, ms(5000)));
     }
 
@@ -723,11 +732,11 @@ mod tests {
         assert!(seen.iter().any(|(ask, _)| *ask == Ask::App), "looks at the app alone");
         // Gone from 1 s on: the wait still holds until the min-drain ends.
         let script = [(0, app(Some(true), 3)), (1000, app(Some(false), 3))];
-        let (o, end, _) = run_ticks(&rules(), &script, ms(0));
+        let (o, end, _) = run(&rules(), &script, ms(0));
         assert_eq!((o, end), (Outcome::AppExited, ms(5000)));
         // An app never seen, or a table that cannot be read, never ends the wait.
         for holds in [None, Some(false), Some(true)] {
-            let (o, _, _) = run_ticks(&rules(), &[(0, app(holds, 1))], ms(0));
+            let (o, _, _) = run(&rules(), &[(0, app(holds, 1))], ms(0));
             assert_eq!(o, Outcome::Deadline, "{holds:?}");
         }
         // Nor do sockets gone for less than a second, or an unreadable table between.
@@ -738,7 +747,7 @@ mod tests {
             (6600, app(Some(false), 1)),
             (7500, app(Some(true), 1)),
         ];
-        let (o, _, _) = run_ticks(&rules(), &script, ms(0));
+        let (o, _, _) = run(&rules(), &script, ms(0));
         assert_eq!(o, Outcome::Deadline);
     }
 
@@ -748,14 +757,12 @@ mod tests {
         // No listener; a 300 ms call out every 700 ms, or every second (in step with the
         // interval), the last one starting before 20 s; then nothing.
         for period in [700, 1000] {
-            let now = Cell::new(ms(0));
-            let (end, _) = wait_with(&r, ms(0), &now, |_, _| {
-                let t = now.get().as_millis() as u64;
+            let (end, stopped, _) = ticking(&r, 0, |t| {
+                let t = t.as_millis() as u64;
                 app(Some(t < 20_000 && t % period < 300), 0)
             });
             assert_eq!(end, End { outcome: Outcome::Reached, quit: Quit::Yes }, "{period}");
             let last_call_end = ms(19_999 / period * period + 300);
-            let stopped = now.get();
             assert!(
                 stopped >= last_call_end + APP_GONE && stopped <= last_call_end + ms(1600),
                 "{period}: stopped at {stopped:?}"
@@ -909,18 +916,11 @@ mod tests {
         // 10,000 clusters: each count takes 250 ms, so counts are 5 s apart; requests every
         // 100 ms until 30 s, then none.
         let r = hold(0, 3000, 60000);
-        let now = Cell::new(ms(0));
-        let mut at = Vec::new();
-        let (end, _) = wait_with(&r, ms(0), &now, |_, _| {
-            let t = now.get();
-            at.push(t);
-            now.set(t + ms(250));
-            Tick {
-                count: Some(0),
-                arrivals: Arrivals::Requests(t.min(ms(30000)).as_millis() as u64 / 100),
-                cost: cost(250),
-                ..Tick::default()
-            }
+        let (end, stopped, at) = ticking(&r, 250, |t| Tick {
+            count: Some(0),
+            arrivals: Arrivals::Requests(t.min(ms(30000)).as_millis() as u64 / 100),
+            cost: cost(250),
+            ..Tick::default()
         });
         assert_eq!(end.outcome, Outcome::Reached);
         // After the first count, which saw nothing arrive yet and wakes to end the quiet time.
@@ -931,7 +931,7 @@ mod tests {
         );
         // The last arrival is seen by the first count after it, and a count one pace later
         // sees none: two paces at most.
-        assert!(now.get() <= ms(30000 + 2 * 5000 + 250), "{:?} {at:?}", now.get());
+        assert!(stopped <= ms(30000 + 2 * 5000 + 250), "{stopped:?} {at:?}");
     }
 
     #[test]
@@ -939,41 +939,25 @@ mod tests {
         // Red-team #2: one request every 1.2 s, each over before the next count: the count is 0
         // at every count, and one count in two sees none arrive.
         let r = Rules { min_drain: ms(2000), ..rules() };
-        let now = Cell::new(ms(0));
-        let (end, _) = wait_with(&r, ms(0), &now, |_, _| {
-            let t = now.get();
-            now.set(t + ms(10));
-            Tick {
-                count: Some(0),
-                arrivals: Arrivals::Requests(t.min(ms(12_000)).as_millis() as u64 / 1200),
-                ..Tick::default()
-            }
+        let (end, stopped, _) = ticking(&r, 10, |t| Tick {
+            arrivals: Arrivals::Requests(t.min(ms(12_000)).as_millis() as u64 / 1200),
+            ..counted(0)
         });
         assert_eq!(end.outcome, Outcome::Reached);
         // The last at 12 s, seen by the count at 12 s: ARRIVALS_QUIET after it.
-        assert!(
-            now.get() >= ms(12_000) + ARRIVALS_QUIET
-                && now.get() <= ms(12_000) + ARRIVALS_QUIET + ms(600),
-            "{:?}",
-            now.get()
-        );
+        let quiet = ms(12_000) + ARRIVALS_QUIET;
+        assert!(stopped >= quiet && stopped <= quiet + ms(600), "{stopped:?}");
     }
 
     #[test]
     fn arrivals_long_over_never_delay_the_end_when_the_count_reaches_zero() {
         // Short requests until 2 s, long ones in flight until 8.3 s: the quiet time after the
         // last arrival was over long before, and the count at zero ends the wait at once.
-        let now = Cell::new(ms(0));
-        let (end, _) = wait_with(&rules(), ms(0), &now, |_, _| {
-            let t = now.get();
-            now.set(t + ms(10));
-            Tick {
-                count: Some(if t < ms(8300) { 3 } else { 0 }),
-                arrivals: Arrivals::Requests(t.min(ms(2000)).as_millis() as u64 / 100),
-                ..Tick::default()
-            }
+        let (end, stopped, _) = ticking(&rules(), 10, |t| Tick {
+            arrivals: Arrivals::Requests(t.min(ms(2000)).as_millis() as u64 / 100),
+            ..counted(if t < ms(8300) { 3 } else { 0 })
         });
         assert_eq!(end.outcome, Outcome::Reached);
-        assert_eq!(now.get(), ms(8510), "the first count at zero");
+        assert_eq!(stopped, ms(8510), "the first count at zero");
     }
 }

@@ -345,17 +345,17 @@ mod tests {
 
     /// A message as the kernel lays it out: header, then `body`, padded to 4 bytes.
     fn message(kind: u16, flags: u16, seq: u32, body: &[u8]) -> Vec<u8> {
-        let mut m = Vec::new();
-        m.extend_from_slice(&((HEADER + body.len()) as u32).to_ne_bytes());
-        m.extend_from_slice(&kind.to_ne_bytes());
-        m.extend_from_slice(&flags.to_ne_bytes());
-        m.extend_from_slice(&seq.to_ne_bytes());
-        m.extend_from_slice(&0u32.to_ne_bytes());
-        m.extend_from_slice(body);
-        while m.len() % 4 != 0 {
-            m.push(0);
-        }
+        let mut m = ((HEADER + body.len()) as u32).to_ne_bytes().to_vec();
+        m.extend([kind.to_ne_bytes(), flags.to_ne_bytes()].concat());
+        m.extend([seq.to_ne_bytes(), 0u32.to_ne_bytes()].concat());
+        m.extend(body);
+        m.resize(m.len().next_multiple_of(4), 0);
         m
+    }
+
+    /// One socket of the dump of request 1.
+    fn socket(diag: &[u8]) -> Vec<u8> {
+        message(TCPDIAG_GETSOCK, 0x2, 1, diag)
     }
 
     /// An `inet_diag_msg` for a socket, with `extra` attribute bytes after it.
@@ -397,19 +397,10 @@ mod tests {
 
     #[test]
     fn sockets_of_both_families_become_what_the_text_reader_makes() {
-        let mut d = message(
-            TCPDIAG_GETSOCK,
-            0x2,
-            1,
-            &diag(AF_INET, 1, (&[127, 0, 0, 1], 8080), (&[127, 0, 0, 2], 50000), 1337, 42),
-        );
+        let mut d =
+            socket(&diag(AF_INET, 1, (&[127, 0, 0, 1], 8080), (&[127, 0, 0, 2], 50000), 1337, 42));
         let v6 = std::net::Ipv6Addr::LOCALHOST.octets();
-        d.extend(message(
-            TCPDIAG_GETSOCK,
-            0x2,
-            1,
-            &diag(AF_INET6, 10, (&v6, 15006), (&[0; 16], 0), 1337, 43),
-        ));
+        d.extend(socket(&diag(AF_INET6, 10, (&v6, 15006), (&[0; 16], 0), 1337, 43)));
         let mut t = Table::default();
         assert_eq!(parse(&d, 1, &mut t), Ok(false));
         let line = "   0: 0100007F:1F90 0200007F:C350 01 00000000:00000000 00:00000000 00000000  1337        0 42";
@@ -464,7 +455,7 @@ mod tests {
             diag(AF_INET, 3, (&lo, 9090), (&lo, 40001), 0, 0),
         ]
         .iter()
-        .flat_map(|b| message(TCPDIAG_GETSOCK, 0x2, 1, b))
+        .flat_map(|b| socket(b))
         .collect::<Vec<u8>>();
         parse(&d, 1, &mut t).unwrap();
         let filter = Filter { ignore: PortSet::default(), only: None };

@@ -399,11 +399,13 @@ mod tests {
     }
 
     #[test]
-    fn stats_only_does_not_fall_back() {
+    fn stats_only_does_not_fall_back_and_asks_nothing_without_time_left() {
         let d = dir("stats-only", Some(ONE));
-        let r = sources(Mode::Stats, d.clone()).count(Duration::from_secs(1));
+        let mut stats = sources(Mode::Stats, d.clone());
+        let (r, late) = (stats.count(Duration::from_secs(1)), stats.count(Duration::ZERO));
         std::fs::remove_dir_all(&d).unwrap();
         assert!(r.result.unwrap_err().contains("connection refused"));
+        assert!(late.result.unwrap_err().ends_with("no time left before the deadline"));
     }
 
     #[test]
@@ -419,26 +421,6 @@ mod tests {
             e.starts_with("failed to read ") && e.ends_with("/tcp and tcp6: neither exists"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn auto_with_nothing_answering_is_unknown_and_names_both_causes() {
-        let d = dir("nothing", None);
-        let r = sources(Mode::Auto, d.clone()).count(Duration::from_secs(1));
-        std::fs::remove_dir_all(&d).unwrap();
-        let e = r.result.unwrap_err();
-        assert!(
-            e.starts_with("stats: failed to GET http://127.0.0.1:")
-                && e.contains("; proc: failed to read ")
-                && e.ends_with(": neither exists"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn no_time_left_means_no_request() {
-        let r = sources(Mode::Stats, PathBuf::from("/nonexistent")).count(Duration::ZERO);
-        assert!(r.result.unwrap_err().ends_with("no time left before the deadline"));
     }
 
     fn proc_count(n: u64) -> Count {

@@ -582,18 +582,9 @@ mod tests {
 
     #[test]
     fn only_open_states_count() {
-        for (st, counted) in [
-            ("01", true),
-            ("02", true),
-            ("03", true),
-            ("04", false),
-            ("05", false),
-            ("06", false),
-            ("07", false),
-            ("08", true),
-            ("09", false),
-            ("0B", false),
-        ] {
+        // ESTABLISHED, SYN_SENT, SYN_RECV and CLOSE_WAIT; not the states on the way out.
+        for st in ["01", "02", "03", "04", "05", "06", "07", "08", "09", "0B"] {
+            let counted = ["01", "02", "03", "08"].contains(&st);
             let lines = [
                 HEADER.to_string(),
                 line("00000000:1F90", "00000000:0000", "0A", 0, 1),

@@ -377,19 +377,14 @@ listener.admin.main_thread.downstream_cx_active: 1
     }
 
     #[test]
-    fn istio_style_payload_with_trailing_spaces_and_no_final_newline() {
+    fn trailing_spaces_crlf_line_ends_and_no_final_newline_are_trimmed() {
         let body = "listener.0.0.0.0_15006.downstream_cx_active: 4 \n\
+                    listener.0.0.0.0_15001.downstream_cx_active: 3\r\n\
                     listener.admin.downstream_cx_active: 2 \n\
                     listener.admin.main_thread.downstream_cx_active: 2 ";
         let a = parse(body, &istio()).unwrap();
-        assert_eq!(a.count.total, 4);
+        assert_eq!(a.count.total, 7);
         assert!(a.count.warnings.is_empty());
-    }
-
-    #[test]
-    fn crlf_line_ends_are_trimmed() {
-        let body = "listener.admin.downstream_cx_active: 1\r\nlistener.0.0.0.0_15006.downstream_cx_active: 7\r\n";
-        assert_eq!(parse(body, &istio()).unwrap().count.total, 7);
     }
 
     #[test]
