@@ -221,7 +221,7 @@ pub struct RunArgs {
     pub log_file: Option<String>,
 
     /// after reaching the threshold and once the app has exited (no socket of another user
-    /// than the proxy's in the pod for 1s), POST /quitquitquit to the Istio agent so the proxy
+    /// than the proxy's in the pod for 0.8s), POST /quitquitquit to the Istio agent so the proxy
     /// exits at once (default: off)
     #[argh(switch)]
     pub then_quit: bool,
