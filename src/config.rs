@@ -62,21 +62,15 @@ pub struct Counting {
     pub admin: Address,
     pub mode: Mode,
     pub unit: Unit,
-    pub ignore: PortSet,
-    pub only: Option<PortSet>,
+    pub filter: Filter,
     pub ignore_clusters: Names,
     /// `hold`: only the clusters that carry requests to the app count, and tell arrivals.
     pub inbound: bool,
     /// `--proc-net`: read the text tables there instead of asking the kernel over netlink.
     pub proc_net: Option<PathBuf>,
-    /// What is worth a warning in the flags that is not an error (an ambiguous `--admin`).
+    /// What is worth a warning that is not an error: an ambiguous `--admin`, a bad annotation,
+    /// a MINIMUM_DRAIN_DURATION past the deadline.
     pub warnings: Vec<String>,
-}
-
-impl Counting {
-    pub fn filter(&self) -> Filter {
-        Filter { ignore: self.ignore.clone(), only: self.only.clone() }
-    }
 }
 
 /// Which sockets may count: not those on an ignored port (either end), and with `--ports` only
@@ -129,8 +123,6 @@ pub struct RunConfig {
     /// Istio's agent: for `--drain agent`, and for /quitquitquit with `--then-quit`.
     pub agent: SocketAddr,
     pub verbose: bool,
-    /// Things worth a warning that are not errors (a MINIMUM_DRAIN_DURATION past the deadline).
-    pub warnings: Vec<String>,
 }
 
 const DURATION: &str = "a duration like 500ms, 25s or 1m30s";
@@ -339,13 +331,13 @@ pub fn status_config(a: &StatusArgs) -> Result<Counting, UsageError> {
         })?,
     };
     let (admin, admin_warning) = parse_admin(a.admin.as_deref().unwrap_or(preset.admin))?;
+    let ignore = ports("--ignore-ports", a.ignore_ports.as_deref().unwrap_or(preset.ignore_ports))?;
     Ok(Counting {
         preset,
         admin,
         mode,
         unit,
-        ignore: ports("--ignore-ports", a.ignore_ports.as_deref().unwrap_or(preset.ignore_ports))?,
-        only,
+        filter: Filter { ignore, only },
         ignore_clusters,
         inbound: false,
         proc_net: match a.proc_net.as_deref() {
@@ -490,6 +482,7 @@ pub fn run_config(
         })?,
     };
     let agent = parse_addr("--agent", a.agent.as_deref().unwrap_or(DEFAULT_AGENT))?;
+    counting.warnings = warnings;
     if a.then_quit && !counting.preset.agent {
         return Err(no_agent("--then-quit", counting.preset));
     }
@@ -507,7 +500,6 @@ pub fn run_config(
         log_file: a.log_file.as_ref().map(PathBuf::from),
         agent,
         verbose: a.verbose,
-        warnings,
     })
 }
 
@@ -602,7 +594,6 @@ pub fn hold_config(a: &HoldArgs) -> Result<RunConfig, UsageError> {
     }
     counting.mode = Mode::Stats;
     counting.inbound = true;
-    let warnings = std::mem::take(&mut counting.warnings);
     let deadline = positive("--deadline", &a.deadline, DEFAULT_HOLD_DEADLINE)?;
     let min = match &a.min {
         Some(v) => parse_duration("--min", v)?,
@@ -629,7 +620,6 @@ pub fn hold_config(a: &HoldArgs) -> Result<RunConfig, UsageError> {
         log_file: a.log_file.as_ref().map(PathBuf::from),
         agent: parse_addr("--agent", DEFAULT_AGENT)?,
         verbose: a.verbose,
-        warnings,
     })
 }
 
@@ -737,11 +727,12 @@ mod tests {
         assert_eq!(c.rules.interval, Duration::from_millis(500));
         assert_eq!(c.rules.settle, Duration::ZERO);
         assert_eq!(c.rules.until, Until::AtMost(0));
-        assert!(c.counting.ignore.contains(15021) && !c.counting.ignore.contains(15006));
-        assert_eq!(c.counting.only, None);
+        let ignore = &c.counting.filter.ignore;
+        assert!(ignore.contains(15021) && !ignore.contains(15006));
+        assert_eq!(c.counting.filter.only, None);
         assert_eq!(c.counting.proc_net, None, "netlink");
         assert!(!c.rules.then_quit);
-        assert!(c.warnings.is_empty());
+        assert!(c.counting.warnings.is_empty());
     }
 
     #[test]
@@ -871,8 +862,9 @@ mod tests {
         let env = |k: &str| (k == ENV_MIN_DRAIN).then(|| "60s".to_string());
         let c = run_config(&RunArgs::default(), &env).unwrap();
         assert_eq!(c.rules.min_drain, c.rules.deadline);
-        assert_eq!(c.warnings.len(), 1);
-        assert!(c.warnings[0].contains("MINIMUM_DRAIN_DURATION=60s"), "{:?}", c.warnings);
+        let warnings = &c.counting.warnings;
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("MINIMUM_DRAIN_DURATION=60s"), "{warnings:?}");
     }
 
     #[test]
@@ -880,7 +872,7 @@ mod tests {
         let min_drain = |v: &str| {
             let env = |k: &str| (k == ENV_MIN_DRAIN).then(|| v.to_string());
             let c = run_config(&args(&[("deadline", "2h")]), &env).unwrap();
-            (c.rules.min_drain, c.warnings)
+            (c.rules.min_drain, c.counting.warnings)
         };
         for (v, us) in [
             (".5s", 500_000),
@@ -933,8 +925,8 @@ mod tests {
     fn a_preset_sets_the_proxys_admin_api_own_ports_and_drain_and_flags_still_win() {
         let c = run_config(&args(&[("preset", "contour")]), &no_env).unwrap();
         assert_eq!(c.counting.admin.to_string(), "unix:/admin/admin.sock");
-        assert!(c.counting.ignore.contains(8002) && c.counting.ignore.contains(9001));
-        assert!(!c.counting.ignore.contains(15021), "Istio's ports are not Contour's");
+        assert!(c.counting.filter.ignore.contains(8002) && c.counting.filter.ignore.contains(9001));
+        assert!(!c.counting.filter.ignore.contains(15021), "Istio's ports are not Contour's");
         assert_eq!(
             c.before,
             vec![Request::DrainListeners { all: true }],
@@ -951,7 +943,8 @@ mod tests {
         ]);
         let c = run_config(&given, &no_env).unwrap();
         assert_eq!(c.counting.admin.to_string(), "127.0.0.1:9000");
-        assert!(c.counting.ignore.contains(9001) && !c.counting.ignore.contains(19001));
+        let ignore = &c.counting.filter.ignore;
+        assert!(ignore.contains(9001) && !ignore.contains(19001));
         assert_eq!(c.before, vec![]);
         let istio = run_config(&args(&[]), &no_env).unwrap();
         assert_eq!(istio.counting.preset, preset::ISTIO, "the default");
@@ -996,8 +989,8 @@ mod tests {
     fn an_empty_ignore_list_ignores_nothing_and_ports_narrow_the_proc_count() {
         let c =
             run_config(&args(&[("ignore-ports", ""), ("ports", "15006,15001")]), &no_env).unwrap();
-        assert!(c.counting.ignore.is_empty());
-        let only = c.counting.only.unwrap();
+        assert!(c.counting.filter.ignore.is_empty());
+        let only = c.counting.filter.only.unwrap();
         assert!(only.contains(15006) && only.contains(15001) && !only.contains(8080));
     }
     #[test]
@@ -1018,7 +1011,7 @@ mod tests {
         assert_eq!(c.rules.deadline, Duration::from_secs(20));
         assert_eq!(c.rules.min_drain, Duration::from_secs(10));
         assert_eq!(c.counting.unit, Unit::Requests);
-        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        assert!(c.counting.warnings.is_empty(), "{:?}", c.counting.warnings);
         // 600s on a pod whose grace period gives 24s: the kubelet would kill the hook at 30s.
         let past = run_config(
             &args(&[("deadline", "24s"), ("pod-annotation", "envoy-drain.io/deadline=600s")]),
@@ -1027,7 +1020,7 @@ mod tests {
         .unwrap();
         assert_eq!(past.rules.deadline, Duration::from_secs(24));
         assert_eq!(
-            past.warnings,
+            past.counting.warnings,
             ["annotation envoy-drain.io/deadline=10m is past --deadline 24s, which the injection \
               template derives from the pod's terminationGracePeriodSeconds; using 24s: raise the \
               grace period instead"]
@@ -1056,7 +1049,7 @@ mod tests {
         assert_eq!(c.rules.min_drain, Duration::from_secs(2));
         assert_eq!(c.counting.unit, Unit::Connections);
         assert_eq!(
-            c.warnings,
+            c.counting.warnings,
             [
                 "ignoring annotation envoy-drain.io/deadline=\"2 mins please\": expected a duration above zero, like 25s, 2m or 1h",
                 "ignoring annotation envoy-drain.io/deadline=\"0s\": expected a duration above zero, like 25s, 2m or 1h",
@@ -1079,7 +1072,7 @@ mod tests {
         .unwrap();
         assert_eq!(flag.rules.min_drain, Duration::from_secs(5));
         assert_eq!(
-            flag.warnings,
+            flag.counting.warnings,
             [
                 "--min-drain 20s, with annotation envoy-drain.io/deadline, is longer than the deadline (5s); using the deadline as the min-drain"
             ]
@@ -1088,7 +1081,7 @@ mod tests {
             run_config(&args(&[("pod-annotation", "envoy-drain.io/min-drain=1m")]), &no_env)
                 .unwrap();
         assert_eq!(annotation.rules.min_drain, annotation.rules.deadline);
-        assert_eq!(annotation.warnings.len(), 1, "{:?}", annotation.warnings);
+        assert_eq!(annotation.counting.warnings.len(), 1, "{:?}", annotation.counting.warnings);
         let proc = run_config(
             &args(&[("source", "proc"), ("pod-annotation", "envoy-drain.io/count=requests")]),
             &no_env,
@@ -1096,11 +1089,11 @@ mod tests {
         .unwrap();
         assert_eq!(proc.counting.unit, Unit::Connections);
         assert!(
-            proc.warnings[0].ends_with(
+            proc.counting.warnings[0].ends_with(
                 "expected connections with --source proc: only Envoy's stats know requests"
             ),
             "{:?}",
-            proc.warnings
+            proc.counting.warnings
         );
     }
 }

@@ -101,18 +101,6 @@ impl Count {
         }
     }
 
-    pub fn with_arrivals(self, arrivals: Arrivals) -> Count {
-        Count { arrivals, ..self }
-    }
-
-    pub fn with_excluded(self, excluded: Vec<Excluded>) -> Count {
-        Count { excluded, ..self }
-    }
-
-    pub fn with_basis(self, basis: Basis) -> Count {
-        Count { basis: Some(basis), ..self }
-    }
-
     /// A request count from Envoy's stats; `NON_HTTP` names the part that is connections.
     pub fn requests(parts: Vec<Part>, warnings: Vec<String>) -> Count {
         Count::of(SourceKind::Stats, Unit::Requests, parts, warnings)

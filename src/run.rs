@@ -53,7 +53,7 @@ fn wait_out(cfg: &RunConfig, start: Instant) -> i32 {
     if !caught {
         report.line(Level::Warn, text::SIGNALS_NOT_TAKEN);
     }
-    for w in &cfg.warnings {
+    for w in &cfg.counting.warnings {
         report.line(Level::Warn, w);
     }
     let mut clock = RealClock(start);

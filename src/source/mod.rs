@@ -12,7 +12,6 @@ pub mod uds;
 
 use crate::config::{Counting, Mode};
 use crate::count::{Count, Unit};
-use crate::lists::PortSet;
 use admin::Client;
 use clusters::CLUSTERS_PATH;
 use sockets::{Pod, SocketTable};
@@ -72,8 +71,6 @@ pub struct Sources {
     pub mode: Mode,
     pub unit: Unit,
     pub admin: Client,
-    /// `--ignore-ports`, which the stats apply to listener names.
-    ignore: PortSet,
     /// What never counts in /clusters, and the preset whose own listeners and HTTP connection
     /// managers never count in the stats either.
     clusters: clusters::Rule,
@@ -101,7 +98,7 @@ const MAX_STATS_TIMEOUT: Duration = Duration::from_secs(8);
 
 impl Sources {
     pub fn new(c: &Counting) -> Sources {
-        let mut table = SocketTable::new(c.proc_net.as_deref(), c.filter(), c.admin.clone());
+        let mut table = SocketTable::new(c.proc_net.as_deref(), c.filter.clone(), c.admin.clone());
         if c.inbound {
             table.watch_arrivals(crate::preset::OUTBOUND_CAPTURE);
         }
@@ -109,11 +106,10 @@ impl Sources {
             mode: c.mode,
             unit: c.unit,
             admin: Client::envoy(c.admin.clone()),
-            ignore: c.ignore.clone(),
             clusters: clusters::Rule {
                 preset: c.preset,
                 ignore_clusters: c.ignore_clusters.clone(),
-                ignore_ports: c.ignore.clone(),
+                ignore_ports: c.filter.ignore.clone(),
                 inbound: c.inbound,
             },
             arrived: clusters::Arrived::default(),
@@ -247,7 +243,7 @@ impl Sources {
         let requests = self.unit == Unit::Requests;
         let timeout = self.stats_timeout.min(until.saturating_duration_since(Instant::now()));
         let asked = Instant::now();
-        let mut lines = stats::Lines::new(&self.ignore, self.clusters.preset);
+        let mut lines = stats::Lines::new(&self.clusters.ignore_ports, self.clusters.preset);
         let got =
             self.admin.get_lines(self.stats_path(), timeout, admin::BODY_LIMIT, |l| lines.add(l));
         if got.is_err() && asked.elapsed() >= timeout {
@@ -368,8 +364,7 @@ mod tests {
             admin: refused().into(),
             mode,
             unit: Unit::Connections,
-            ignore: PortSet::default(),
-            only: None,
+            filter: crate::config::Filter::default(),
             ignore_clusters: crate::lists::Names::default(),
             inbound: false,
             proc_net: Some(proc_net),
@@ -479,8 +474,10 @@ mod tests {
     #[test]
     fn without_request_stats_requests_come_from_clusters_and_say_why() {
         let clusters_answer = |n| clusters::Answer {
-            count: Count::of(SourceKind::Clusters, Unit::Requests, vec![], vec![])
-                .with_excluded(vec![crate::count::Excluded { why: "x".to_string(), n }]),
+            count: Count {
+                excluded: vec![crate::count::Excluded { why: "x".to_string(), n }],
+                ..Count::of(SourceKind::Clusters, Unit::Requests, vec![], vec![])
+            },
             clusters: vec![],
             quiet: 0,
             hosts_left_out: vec![],

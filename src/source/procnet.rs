@@ -430,7 +430,7 @@ impl<'a> Tally<'a> {
             excluded
                 .push(Excluded { why: "listening".to_string(), n: self.listening.len() as u64 });
         }
-        let count = Count::new(SourceKind::Proc, parts, vec![]).with_excluded(excluded);
+        let count = Count { excluded, ..Count::new(SourceKind::Proc, parts, vec![]) };
         (count, self.owners)
     }
 }

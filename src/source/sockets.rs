@@ -141,7 +141,7 @@ impl SocketTable {
             _ => None,
         };
         let (count, owners) = tally.count(relist);
-        let mut count = count.with_basis(basis);
+        let mut count = Count { basis: Some(basis), ..count };
         if let Some((arrived, _)) = &mut self.arrived {
             count.arrivals = match counters {
                 Some(c) => arrived.add(c),
