@@ -71,8 +71,8 @@ pub struct Sources {
     pub mode: Mode,
     pub unit: Unit,
     pub admin: Client,
-    /// What never counts in /clusters, and the preset whose own listeners and HTTP connection
-    /// managers never count in the stats either.
+    /// What never counts in /clusters; its preset (own listeners and HTTP connection managers)
+    /// and `--ignore-ports` apply to the stats too.
     clusters: clusters::Rule,
     /// What /clusters' answers so far say has arrived.
     arrived: clusters::Arrived,
