@@ -53,6 +53,11 @@ impl Out {
         Out { writer, fd: None, poll_first: false, dropped: 0, failed: None }
     }
 
+    /// A file opened with O_NONBLOCK, which poll can wait on.
+    fn file(f: std::fs::File) -> Out {
+        Out { fd: Some(f.as_raw_fd()), ..Out::new(Box::new(f)) }
+    }
+
     /// stderr as a descriptor of its own, opened anew through /proc with O_NONBLOCK so that the
     /// flag does not reach whoever shares the original (a terminal, the runtime's pipe). Where
     /// that is refused (no /proc, a socket), stderr itself, asking poll for room first.
@@ -62,19 +67,11 @@ impl Out {
             .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open("/proc/self/fd/2");
         match reopened {
-            Ok(f) => Out {
-                fd: Some(f.as_raw_fd()),
-                writer: Box::new(f),
-                poll_first: false,
-                dropped: 0,
-                failed: None,
-            },
+            Ok(f) => Out::file(f),
             Err(_) => Out {
-                writer: Box::new(std::io::stderr()),
                 fd: Some(libc::STDERR_FILENO),
                 poll_first: true,
-                dropped: 0,
-                failed: None,
+                ..Out::new(Box::new(std::io::stderr()))
             },
         }
     }
@@ -163,12 +160,7 @@ impl Logger {
             .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(path);
         match opened {
-            Ok(f) => {
-                let fd = f.as_raw_fd();
-                let mut out = Out::new(Box::new(f));
-                out.fd = Some(fd);
-                self.file = Some(out);
-            }
+            Ok(f) => self.file = Some(Out::file(f)),
             Err(e) => {
                 let why = match e.raw_os_error() {
                     Some(libc::ENXIO) => "nothing reads it".to_string(),

@@ -551,8 +551,6 @@ pub fn status(
     out
 }
 
-/// Rows as a table: the first cell left-aligned, the others right-aligned, each column as wide as
-/// its widest cell; a row of one cell is a note, written as it is.
 /// What Envoy's /ready answer says of it.
 fn ready_said(ready: &Result<Reply, Failure>) -> String {
     match ready {
@@ -577,6 +575,8 @@ fn ready_said(ready: &Result<Reply, Failure>) -> String {
     }
 }
 
+/// Rows as a table: the first cell left-aligned, the others right-aligned, each column as wide as
+/// its widest cell; a row of one cell is a note, written as it is.
 fn grid(out: &mut String, rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = Vec::new();
     for row in rows.iter().filter(|r| r.len() > 1) {
