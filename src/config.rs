@@ -369,8 +369,8 @@ pub fn run_config(
         ignore_clusters: a.ignore_clusters.clone(),
         proc_net: a.proc_net.clone(),
     })?;
-    let mut warnings = std::mem::take(&mut counting.warnings);
-    let pod = pod_settings(&a.pod_annotation, counting.mode, &mut warnings);
+    let warnings = &mut counting.warnings;
+    let pod = pod_settings(&a.pod_annotation, counting.mode, warnings);
     if let Some(unit) = pod.count {
         counting.unit = unit;
     }
@@ -482,7 +482,6 @@ pub fn run_config(
         })?,
     };
     let agent = parse_addr("--agent", a.agent.as_deref().unwrap_or(DEFAULT_AGENT))?;
-    counting.warnings = warnings;
     if a.then_quit && !counting.preset.agent {
         return Err(no_agent("--then-quit", counting.preset));
     }
