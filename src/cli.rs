@@ -1,6 +1,5 @@
-//! The command line as users type it, and the kill switch that wins over it. Values stay strings
-//! here; config.rs checks them so that every error names the flag, the value and what was
-//! expected.
+//! The command line as typed, and the kill switch that wins over it. Values stay strings; config.rs
+//! checks them so that every error names the flag, the value and what was expected.
 
 use crate::outcome::EXIT_USAGE;
 use argh::FromArgs;
@@ -9,15 +8,13 @@ use std::io::Write;
 
 /// The kill switch in the proxy container's environment: set and non-empty, `run` does nothing.
 pub const ENV_DISABLED: &str = "ENVOY_DRAIN_DISABLED";
-/// A pod's own settings are its annotations under this prefix, which the injection template
-/// passes to the hook as `--pod-annotation NAME=VALUE`.
+/// A pod's settings: its annotations under this prefix, which the template passes as flags.
 pub const ANNOTATION_PREFIX: &str = "envoy-drain.io/";
 /// The one annotation the template acts on itself: `true` leaves the pod to Istio's own preStop.
 pub const ANNOTATION_DISABLED: &str = "envoy-drain.io/disabled";
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq)]
-#[expect(clippy::large_enum_variant, reason = "made once per process: boxing saves nothing")]
 pub enum Parsed {
     Run(RunArgs),
     Hold(HoldArgs),
@@ -39,8 +36,7 @@ pub fn parse(args: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> Parse
         Err(bad) => return Parsed::Usage(format!("argument {bad:?} is not UTF-8")),
     };
     let strs = split_equals(&args);
-    // The kill switch wins over everything, bad flags included: operators flip it to get a pod
-    // out of trouble without a new image.
+    // The kill switch wins over everything, bad flags included.
     if matches!(strs.get(1), Some(&"run" | &"hold"))
         && let Some(v) = env(ENV_DISABLED).filter(|v| !v.is_empty())
     {
@@ -69,17 +65,15 @@ pub fn parse(args: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> Parse
     }
 }
 
-/// `envoy-drain.io/disabled=true`: the pod's own kill switch, which the template normally acts
-/// on itself by leaving the pod out.
+/// `envoy-drain.io/disabled=true`: the pod's own kill switch.
 fn is_disabled(pod_annotation: &str) -> bool {
     pod_annotation
         .split_once('=')
         .is_some_and(|(name, value)| name == ANNOTATION_DISABLED && value.trim() == "true")
 }
 
-/// The arguments with every `--flag=value` split into `--flag value`, up to a `--`: argh takes
-/// only the second form, and manifests (ours among them) are written with the first, which argh
-/// would refuse, so the hook would end at once with exit 2 and not wait at all.
+/// Every `--flag=value` split into `--flag value`, up to a `--`: argh takes only the second, and
+/// manifests are written with the first.
 fn split_equals(args: &[String]) -> Vec<&str> {
     let mut out = Vec::with_capacity(args.len());
     let mut flags = true;
@@ -129,7 +123,6 @@ pub struct Cli {
 
 #[derive(FromArgs, Debug, PartialEq)]
 #[argh(subcommand)]
-#[expect(clippy::large_enum_variant, reason = "made once per process: boxing saves nothing")]
 pub enum Command {
     Run(RunArgs),
     Hold(HoldArgs),
@@ -163,14 +156,14 @@ pub struct RunArgs {
     #[argh(switch)]
     pub fail_healthcheck: bool,
 
-    /// what to count: auto (stats, else the kernel's socket table), stats or proc (default:
-    /// auto)
+    /// what to count: auto (stats, else the kernel's socket table; status shows both), stats or
+    /// proc (default: auto)
     #[argh(option)]
     pub source: Option<String>,
 
     /// connections, or requests: requests in flight (HTTP requests, and TCP streams), so idle
     /// keep-alive connections do not hold the wait; from Envoy's stats, else its /clusters, else
-    /// connections (default: connections)
+    /// connections; status shows both (default: connections)
     #[argh(option)]
     pub count: Option<String>,
 
@@ -286,49 +279,27 @@ pub struct HoldArgs {
     pub verbose: bool,
 }
 
-/// Print what `run` would count right now, per source, and what it leaves out and why; changes
-/// nothing.
-#[derive(FromArgs, Debug, PartialEq, Default)]
-#[argh(subcommand, name = "status")]
-pub struct StatusArgs {
-    /// the Envoy-based proxy, whose defaults and own listeners, HTTP managers and clusters
-    /// (never counted) apply: istio, consul, kuma, envoy-gateway or contour (default: istio)
-    #[argh(option)]
-    pub preset: Option<String>,
+/// `status` takes `run`'s flags, so a hook's own command line shows what it would count. argh has
+/// no flatten (google/argh#15): `run`'s parser serves, with `status`'s first line in its help.
+#[derive(Debug, PartialEq, Default)]
+pub struct StatusArgs(pub RunArgs);
 
-    /// the address of Envoy's admin API, whose listener also tells which process is Envoy:
-    /// host:port, [::1]:port, http://host:port or unix:PATH, where a * in PATH picks the one
-    /// socket that takes a connection (default: the preset's, 127.0.0.1:15000 for istio)
-    #[argh(option)]
-    pub admin: Option<String>,
+const STATUS_ABOUT: &str = "Print what `run` would count right now, per source, and what it \
+    leaves out and why; changes nothing. Takes run's flags.";
 
-    /// what to show: auto (both sources), stats or proc (default: auto)
-    #[argh(option)]
-    pub source: Option<String>,
+impl argh::SubCommand for StatusArgs {
+    const COMMAND: &'static argh::CommandInfo =
+        &argh::CommandInfo { name: "status", short: &'\0', description: STATUS_ABOUT };
+}
 
-    /// connections, or requests too, side by side (default: connections)
-    #[argh(option)]
-    pub count: Option<String>,
-
-    /// comma-separated ports whose connections never count; empty ignores none (default: the
-    /// preset's own, for istio 15000,15004,15010,15012,15014,15020,15021,15053,15090)
-    #[argh(option)]
-    pub ignore_ports: Option<String>,
-
-    /// proc source only: of the connections Envoy accepted, count only those on these local
-    /// ports (default: all)
-    #[argh(option)]
-    pub ports: Option<String>,
-
-    /// with --count requests: clusters whose requests never count, as names or name* prefixes
-    /// (default: none)
-    #[argh(option)]
-    pub ignore_clusters: Option<String>,
-
-    /// read the text socket tables tcp and tcp6 in this directory, e.g. /proc/<pid>/net,
-    /// instead of asking the kernel over netlink (default: netlink, else /proc/net)
-    #[argh(option)]
-    pub proc_net: Option<String>,
+impl FromArgs for StatusArgs {
+    fn from_args(name: &[&str], args: &[&str]) -> Result<StatusArgs, argh::EarlyExit> {
+        RunArgs::from_args(name, args).map(StatusArgs).map_err(|mut e| {
+            let run = <RunArgs as argh::SubCommand>::COMMAND.description;
+            e.output = e.output.replacen(run, STATUS_ABOUT, 1);
+            e
+        })
+    }
 }
 
 /// Copy this binary to DEST (DEST/envoy-drain when DEST is a directory), atomically; for init

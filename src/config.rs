@@ -1,7 +1,6 @@
-//! Turns the command line and the environment into a checked configuration. Pure: the environment
-//! is passed in, so every rule is tested without touching the process.
+//! Turns the command line and the environment into a checked configuration; pure.
 
-use crate::cli::{ANNOTATION_PREFIX, HoldArgs, RunArgs, StatusArgs};
+use crate::cli::{ANNOTATION_PREFIX, HoldArgs, RunArgs};
 use crate::count::Unit;
 use crate::drain::{self, Drain, Request};
 use crate::error::UsageError;
@@ -18,9 +17,8 @@ pub const DEFAULT_MIN_DRAIN: Duration = Duration::from_secs(5);
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(25);
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
 pub const ENV_MIN_DRAIN: &str = "MINIMUM_DRAIN_DURATION";
-/// `hold`'s: a minimum as long as the `preStop: sleep 5` it replaces; a quiet time that a steady
-/// client (one request a second or more) never leaves; a deadline that leaves the app 10 s of
-/// the default 30 s grace period for its own shutdown.
+/// `hold`'s: a minimum as long as the `preStop: sleep 5` it replaces, a quiet time a client of one
+/// request a second never leaves, a deadline that leaves the app 10 s of a 30 s grace period.
 pub const DEFAULT_HOLD_MIN: Duration = Duration::from_secs(5);
 pub const DEFAULT_QUIET: Duration = Duration::from_secs(3);
 pub const DEFAULT_HOLD_DEADLINE: Duration = Duration::from_secs(20);
@@ -68,21 +66,18 @@ pub struct Counting {
     pub inbound: bool,
     /// `--proc-net`: read the text tables there instead of asking the kernel over netlink.
     pub proc_net: Option<PathBuf>,
-    /// What is worth a warning that is not an error: an ambiguous `--admin`, a bad annotation,
-    /// a MINIMUM_DRAIN_DURATION past the deadline.
+    /// What is worth a warning but not an error: an ambiguous `--admin`, a bad annotation, ...
     pub warnings: Vec<String>,
 }
 
-/// Which sockets may count: not those on an ignored port (either end), and with `--ports` only
-/// those whose local port is listed.
+/// Which sockets may count: none on an ignored port (either end); with `--ports`, only those.
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
     pub ignore: PortSet,
     pub only: Option<PortSet>,
 }
 
-/// The rules of the wait; every duration is measured from the start of the run except the
-/// min-drain, which starts when the drain was sent.
+/// The rules of the wait; durations count from the start of the run, the min-drain from the drain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rules {
     pub min_drain: Duration,
@@ -98,8 +93,7 @@ pub struct Rules {
     /// How long the wait's end must have held (`--settle`; `hold`'s `--quiet`).
     pub settle: Duration,
     pub until: Until,
-    /// `--then-quit`: once the threshold is reached, wait for the app's exit, then ask Istio's
-    /// agent to stop the proxy.
+    /// `--then-quit`: once the threshold is reached and the app has exited, stop the proxy.
     pub then_quit: bool,
 }
 
@@ -108,8 +102,7 @@ pub struct Rules {
 pub enum Until {
     /// `run`: the count at or below this (`--exit-at`), at counts that saw no request arrive.
     AtMost(u64),
-    /// `hold`: no request arriving, whatever is still in flight (the app finishes it after its
-    /// SIGTERM).
+    /// `hold`: no request arriving, whatever is still in flight.
     Quiet,
 }
 
@@ -131,8 +124,7 @@ const UNITS: [(&str, Unit); 2] = [("connections", Unit::Connections), ("requests
 
 const ONLY_STATS: &str = "connections with --source proc: only Envoy's stats know requests";
 
-/// `--admin` and `--agent`: an IP literal (or `localhost`) and a port, optionally as an http URL.
-/// Never a DNS lookup: a scratch image has no resolver configuration.
+/// `--admin` and `--agent`: an IP literal (or `localhost`) and a port, never a name to look up.
 pub fn parse_addr(name: &'static str, value: &str) -> Result<SocketAddr, UsageError> {
     let bad = || {
         UsageError::new(
@@ -155,7 +147,6 @@ pub fn parse_addr(name: &'static str, value: &str) -> Result<SocketAddr, UsageEr
     }
 }
 
-/// A flag that needs Istio's agent, under a preset without one.
 /// What asks Istio's agent (`--drain agent`, `--then-quit`) with a proxy that has none.
 fn no_agent(asks: &str, preset: Preset) -> UsageError {
     UsageError::new(
@@ -168,8 +159,7 @@ fn no_agent(asks: &str, preset: Preset) -> UsageError {
     )
 }
 
-/// The value of a flag that takes one of a few words, or an error listing them
-/// (`auto, stats or proc`).
+/// The value of a flag that takes one of a few words, or an error listing them.
 fn one_of<T: Copy>(name: &'static str, value: &str, words: &[(&str, T)]) -> Result<T, UsageError> {
     if let Some((_, v)) = words.iter().find(|(w, _)| *w == value) {
         return Ok(*v);
@@ -182,12 +172,9 @@ fn one_of<T: Copy>(name: &'static str, value: &str, words: &[(&str, T)]) -> Resu
     Err(UsageError::new(name, value, listed))
 }
 
-/// `--admin`: an address as `parse_addr` takes it, or `unix:PATH` for an admin API on a Unix
-/// socket. A `*` in the path matches any part of a file name (Kuma names the socket's directory
-/// after its process: `/tmp/kuma-dp-*/kuma-envoy-admin.sock`) and is resolved here, once, to the
-/// one socket that matches, or of several the one that takes a connection. None, or several that
-/// cannot be told apart (with a warning), leave the path as given, which the requests then fail
-/// to open: the wait goes on from the socket table, as with an admin API that is down.
+/// `--admin`: an address as `parse_addr` takes it, or `unix:PATH`, where a `*` (Kuma's
+/// `/tmp/kuma-dp-*/kuma-envoy-admin.sock`) picks the one socket that matches, or of several the one
+/// that takes a connection; else the path as given (a warning when several listen).
 pub fn parse_admin(value: &str) -> Result<(Address, Option<String>), UsageError> {
     let Some(path) = value.strip_prefix("unix:") else {
         return parse_addr("--admin", value).map(|a| (Address::Tcp(a), None));
@@ -202,9 +189,8 @@ pub fn parse_admin(value: &str) -> Result<(Address, Option<String>), UsageError>
     if !path.contains('*') {
         return Ok((Address::Unix(PathBuf::from(path)), None));
     }
-    // Only sockets, each once (`*/..` reaches one directory by many names); of several, the one
-    // that takes a connection: a proxy restarted in an emptyDir (Kuma's /tmp, after an OOM kill)
-    // leaves its old socket beside the new one.
+    // Only sockets, each once (`*/..` reaches one by many names); of several, the one that takes
+    // a connection: a proxy restarted in an emptyDir leaves its old socket beside the new one.
     let mut found: Vec<PathBuf> = matches(Path::new(path))
         .into_iter()
         .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_socket()))
@@ -262,22 +248,13 @@ fn matches(pattern: &Path) -> Vec<PathBuf> {
 
 /// Whether `name` matches `pattern`, whose `*` stands for any run of characters.
 fn wildcard(pattern: &str, name: &str) -> bool {
-    let mut pieces = pattern.split('*');
-    let first = pieces.next().unwrap_or_default();
-    let Some(mut rest) = name.strip_prefix(first) else {
+    let Some((head, tail)) = pattern.split_once('*') else {
+        return pattern == name;
+    };
+    let Some(rest) = name.strip_prefix(head) else {
         return false;
     };
-    let mut pieces: Vec<&str> = pieces.collect();
-    let Some(last) = pieces.pop() else {
-        return rest.is_empty();
-    };
-    for piece in pieces {
-        match rest.find(piece) {
-            Some(at) => rest = &rest[at + piece.len()..],
-            None => return false,
-        }
-    }
-    rest.len() >= last.len() && rest.ends_with(last)
+    rest.char_indices().map(|(i, _)| i).chain([rest.len()]).any(|i| wildcard(tail, &rest[i..]))
 }
 
 pub fn parse_duration(name: &'static str, value: &str) -> Result<Duration, UsageError> {
@@ -297,8 +274,8 @@ fn ports(name: &'static str, value: &str) -> Result<PortSet, UsageError> {
     })
 }
 
-/// The flags both commands share, as `status` takes them (`run` takes the same).
-pub fn status_config(a: &StatusArgs) -> Result<Counting, UsageError> {
+/// What counts, from the flags `run` and `status` share (`hold` sets its own few).
+pub fn counting(a: &RunArgs) -> Result<Counting, UsageError> {
     let preset = match a.preset.as_deref() {
         Some(v) => one_of("--preset", v, &PRESETS.map(|p| (p.name, p)))?,
         None => preset::ISTIO,
@@ -311,25 +288,21 @@ pub fn status_config(a: &StatusArgs) -> Result<Counting, UsageError> {
         return Err(UsageError::new("--count", "requests", ONLY_STATS));
     }
     let only = match a.ports.as_deref() {
-        None => None,
-        Some(v) => {
-            let set = ports("--ports", v)?;
-            if set.is_empty() {
-                return Err(UsageError::new("--ports", v, "at least one port, like 15006,15001"));
-            }
-            Some(set)
+        Some(v) if ports("--ports", v)?.is_empty() => {
+            return Err(UsageError::new("--ports", v, "at least one port, like 15006,15001"));
         }
+        Some(v) => Some(ports("--ports", v)?),
+        None => None,
     };
-    let ignore_clusters = match &a.ignore_clusters {
-        None => Names::default(),
-        Some(v) => Names::parse(v).map_err(|_| {
-            UsageError::new(
-                "--ignore-clusters",
-                v,
-                "comma-separated cluster names or name* prefixes, like otel-collector,outbound|4317||*",
-            )
-        })?,
-    };
+    let clusters = a.ignore_clusters.as_deref().unwrap_or_default();
+    let ignore_clusters = Names::parse(clusters).map_err(|_| {
+        let expected = "comma-separated cluster names or name* prefixes, like otel-collector";
+        UsageError::new("--ignore-clusters", clusters, format!("{expected},outbound|4317||*"))
+    })?;
+    if a.proc_net.as_deref() == Some("") {
+        let expected = "a directory holding tcp and tcp6, like /proc/1234/net";
+        return Err(UsageError::new("--proc-net", "", expected));
+    }
     let (admin, admin_warning) = parse_admin(a.admin.as_deref().unwrap_or(preset.admin))?;
     let ignore = ports("--ignore-ports", a.ignore_ports.as_deref().unwrap_or(preset.ignore_ports))?;
     Ok(Counting {
@@ -340,16 +313,7 @@ pub fn status_config(a: &StatusArgs) -> Result<Counting, UsageError> {
         filter: Filter { ignore, only },
         ignore_clusters,
         inbound: false,
-        proc_net: match a.proc_net.as_deref() {
-            Some("") => {
-                return Err(UsageError::new(
-                    "--proc-net",
-                    "",
-                    "a directory holding tcp and tcp6, like /proc/1234/net",
-                ));
-            }
-            other => other.map(PathBuf::from),
-        },
+        proc_net: a.proc_net.as_ref().map(PathBuf::from),
         warnings: admin_warning.into_iter().collect(),
     })
 }
@@ -359,16 +323,8 @@ pub fn run_config(
     a: &RunArgs,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<RunConfig, UsageError> {
-    let mut counting = status_config(&StatusArgs {
-        preset: a.preset.clone(),
-        admin: a.admin.clone(),
-        source: a.source.clone(),
-        count: a.count.clone(),
-        ignore_ports: a.ignore_ports.clone(),
-        ports: a.ports.clone(),
-        ignore_clusters: a.ignore_clusters.clone(),
-        proc_net: a.proc_net.clone(),
-    })?;
+    let mut counting = counting(a)?;
+    let preset = counting.preset;
     let warnings = &mut counting.warnings;
     let pod = pod_settings(&a.pod_annotation, counting.mode, warnings);
     if let Some(unit) = pod.count {
@@ -380,178 +336,154 @@ pub fn run_config(
         ("none", Drain::None),
         ("agent", Drain::Agent),
     ];
-    let drain = match a.drain.as_deref() {
-        None => counting.preset.drain,
-        Some(v) => one_of("--drain", v, &drains)?,
-    };
+    let drain = a.drain.as_deref().map_or(Ok(preset.drain), |v| one_of("--drain", v, &drains))?;
     // A gateway's listeners carry no traffic direction: `inboundonly` would drain none of them.
-    if drain == Drain::Inbound && counting.preset.drain == Drain::All {
+    if drain == Drain::Inbound && preset.drain == Drain::All {
         return Err(UsageError::new(
             "--drain",
             "inbound",
             format!(
                 "all or none with --preset {}: a gateway's listeners have no direction, so \
                  inbound would drain none of them",
-                counting.preset.name
+                preset.name
             ),
         ));
     }
-    if drain == Drain::Agent && !counting.preset.agent {
-        return Err(no_agent("--drain agent", counting.preset));
+    if drain == Drain::Agent && !preset.agent {
+        return Err(no_agent("--drain agent", preset));
     }
-    let deadline = positive("--deadline", &a.deadline, DEFAULT_DEADLINE)?;
-    // The template derives --deadline from the pod's grace period, which no annotation can
-    // outlast: past it, the kubelet kills the hook mid-wait and no summary is ever written.
-    let deadline = match pod.deadline {
-        Some(d) if a.deadline.is_some() && d > deadline => {
-            warnings.push(format!(
-                "annotation {ANNOTATION_PREFIX}deadline={} is past --deadline {}, which the \
-                 injection template derives from the pod's terminationGracePeriodSeconds; \
-                 using {}: raise the grace period instead",
-                humantime::format_duration(d),
-                humantime::format_duration(deadline),
-                humantime::format_duration(deadline),
-            ));
-            deadline
-        }
-        Some(d) => d,
-        None => deadline,
-    };
-    let interval = positive("--interval", &a.interval, DEFAULT_INTERVAL)?;
-    let settle = match &a.settle {
-        Some(v) => parse_duration("--settle", v)?,
-        None => Duration::ZERO,
-    };
-    let min_drain_flag = match &a.min_drain {
-        Some(v) => Some((v, parse_duration("--min-drain", v)?)),
-        None => None,
-    };
-    // Longer than the deadline: a usage error only for the flag, which whoever typed it can
-    // fix; the pod's annotations and Istio's variable never fail the hook.
-    let mut too_long = |what: String| {
-        warnings.push(format!(
-            "{what} is longer than the deadline ({}); using the deadline as the min-drain",
-            humantime::format_duration(deadline)
-        ));
-        deadline
-    };
-    let min_drain = if let Some(d) = pod.min_drain {
-        if d > deadline {
-            too_long(format!(
-                "annotation {ANNOTATION_PREFIX}min-drain={}",
-                humantime::format_duration(d)
-            ))
-        } else {
-            d
-        }
-    } else if let Some((v, d)) = min_drain_flag {
-        if d <= deadline {
-            d
-        } else if pod.deadline.is_some() {
-            too_long(format!("--min-drain {v}, with annotation {ANNOTATION_PREFIX}deadline,"))
-        } else {
-            let given = if a.deadline.is_some() { "" } else { " by default; --deadline raises it" };
-            return Err(UsageError::new(
-                "--min-drain",
-                v,
-                format!("at most the deadline ({}{given})", humantime::format_duration(deadline)),
-            ));
-        }
-    } else if let Some(v) = env(ENV_MIN_DRAIN).filter(|v| !v.is_empty()) {
-        match go_duration(&v) {
-            Some(d) if d > deadline => too_long(format!("{ENV_MIN_DRAIN}={v}")),
-            Some(d) => d,
-            // As pilot-agent does (istio/istio pkg/env/var.go, DurationVar.Lookup): a warning
-            // and its default; a variable must never cost the pod its wait.
-            None => {
-                warnings.push(format!(
-                    "ignoring {ENV_MIN_DRAIN}={v:?}: expected a Go duration like 5s, .5s or \
-                     1m30s, as Istio reads it; using Istio's default, {}",
-                    humantime::format_duration(DEFAULT_MIN_DRAIN)
-                ));
-                DEFAULT_MIN_DRAIN.min(deadline)
-            }
-        }
-    } else {
-        DEFAULT_MIN_DRAIN.min(deadline)
-    };
+    if a.then_quit && !preset.agent {
+        return Err(no_agent("--then-quit", preset));
+    }
+    let deadline = deadline(a, pod.deadline, warnings)?;
+    let min_drain = min_drain(a, &pod, deadline, env, warnings)?;
     let exit_at = match &a.exit_at {
         None => 0,
         Some(v) => v.trim().parse::<u64>().map_err(|_| {
             UsageError::new("--exit-at", v, "a whole number of connections, like 0")
         })?,
     };
-    let agent = parse_addr("--agent", a.agent.as_deref().unwrap_or(DEFAULT_AGENT))?;
-    if a.then_quit && !counting.preset.agent {
-        return Err(no_agent("--then-quit", counting.preset));
-    }
     Ok(RunConfig {
         counting,
         before: drain::before(drain, a.fail_healthcheck),
         rules: Rules {
             min_drain,
             deadline,
-            interval,
-            settle,
+            interval: positive("--interval", &a.interval, DEFAULT_INTERVAL)?,
+            settle: a
+                .settle
+                .as_deref()
+                .map_or(Ok(Duration::ZERO), |v| parse_duration("--settle", v))?,
             until: Until::AtMost(exit_at),
             then_quit: a.then_quit,
         },
         log_file: a.log_file.as_ref().map(PathBuf::from),
-        agent,
+        agent: parse_addr("--agent", a.agent.as_deref().unwrap_or(DEFAULT_AGENT))?,
         verbose: a.verbose,
     })
 }
 
-/// A duration as Go's `time.ParseDuration` reads it, which is how pilot-agent reads
-/// MINIMUM_DRAIN_DURATION: an optional sign, then numbers with an optional fraction, each with a
-/// unit (ns, us, µs, μs, ms, s, m, h), or `0`. A negative one waits for nothing, as a negative
-/// time.Sleep does; `None` where Go would refuse it (overflow included).
+/// `--deadline`, or the pod's annotation unless longer than the flag, which the template derives
+/// from the grace period: past it, the kubelet kills the hook before its summary.
+fn deadline(
+    a: &RunArgs,
+    annotated: Option<Duration>,
+    warnings: &mut Vec<String>,
+) -> Result<Duration, UsageError> {
+    let flag = positive("--deadline", &a.deadline, DEFAULT_DEADLINE)?;
+    Ok(match annotated {
+        Some(d) if a.deadline.is_some() && d > flag => {
+            let (d, f) = (humantime::format_duration(d), humantime::format_duration(flag));
+            warnings.push(format!(
+                "annotation {ANNOTATION_PREFIX}deadline={d} is past --deadline {f}, which the \
+                 injection template derives from the pod's terminationGracePeriodSeconds; \
+                 using {f}: raise the grace period instead"
+            ));
+            flag
+        }
+        Some(d) => d,
+        None => flag,
+    })
+}
+
+/// The min-drain: the pod's annotation, else `--min-drain`, else Istio's MINIMUM_DRAIN_DURATION,
+/// else 5 s, never past the deadline. Past it, only the flag is a usage error: an annotation or
+/// Istio's variable never fails the hook.
+fn min_drain(
+    a: &RunArgs,
+    pod: &PodSettings,
+    deadline: Duration,
+    env: &dyn Fn(&str) -> Option<String>,
+    warnings: &mut Vec<String>,
+) -> Result<Duration, UsageError> {
+    let (what, d) = if let Some(d) = pod.min_drain {
+        let d_text = humantime::format_duration(d);
+        (format!("annotation {ANNOTATION_PREFIX}min-drain={d_text}"), d)
+    } else if let Some(v) = &a.min_drain {
+        let d = parse_duration("--min-drain", v)?;
+        if d > deadline && pod.deadline.is_none() {
+            let given = if a.deadline.is_some() { "" } else { " by default; --deadline raises it" };
+            let deadline = humantime::format_duration(deadline);
+            return Err(UsageError::new(
+                "--min-drain",
+                v,
+                format!("at most the deadline ({deadline}{given})"),
+            ));
+        }
+        (format!("--min-drain {v}, with annotation {ANNOTATION_PREFIX}deadline,"), d)
+    } else if let Some(v) = env(ENV_MIN_DRAIN).filter(|v| !v.is_empty()) {
+        // A warning and Istio's default, as pilot-agent does (pkg/env/var.go, DurationVar.Lookup).
+        let Some(d) = go_duration(&v) else {
+            warnings.push(format!(
+                "ignoring {ENV_MIN_DRAIN}={v:?}: expected a Go duration like 5s, .5s or 1m30s, as \
+                 Istio reads it; using Istio's default, {}",
+                humantime::format_duration(DEFAULT_MIN_DRAIN)
+            ));
+            return Ok(DEFAULT_MIN_DRAIN.min(deadline));
+        };
+        (format!("{ENV_MIN_DRAIN}={v}"), d)
+    } else {
+        return Ok(DEFAULT_MIN_DRAIN.min(deadline));
+    };
+    if d > deadline {
+        warnings.push(format!(
+            "{what} is longer than the deadline ({}); using the deadline as the min-drain",
+            humantime::format_duration(deadline)
+        ));
+    }
+    Ok(d.min(deadline))
+}
+
+/// MINIMUM_DRAIN_DURATION as pilot-agent reads it, with Go's `time.ParseDuration`: humantime held
+/// to Go's units and int64 of nanoseconds, with a sign (a negative one waits for nothing) and
+/// numbers that may lack a digit beside the point (`.5s`, `1.s`). `None` where Go refuses it.
 fn go_duration(v: &str) -> Option<Duration> {
-    let (negative, mut rest) = match v.strip_prefix('-') {
+    let (negative, rest) = match v.strip_prefix('-') {
         Some(r) => (true, r),
         None => (false, v.strip_prefix('+').unwrap_or(v)),
     };
-    match rest {
-        "0" => return Some(Duration::ZERO),
-        "" => return None,
-        _ => {}
-    }
-    let mut nanos: u128 = 0;
-    while !rest.is_empty() {
-        let number = rest.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(rest.len());
-        let (whole, fraction) = rest[..number].split_once('.').unwrap_or((&rest[..number], ""));
-        if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
-            return None;
-        }
-        rest = &rest[number..];
-        let unit = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let scale: u128 = match &rest[..unit] {
-            "ns" => 1,
-            "us" | "µs" | "μs" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60_000_000_000,
-            "h" => 3_600_000_000_000,
-            _ => return None,
-        };
-        rest = &rest[unit..];
-        let digits = |d: &str| {
-            d.chars()
-                .try_fold(0u128, |n, c| n.checked_mul(10)?.checked_add(u128::from(c.to_digit(10)?)))
-        };
-        let mut part = digits(whole)?.checked_mul(scale)?;
-        let mut place = scale;
-        for c in fraction.chars().take(20) {
-            place /= 10;
-            part = part.checked_add(u128::from(c.to_digit(10)?) * place)?;
-        }
-        nanos = nanos.checked_add(part)?;
-    }
-    // Go's own limit: a duration is an int64 of nanoseconds.
-    if nanos > i64::MAX as u128 {
+    let mut units = rest.split(|c: char| c.is_ascii_digit() || c == '.').filter(|u| !u.is_empty());
+    if !units.all(|u| ["ns", "us", "µs", "μs", "ms", "s", "m", "h"].contains(&u)) {
         return None;
     }
-    Some(if negative { Duration::ZERO } else { Duration::from_nanos(nanos as u64) })
+    let mut spelled = String::new();
+    let rest = rest.replace('μ', "µ");
+    let mut chars = rest.chars().peekable();
+    let mut before = None;
+    while let Some(c) = chars.next() {
+        let digit = |c: Option<char>| c.is_some_and(|c| c.is_ascii_digit());
+        let (left, right) = (digit(before), digit(chars.peek().copied()));
+        match c {
+            '.' if !left && !right => return None,
+            '.' => spelled.extend(
+                [(!left).then_some('0'), Some('.'), (!right).then_some('0')].into_iter().flatten(),
+            ),
+            c => spelled.push(c),
+        }
+        before = Some(c);
+    }
+    let d = humantime::parse_duration(&spelled).ok()?;
+    (d.as_nanos() <= i64::MAX as u128).then_some(if negative { Duration::ZERO } else { d })
 }
 
 /// A duration flag that must be above zero, or its default.
@@ -563,26 +495,20 @@ fn positive(
     let Some(v) = value else {
         return Ok(default);
     };
-    match parse_duration(name, v)? {
-        d if d.is_zero() => Err(UsageError::new(
-            name,
-            v,
-            format!("a duration above zero, like {}", humantime::format_duration(default)),
-        )),
-        d => Ok(d),
-    }
+    let above_zero = format!("a duration above zero, like {}", humantime::format_duration(default));
+    let d = parse_duration(name, v)?;
+    if d.is_zero() { Err(UsageError::new(name, v, above_zero)) } else { Ok(d) }
 }
 
-/// `hold`: what arrives at the app through the sidecar, read from /clusters alone (Envoy's stats
-/// have no counter per app under Istio's stats matcher; the socket table shows what is open, not
-/// what arrived), with `run`'s pace and `Until::Quiet`.
+/// `hold`: what arrives at the app through the sidecar, read from /clusters (Istio's stats have no
+/// counter per app), with `run`'s pace and `Until::Quiet`.
 pub fn hold_config(a: &HoldArgs) -> Result<RunConfig, UsageError> {
-    let mut counting = status_config(&StatusArgs {
+    let mut counting = counting(&RunArgs {
         preset: a.preset.clone(),
         admin: a.admin.clone(),
         count: Some("requests".to_string()),
         ignore_ports: a.ignore_ports.clone(),
-        ..StatusArgs::default()
+        ..RunArgs::default()
     })?;
     if counting.preset.inbound_clusters.is_empty() {
         return Err(UsageError::new(
@@ -594,16 +520,13 @@ pub fn hold_config(a: &HoldArgs) -> Result<RunConfig, UsageError> {
     counting.mode = Mode::Stats;
     counting.inbound = true;
     let deadline = positive("--deadline", &a.deadline, DEFAULT_HOLD_DEADLINE)?;
-    let min = match &a.min {
-        Some(v) => parse_duration("--min", v)?,
-        None => DEFAULT_HOLD_MIN.min(deadline),
-    };
-    if min > deadline {
-        return Err(UsageError::new(
-            "--min",
-            a.min.as_deref().unwrap_or_default(),
-            format!("at most the deadline ({})", humantime::format_duration(deadline)),
-        ));
+    let min = a
+        .min
+        .as_deref()
+        .map_or(Ok(DEFAULT_HOLD_MIN.min(deadline)), |v| parse_duration("--min", v))?;
+    if let Some(v) = a.min.as_deref().filter(|_| min > deadline) {
+        let expected = format!("at most the deadline ({})", humantime::format_duration(deadline));
+        return Err(UsageError::new("--min", v, expected));
     }
     Ok(RunConfig {
         counting,
@@ -630,8 +553,7 @@ struct PodSettings {
     count: Option<Unit>,
 }
 
-/// Reads `--pod-annotation` values. A bad one is a warning and leaves the flag's value: a typo
-/// in one workload's annotation must never cost the pod its wait, so nothing here is an error.
+/// Reads `--pod-annotation` values: a bad one is a warning, never an error, and changes nothing.
 fn pod_settings(given: &[String], mode: Mode, warnings: &mut Vec<String>) -> PodSettings {
     let mut pod = PodSettings::default();
     for item in given {
@@ -659,7 +581,7 @@ fn pod_settings(given: &[String], mode: Mode, warnings: &mut Vec<String>) -> Pod
                 Ok(unit) => pod.count = Some(unit),
                 Err(e) => ignore(&e.expected),
             },
-            // `true` never reaches here: cli.rs turns it into the kill switch.
+            // `true` is the kill switch, which cli.rs acts on.
             Some("disabled") => match value.trim() {
                 "false" | "true" => {}
                 _ => ignore("true (envoy-drain off for this pod) or false"),

@@ -1,5 +1,4 @@
-//! What a source reports: a total, the parts it is made of, and where it came from (data only;
-//! text.rs words it).
+//! What a source reports: a total, its parts, and where it came from (data; text.rs words it).
 
 /// Where a count came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,9 +22,8 @@ pub enum Unit {
 /// The part of a request count that is connections without HTTP (TCP proxy streams).
 pub const NON_HTTP: &str = "non-HTTP connections";
 
-/// One listener (stats) or one port (proc) and how many connections it holds; with requests, one
-/// HTTP connection manager (`http <stat prefix>`) and its requests, or the non-HTTP connections.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One listener, port, cluster or HTTP connection manager, and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Part {
     pub name: String,
     pub active: u64,
@@ -44,8 +42,7 @@ pub struct Count {
     pub source: SourceKind,
     pub unit: Unit,
     pub total: u64,
-    /// In the source's order (Envoy sorts its stats by name; proc sorts by port); for stats every
-    /// counted listener, also those at 0.
+    /// In the source's order; for stats every counted listener, also those at 0.
     pub parts: Vec<Part>,
     /// Things the parser skipped or corrected, each worth one warning per run.
     pub warnings: Vec<String>,
@@ -57,16 +54,13 @@ pub struct Count {
     pub arrivals: Arrivals,
 }
 
-/// What tells whether a request has arrived since an earlier count: while one still does, the
-/// pod is still in some client's endpoints, whatever the count (between two short requests it
-/// touches zero).
+/// Whether a request has arrived since an earlier count: the pod is then still in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Arrivals {
-    /// The source cannot tell: Istio's stats matcher leaves Envoy's `_total` counters out, and
-    /// the socket table only shows what is open at the moment it is read.
+    /// The source cannot tell.
     #[default]
     Unknown,
-    /// Requests so far (`rq_total` of the hosts that count, from /clusters), a counter.
+    /// Requests (or connections) so far, a counter.
     Requests(u64),
 }
 
@@ -82,13 +76,18 @@ pub enum Basis {
     Unknown { admin: String, not_envoy: Option<String> },
 }
 
-impl Count {
-    /// A connection count.
-    pub fn new(source: SourceKind, parts: Vec<Part>, warnings: Vec<String>) -> Count {
-        Count::of(source, Unit::Connections, parts, warnings)
+impl Basis {
+    /// Envoy's user, when known.
+    pub fn uid(&self) -> Option<u32> {
+        match self {
+            Basis::Process { uid, .. } | Basis::Owner { uid, .. } => Some(*uid),
+            Basis::Unknown { .. } => None,
+        }
     }
+}
 
-    pub fn of(source: SourceKind, unit: Unit, parts: Vec<Part>, warnings: Vec<String>) -> Count {
+impl Count {
+    pub fn new(source: SourceKind, unit: Unit, parts: Vec<Part>, warnings: Vec<String>) -> Count {
         Count {
             source,
             unit,
@@ -100,9 +99,36 @@ impl Count {
             arrivals: Arrivals::Unknown,
         }
     }
+}
 
-    /// A request count from Envoy's stats; `NON_HTTP` names the part that is connections.
-    pub fn requests(parts: Vec<Part>, warnings: Vec<String>) -> Count {
-        Count::of(SourceKind::Stats, Unit::Requests, parts, warnings)
+/// How many named rows of an answer a count keeps for `status`; the rest are added up as one.
+pub const KEPT: usize = 1000;
+
+/// Rows kept up to `KEPT`; past them, how many more there were and their figures added up.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Capped<T> {
+    pub rows: Vec<T>,
+    more: u64,
+    rest: [u64; 2],
+}
+
+impl<T: Clone> Capped<T> {
+    /// Keeps `row()` and gives it back, or past `KEPT` adds `figures` to the rest.
+    pub fn push(&mut self, row: impl FnOnce() -> T, figures: [u64; 2]) -> Option<&mut T> {
+        if self.rows.len() < KEPT {
+            self.rows.push(row());
+            return self.rows.last_mut();
+        }
+        self.more += 1;
+        self.rest =
+            [self.rest[0].saturating_add(figures[0]), self.rest[1].saturating_add(figures[1])];
+        None
+    }
+
+    /// The rows, then the rest as one row (`rest(how many, their figures)`) if there were any.
+    pub fn all(&self, rest: impl FnOnce(u64, [u64; 2]) -> T) -> Vec<T> {
+        let mut rows = self.rows.clone();
+        rows.extend((self.more > 0).then(|| rest(self.more, self.rest)));
+        rows
     }
 }

@@ -1,7 +1,5 @@
 //! What the hook asks of Envoy and of Istio's agent, each one POST: before the wait, failing
-//! Envoy's health checks and draining its listeners (or asking the agent to drain them); after
-//! it, with --then-quit, stopping the proxy. The start line and the requests are both made from
-//! `before`, so what the log announces is what is sent.
+//! Envoy's health checks and draining; after it, with --then-quit, stopping the proxy.
 
 /// Which listeners the hook drains before it waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,20 +14,15 @@ pub enum Drain {
 /// One request, and where it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
-    /// Envoy's `/ready` and health-check filter answer 503 from then on, so load balancers that
-    /// ask stop sending (Envoy's admin documentation, "POST /healthcheck/fail";
-    /// `/healthcheck/ok` undoes it).
+    /// Envoy's `/ready` and health-check filter answer 503 from then on (Envoy's admin
+    /// documentation, "POST /healthcheck/fail").
     FailHealthcheck,
-    /// Envoy drains its inbound listeners, or all of them. `skip_exit`: Envoy keeps its listeners
-    /// accepting for as long as it runs, instead of stopping them when its own drain time
-    /// (`--drain-time-s`, Istio's drainDuration) has passed while the hook still waits: clients
-    /// that have not yet learnt the pod is going (endpoints propagate late) are still served.
-    /// Always with `graceful`: a non-graceful `skip_exit` would make every later graceful drain a
-    /// no-op (docs/how-it-works.md).
+    /// Envoy drains its inbound listeners, or all of them, with `skip_exit` (its listeners keep
+    /// accepting past its own drain time, for clients that learn late the pod is going) and
+    /// always `graceful` (docs/how-it-works.md).
     DrainListeners { all: bool },
-    /// pilot-agent's `/drain` on its status port: it drains the inbound listeners with
-    /// `skip_exit` and, when SIGTERM comes, stops the proxy at once instead of draining and
-    /// waiting again (istio/istio pkg/envoy/agent.go, DrainNow).
+    /// pilot-agent's `/drain`: it drains inbound with `skip_exit` and stops the proxy at once on
+    /// SIGTERM (istio/istio pkg/envoy/agent.go, DrainNow).
     AgentDrain,
     /// pilot-agent's `/quitquitquit`: it stops Envoy and itself at once.
     Quit,

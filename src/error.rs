@@ -1,5 +1,5 @@
-//! The two error types: a bad flag or environment variable (`UsageError`, exit 2), and something
-//! the hook tried that did not work (`Failure`, a warning or an unknown count, never an exit).
+//! The two error shapes: a bad flag (`UsageError`, exit 2), and something the hook tried that
+//! did not work (`failed`: a warning or an unknown count, never an exit).
 
 use std::{fmt, io};
 
@@ -12,8 +12,7 @@ pub fn shorten(text: &str) -> String {
     }
 }
 
-/// An I/O error as the cause of a `Failure`, in the words of the rest of the log: `connection
-/// refused`, `no such file or directory`, `permission denied`, without Rust's `(os error 2)`.
+/// An I/O error in the words of the rest of the log: `connection refused`, without `(os error 111)`.
 pub fn io_cause(e: &io::Error) -> String {
     let text = e.to_string();
     let text = match text.find(" (os error ") {
@@ -28,8 +27,7 @@ pub fn io_cause(e: &io::Error) -> String {
     cause
 }
 
-/// A value the user gave that cannot be used. Everything else that can go wrong at run time is a
-/// `Failure`, logged as a warning, because a preStop hook must keep waiting rather than fail.
+/// A value the user gave that cannot be used; anything else at run time is a warning.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageError {
     /// The flag (`--deadline`).
@@ -56,26 +54,10 @@ impl fmt::Display for UsageError {
     }
 }
 
-/// A request, read or write that did not work, in one shape wherever it is shown:
-/// `failed to <verb> <object>: <cause>`, such as `failed to GET http://127.0.0.1:15000/stats:
-/// connection refused` or `failed to read /proc/net/tcp: not a regular file`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
-    pub verb: &'static str,
-    pub object: String,
-    pub cause: String,
-}
-
-impl Failure {
-    pub fn new(verb: &'static str, object: impl Into<String>, cause: impl Into<String>) -> Self {
-        Failure { verb, object: object.into(), cause: cause.into() }
-    }
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "failed to {} {}: {}", self.verb, self.object, self.cause)
-    }
+/// A failure in one shape wherever it is shown: `failed to GET http://127.0.0.1:15000/stats:
+/// connection refused`.
+pub fn failed(verb: &str, object: impl std::fmt::Display, cause: impl std::fmt::Display) -> String {
+    format!("failed to {verb} {object}: {cause}")
 }
 
 #[cfg(test)]
@@ -89,8 +71,8 @@ mod tests {
             usage.to_string(),
             "invalid value 'soon\\n' for --deadline: expected a duration like 25s"
         );
-        let failure = Failure::new("read", "/proc/net/tcp", "not a regular file");
-        assert_eq!(failure.to_string(), "failed to read /proc/net/tcp: not a regular file");
+        let failure = failed("read", "/proc/net/tcp", "not a regular file");
+        assert_eq!(failure, "failed to read /proc/net/tcp: not a regular file");
     }
 
     #[test]

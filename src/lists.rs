@@ -1,8 +1,6 @@
-//! The comma-separated lists the flags take: ports (`--ignore-ports`, `--ports`) and cluster
-//! names (`--ignore-clusters`).
+//! The comma-separated lists the flags take: ports and cluster names.
 
-/// Istio's infrastructure ports (admin, debug, xDS, CA, monitoring, agent, health, DNS,
-/// Prometheus): their connections are not application traffic. See docs/how-it-works.md, "Istio's ports".
+/// Istio's infrastructure ports, whose connections are not application traffic (docs/how-it-works.md).
 pub const ISTIO_INFRA_PORTS: &str = "15000,15004,15010,15012,15014,15020,15021,15053,15090";
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -53,6 +51,11 @@ impl Names {
     pub fn matches(&self, cluster: &str) -> bool {
         self.0.iter().any(|n| matches(n, cluster))
     }
+}
+
+/// Whether `name` is one of `patterns` (`matches`).
+pub fn any(patterns: &[&str], name: &str) -> bool {
+    patterns.iter().any(|p| matches(p, name))
 }
 
 /// Whether `name` is `pattern`, or starts with it when it ends in `*`.

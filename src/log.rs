@@ -1,9 +1,8 @@
-//! One line per event, shaped like pilot-agent's own lines so they sit naturally in
-//! `kubectl logs -c istio-proxy`: `<RFC 3339 UTC, microseconds>\t<level>\tenvoy-drain\t<message>`.
-//! Writing never blocks the hook: a line that cannot be written at once (a full pipe whose reader
-//! has stalled) is dropped and counted, and only the final summary waits a little for room.
+//! One line per event, shaped like pilot-agent's own: `<RFC 3339 UTC, microseconds>\t<level>\t
+//! envoy-drain\t<message>`. Writing never blocks the hook: a line that cannot be written at once
+//! is dropped and counted, and only the final summary waits a little for room.
 
-use crate::error::{Failure, io_cause};
+use crate::error::{failed, io_cause};
 use std::collections::HashSet;
 use std::fs::OpenOptions;
 use std::io::{ErrorKind, Write};
@@ -19,18 +18,7 @@ pub enum Level {
     Error,
 }
 
-impl Level {
-    fn name(self) -> &'static str {
-        match self {
-            Level::Info => "info",
-            Level::Warn => "warn",
-            Level::Error => "error",
-        }
-    }
-}
-
-/// The longest line written: up to PIPE_BUF (4096) bytes, a write to a pipe is whole or not at
-/// all, so a line is never cut by a full pipe.
+/// The longest line: a write of up to PIPE_BUF bytes to a pipe is whole or not at all.
 const MAX_LINE: usize = 4096;
 
 /// How long the final summary may wait for room in a full pipe.
@@ -58,9 +46,8 @@ impl Out {
         Out { fd: Some(f.as_raw_fd()), ..Out::new(Box::new(f)) }
     }
 
-    /// stderr as a descriptor of its own, opened anew through /proc with O_NONBLOCK so that the
-    /// flag does not reach whoever shares the original (a terminal, the runtime's pipe). Where
-    /// that is refused (no /proc, a socket), stderr itself, asking poll for room first.
+    /// stderr as a descriptor of its own with O_NONBLOCK (reopened through /proc, so the flag reaches
+    /// no one else), else stderr itself, asking poll for room first.
     fn stderr() -> Out {
         let reopened = OpenOptions::new()
             .append(true)
@@ -77,7 +64,7 @@ impl Out {
     }
 
     /// Writes `bytes` whole, at once, or drops them; with `wait`, waits that long for room.
-    fn put(&mut self, bytes: &[u8], wait: Duration) -> bool {
+    fn put(&mut self, bytes: &[u8], wait: Duration) {
         let room = |fd: RawFd, wait: Duration| {
             let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
             let ms = libc::c_int::try_from(wait.as_millis()).unwrap_or(libc::c_int::MAX);
@@ -86,7 +73,7 @@ impl Out {
         };
         if self.poll_first && !self.fd.is_some_and(|fd| room(fd, Duration::ZERO)) {
             self.dropped += 1;
-            return false;
+            return;
         }
         let mut written = self.writer.write(bytes);
         if let Err(e) = &written
@@ -96,8 +83,7 @@ impl Out {
         {
             written = self.writer.write(bytes);
         }
-        let whole = written.as_ref().is_ok_and(|n| *n == bytes.len());
-        if !whole {
+        if !written.as_ref().is_ok_and(|n| *n == bytes.len()) {
             self.dropped += 1;
         }
         if let Err(e) = &written
@@ -105,7 +91,6 @@ impl Out {
         {
             self.failed.get_or_insert_with(|| io_cause(e));
         }
-        whole
     }
 }
 
@@ -117,16 +102,14 @@ pub struct Logger {
     /// The live line on screen, redrawn after any other line.
     shown: Option<String>,
     warned: HashSet<String>,
-    /// The summary has been written: it stays the last line, whatever another thread still logs
-    /// before the process exits.
+    /// The summary is written: it stays the last line, whatever another thread still logs.
     closed: bool,
 }
 
-/// Formats one line, at most `MAX_LINE` bytes. Control characters (a hostile admin body can hold
-/// any) become spaces so an event is always exactly one line.
+/// One line, at most `MAX_LINE` bytes, control characters turned into spaces.
 pub fn format_line(time: SystemTime, level: Level, message: &str) -> String {
-    let head =
-        format!("{}\t{}\tenvoy-drain\t", humantime::format_rfc3339_micros(time), level.name());
+    let level = format!("{level:?}").to_ascii_lowercase();
+    let head = format!("{}\t{level}\tenvoy-drain\t", humantime::format_rfc3339_micros(time));
     let mut line = head;
     for c in message.chars().map(|c| if c.is_control() { ' ' } else { c }) {
         if line.len() + c.len_utf8() >= MAX_LINE {
@@ -150,8 +133,7 @@ impl Logger {
         Logger::new(Out::stderr(), tty)
     }
 
-    /// Also appends every line to `path`, opened without blocking: a FIFO nobody reads fails at
-    /// once (and is a warning: the hook goes on without it) instead of hanging the open.
+    /// Also appends every line to `path`, opened without blocking (a FIFO nobody reads fails at once).
     pub fn add_file(&mut self, path: &Path) {
         let opened = OpenOptions::new()
             .append(true)
@@ -166,7 +148,7 @@ impl Logger {
                     Some(libc::ENXIO) => "nothing reads it".to_string(),
                     _ => io_cause(&e),
                 };
-                let failed = Failure::new("open", format!("log file {}", path.display()), why);
+                let failed = failed("open", format!("log file {}", path.display()), why);
                 self.warn(&format!("{failed}; logging to stderr only"));
             }
         }
@@ -177,8 +159,7 @@ impl Logger {
         self.closed
     }
 
-    /// Lines dropped so far, and why one could not be written where it was not for want of
-    /// room (writing them would have blocked).
+    /// Lines dropped so far, and why one could not be written other than for want of room.
     pub fn dropped(&self) -> (u64, Option<&str>) {
         let outs = std::iter::once(&self.out).chain(&self.file);
         let lines = outs.clone().map(|o| o.dropped).sum();
@@ -227,8 +208,7 @@ impl Logger {
         }
     }
 
-    /// A waiting update. On a terminal it redraws the live line every time; elsewhere it becomes
-    /// a log line only when `worth_a_line` (the count changed, or it has been a while).
+    /// A waiting update: on a terminal the live line redrawn; elsewhere a line when `worth_a_line`.
     pub fn waiting(&mut self, message: &str, worth_a_line: bool) {
         if self.closed {
             return;

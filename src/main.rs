@@ -11,10 +11,11 @@ fn main() {
     // The deadline counts from here.
     let start = Instant::now();
     let args: Vec<_> = std::env::args_os().collect();
+    let env = |k: &str| std::env::var(k).ok();
     let code = match cli::parse(&args, &|k| std::env::var_os(k)) {
-        Parsed::Run(a) => run::command(&a, &|k| std::env::var(k).ok(), start),
+        Parsed::Run(a) => run::command(&a, &env, start),
         Parsed::Hold(a) => run::hold(&a, start),
-        Parsed::Status(a) => status::command(&a),
+        Parsed::Status(a) => status::command(&a, &env),
         Parsed::Install(a) => install::command(&a),
         Parsed::Disabled(setting) => run::disabled(&setting),
         Parsed::Print(text) => {

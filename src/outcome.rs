@@ -1,11 +1,9 @@
-//! How a run ends: the outcome of the wait, its exit code, and what the run has seen so far, from
-//! which text.rs writes the summary line.
+//! How a run ends: the outcome, its exit code, and what the run has seen so far.
 
 use crate::count::Count;
 
-// Exit codes. 0/1/2 follow the usual shell convention (success, "did not happen", usage error,
-// as linkerd-await and ripgrep use them); 130 and 143 are what a shell reports for a process
-// killed by SIGINT (2) or SIGTERM (15), 128 + the signal number.
+// Exit codes: 0/1/2 as linkerd-await and ripgrep use them (success, "did not happen", usage
+// error); 130 and 143 as a shell reports a process killed by SIGINT or SIGTERM (128 + signal).
 pub const EXIT_REACHED: i32 = 0;
 pub const EXIT_DEADLINE: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;

@@ -1,17 +1,13 @@
-//! `--preset`: the defaults that fit each Envoy-based proxy: where its admin API listens, which of
-//! its ports, listeners, HTTP connection managers and clusters are its own (never counted), which
-//! listeners its drain covers, and whether Istio's agent is there to drain and stop the proxy.
-//! Every one is a default that an explicit flag overrides; `--fail-healthcheck` stays a choice (a
-//! switch no preset could take back). The facts, read from each proxy's source, are in
-//! docs/running.md ("Other Envoy-based proxies").
+//! `--preset`: the defaults that fit each Envoy-based proxy: its admin API, what is its own (never
+//! counted), what its drain covers, and whether Istio's agent is there. A flag overrides each.
+//! The facts, from each proxy's source: docs/running.md ("Other Envoy-based proxies").
 
 use crate::drain::Drain;
-use crate::lists::{ISTIO_INFRA_PORTS, matches};
+use crate::lists::ISTIO_INFRA_PORTS;
 
-/// The port the sidecars' capture sends the app's outbound connections to: Istio's
-/// (istio-iptables, `ProxyPort` 15001), Kuma's transparent proxy's (kumactl's `--redirect-outbound-port`
-/// default) and Consul's (`TransparentProxy.OutboundListenerPort` default). Connections Envoy
-/// accepted there are the app's calls out, never arrivals at the app.
+/// The port Istio's, Kuma's and Consul's capture send the app's outbound connections to
+/// (istio-iptables `ProxyPort`, kumactl `--redirect-outbound-port`, Consul's
+/// `OutboundListenerPort`): what Envoy accepts there are the app's calls out, never arrivals.
 pub const OUTBOUND_CAPTURE: u16 = 15001;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,31 +19,23 @@ pub struct Preset {
     pub admin: &'static str,
     /// `--ignore-ports`' default: the proxy's own listeners and its companions' ports.
     pub ignore_ports: &'static str,
-    /// The stat prefixes of the proxy's own listeners that are named, not numbered by their
-    /// address (so `ignore_ports` cannot tell them), whose connections never count. In these
-    /// three lists a name ending in `*` is a prefix.
+    /// The stat prefixes of the proxy's own named listeners (no port tells them), never counted.
+    /// In these lists a name ending in `*` is a prefix (`lists::any`).
     pub own_listeners: &'static [&'static str],
-    /// The stat prefixes of the proxy's own HTTP connection managers (its admin API, health and
-    /// metrics listeners), whose requests never count.
+    /// The stat prefixes of the proxy's own HTTP connection managers, never counted.
     pub own_hcms: &'static [&'static str],
-    /// The proxy's own clusters (its xDS stream, which is always in flight, its exporters and the
-    /// clusters behind its own listeners), whose requests in `/clusters` never count.
+    /// The proxy's own clusters (its xDS stream, exporters, its own listeners' clusters).
     pub own_clusters: &'static [&'static str],
-    /// The clusters that carry requests to the app, whose hosts' counters tell `hold` what
-    /// arrives; a gateway has no app behind it, and none.
+    /// The clusters that carry requests to the app, which tell `hold` what arrives (a gateway: none).
     pub inbound_clusters: &'static [&'static str],
-    /// `--drain`'s default: a sidecar drains its inbound listeners; a gateway's listeners carry
-    /// no traffic direction, so `inboundonly` would drain none of them.
+    /// `--drain`'s default: a gateway's listeners have no direction, and drain all.
     pub drain: Drain,
     /// Whether Istio's agent is there, for `--drain agent` and `--then-quit`.
     pub agent: bool,
 }
 
-/// Istio's sidecars and gateways: today's behaviour, the default. Its own HTTP connection
-/// managers are the admin API's and those of its health (15021) and Prometheus (15090) listeners,
-/// whose stat prefixes are "agent" and "stats"; its own clusters are its agent, Prometheus,
-/// certificates, xDS, tracers, telemetry exporters and the self-discovery cluster, all in Istio's
-/// bootstrap template (istio/istio, tools/packaging/common/envoy_bootstrap.json).
+/// Istio's sidecars and gateways, the default. Its own managers and clusters are in its bootstrap
+/// template (istio/istio tools/packaging/common/envoy_bootstrap.json).
 pub const ISTIO: Preset = Preset {
     name: "istio",
     own_cluster: "Istio's own cluster",
@@ -77,9 +65,7 @@ pub const ISTIO: Preset = Preset {
 
 pub const PRESETS: [Preset; 5] = [
     ISTIO,
-    // consul-dataplane's bootstrap (hashicorp/consul-dataplane, internal/bootstrap and
-    // pkg/consuldp/bootstrap.go): its xDS cluster "consul-dataplane", "self_admin" and
-    // "prometheus_backend" behind its metrics listener, "consul_telemetry_collector_loopback".
+    // hashicorp/consul-dataplane internal/bootstrap, pkg/consuldp/bootstrap.go.
     Preset {
         name: "consul",
         own_cluster: "Consul's own cluster",
@@ -98,12 +84,8 @@ pub const PRESETS: [Preset; 5] = [
         drain: Drain::Inbound,
         agent: false,
     },
-    // kumahq/kuma: the bootstrap's "system_ads" and "system_access_log_sink" (once "ads_cluster"
-    // and "access_log_sink"), the admin listener and cluster "system_envoy_admin" (once
-    // "kuma:envoy:admin"), "system_probe_readiness", MeshMetric's "system_meshmetric_*" listener,
-    // manager and cluster on 5670, and the dynamic-config listener "system_dynamicconfig"
-    // (pkg/xds/bootstrap/template_v3.go, pkg/xds/generator/admin_proxy_generator.go,
-    // pkg/plugins/policies/meshmetric, pkg/xds/dynconf, pkg/xds/envoy/names).
+    // kumahq/kuma (pkg/xds/bootstrap/template_v3.go, pkg/xds/generator/admin_proxy_generator.go,
+    // pkg/plugins/policies/meshmetric, pkg/xds/dynconf, pkg/xds/envoy/names), older names too.
     Preset {
         name: "kuma",
         own_cluster: "Kuma's own cluster",
@@ -134,8 +116,7 @@ pub const PRESETS: [Preset; 5] = [
         drain: Drain::Inbound,
         agent: false,
     },
-    // envoyproxy/gateway internal/xds/bootstrap/bootstrap.yaml.tpl: "xds_cluster",
-    // "prometheus_stats" behind its stats listener, its OpenTelemetry sinks.
+    // envoyproxy/gateway internal/xds/bootstrap/bootstrap.yaml.tpl.
     Preset {
         name: "envoy-gateway",
         own_cluster: "Envoy Gateway's own cluster",
@@ -148,8 +129,7 @@ pub const PRESETS: [Preset; 5] = [
         drain: Drain::All,
         agent: false,
     },
-    // projectcontour/contour internal/envoy/v3/bootstrap.go: the xDS cluster "contour" and
-    // "envoy-admin", the admin socket behind its stats and admin listeners.
+    // projectcontour/contour internal/envoy/v3/bootstrap.go.
     Preset {
         name: "contour",
         own_cluster: "Contour's own cluster",
@@ -164,35 +144,8 @@ pub const PRESETS: [Preset; 5] = [
     },
 ];
 
-impl Preset {
-    /// Whether the listener whose stats are named `name` is the proxy's own.
-    pub fn owns_listener(&self, name: &str) -> bool {
-        self.own_listeners.iter().any(|p| matches(p, name))
-    }
-
-    /// Whether the HTTP connection manager with stat prefix `prefix` is the proxy's own.
-    pub fn owns_hcm(&self, prefix: &str) -> bool {
-        self.own_hcms.iter().any(|p| matches(p, prefix))
-    }
-
-    /// Whether the cluster `name` carries requests to the app.
-    pub fn is_inbound(&self, name: &str) -> bool {
-        self.inbound_clusters.iter().any(|p| matches(p, name))
-    }
-
-    /// Whether the cluster `name` is the proxy's own.
-    pub fn owns_cluster(&self, name: &str) -> bool {
-        self.own_clusters.iter().any(|p| matches(p, name))
-    }
-}
-
 impl Default for Preset {
     fn default() -> Preset {
         ISTIO
     }
-}
-
-/// The preset named `name`.
-pub fn find(name: &str) -> Option<Preset> {
-    PRESETS.iter().find(|p| p.name == name).copied()
 }

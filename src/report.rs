@@ -1,12 +1,9 @@
-//! What a run tells a person, and when: the lines of what the wait saw and made of it (a count
-//! worth a line, a change of source or pace, the app's exit), the progress a summary is made
-//! from, and exactly one summary line, also when a signal cuts the wait short. Every sentence
-//! comes from text.rs.
+//! What a run tells a person, and when: what the wait saw and made of it, and exactly one summary
+//! line, also when a signal cuts the wait short. Every sentence comes from text.rs.
 
-use crate::config::{Rules, RunConfig, Until};
-use crate::count::{Basis, Count, SourceKind, Unit};
+use crate::config::{RunConfig, Until};
+use crate::count::{Basis, SourceKind, Unit};
 use crate::drain::Request;
-use crate::error::Failure;
 use crate::log::{Level, Logger};
 use crate::outcome::{Outcome, Progress};
 use crate::source::Reading;
@@ -14,45 +11,73 @@ use crate::source::admin::Reply;
 use crate::source::sockets::{Pod, Reader};
 use crate::text;
 use crate::wait::{self, App, Cost, Seen};
+use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Without a new count line for this long, a line says we are still waiting.
 const HEARTBEAT: Duration = Duration::from_secs(5);
 
-/// A poisoned lock cannot happen with panic = "abort"; taking the value keeps this panic-free.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+/// One run's log and what it has said, shared with the signal thread.
+pub struct Report {
+    state: Mutex<Said>,
+    start: Instant,
+    cfg: RunConfig,
 }
 
-/// One run's log and progress, shared with the signal thread.
-pub struct Report {
-    log: Mutex<Logger>,
-    progress: Mutex<Progress>,
-    start: Instant,
-    rules: Rules,
+/// The log and what it has said, under one lock: a signal's summary knows what the log says.
+struct Said {
+    log: Logger,
+    progress: Progress,
+    /// The source and unit of the count in force.
+    source: Option<(SourceKind, Unit)>,
+    /// How the socket table told Envoy's sockets apart.
+    basis: Option<Basis>,
+    /// When the last count line was written, and whether it said requests were still arriving.
+    line_at: Duration,
+    arriving: bool,
+    /// The time between counts (the interval until Envoy is slow).
+    pace: Duration,
+    /// Whether a look at the app alone (`--then-quit`) has been told of; its sockets at the last.
+    app_told: bool,
+    app: Option<BTreeMap<u32, u64>>,
 }
 
 impl Report {
-    pub fn new(log: Logger, start: Instant, rules: Rules) -> Report {
-        Report { log: Mutex::new(log), progress: Mutex::new(Progress::default()), start, rules }
+    pub fn new(log: Logger, start: Instant, cfg: &RunConfig) -> Report {
+        let said = Said {
+            log,
+            progress: Progress::default(),
+            source: None,
+            basis: None,
+            line_at: Duration::ZERO,
+            arriving: false,
+            pace: cfg.rules.interval,
+            app_told: false,
+            app: None,
+        };
+        Report { state: Mutex::new(said), start, cfg: cfg.clone() }
+    }
+
+    /// A poisoned lock cannot happen with panic = "abort"; taking the value keeps this panic-free.
+    fn said(&self) -> MutexGuard<'_, Said> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn line(&self, level: Level, message: &str) {
-        lock(&self.log).line(level, message);
+        self.said().log.line(level, message);
     }
 
     /// A request's answer, in one line.
-    pub fn posted(&self, r: Request, url: &str, answer: &Result<Reply, Failure>) {
-        let (line, failed) = text::posted(r, url, answer);
-        self.line(if failed { Level::Warn } else { Level::Info }, &line);
+    pub fn posted(&self, r: Request, url: &str, answer: &Result<Reply, String>) {
+        let (level, line) = text::posted(r, url, answer);
+        self.line(level, &line);
     }
 
-    /// Writes the summary as the last line, unless one was written already; says whether it
-    /// wrote.
+    /// Writes the summary as the last line unless one was; says whether it wrote.
     pub fn finish(&self, outcome: Outcome) -> bool {
-        let mut log = lock(&self.log);
-        if log.closed() {
+        let mut said = self.said();
+        if said.log.closed() {
             return false;
         }
         let level = match outcome {
@@ -60,178 +85,109 @@ impl Report {
             Outcome::NothingCounted => Level::Error,
             Outcome::Deadline | Outcome::Interrupted(_) => Level::Warn,
         };
-        // Timed once the logger is ours, so the line says when it was really written.
-        let line = text::summary(
-            outcome,
-            self.start.elapsed(),
-            &self.rules,
-            &lock(&self.progress),
-            log.dropped(),
-        );
-        log.end_live();
-        log.last_line(level, &line);
+        // Timed once the lock is ours, so the line says when it was really written.
+        let elapsed = self.start.elapsed();
+        let line =
+            text::summary(outcome, elapsed, &self.cfg.rules, &said.progress, said.log.dropped());
+        said.log.end_live();
+        said.log.last_line(level, &line);
         true
-    }
-}
-
-/// Turns what the wait saw and made of it into log lines, and into the progress the summary is
-/// made from.
-pub struct Watch<'a> {
-    report: &'a Report,
-    cfg: &'a RunConfig,
-    drained_at: Duration,
-    /// The source and unit of the count in force, as the log last said.
-    source: Option<(SourceKind, Unit)>,
-    /// How the socket table last told Envoy's sockets apart, as the log last said.
-    basis: Option<Basis>,
-    line_at: Duration,
-    /// Whether the last count line said that new ones were still arriving.
-    arriving: bool,
-    /// The time between counts, as the log last said (the interval until Envoy is slow).
-    pace: Duration,
-    /// Whether a look at the app alone (`--then-quit`) has been told of.
-    app_told: bool,
-}
-
-impl<'a> Watch<'a> {
-    pub fn new(report: &'a Report, cfg: &'a RunConfig, drained_at: Duration) -> Watch<'a> {
-        Watch {
-            report,
-            cfg,
-            drained_at,
-            source: None,
-            basis: None,
-            line_at: Duration::ZERO,
-            arriving: false,
-            pace: cfg.rules.interval,
-            app_told: false,
-        }
-    }
-
-    /// A count and what the wait made of it: the pace when it changed, and the count's own lines.
-    pub fn counted(
-        &mut self,
-        reading: Reading,
-        seen: Seen,
-        proc: &Reader,
-        now: Duration,
-        cost: Cost,
-    ) {
-        self.pace(cost);
-        self.count(reading, seen.arrived, proc, now);
     }
 
     /// A look at the app alone, waiting for its exit: what holds the proxy, once.
-    pub fn app(&mut self, app: App, pod: &Result<Pod, String>) {
-        if self.app_told || app == App::Leaving {
+    pub fn app(&self, app: App, pod: &Result<Pod, String>) {
+        let mut said = self.said();
+        said.app = pod.as_ref().ok().cloned();
+        if said.app_told || app == App::Leaving {
             return;
         }
-        self.app_told = true;
+        said.app_told = true;
         match (app, pod) {
-            (App::Running, Ok(p)) => {
-                self.report.line(Level::Info, &text::waiting_for_app(&p.others))
-            }
-            (App::Unknown, Err(why)) => self.report.line(Level::Warn, &text::app_unknown(why)),
+            (App::Running, Ok(p)) => said.log.info(&text::waiting_for_app(p)),
+            (App::Unknown, Err(why)) => said.log.warn(&text::app_unknown(why)),
             _ => {}
         }
     }
 
-    /// Says when the time between counts changes by half or more, and why: counts took long,
-    /// or are quick again.
-    fn pace(&mut self, cost: Cost) {
-        let pace = wait::pause(self.cfg.rules.interval, cost.paced());
-        let (low, high) = (self.pace.saturating_mul(2) / 3, self.pace.saturating_mul(3) / 2);
-        if pace != self.pace && (pace <= low || pace >= high || pace == self.cfg.rules.interval) {
-            let line = text::pace(pace, self.cfg.rules.interval, cost);
-            self.report.line(Level::Info, &line);
-            self.pace = pace;
-        }
+    /// `--then-quit` given up at the deadline, with the app's sockets at the last look.
+    pub fn app_still_running(&self) {
+        let mut said = self.said();
+        let line = text::app_still_running(said.app.as_ref());
+        said.log.warn(&line);
     }
 
-    /// Records the reading and logs its count.
-    fn count(&mut self, reading: Reading, arrived: bool, proc: &Reader, now: Duration) {
-        // Progress first: a signal's summary must know what the log already says.
-        let (before, failing) = {
-            let mut p = lock(&self.report.progress);
-            let before = (p.last.as_ref().map(|c| c.total), p.unknown.clone());
-            if arrived {
-                p.arrived_at = Some(now);
-            }
-            match &reading.result {
-                Ok(count) => {
-                    p.last = Some(count.clone());
-                    p.unknown = None;
-                }
-                Err(why) => p.unknown = Some(why.clone()),
-            }
-            before
-        };
-        match &reading.result {
-            Ok(count) => {
-                let arriving = match self.cfg.rules.until {
-                    Until::AtMost(n) => arrived && count.total <= n,
-                    Until::Quiet => arrived,
-                };
-                let news = failing.is_some()
-                    || before != Some(count.total)
-                    || arriving != std::mem::replace(&mut self.arriving, arriving);
-                self.lines(count, &reading, proc, news, arriving, now);
-            }
-            Err(why) => {
-                if failing.as_deref() != Some(why.as_str()) {
-                    self.report.line(Level::Warn, &text::cannot_count(why));
-                }
-            }
-        }
-    }
-
-    /// The lines a count is worth: its warnings once, a change of source or of how Envoy's
-    /// sockets are told apart, and the count itself when it is `news`, verbose or a heartbeat.
-    fn lines(
-        &mut self,
-        count: &Count,
+    /// A count at `now` and what the wait made of it: the pace when it changed by half or more,
+    /// the count's warnings once, a change of source or basis, and the count itself when it is
+    /// news, verbose or a heartbeat. The min-drain began at `drained_at`.
+    pub fn counted(
+        &self,
         reading: &Reading,
+        seen: Seen,
         proc: &Reader,
-        news: bool,
-        arriving: bool,
-        now: Duration,
+        (now, drained_at): (Duration, Duration),
+        cost: Cost,
     ) {
-        let mut log = lock(&self.report.log);
+        let rules = &self.cfg.rules;
+        let mut said = self.said();
+        let pace = wait::pause(rules.interval, cost.paced());
+        let (low, high) = (said.pace.saturating_mul(2) / 3, said.pace.saturating_mul(3) / 2);
+        if pace != said.pace && (pace <= low || pace >= high || pace == rules.interval) {
+            said.log.info(&text::pace(pace, rules.interval, cost));
+            said.pace = pace;
+        }
+        let before = (said.progress.last.as_ref().map(|c| c.total), said.progress.unknown.take());
+        if seen.arrived {
+            said.progress.arrived_at = Some(now);
+        }
+        let count = match &reading.result {
+            Ok(count) => count,
+            Err(why) => {
+                if before.1.as_deref() != Some(why.as_str()) {
+                    said.log.warn(&text::cannot_count(why));
+                }
+                said.progress.unknown = Some(why.clone());
+                return;
+            }
+        };
+        said.progress.last = Some(count.clone());
         for w in &count.warnings {
-            log.warn_once(w);
+            said.log.warn_once(w);
         }
         let in_force = Some((count.source, count.unit));
-        let changed_source = self.source != in_force;
+        let changed_source = said.source != in_force;
+        let holding = rules.until == Until::Quiet;
+        let returning = said.source.is_some();
         if changed_source
-            && let Some((line, warn)) = text::switched(
-                count,
-                reading,
-                self.cfg.counting.unit,
-                proc,
-                self.source.is_some(),
-                self.cfg.rules.until == Until::Quiet,
-            )
+            && let Some((level, line)) =
+                text::switched(count, reading, self.cfg.counting.unit, proc, returning, holding)
         {
-            log.line(if warn { Level::Warn } else { Level::Info }, &line);
+            said.log.line(level, &line);
         }
-        if count.basis.is_some() && count.basis != self.basis {
-            if let Some(b) = &count.basis {
-                let (line, degraded) = text::basis(b);
-                log.line(if degraded { Level::Warn } else { Level::Info }, &line);
-            }
-            self.basis = count.basis.clone();
+        said.source = in_force;
+        if let Some(b) = &count.basis
+            && said.basis.as_ref() != Some(b)
+        {
+            let (level, line) = text::basis(b);
+            said.log.line(level, &line);
+            said.basis = Some(b.clone());
         }
+        let arriving = match rules.until {
+            Until::AtMost(n) => seen.arrived && count.total <= n,
+            Until::Quiet => seen.arrived,
+        };
+        let news = before.1.is_some()
+            || before.0 != Some(count.total)
+            || arriving != std::mem::replace(&mut said.arriving, arriving);
         let worth_a_line = changed_source
             || news
             || self.cfg.verbose
-            || now.saturating_sub(self.line_at) >= HEARTBEAT;
-        let min_drain_end = wait::drain_done(&self.cfg.rules, self.drained_at);
-        log.waiting(&text::count_line(count, arriving, now, min_drain_end, self.cfg), worth_a_line);
-        drop(log);
+            || now.saturating_sub(said.line_at) >= HEARTBEAT;
+        let min_drain_end = wait::drain_done(rules, drained_at);
+        let line = text::count_line(count, arriving, now, min_drain_end, &self.cfg);
+        said.log.waiting(&line, worth_a_line);
         if worth_a_line {
-            self.line_at = now;
+            said.line_at = now;
         }
-        self.source = in_force;
     }
 }
 
@@ -239,7 +195,7 @@ impl<'a> Watch<'a> {
 mod tests {
     use super::*;
     use crate::cli::RunArgs;
-    use crate::count::Part;
+    use crate::count::{Count, Part};
     use crate::log::Out;
     use crate::log::testing::Sink;
 
@@ -250,7 +206,7 @@ mod tests {
             SourceKind::Clusters => "cluster inbound|8080||",
         };
         let part = Part { name: name.to_string(), active: n };
-        Count::new(source, vec![part], vec![])
+        Count::new(source, Unit::Connections, vec![part], vec![])
     }
 
     fn ok(c: Count, fallback: Option<&str>) -> Reading {
@@ -271,14 +227,13 @@ mod tests {
     fn watch_costs(args: RunArgs, looks: Vec<(Reading, Cost)>) -> (String, Progress) {
         let cfg = crate::config::run_config(&args, &|_| None).unwrap();
         let sink = Sink::default();
-        let report = report_to(&sink, Duration::ZERO);
-        let mut w = Watch::new(&report, &cfg, Duration::ZERO);
+        let report = report_to(&sink, Duration::ZERO, &cfg);
         let proc = Reader::Text { dir: "/proc/net".into(), why: None };
         for (i, (r, cost)) in looks.into_iter().enumerate() {
-            let seen = Seen::default();
-            w.counted(r, seen, &proc, Duration::from_secs(i as u64), cost);
+            let now = Duration::from_secs(i as u64);
+            report.counted(&r, Seen::default(), &proc, (now, Duration::ZERO), cost);
         }
-        let p = lock(&report.progress).clone();
+        let p = report.said().progress.clone();
         (sink.text(), p)
     }
 
@@ -367,7 +322,7 @@ mod tests {
         let args = RunArgs { count: Some("requests".to_string()), ..RunArgs::default() };
         let requests = || {
             let part = Part { name: "http inbound_0.0.0.0_8080".to_string(), active: 1 };
-            Count::requests(vec![part], vec![])
+            Count::new(SourceKind::Stats, Unit::Requests, vec![part], vec![])
         };
         let no_rq = "Envoy does not report downstream_rq_active";
         let (log, p) = watch(
@@ -416,18 +371,21 @@ mod tests {
         assert_eq!(log.matches("gauge wrapped").count(), 1, "{log}");
     }
 
-    /// A run whose log goes to `sink`, started `ago`.
-    fn report_to(sink: &Sink, ago: Duration) -> Report {
+    /// A run configured as `cfg` whose log goes to `sink`, started `ago`.
+    fn report_to(sink: &Sink, ago: Duration, cfg: &RunConfig) -> Report {
         let logger = Logger::new(Out::new(Box::new(sink.clone())), false);
-        let rules = crate::config::run_config(&RunArgs::default(), &|_| None).unwrap().rules;
-        Report::new(logger, Instant::now() - ago, rules)
+        Report::new(logger, Instant::now() - ago, cfg)
+    }
+
+    fn run_defaults() -> RunConfig {
+        crate::config::run_config(&RunArgs::default(), &|_| None).unwrap()
     }
 
     #[test]
     fn the_summary_is_written_once_whoever_finishes_first() {
         let sink = Sink::default();
-        let run = report_to(&sink, Duration::from_millis(1500));
-        lock(&run.progress).last = Some(count(SourceKind::Stats, 2));
+        let run = report_to(&sink, Duration::from_millis(1500), &run_defaults());
+        run.said().progress.last = Some(count(SourceKind::Stats, 2));
         // The signal thread's summary, then the wait's own end: only the first is written.
         assert!(run.finish(Outcome::Interrupted(libc::SIGTERM)));
         assert!(!run.finish(Outcome::Reached));
@@ -444,8 +402,8 @@ mod tests {
     /// The summary of a run started `secs` ago that ended with `outcome` after counting `last`.
     fn summary(secs: u64, last: Option<u64>, outcome: Outcome) -> String {
         let sink = Sink::default();
-        let run = report_to(&sink, Duration::from_secs(secs));
-        lock(&run.progress).last = last.map(|n| count(SourceKind::Proc, n));
+        let run = report_to(&sink, Duration::from_secs(secs), &run_defaults());
+        run.said().progress.last = last.map(|n| count(SourceKind::Proc, n));
         assert!(run.finish(outcome));
         sink.text()
     }

@@ -1,14 +1,13 @@
-//! The `run` and `hold` commands wire the parts: their configuration, the report (the log,
-//! shared with the signal thread), the requests before the wait, the wait with the sources it
-//! looks through, the request after it, and the summary. The rules are wait.rs's, the lines
-//! report.rs's.
+//! The `run` and `hold` commands wire the parts: the configuration, the report (shared with the
+//! signal thread), the requests before the wait, the wait with the sources it looks through, the
+//! request after it, and the summary.
 
 use crate::cli::{HoldArgs, RunArgs, usage_error};
 use crate::config::{self, RunConfig};
 use crate::drain::Request;
 use crate::log::{Level, Logger};
 use crate::outcome::{EXIT_REACHED, Outcome};
-use crate::report::{Report, Watch};
+use crate::report::Report;
 use crate::source::Reading;
 use crate::source::Sources;
 use crate::source::admin::{Client, REQUEST_TIMEOUT};
@@ -18,8 +17,7 @@ use crate::wait::{self, Ask, Clock, Cost, Looks, Quit, Seen, Tick};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The command. `start` is when the process started: the deadline counts from it. `env` looks
-/// up an environment variable (MINIMUM_DRAIN_DURATION).
+/// The command; the deadline counts from `start`, and `env` looks up MINIMUM_DRAIN_DURATION.
 pub fn command(args: &RunArgs, env: &dyn Fn(&str) -> Option<String>, start: Instant) -> i32 {
     match config::run_config(args, env) {
         Ok(cfg) => wait_out(&cfg, start),
@@ -37,11 +35,52 @@ pub fn hold(args: &HoldArgs, start: Instant) -> i32 {
 
 /// A configured wait from start to summary; gives the exit code.
 fn wait_out(cfg: &RunConfig, start: Instant) -> i32 {
+    let report = report(cfg, start);
+    let mut clock = RealClock(start);
+    let mut sources = Sources::new(&cfg.counting);
+    // Through the sources' client: an answer that is not Envoy's tells the socket table too.
+    let agent = Client::new(cfg.agent);
+    // Whether the request got an answer; sent again, only an answer is told.
+    let send = |s: &Sources, r: Request, again: bool| {
+        let left = cfg.rules.deadline.saturating_sub(start.elapsed());
+        let client = to(r, s, &agent);
+        let (url, answer) = (client.url(r.path()), client.post(r.path(), left));
+        if !again || answer.is_ok() {
+            report.posted(r, &url, &answer);
+        }
+        answer.is_ok()
+    };
+    let resend = |s: &Sources, r: Request| send(s, r, true);
+    let urls: Vec<(Request, String)> =
+        cfg.before.iter().map(|&r| (r, to(r, &sources, &agent).url(r.path()))).collect();
+    report.line(Level::Info, &text::start_line(cfg, &sources, &urls));
+    let unsent = cfg.before.iter().copied().filter(|&r| !send(&sources, r, false)).collect();
+    let drained_at = clock.now();
+    let mut hook =
+        Hook { unsent, resend: &resend, sources: &mut sources, report: &report, start, drained_at };
+    let end = wait::wait(&cfg.rules, drained_at, &mut clock, &mut hook);
+    if end.outcome == Outcome::AppExited || end.quit == Quit::Yes {
+        report.line(Level::Info, &text::app_exited());
+    }
+    match end.quit {
+        Quit::Yes => {
+            send(&sources, Request::Quit, false);
+        }
+        Quit::AppNotSeen => report.line(Level::Warn, text::APP_NOT_SEEN),
+        Quit::AppStillThere => report.app_still_running(),
+        Quit::No => {}
+    }
+    report.finish(end.outcome);
+    end.outcome.exit_code()
+}
+
+/// The run's report, taking SIGINT and SIGTERM to write its summary, with the config's warnings.
+fn report(cfg: &RunConfig, start: Instant) -> Arc<Report> {
     let mut logger = Logger::stderr();
     if let Some(path) = &cfg.log_file {
         logger.add_file(path);
     }
-    let report = Arc::new(Report::new(logger, start, cfg.rules));
+    let report = Arc::new(Report::new(logger, start, cfg));
     let on_signal = Arc::clone(&report);
     let caught = crate::signals::on_interrupt(move |sig| {
         let outcome = Outcome::Interrupted(sig);
@@ -56,60 +95,7 @@ fn wait_out(cfg: &RunConfig, start: Instant) -> i32 {
     for w in &cfg.counting.warnings {
         report.line(Level::Warn, w);
     }
-    let mut clock = RealClock(start);
-    let mut sources = Sources::new(&cfg.counting);
-    // Envoy's requests go through the sources' client: an answer that is not Envoy's tells the
-    // socket table, too, not to take what listens there as Envoy.
-    let agent = Client::new(cfg.agent);
-    // Whether the request got an answer (any status: one that refuses it is not sent again).
-    // Sent again, only its answer is told: the failure was, once.
-    let send = |s: &Sources, r: Request, again: bool| {
-        let left = cfg.rules.deadline.saturating_sub(start.elapsed());
-        let client = to(r, s, &agent);
-        let (url, answer) = (client.url(r.path()), client.post(r.path(), left));
-        if !again || answer.is_ok() {
-            report.posted(r, &url, &answer);
-        }
-        answer.is_ok()
-    };
-    let resend = |s: &Sources, r: Request| send(s, r, true);
-    let urls: Vec<(Request, String)> =
-        cfg.before.iter().map(|&r| (r, to(r, &sources, &agent).url(r.path()))).collect();
-    report.line(Level::Info, &text::start_line(cfg, &sources, &urls));
-    let mut unsent = Vec::new();
-    for &r in &cfg.before {
-        if !send(&sources, r, false) {
-            unsent.push(r);
-        }
-    }
-    let drained_at = clock.now();
-    let mut hook = Hook {
-        unsent,
-        resend: &resend,
-        sources: &mut sources,
-        watch: Watch::new(&report, cfg, drained_at),
-        start,
-        reading: None,
-        pod: Err(String::new()),
-        cost: Cost::default(),
-    };
-    let end = wait::wait(&cfg.rules, drained_at, &mut clock, &mut hook);
-    if end.outcome == Outcome::AppExited || end.quit == Quit::Yes {
-        report.line(Level::Info, &text::app_exited());
-    }
-    match end.quit {
-        Quit::Yes => {
-            send(&sources, Request::Quit, false);
-        }
-        Quit::AppNotSeen => report.line(Level::Warn, text::APP_NOT_SEEN),
-        Quit::AppStillThere => {
-            let others = hook.pod.as_ref().ok().map(|p| &p.others);
-            report.line(Level::Warn, &text::app_still_running(others));
-        }
-        Quit::No => {}
-    }
-    report.finish(end.outcome);
-    end.outcome.exit_code()
+    report
 }
 
 /// Where request `r` goes: Istio's agent, or Envoy's admin API.
@@ -142,24 +128,25 @@ impl Clock for RealClock {
     }
 }
 
-/// The wait's eyes and voice: each look goes to the sources, and what the wait made of it to
-/// the report.
+/// The wait's eyes and voice: looks go to the sources, and what the wait made of them to the report.
 struct Hook<'a> {
     /// Requests before the wait that got no answer (Envoy stalled, restarting): sent again before
     /// each count until one comes, so that keep-alive clients still get `connection: close`.
     unsent: Vec<Request>,
     resend: &'a dyn Fn(&Sources, Request) -> bool,
     sources: &'a mut Sources,
-    watch: Watch<'a>,
+    report: &'a Report,
     start: Instant,
-    /// The last look's count, pod and cost, which `seen` tells of.
-    reading: Option<Reading>,
-    pod: Result<Pod, String>,
-    cost: Cost,
+    drained_at: Duration,
 }
 
+/// What a look found: the count (when asked for), the pod's sockets, and what the look cost.
+type Found = (Option<Reading>, Result<Pod, String>, Cost);
+
 impl Looks for Hook<'_> {
-    fn look(&mut self, left: Duration, ask: Ask) -> Tick {
+    type Found = Found;
+
+    fn look(&mut self, left: Duration, ask: Ask) -> (Tick, Found) {
         let resent = Instant::now();
         // Never at the cost of the count's own time before the deadline.
         if ask == Ask::Count && left >= REQUEST_TIMEOUT.saturating_mul(2) {
@@ -177,31 +164,29 @@ impl Looks for Hook<'_> {
             Ask::App | Ask::Exit => (None, self.sources.pod(left)),
         };
         let spent = own.zip(process_cpu()).map(|(before, after)| after.saturating_sub(before));
-        self.cost = Cost {
+        let cost = Cost {
             look: asked.elapsed(),
-            admin: self.sources.admin_time(),
-            cpu: spent.zip(self.sources.envoy_cpu()).map(|(own, envoy)| own + envoy),
+            admin: self.sources.admin_time,
+            cpu: spent.zip(self.sources.envoy_cpu).map(|(own, envoy)| own + envoy),
         };
         let count = reading.as_ref().and_then(|r| r.result.as_ref().ok());
         let tick = Tick {
             count: count.map(|c| c.total),
             arrivals: count.map(|c| c.arrivals).unwrap_or_default(),
-            app: pod.as_ref().ok().map(|p| !p.others.is_empty()),
-            cost: self.cost,
+            app: pod.as_ref().ok().map(|p| !p.is_empty()),
+            cost,
         };
-        self.reading = reading;
-        self.pod = pod;
-        tick
+        (tick, (reading, pod, cost))
     }
 
-    fn seen(&mut self, ask: Ask, seen: Seen) {
+    fn seen(&mut self, ask: Ask, seen: Seen, (reading, pod, cost): Found) {
         let now = self.start.elapsed();
-        match (ask, self.reading.take()) {
+        match (ask, reading) {
             (Ask::Count, Some(reading)) => {
                 let proc = self.sources.reader();
-                self.watch.counted(reading, seen, proc, now, self.cost);
+                self.report.counted(&reading, seen, proc, (now, self.drained_at), cost);
             }
-            (Ask::Exit, _) => self.watch.app(seen.app, &self.pod),
+            (Ask::Exit, _) => self.report.app(seen.app, &pod),
             _ => {}
         }
     }

@@ -1,14 +1,11 @@
-//! SIGINT and SIGTERM during the wait: the summary line is printed, then the process exits with
-//! 130 or 143. A thread waits for the signals (sigwait), so a signal is seen at once even while an
-//! admin request is in flight, and nothing unsafe runs in a signal handler.
+//! SIGINT and SIGTERM during the wait: the summary line, then exit 130 or 143. A thread takes them
+//! (sigwait), so one is seen even while a request is in flight, with no signal handler.
 
 use std::thread;
 
-/// Blocks SIGINT and SIGTERM in the calling thread, which every thread spawned later inherits,
-/// and starts a thread that calls `report` with the first one. `report` is expected to exit the
-/// process; a second signal while it runs ends the process at once. Call before spawning any
-/// other thread. Returns false when the signals could not be taken over (they then keep their
-/// default action, which ends the process without a summary).
+/// Blocks SIGINT and SIGTERM in the calling thread (and the threads it spawns later) and starts a
+/// thread that calls `report`, which should exit, with the first; a second ends the process.
+/// Call before spawning any other thread. False when the signals could not be taken over.
 pub fn on_interrupt(report: impl FnOnce(i32) + Send + 'static) -> bool {
     // SAFETY: plain libc calls on a sigset_t we own; the set is fully initialised by
     // sigemptyset before use.

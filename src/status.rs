@@ -1,6 +1,4 @@
-//! The `status` command: looks at every source once and prints what counts, what does not and
-//! why, and what `run` would count (the one decision `run` makes, `source::decide`). It changes
-//! nothing.
+//! The `status` command: looks at every source once and prints what counts and why. It changes nothing.
 
 use crate::cli::{StatusArgs, usage_error};
 use crate::config::{self, Mode};
@@ -10,13 +8,12 @@ use crate::source::{self, Sources};
 use std::io::Write;
 use std::time::Duration;
 
-/// The most one look may take: each request is bounded as in `run` (a second), except /clusters,
-/// which a proxy with tens of thousands of clusters takes seconds to answer.
+/// The most one look may take: /clusters of tens of thousands of clusters takes seconds.
 const LOOK: Duration = Duration::from_secs(10);
 
 /// Prints the report; exits 0 when the source `run` would use can count now, else 3.
-pub fn command(args: &StatusArgs) -> i32 {
-    let counting = match config::status_config(args) {
+pub fn command(args: &StatusArgs, env: &dyn Fn(&str) -> Option<String>) -> i32 {
+    let counting = match config::run_config(&args.0, env).map(|c| c.counting) {
         Ok(c) => c,
         Err(e) => return usage_error(&e.to_string()),
     };
@@ -28,10 +25,7 @@ pub fn command(args: &StatusArgs) -> i32 {
         (counting.mode != Mode::Proc).then(|| sources.admin.get(READY_PATH, REQUEST_TIMEOUT));
     let look = sources.look(LOOK, true);
     let reading = source::decide(&look);
-    let _ = write!(
-        std::io::stdout(),
-        "{}",
-        crate::text::status(&look, &reading, &sources, ready.as_ref())
-    );
+    let report = crate::text::status(&look, &reading, &sources, ready.as_ref());
+    let _ = write!(std::io::stdout(), "{report}");
     if reading.result.is_ok() { EXIT_REACHED } else { EXIT_NOTHING_COUNTED }
 }

@@ -1,11 +1,9 @@
-//! Every sentence envoy-drain shows a person, in one place: the start line, count lines and the
-//! lines that say which source is in force, the summary, and the `status` report. The rest of the
-//! code hands data here; a change of wording is one edit in this file.
+//! Every sentence of a run and of `status` shown to a person: the rest of the code hands data here.
 
 use crate::config::{Mode, Rules, RunConfig, Until};
 use crate::count::{Arrivals, Basis, Count, NON_HTTP, SourceKind, Unit};
 use crate::drain::Request;
-use crate::error::Failure;
+use crate::log::Level;
 use crate::outcome::{Outcome, Progress};
 use crate::source::admin::{READY_PATH, Reply};
 use crate::source::clusters::{self, CLUSTERS_PATH};
@@ -13,11 +11,11 @@ use crate::source::sockets::Reader;
 use crate::source::stats::{Answer, Hcm};
 use crate::source::{Look, Reading, Sources};
 use crate::wait::{APP_GONE, ARRIVALS_QUIET, Cost, PACE, RECHECK};
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::Duration;
 
-/// Seconds with one decimal, the precision a person reads in a log; rounded to the nearest tenth
-/// in integers, which keeps float formatting out of the binary.
+/// Seconds with one decimal, rounded in integers (no float formatting in the binary).
 pub fn seconds(d: Duration) -> String {
     let tenths = d.as_millis().saturating_add(50) / 100;
     format!("{}.{}s", tenths / 10, tenths % 10)
@@ -28,8 +26,9 @@ fn brief(d: Duration) -> String {
     if d < Duration::from_secs(1) { format!("{}ms", d.as_millis()) } else { seconds(d) }
 }
 
-fn plural(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
+/// `1 request`, `2 requests`.
+fn plural(n: u64, one: &str) -> String {
+    format!("{n} {one}{}", if n == 1 { "" } else { "s" })
 }
 
 impl SourceKind {
@@ -40,34 +39,21 @@ impl SourceKind {
             SourceKind::Clusters => "clusters",
         }
     }
-
-    /// How a part is named in log lines: stats parts are listener names, the others already
-    /// say what they are (`port 15006`, `port 8080 (TPROXY)`, `cluster inbound|8080||`).
-    fn label(self, part: &str) -> String {
-        match self {
-            SourceKind::Stats => format!("listener {part}"),
-            SourceKind::Proc | SourceKind::Clusters => part.to_string(),
-        }
-    }
 }
 
 impl Count {
-    /// `3 active connections`; `2 active requests`, or with TCP streams
-    /// `2 active requests and 1 non-HTTP connection`.
+    /// `3 active connections`, or `2 active requests and 1 non-HTTP connection`.
     pub fn describe(&self) -> String {
         match self.unit {
-            Unit::Connections => plural(self.total, "active connection", "active connections"),
+            Unit::Connections => plural(self.total, "active connection"),
             Unit::Requests => {
                 let tcp =
                     self.parts.iter().filter(|p| p.name == NON_HTTP).map(|p| p.active).sum::<u64>();
-                let requests = plural(self.total - tcp, "active request", "active requests");
+                let requests = plural(self.total - tcp, "active request");
                 if tcp == 0 {
                     requests
                 } else {
-                    format!(
-                        "{requests} and {}",
-                        plural(tcp, "non-HTTP connection", "non-HTTP connections")
-                    )
+                    format!("{requests} and {}", plural(tcp, "non-HTTP connection"))
                 }
             }
         }
@@ -75,16 +61,12 @@ impl Count {
 
     /// `listener 0.0.0.0_15006=2, listener [__1]_15007=1`: the non-zero parts.
     pub fn breakdown(&self) -> String {
-        let open: Vec<String> = self
-            .parts
-            .iter()
-            .filter(|p| p.active > 0)
-            .map(|p| match self.unit {
-                Unit::Connections => format!("{}={}", self.source.label(&p.name), p.active),
-                Unit::Requests => format!("{}={}", p.name, p.active),
-            })
-            .collect();
-        open.join(", ")
+        let label = |name: &str| match (self.unit, self.source) {
+            (Unit::Connections, SourceKind::Stats) => format!("listener {name}"),
+            _ => name.to_string(),
+        };
+        let open = self.parts.iter().filter(|p| p.active > 0);
+        open.map(|p| format!("{}={}", label(&p.name), p.active)).collect::<Vec<_>>().join(", ")
     }
 
     /// `: listener 0.0.0.0_15006=2`, or nothing when no part is open.
@@ -102,37 +84,32 @@ pub fn reader(r: &Reader) -> String {
     }
 }
 
-/// How Envoy's sockets were told apart, and whether that is a degraded count (a warning).
-pub fn basis(b: &Basis) -> (String, bool) {
-    match b {
-        Basis::Process { pid, uid, admin } => (
-            format!(
-                "counting what Envoy accepted: Envoy is pid {pid} (uid {uid}), which holds the \
-                 admin listener {admin}"
-            ),
-            false,
+/// How Envoy's sockets were told apart; a warning where they cannot be.
+pub fn basis(b: &Basis) -> (Level, String) {
+    let line = match b {
+        Basis::Process { pid, uid, admin } => format!(
+            "counting what Envoy accepted: Envoy is pid {pid} (uid {uid}), which holds the admin \
+             listener {admin}"
         ),
-        Basis::Owner { uid, admin, why } => (
-            format!(
-                "counting what Envoy accepted, telling its sockets by their owner, uid {uid}, the \
-                 owner of the admin listener {admin} ({why})"
-            ),
-            false,
+        Basis::Owner { uid, admin, why } => format!(
+            "counting what Envoy accepted, telling its sockets by their owner, uid {uid}, the \
+             owner of the admin listener {admin} ({why})"
         ),
-        Basis::Unknown { admin, not_envoy } => (
-            format!(
-                "{}, so Envoy's sockets cannot be told apart: counting what any listener of the \
-                 pod accepted",
-                match not_envoy {
-                    None => format!("nothing listens on Envoy's admin address {admin}"),
-                    Some(why) => format!(
-                        "what listens on Envoy's admin address {admin} is not taken as Envoy ({why})"
-                    ),
-                }
-            ),
-            true,
-        ),
-    }
+        Basis::Unknown { admin, not_envoy } => {
+            let said = match not_envoy {
+                None => format!("nothing listens on Envoy's admin address {admin}"),
+                Some(why) => format!(
+                    "what listens on Envoy's admin address {admin} is not taken as Envoy ({why})"
+                ),
+            };
+            let line = format!(
+                "{said}, so Envoy's sockets cannot be told apart: counting what any listener of \
+                 the pod accepted"
+            );
+            return (Level::Warn, line);
+        }
+    };
+    (Level::Info, line)
 }
 
 /// A request as the start line announces it, as a 200 confirms it, and as its failure names it.
@@ -161,81 +138,66 @@ fn request_words(r: Request) -> (&'static str, &'static str, &'static str) {
     }
 }
 
-/// The line a request's answer is worth, and whether it is a warning: the hook goes on either
-/// way.
-pub fn posted(r: Request, url: &str, answer: &Result<Reply, Failure>) -> (String, bool) {
+/// The line a request's answer is worth: the hook goes on either way.
+pub fn posted(r: Request, url: &str, answer: &Result<Reply, String>) -> (Level, String) {
     let (_, done, what) = request_words(r);
+    let failed = |why: String| (Level::Warn, format!("failed to {what}: POST {url}: {why}"));
     match answer {
         Ok(reply) if reply.status == 200 => {
-            (format!("{done}: POST {url} answered {}", reply.describe()), false)
+            (Level::Info, format!("{done}: POST {url} answered {}", reply.describe()))
         }
-        Ok(reply) => (format!("failed to {what}: POST {url}: answered {}", reply.describe()), true),
+        Ok(reply) => failed(format!("answered {}", reply.describe())),
         // No answer: run.rs sends it again before each count; the quit is the last request.
-        Err(f) if r != Request::Quit => (
-            format!(
-                "failed to {what}: POST {url}: {}; sending it again before each count",
-                f.cause
-            ),
-            true,
-        ),
-        Err(f) => (format!("failed to {what}: POST {url}: {}", f.cause), true),
+        Err(why) if r != Request::Quit => {
+            failed(format!("{why}; sending it again before each count"))
+        }
+        Err(why) => failed(why.clone()),
     }
 }
 
 /// The run's first line: what it sends (each request with its URL), and how long it may wait.
 pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, String)]) -> String {
-    let r = &cfg.rules;
-    let exit_at = match r.until {
-        Until::AtMost(n) => n,
-        Until::Quiet => {
-            return format!(
-                "holding the app's SIGTERM until no request has arrived for {} (at least {}, at most {}), reading arrivals every {} from Envoy's /clusters ({}): clusters {}",
-                humantime::format_duration(r.settle),
-                humantime::format_duration(r.min_drain),
-                humantime::format_duration(r.deadline),
-                humantime::format_duration(r.interval),
-                sources.admin.url(CLUSTERS_PATH),
-                cfg.counting.preset.inbound_clusters.join(", "),
-            );
+    let (r, d) = (&cfg.rules, humantime::format_duration);
+    let Until::AtMost(exit_at) = r.until else {
+        return format!(
+            "holding the app's SIGTERM until no request has arrived for {} (at least {}, at most {}), reading arrivals every {} from Envoy's /clusters ({}): clusters {}",
+            d(r.settle),
+            d(r.min_drain),
+            d(r.deadline),
+            d(r.interval),
+            sources.admin.url(CLUSTERS_PATH),
+            cfg.counting.preset.inbound_clusters.join(", "),
+        );
+    };
+    let mut sent: Vec<String> =
+        requests.iter().map(|(q, url)| format!("{} (POST {url})", request_words(*q).0)).collect();
+    if !requests.iter().any(|(q, _)| q.drains()) {
+        sent.push("not draining (--drain none)".to_string());
+    }
+    let settle = if r.settle.is_zero() { String::new() } else { format!(" for {}", d(r.settle)) };
+    let stats = format!("Envoy's stats ({})", sources.stats_url());
+    let (what, stats) = match sources.unit {
+        Unit::Connections => ("active connections", stats),
+        Unit::Requests => {
+            ("active requests (and non-HTTP connections)", stats + ", else its /clusters")
         }
     };
     let proc = reader(sources.reader());
-    let mut sent: Vec<String> = requests
-        .iter()
-        .map(|(request, url)| format!("{} (POST {url})", request_words(*request).0))
-        .collect();
-    if !requests.iter().any(|(request, _)| request.drains()) {
-        sent.push("not draining (--drain none)".to_string());
-    }
-    let drain = sent.join(", then ");
-    let target = if r.settle.is_zero() {
-        format!("at most {exit_at}")
-    } else {
-        format!("at most {exit_at} for {}", humantime::format_duration(r.settle))
-    };
-    let what_count = match sources.unit {
-        Unit::Connections => "active connections",
-        Unit::Requests => "active requests (and non-HTTP connections)",
-    };
-    let stats = match sources.unit {
-        Unit::Connections => format!("Envoy's stats ({})", sources.stats_url()),
-        Unit::Requests => format!("Envoy's stats ({}), else its /clusters", sources.stats_url()),
-    };
     let from = match sources.mode {
         Mode::Auto => format!("{stats}, else {proc}"),
         Mode::Stats => stats,
         Mode::Proc => proc,
     };
     format!(
-        "{drain}, then waiting up to {} (at least {} after the drain) for {target} {what_count}, counting every {} from {from}",
-        humantime::format_duration(r.deadline),
-        humantime::format_duration(r.min_drain),
-        humantime::format_duration(r.interval),
+        "{}, then waiting up to {} (at least {} after the drain) for at most {exit_at}{settle} {what}, counting every {} from {from}",
+        sent.join(", then "),
+        d(r.deadline),
+        d(r.min_drain),
+        d(r.interval),
     )
 }
 
-/// `3 active connections (stats); 21.5s left before the deadline`, with the breakdown when
-/// `verbose`.
+/// `3 active connections (stats); 21.5s left before the deadline`; verbose: with the breakdown.
 pub fn count_line(
     count: &Count,
     arriving: bool,
@@ -261,8 +223,7 @@ pub fn count_line(
     format!("{} ({}){breakdown}{arriving}; {when}", count.describe(), count.source.name())
 }
 
-/// When the count in force changes source or unit, the line that says so and why, and whether it
-/// is a warning; `returning` when an earlier count came from elsewhere.
+/// When the count in force changes source or unit, the line that says so and why.
 pub fn switched(
     count: &Count,
     reading: &Reading,
@@ -270,65 +231,51 @@ pub fn switched(
     proc: &Reader,
     returning: bool,
     holding: bool,
-) -> Option<(String, bool)> {
-    match (count.source, &reading.fallback) {
-        // `hold`, whose one source is /clusters.
-        (SourceKind::Proc, Some(why)) if holding => Some((
-            format!(
-                "{why}; reading arrivals from {} instead{}",
-                reader(proc),
-                match proc {
-                    Reader::Netlink => {
-                        ": new connections accepted in the pod, and the bytes each received"
-                    }
-                    Reader::Text { .. } => ", which shows no bytes received",
-                }
-            ),
-            true,
-        )),
-        (SourceKind::Proc, Some(why)) => Some((
-            format!(
-                "stats unavailable ({why}); counting {}from {} instead",
-                if wanted == Unit::Requests { "connections " } else { "" },
-                reader(proc)
-            ),
-            true,
-        )),
-        (SourceKind::Clusters, Some(why)) => Some((
-            format!(
-                "request stats unavailable ({why}); counting requests in flight from Envoy's /clusters instead"
-            ),
-            true,
-        )),
-        (SourceKind::Stats, Some(why)) => Some((
-            format!(
-                "request stats unavailable ({why}); counting connections from Envoy's stats instead"
-            ),
-            true,
-        )),
-        (SourceKind::Stats, None) if returning => Some((
-            match wanted {
-                Unit::Connections => "Envoy's stats answer again; counting from them",
-                Unit::Requests => "Envoy's stats report requests again; counting requests",
+) -> Option<(Level, String)> {
+    let Some(why) = &reading.fallback else {
+        let back = match wanted {
+            Unit::Connections => "Envoy's stats answer again; counting from them",
+            Unit::Requests => "Envoy's stats report requests again; counting requests",
+        };
+        return (count.source == SourceKind::Stats && returning)
+            .then(|| (Level::Info, back.to_string()));
+    };
+    let line = match count.source {
+        SourceKind::Proc if holding => format!(
+            "{why}; reading arrivals from {} instead{}",
+            reader(proc),
+            match proc {
+                Reader::Netlink =>
+                    ": new connections accepted in the pod, and the bytes each received",
+                Reader::Text { .. } => ", which shows no bytes received",
             }
-            .to_string(),
-            false,
-        )),
-        _ => None,
-    }
+        ),
+        source => {
+            let (lost, what, from) = match source {
+                SourceKind::Proc if wanted == Unit::Requests => {
+                    ("stats", "connections ", reader(proc))
+                }
+                SourceKind::Proc => ("stats", "", reader(proc)),
+                SourceKind::Clusters => {
+                    ("request stats", "requests in flight ", "Envoy's /clusters".to_string())
+                }
+                SourceKind::Stats => ("request stats", "connections ", "Envoy's stats".to_string()),
+            };
+            format!("{lost} unavailable ({why}); counting {what}from {from} instead")
+        }
+    };
+    Some((Level::Warn, line))
 }
 
 /// The app's sockets, as in `uid 1000: 2 sockets, uid 1001: 1 socket`.
-fn sockets_by_user(others: &std::collections::BTreeMap<u32, u64>) -> String {
-    others
-        .iter()
-        .map(|(uid, n)| format!("uid {uid}: {n} socket{}", if *n == 1 { "" } else { "s" }))
-        .collect::<Vec<_>>()
-        .join(", ")
+fn sockets_by_user(others: &BTreeMap<u32, u64>) -> String {
+    let each: Vec<String> =
+        others.iter().map(|(uid, n)| format!("uid {uid}: {}", plural(*n, "socket"))).collect();
+    each.join(", ")
 }
 
 /// `--then-quit` waiting for the app before it stops the proxy.
-pub fn waiting_for_app(others: &std::collections::BTreeMap<u32, u64>) -> String {
+pub fn waiting_for_app(others: &BTreeMap<u32, u64>) -> String {
     format!(
         "waiting for the app to exit before asking the Istio agent to stop the proxy: {} still open",
         sockets_by_user(others)
@@ -356,7 +303,7 @@ pub fn app_unknown(why: &str) -> String {
 }
 
 /// `--then-quit` given up at the deadline.
-pub fn app_still_running(others: Option<&std::collections::BTreeMap<u32, u64>>) -> String {
+pub fn app_still_running(others: Option<&BTreeMap<u32, u64>>) -> String {
     let open = others.map_or("unknown".to_string(), sockets_by_user);
     format!(
         "the app has not exited by the deadline ({open}): not asking the Istio agent to stop the proxy; its own shutdown follows"
@@ -398,8 +345,8 @@ pub fn cannot_count(why: &str) -> String {
     format!("cannot count: {why}; still waiting (an unknown count never ends the wait)")
 }
 
-/// The final line: outcome, elapsed time, count, source, and for a deadline what is still open;
-/// and how many earlier lines could not be written.
+/// The final line: how the wait ended and when, what was counted, what is still open where that
+/// matters, whether the count is stale, and how many earlier lines could not be written.
 pub fn summary(
     outcome: Outcome,
     elapsed: Duration,
@@ -407,8 +354,8 @@ pub fn summary(
     p: &Progress,
     (dropped, failed): (u64, Option<&str>),
 ) -> String {
-    let deadline = rules.deadline;
     let took = seconds(elapsed);
+    let hold = rules.until == Until::Quiet;
     let counted = match &p.last {
         Some(c) => format!("{} ({})", c.describe(), c.source.name()),
         None => "nothing counted".to_string(),
@@ -420,49 +367,51 @@ pub fn summary(
         _ => String::new(),
     };
     let open = p.last.as_ref().map(Count::still_open).unwrap_or_default();
-    let hold = rules.until == Until::Quiet;
+    let after = if hold { "; the app gets its SIGTERM now" } else { "; the proxy may stop now" };
     let mut line = match outcome {
-        Outcome::Reached if hold => format!(
-            "done after {took}: no request arrived for {}, {counted}; the app gets its SIGTERM now",
-            humantime::format_duration(rules.settle)
-        ),
-        Outcome::Deadline if hold => format!(
-            "deadline of {} passed after {took} with {}, {counted}{stale}; the app gets its SIGTERM now",
-            humantime::format_duration(deadline),
-            if stale.is_empty() { "requests still arriving" } else { "arrivals unknown" }
-        ),
-        Outcome::Reached => format!("done after {took}: {counted}; the proxy may stop now"),
-        Outcome::AppExited if p.last.is_none() => {
-            format!("done after {took}: the app has exited; the proxy may stop now")
+        Outcome::Reached | Outcome::AppExited => format!("done after {took}"),
+        Outcome::Deadline | Outcome::NothingCounted => {
+            format!(
+                "deadline of {} passed after {took}",
+                humantime::format_duration(rules.deadline)
+            )
         }
+        Outcome::Interrupted(sig) => {
+            format!(
+                "interrupted by {} after {took}",
+                if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" }
+            )
+        }
+    };
+    line += &match outcome {
+        Outcome::Reached if hold => {
+            format!(
+                ": no request arrived for {}, {counted}{after}",
+                humantime::format_duration(rules.settle)
+            )
+        }
+        Outcome::Reached => format!(": {counted}{after}"),
+        Outcome::AppExited if p.last.is_none() => format!(": the app has exited{after}"),
         Outcome::AppExited => format!(
-            "done after {took}: the app has exited, which leaves nothing to answer the {counted} still open{stale}; the proxy may stop now"
+            ": the app has exited, which leaves nothing to answer the {counted} still open{stale}{after}"
         ),
-        Outcome::Deadline => format!(
-            "deadline of {} passed after {took} with {counted} still open{open}{}{stale}",
-            humantime::format_duration(deadline),
+        Outcome::Deadline if hold => {
+            let held =
+                if stale.is_empty() { "requests still arriving" } else { "arrivals unknown" };
+            format!(" with {held}, {counted}{stale}{after}")
+        }
+        Outcome::Deadline => {
             // What held a count at zero: requests that still came.
-            if p.arrived_at
-                .is_some_and(|t| elapsed.saturating_sub(t) <= ARRIVALS_QUIET.max(rules.settle))
-            {
-                ", and new requests still arriving"
-            } else {
-                ""
-            },
-        ),
-        Outcome::NothingCounted => format!(
-            "deadline of {} passed after {took} and nothing could be counted: {}",
-            humantime::format_duration(deadline),
-            p.unknown.as_deref().unwrap_or(if hold {
-                "no source told what arrived"
-            } else {
-                "no source answered"
-            })
-        ),
-        Outcome::Interrupted(sig) => format!(
-            "interrupted by {} after {took} with {counted}{open}{stale}",
-            if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" },
-        ),
+            let quiet = ARRIVALS_QUIET.max(rules.settle);
+            let arriving = p.arrived_at.is_some_and(|t| elapsed.saturating_sub(t) <= quiet);
+            let arriving = if arriving { ", and new requests still arriving" } else { "" };
+            format!(" with {counted} still open{open}{arriving}{stale}")
+        }
+        Outcome::NothingCounted => {
+            let none = if hold { "no source told what arrived" } else { "no source answered" };
+            format!(" and nothing could be counted: {}", p.unknown.as_deref().unwrap_or(none))
+        }
+        Outcome::Interrupted(_) => format!(" with {counted}{open}{stale}"),
     };
     if dropped > 0 {
         let (was, it) = if dropped == 1 { (" was", "it") } else { ("s were", "them") };
@@ -485,13 +434,12 @@ pub fn installed(path: &std::path::Path, size: u64) -> String {
     )
 }
 
-/// The `status` report: each source that was read, what it counts and what it leaves out and
-/// why, then what `run` would count.
+/// The `status` report: each source read, what it counts and leaves out, and what `run` would count.
 pub fn status(
     look: &Look,
     reading: &Reading,
     sources: &Sources,
-    ready: Option<&Result<Reply, Failure>>,
+    ready: Option<&Result<Reply, String>>,
 ) -> String {
     let mut out = String::new();
     if let Some(ready) = ready {
@@ -499,13 +447,12 @@ pub fn status(
         let _ = writeln!(out, "ready: GET {url} {}\n", ready_said(ready));
     }
     if let Some(stats) = &look.stats {
-        let _ = writeln!(out, "stats: GET {}", sources.stats_url());
-        match &stats.connections {
-            Ok(a) => stats_table(&mut out, a),
-            Err(why) => {
-                let _ = writeln!(out, "  unavailable: {why}");
-            }
-        }
+        section(
+            &mut out,
+            format!("stats: GET {}", sources.stats_url()),
+            &stats.connections,
+            stats_table,
+        );
         match &stats.requests {
             Some(Ok((a, hcms))) => requests_table(&mut out, &a.count, hcms),
             Some(Err(why)) if stats.connections.is_ok() => {
@@ -515,25 +462,12 @@ pub fn status(
         }
     }
     if let Some(clusters) = &look.clusters {
-        let _ = writeln!(out, "\nclusters: GET {}", sources.admin.url(CLUSTERS_PATH));
-        match clusters {
-            Ok(a) => clusters_table(&mut out, a),
-            Err(why) => {
-                let _ = writeln!(out, "  unavailable: {why}");
-            }
-        }
+        let heading = format!("\nclusters: GET {}", sources.admin.url(CLUSTERS_PATH));
+        section(&mut out, heading, clusters, clusters_table);
     }
     if let Some(proc) = &look.proc {
-        if look.stats.is_some() {
-            out.push('\n');
-        }
-        let _ = writeln!(out, "proc: {}", reader(sources.reader()));
-        match proc {
-            Ok(c) => proc_table(&mut out, c),
-            Err(why) => {
-                let _ = writeln!(out, "  unavailable: {why}");
-            }
-        }
+        let gap = if look.stats.is_some() { "\n" } else { "" };
+        section(&mut out, format!("{gap}proc: {}", reader(sources.reader())), proc, proc_table);
     }
     match &reading.result {
         Ok(c) => {
@@ -551,15 +485,29 @@ pub fn status(
     out
 }
 
+/// A source's section: its heading, then its table, or why it was unavailable.
+fn section<T>(
+    out: &mut String,
+    heading: String,
+    read: &Result<T, String>,
+    table: fn(&mut String, &T),
+) {
+    let _ = writeln!(out, "{heading}");
+    match read {
+        Ok(answer) => table(out, answer),
+        Err(why) => {
+            let _ = writeln!(out, "  unavailable: {why}");
+        }
+    }
+}
+
 /// What Envoy's /ready answer says of it.
-fn ready_said(ready: &Result<Reply, Failure>) -> String {
+fn ready_said(ready: &Result<Reply, String>) -> String {
     match ready {
         Ok(r) if r.status == 200 => {
             format!("answered {}: Envoy passes its health checks", r.describe())
         }
-        // Envoy's /ready names its state (source/server/admin/server_info_handler.cc,
-        // Utility::serverState): DRAINING once its health checks are failed, INITIALIZING
-        // and PRE_INITIALIZING while it waits for its configuration.
+        // Envoy's /ready names its state (server_info_handler.cc, Utility::serverState).
         Ok(r) if r.status == 503 && r.body.trim_ascii() == b"DRAINING" => format!(
             "answered {}: Envoy fails its health checks (POST {}, \
              `run --fail-healthcheck`), so load balancers that ask stop sending",
@@ -571,12 +519,11 @@ fn ready_said(ready: &Result<Reply, Failure>) -> String {
             r.describe()
         ),
         Ok(r) => format!("answered {}", r.describe()),
-        Err(f) => f.cause.clone(),
+        Err(f) => f.clone(),
     }
 }
 
-/// Rows as a table: the first cell left-aligned, the others right-aligned, each column as wide as
-/// its widest cell; a row of one cell is a note, written as it is.
+/// Rows as a table, the first column left-aligned; a row of one cell is a note.
 fn grid(out: &mut String, rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = Vec::new();
     for row in rows.iter().filter(|r| r.len() > 1) {
@@ -630,7 +577,7 @@ fn stats_table(out: &mut String, a: &Answer) {
 /// What counts, then every other socket of the table with why it does not.
 fn proc_table(out: &mut String, c: &Count) {
     if let Some(b) = &c.basis {
-        let _ = writeln!(out, "  {}", basis(b).0);
+        let _ = writeln!(out, "  {}", basis(b).1);
     }
     table(out, "accepted on", c, Vec::new());
     if !c.excluded.is_empty() {
@@ -640,8 +587,7 @@ fn proc_table(out: &mut String, c: &Count) {
     }
 }
 
-/// Requests in flight and open connections per cluster that holds anything, then what is left
-/// out and why.
+/// Requests and connections per cluster that holds any, then what is left out and why.
 fn clusters_table(out: &mut String, a: &clusters::Answer) {
     let busy = |c: &&clusters::Cluster| c.requests > 0 || c.connections > 0;
     let (counted, left_out): (Vec<&clusters::Cluster>, Vec<_>) =
@@ -650,7 +596,7 @@ fn clusters_table(out: &mut String, a: &clusters::Answer) {
     rows.extend(counted.iter().map(|c| row(&[&c.name, &c.requests, &c.connections])));
     rows.push(row(&[&"total", &a.count.total]));
     if a.quiet > 0 {
-        let more = plural(a.quiet, "more cluster", "more clusters");
+        let more = plural(a.quiet, "more cluster");
         rows.push(vec![format!("and {more} with nothing open")]);
     }
     let left_rows: Vec<Vec<String>> = left_out
@@ -667,11 +613,10 @@ fn clusters_table(out: &mut String, a: &clusters::Answer) {
     }
     grid(out, &rows);
     let (requests, connections) = a.app_arrived;
+    let (requests, connections) = (plural(requests, "request"), plural(connections, "connection"));
     let _ = writeln!(
         out,
-        "  arrived at the app so far, which `hold` reads: {} and {}",
-        plural(requests, "request", "requests"),
-        plural(connections, "connection", "connections"),
+        "  arrived at the app so far, which `hold` reads: {requests} and {connections}"
     );
 }
 
@@ -698,6 +643,7 @@ mod tests {
     fn total_sums_parts_and_breakdown_names_only_open_ones() {
         let c = Count::new(
             SourceKind::Stats,
+            Unit::Connections,
             vec![part("b_15006", 2), part("a_15001", 0), part("[__1]_8080", 1)],
             vec![],
         );
@@ -712,22 +658,31 @@ mod tests {
 
     #[test]
     fn a_request_count_says_what_is_requests_and_what_is_connections() {
-        let with_tcp =
-            Count::requests(vec![part("http inbound_0.0.0.0_8080", 2), part(NON_HTTP, 1)], vec![]);
+        let with_tcp = Count::new(
+            SourceKind::Stats,
+            Unit::Requests,
+            vec![part("http inbound_0.0.0.0_8080", 2), part(NON_HTTP, 1)],
+            vec![],
+        );
         assert_eq!(with_tcp.total, 3);
         assert_eq!(with_tcp.describe(), "2 active requests and 1 non-HTTP connection");
         assert_eq!(with_tcp.breakdown(), "http inbound_0.0.0.0_8080=2, non-HTTP connections=1");
-        let one =
-            Count::requests(vec![part("http inbound_0.0.0.0_8080", 1), part(NON_HTTP, 0)], vec![]);
+        let one = Count::new(
+            SourceKind::Stats,
+            Unit::Requests,
+            vec![part("http inbound_0.0.0.0_8080", 1), part(NON_HTTP, 0)],
+            vec![],
+        );
         assert_eq!(one.describe(), "1 active request");
     }
 
     #[test]
     fn one_connection_is_singular_and_nothing_open_has_no_breakdown() {
-        let one = Count::new(SourceKind::Proc, vec![part("port 15006", 1)], vec![]);
+        let one =
+            Count::new(SourceKind::Proc, Unit::Connections, vec![part("port 15006", 1)], vec![]);
         assert_eq!(one.describe(), "1 active connection");
         assert_eq!(one.still_open(), ": port 15006=1");
-        let none = Count::new(SourceKind::Proc, vec![], vec![]);
+        let none = Count::new(SourceKind::Proc, Unit::Connections, vec![], vec![]);
         assert_eq!(none.still_open(), "");
     }
 
@@ -762,7 +717,8 @@ mod tests {
 
     #[test]
     fn a_summary_after_a_failed_count_says_its_count_is_the_last_known() {
-        let one = Count::new(SourceKind::Proc, vec![part("port 15006", 1)], vec![]);
+        let one =
+            Count::new(SourceKind::Proc, Unit::Connections, vec![part("port 15006", 1)], vec![]);
         let stale = progress(
             Some(one),
             Some("failed to GET http://127.0.0.1:15000/stats: connection refused"),
@@ -808,7 +764,7 @@ mod tests {
         let at_deadline = |p: &Progress| {
             summary(Outcome::Deadline, Duration::from_secs(25), &RULES, p, (0, None))
         };
-        let zero = Count::of(SourceKind::Clusters, Unit::Requests, vec![], vec![]);
+        let zero = Count::new(SourceKind::Clusters, Unit::Requests, vec![], vec![]);
         let mut p = progress(Some(zero), None);
         p.arrived_at = Some(Duration::from_millis(24_600));
         assert_eq!(

@@ -1,7 +1,5 @@
-//! The wait: turns looks and time into an outcome. Every rule that ends a wait is here: the
-//! min-drain, the settle time, arrivals, the app's exit, the threshold, the deadline, unknown
-//! counts, and with `--then-quit` the wait for the app's exit before the proxy is stopped. Time
-//! and the looks are injected, so the rules are tested with a fake clock and scripted looks.
+//! The wait: turns looks and time into an outcome. Every rule that ends a wait is here; time and
+//! the looks are injected, so the rules are tested with a fake clock and scripted looks.
 
 use crate::config::{Rules, Until};
 use crate::count::Arrivals;
@@ -14,11 +12,12 @@ pub trait Clock {
     fn sleep(&mut self, d: Duration);
 }
 
-/// The pod as the wait sees it: a look within `left` (a count and the app's sockets, or with
-/// `Ask::App` the sockets alone), and what the wait made of the look just taken (for the log).
+/// The pod as the wait sees it: a look within `left`, and what the wait made of it (for the log).
 pub trait Looks {
-    fn look(&mut self, left: Duration, ask: Ask) -> Tick;
-    fn seen(&mut self, ask: Ask, seen: Seen);
+    /// What a look found besides its tick, handed back with what the wait made of it.
+    type Found;
+    fn look(&mut self, left: Duration, ask: Ask) -> (Tick, Self::Found);
+    fn seen(&mut self, ask: Ask, seen: Seen, found: Self::Found);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,28 +34,22 @@ pub enum Ask {
 pub const LAST_COUNT: Duration = crate::source::admin::REQUEST_TIMEOUT;
 
 /// How long the app's sockets must stay gone, at looks at most `RECHECK` apart, before the app
-/// counts as exited: an app between closing its listener and a call out holds none for a
-/// moment, and a worker that calls out now and then holds none between its calls. A call that
-/// holds its socket for longer than `RECHECK` is seen by one of those looks.
+/// counts as exited: an app that closed its listener, or a worker between two calls out, holds
+/// none for a moment; a call that lasts longer than `RECHECK` is seen.
 pub const APP_GONE: Duration = Duration::from_millis(800);
 
-/// The time between two looks at the app's sockets while they are gone. Such a look reads the
-/// socket table only, which costs Envoy nothing.
+/// The time between two looks at the app's sockets (the socket table alone) while they are gone.
 pub const RECHECK: Duration = Duration::from_millis(100);
 
-/// Where the source tells arrivals (/clusters' request counters), how long after the last one
-/// seen `run` waits at least: a count at zero between two requests says nothing while they still
-/// come, even one every second or two, and ending then stops the proxy under the next one.
+/// How long after the last arrival seen `run` waits at least, whatever the count.
 pub const ARRIVALS_QUIET: Duration = Duration::from_secs(2);
 
-/// Two counts start at least this many times the last one's time apart, so that counting takes
-/// at most 1/PACE (5%) of the time of what it runs on: Envoy's main thread, which answers the
-/// admin API and also applies its configuration, and the proxy container's CPU, which the hook
-/// shares with Envoy (a preStop runs in its container).
+/// Two counts start at least this many times the last one's cost apart, so that counting takes
+/// at most 1/PACE of Envoy's main thread (which also applies its configuration) and of the proxy
+/// container's CPU, which a preStop shares.
 pub const PACE: u32 = 20;
 
-/// What one look took, and the part of it spent waiting on Envoy; and, where it could be
-/// measured, the CPU it cost: the hook's own and Envoy's main thread's while it answered.
+/// What one look took, the part spent waiting on Envoy, and where measured the CPU it cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Cost {
     pub look: Duration,
@@ -65,23 +58,20 @@ pub struct Cost {
 }
 
 impl Cost {
-    /// What paces the next count: the CPU the look cost, else its time. Time spent waiting on an
-    /// Envoy that does not run (stopped, starved) costs neither its main thread nor the pod.
+    /// What paces the next count: the CPU the look cost, else its time (waiting on a stopped
+    /// Envoy costs nothing).
     pub fn paced(&self) -> Duration {
         self.cpu.unwrap_or(self.look)
     }
 }
 
-/// The time from the start of one count to the next: the interval, or more when a count took
-/// long (a sidecar or gateway with thousands of clusters, whose /clusters answer runs to hundreds
-/// of megabytes; a gateway with 100,000 connections in its socket table).
+/// The time from one count's start to the next: the interval, or more when a count cost more.
 pub fn pause(interval: Duration, cost: Duration) -> Duration {
     interval.max(cost.saturating_mul(PACE))
 }
 
-/// What one look saw: the count (`None`: unknown, or not asked for); the request counter, where
-/// the source has one; whether the app holds a socket in the pod (one of another user than the
-/// proxy's; `None`: the table could not be read).
+/// What one look saw: the count (`None`: unknown, or not asked for), the request counter, and
+/// whether the app holds a socket in the pod (`None`: unknown).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Tick {
     pub count: Option<u64>,
@@ -91,8 +81,7 @@ pub struct Tick {
 }
 
 /// What the wait made of a look: the app's state, and whether a request arrived since the last
-/// look that could tell (the pod is still in some client's endpoints, even when the count is at
-/// zero between two requests).
+/// look that could tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Seen {
     pub app: App,
@@ -105,14 +94,12 @@ pub enum App {
     /// The table could not be read.
     #[default]
     Unknown,
-    /// No socket of the app seen yet: an app that holds none cannot be told from one that has
-    /// exited.
+    /// No socket of the app seen yet: it cannot be told from one that has exited.
     NotSeen,
     Running,
     /// Its sockets have gone, for less than `APP_GONE` (or at looks too far apart to tell).
     Leaving,
-    /// Its sockets have been gone for `APP_GONE`, at looks `RECHECK` apart: it has exited, and
-    /// nothing is left that could answer a request.
+    /// Its sockets have been gone for `APP_GONE`, at looks `RECHECK` apart: it has exited.
     Gone,
 }
 
@@ -135,8 +122,7 @@ pub enum Quit {
     AppStillThere,
 }
 
-/// Follows the app (seen at all; since when its sockets have been gone, at looks close
-/// together; when the last look ended) and the last known request counter.
+/// Follows the app (seen at all; gone since when; when the last look ended) and the counter.
 #[derive(Debug, Default)]
 struct Follow {
     app_seen: bool,
@@ -189,27 +175,21 @@ impl Follow {
     }
 }
 
-/// When the min-drain ends: `min_drain` after the drain, and `LAST_COUNT` (or one interval, if
-/// shorter) before the deadline at the latest (see `wait`).
+/// When the min-drain ends: `min_drain` after the drain, `LAST_COUNT` before the deadline at most.
 pub fn drain_done(rules: &Rules, drained_at: Duration) -> Duration {
     drained_at
         .saturating_add(rules.min_drain)
         .min(rules.deadline.saturating_sub(rules.interval.min(LAST_COUNT)))
 }
 
-/// Counts at once, then every interval, until the count has stayed at or below the threshold,
-/// at counts that saw no new request arrive (`hold`: until no request has arrived, at counts
-/// that could tell), for the settle time after the min-drain; or until the
-/// app has exited (whatever is still open, nothing can answer it), never before the min-drain; or
-/// the deadline passes. Each look is given the time left (to bound its own I/O); a count of
-/// `None` (nothing could be counted) never ends the wait early and breaks the settle time, as an
-/// arrival does. The min-drain ends `LAST_COUNT` (or one interval, if shorter) before the
-/// deadline at the latest, so that a count can still see a quiet pod and end the wait in time: a
-/// min-drain as long as the deadline (a short --deadline, or MINIMUM_DRAIN_DURATION set for Istio)
-/// would otherwise end after it and turn every quiet shutdown into a deadline. A count that may
-/// end the wait starts one look's time before the min-drain (or the settle time) ends, so that
-/// its answer, seconds long on the largest proxies, is in by then. With `then_quit`, a wait that
-/// reached the threshold then looks at the app until it has exited, or the deadline.
+/// Counts at once, then every interval, until the count has stayed at or below the threshold
+/// at counts that saw no request arrive (`hold`: until no request has arrived, at counts that
+/// could tell) for the settle time after the min-drain; or until the app has exited (nothing can
+/// answer what is open), never before the min-drain; or the deadline. Each look is given the
+/// time left; an unknown count never ends the wait and breaks the settle time. The min-drain ends
+/// `LAST_COUNT` (or an interval) before the deadline at the latest, so a quiet pod still ends in
+/// time; a count that may end the wait starts one look's time early, so its answer is in when
+/// the min-drain ends. With `then_quit`, the wait then looks at the app until it has exited.
 pub fn wait(
     rules: &Rules,
     drained_at: Duration,
@@ -227,100 +207,41 @@ pub fn wait(
     End { outcome, quit }
 }
 
-fn count(
+fn count<L: Looks>(
     rules: &Rules,
     drained_at: Duration,
     clock: &mut impl Clock,
-    looks: &mut impl Looks,
+    looks: &mut L,
     follow: &mut Follow,
 ) -> Outcome {
-    let drain_done = drain_done(rules, drained_at);
-    let mut low_since: Option<Duration> = None;
-    let mut counted = false;
-    // The end of the last count that saw a request arrive: the quiet time after arrivals counts
-    // from it (the request came before that count ended).
-    let mut arrived_at: Option<Duration> = None;
     let after_arrival = match rules.until {
         Until::AtMost(_) => ARRIVALS_QUIET,
         Until::Quiet => rules.settle,
     };
-    // The last count's time: a count meant to end at a given moment starts this long before it.
-    let mut lead = Duration::ZERO;
-    let mut next_count = Duration::ZERO;
+    let drain_done = drain_done(rules, drained_at);
+    let mut counts = Counts { drain_done, after_arrival, ..Counts::default() };
     loop {
         let started = clock.now();
         if started >= rules.deadline {
             break;
         }
-        let ask = if started >= next_count { Ask::Count } else { Ask::App };
-        let tick = looks.look(rules.deadline - started, ask);
+        let ask = if started >= counts.next { Ask::Count } else { Ask::App };
+        let (tick, found) = looks.look(rules.deadline - started, ask);
         let now = clock.now();
         let seen = follow.see(&tick, started, now);
-        looks.seen(ask, seen);
-        if seen.app == App::Gone && now >= drain_done {
+        looks.seen(ask, seen, found);
+        if seen.app == App::Gone && now >= counts.drain_done {
             return Outcome::AppExited;
         }
-        if ask == Ask::Count {
-            let known = match rules.until {
-                Until::AtMost(_) => tick.count.is_some(),
-                Until::Quiet => tick.arrivals != Arrivals::Unknown,
-            };
-            counted |= known;
-            let low = match rules.until {
-                Until::AtMost(n) => tick.count.is_some_and(|c| c <= n),
-                Until::Quiet => known,
-            };
-            if seen.arrived {
-                arrived_at = Some(now);
-            }
-            if low {
-                low_since.get_or_insert(now);
-            } else {
-                low_since = None;
-            }
-            let cost = tick.cost.look;
-            let pause = pause(rules.interval, tick.cost.paced());
-            next_count = started.saturating_add(pause);
-            let ahead = std::mem::replace(&mut lead, cost).max(cost);
-            if let Some(since) = low_since {
-                // Saturating: durations up to u64::MAX seconds parse, and must not overflow.
-                let quiet_until =
-                    arrived_at.map_or(Duration::ZERO, |t| t.saturating_add(after_arrival));
-                let done_at = drain_done.max(since.saturating_add(rules.settle)).max(quiet_until);
-                if now >= done_at {
-                    return Outcome::Reached;
-                }
-                // A count started so that it ends when the min-drain or the settle time does
-                // decides then: counting again would start another answer that takes as long (at
-                // 50,000 clusters, seconds of Envoy's main thread). The settle time needs a count
-                // after the one that began it.
-                let decides = started.saturating_add(ahead) >= done_at
-                    && (rules.settle.is_zero() || since <= started)
-                    && arrived_at.is_none_or(|t| t <= started);
-                if decides && done_at <= rules.deadline {
-                    clock.sleep(done_at - now);
-                    return Outcome::Reached;
-                }
-                // Wake so that the next count ends when the min-drain or the settle time ends,
-                // not at the next tick; not while requests arrive (`hold`), which would start
-                // the quiet time again at every count and count every quiet time, however slow
-                // the counts, instead of at the pace.
-                if !seen.arrived {
-                    next_count = next_count.min(done_at.saturating_sub(cost));
-                }
-            }
-            // A paced wait with no count due before the deadline counts once more where a
-            // count can still end before it.
-            let last_chance = rules.deadline.saturating_sub((now - started).saturating_mul(2));
-            if pause > rules.interval && next_count >= rules.deadline && last_chance > now {
-                next_count = last_chance;
-            }
+        if ask == Ask::Count
+            && let Some(end) = counts.add(rules, &tick, seen.arrived, (started, now))
+        {
+            clock.sleep(end - now);
+            return Outcome::Reached;
         }
-        // Sockets gone where the next count would come too late to have seen them gone for
-        // `APP_GONE` when the min-drain ends: looks close together tell by then whether the app
-        // has exited.
-        let mut next = next_count;
-        if follow.going() && next_count.saturating_add(APP_GONE) > drain_done {
+        // Sockets gone, and the next count too late to tell by the min-drain's end: look closer.
+        let mut next = counts.next;
+        if follow.going() && counts.next.saturating_add(APP_GONE) > counts.drain_done {
             next = next.min(now.saturating_add(RECHECK));
         }
         if now >= rules.deadline {
@@ -328,13 +249,87 @@ fn count(
         }
         clock.sleep(next.clamp(now, rules.deadline) - now);
     }
-    if counted { Outcome::Deadline } else { Outcome::NothingCounted }
+    if counts.counted { Outcome::Deadline } else { Outcome::NothingCounted }
 }
 
-/// `--then-quit` once the count is reached: the app may still be shutting down and call out
-/// through the proxy, so the proxy is stopped only once it has exited. Looks every interval
-/// (every `RECHECK` while its sockets are gone) until the deadline; an app never seen cannot be
-/// told from one that has exited, and is not waited for.
+/// The counts so far, and when the next one is due.
+#[derive(Default)]
+struct Counts {
+    drain_done: Duration,
+    /// Since when the wait's end has held (the count low; for `hold`, the counter known).
+    low_since: Option<Duration>,
+    /// Whether any count was known.
+    counted: bool,
+    /// The end of the last count that saw a request arrive (the request came before it), and how
+    /// long the quiet time after it lasts.
+    arrived_at: Option<Duration>,
+    after_arrival: Duration,
+    /// The last count's time: a count meant to end at a given moment starts this long before it.
+    lead: Duration,
+    next: Duration,
+}
+
+impl Counts {
+    /// A count from `started` to `now`: when the wait ends, if it does (`now`, or the moment a
+    /// count that started early enough decides), and when the next count is due.
+    fn add(
+        &mut self,
+        rules: &Rules,
+        tick: &Tick,
+        arrived: bool,
+        (started, now): (Duration, Duration),
+    ) -> Option<Duration> {
+        let known = match rules.until {
+            Until::AtMost(_) => tick.count.is_some(),
+            Until::Quiet => tick.arrivals != Arrivals::Unknown,
+        };
+        self.counted |= known;
+        let low = match rules.until {
+            Until::AtMost(n) => tick.count.is_some_and(|c| c <= n),
+            Until::Quiet => known,
+        };
+        if arrived {
+            self.arrived_at = Some(now);
+        }
+        self.low_since = if low { self.low_since.or(Some(now)) } else { None };
+        let cost = tick.cost.look;
+        let pause = pause(rules.interval, tick.cost.paced());
+        self.next = started.saturating_add(pause);
+        let ahead = std::mem::replace(&mut self.lead, cost).max(cost);
+        if let Some(since) = self.low_since {
+            // Saturating: durations up to u64::MAX seconds parse, and must not overflow.
+            let quiet_until =
+                self.arrived_at.map_or(Duration::ZERO, |t| t.saturating_add(self.after_arrival));
+            let done_at = self.drain_done.max(since.saturating_add(rules.settle)).max(quiet_until);
+            if now >= done_at {
+                return Some(now);
+            }
+            // A count started to end when the min-drain or the settle time does decides then,
+            // rather than start another answer as long; the settle time needs a later count.
+            let decides = started.saturating_add(ahead) >= done_at
+                && (rules.settle.is_zero() || since <= started)
+                && self.arrived_at.is_none_or(|t| t <= started);
+            if decides && done_at <= rules.deadline {
+                return Some(done_at);
+            }
+            // The next count ends when the min-drain or the settle time ends; not while requests
+            // arrive, or slow counts would come at every quiet time instead of at the pace.
+            if !arrived {
+                self.next = self.next.min(done_at.saturating_sub(cost));
+            }
+        }
+        // A paced wait with no count due before the deadline counts once more where one can end.
+        let last_chance = rules.deadline.saturating_sub((now - started).saturating_mul(2));
+        if pause > rules.interval && self.next >= rules.deadline && last_chance > now {
+            self.next = last_chance;
+        }
+        None
+    }
+}
+
+/// `--then-quit` once the count is reached: the app may still call out through the proxy, so it
+/// is stopped only once the app has exited. Looks every interval (every `RECHECK` while its
+/// sockets are gone) until the deadline; an app never seen is not waited for.
 fn app_exit(
     rules: &Rules,
     clock: &mut impl Clock,
@@ -343,10 +338,9 @@ fn app_exit(
 ) -> Quit {
     loop {
         let started = clock.now();
-        let tick = looks.look(rules.deadline.saturating_sub(started), Ask::Exit);
+        let (tick, found) = looks.look(rules.deadline.saturating_sub(started), Ask::Exit);
         let app = follow.app(tick.app, started, clock.now());
-        let seen = Seen { app, arrived: false };
-        looks.seen(Ask::Exit, seen);
+        looks.seen(Ask::Exit, Seen { app, arrived: false }, found);
         let pause = match app {
             App::Gone => return Quit::Yes,
             App::NotSeen => return Quit::AppNotSeen,
@@ -408,10 +402,11 @@ mod tests {
     }
 
     impl<F: FnMut(Duration, Ask) -> Tick> Looks for Script<F> {
-        fn look(&mut self, left: Duration, ask: Ask) -> Tick {
-            (self.look)(left, ask)
+        type Found = ();
+        fn look(&mut self, left: Duration, ask: Ask) -> (Tick, ()) {
+            ((self.look)(left, ask), ())
         }
-        fn seen(&mut self, ask: Ask, seen: Seen) {
+        fn seen(&mut self, ask: Ask, seen: Seen, (): ()) {
             self.seen.push((ask, seen));
         }
     }

@@ -3,10 +3,11 @@
 #![no_main]
 
 use envoy_drain::config::Filter;
+use envoy_drain::count::Basis;
 use envoy_drain::lists::PortSet;
 use envoy_drain::source::diag;
 use envoy_drain::source::procnet::{
-    DEFAULT_EPHEMERAL, Envoy, Listeners, Rule, Sink, Table, Tally, count,
+    DEFAULT_EPHEMERAL, Listeners, Rule, Sink, Table, Tally, count,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -25,8 +26,8 @@ fuzz_target!(|data: &[u8]| {
     assert!(table.sockets.iter().all(|s| matches!(s.state, 1 | 2 | 3 | 8 | 10)));
     // Counted from the whole table, and counted as a stream beside its listening sockets.
     let filter = Filter { ignore: PortSet::default(), only: None };
-    let envoy = Envoy::User { uid: 1337 };
-    let rule = Rule { filter: &filter, envoy: &envoy, ephemeral: DEFAULT_EPHEMERAL };
+    let envoy = Basis::Owner { uid: 1337, admin: String::new(), why: String::new() };
+    let rule = Rule { filter: &filter, envoy: &envoy, inodes: &[], ephemeral: DEFAULT_EPHEMERAL };
     let mut listeners = Listeners::default();
     let whole = count(&table, &rule, &mut listeners);
     let mut tally = Tally::new(&table, Some((rule, &listeners)), true);

@@ -4,9 +4,10 @@
 #![no_main]
 
 use envoy_drain::config::Filter;
+use envoy_drain::count::Basis;
 use envoy_drain::lists::{ISTIO_INFRA_PORTS, PortSet};
 use envoy_drain::source::procnet::{
-    DEFAULT_EPHEMERAL, Envoy, Listeners, Rule, Table, count, parse_line,
+    DEFAULT_EPHEMERAL, Listeners, Rule, Table, count, parse_line,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -24,16 +25,20 @@ fuzz_target!(|data: &[u8]| {
         }
         table.add_line(line);
     }
-    let some_inodes = table.sockets.iter().map(|s| s.inode).filter(|i| i % 2 == 0).collect();
+    let mut some_inodes: Vec<u64> =
+        table.sockets.iter().map(|s| s.inode).filter(|i| i % 2 == 0).collect();
+    some_inodes.sort_unstable();
+    let (admin, why) = (String::new(), String::new());
+    let owner = |uid| (Basis::Owner { uid, admin: admin.clone(), why: why.clone() }, vec![]);
     let envoys = [
-        Envoy::Unknown,
-        Envoy::User { uid: 1337 },
-        Envoy::User { uid: 0 },
-        Envoy::Process { pid: 1, uid: 0, inodes: some_inodes },
+        (Basis::Unknown { admin: admin.clone(), not_envoy: None }, vec![]),
+        owner(1337),
+        owner(0),
+        (Basis::Process { pid: 1, uid: 0, admin: admin.clone() }, some_inodes),
     ];
     let mut listeners = Listeners::default();
-    for envoy in &envoys {
-        let rule = Rule { filter: &filter, envoy, ephemeral: DEFAULT_EPHEMERAL };
+    for (envoy, inodes) in &envoys {
+        let rule = Rule { filter: &filter, envoy, inodes, ephemeral: DEFAULT_EPHEMERAL };
         let c = count(&table, &rule, &mut listeners);
         let counted: u64 = c.parts.iter().map(|p| p.active).sum();
         let left_out: u64 = c.excluded.iter().map(|e| e.n).sum();

@@ -41,7 +41,19 @@ struct Script<'a> {
 }
 
 impl Looks for Script<'_> {
-    fn look(&mut self, left: Duration, _: Ask) -> Tick {
+    type Found = ();
+
+    fn look(&mut self, left: Duration, ask: Ask) -> (Tick, ()) {
+        (self.tick(left, ask), ())
+    }
+
+    fn seen(&mut self, _: Ask, seen: Seen, (): ()) {
+        self.seen = seen;
+    }
+}
+
+impl Script<'_> {
+    fn tick(&mut self, left: Duration, _: Ask) -> Tick {
         assert!(self.now.get().saturating_add(left) <= self.deadline);
         let step = self.bytes.get(self.looks).copied();
         self.looks += 1;
@@ -69,10 +81,6 @@ impl Looks for Script<'_> {
             },
         };
         self.last
-    }
-
-    fn seen(&mut self, _: Ask, seen: Seen) {
-        self.seen = seen;
     }
 }
 

@@ -1,29 +1,25 @@
 //! HTTP to Envoy's admin API and Istio's agent on loopback, through ureq without its default
-//! features (plain HTTP only): no proxy (a pod's HTTP_PROXY must not send loopback requests
-//! elsewhere), no redirects, no pooled connections, no name lookups (the address is an IP
-//! literal). Every request is bounded in time, connect, head and body together (ureq's global
-//! timeout keeps running while the body is read), and in the bytes it reads, but for /clusters,
-//! which only time bounds.
+//! features: no proxy (a pod's HTTP_PROXY must not apply), no redirects, no pooled connections, no
+//! name lookups. Every request is bounded in time (ureq's global timeout covers the body too) and
+//! in the bytes it reads, but /clusters, which only time bounds.
 
 use crate::config::Address;
-use crate::error::{Failure, io_cause, shorten};
+use crate::error::{io_cause, shorten};
+use crate::source::lines::each_line;
 use crate::source::uds::UnixConnector;
 use std::cell::RefCell;
-use std::io::{ErrorKind, Read};
+use std::io::ErrorKind;
 use std::time::Duration;
 use ureq::http::Response;
 use ureq::unversioned::resolver::DefaultResolver;
 use ureq::{Agent, Body};
 
-/// The time a request is given: a loopback admin API answers in milliseconds, and one that does
-/// not must not hold up the count (auto falls back to the socket table for that count). POSTs
-/// never take longer; a stats request that ran out of it gets more the next time, and /clusters
-/// is given the time left (`Sources`).
+/// The time a request is given: a loopback admin API answers in milliseconds. A stats request that
+/// ran out of it gets more the next time, and /clusters the time left (`Sources`).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The most we read of any answer but /clusters. The filtered /stats answer is about 95 bytes a
-/// listener with its workers' lines (947,254 bytes for 10,000 listeners and two workers); 4 MiB
-/// holds 40,000 listeners and keeps a hostile server from streaming without end.
+/// The most we read of any answer but /clusters: the filtered /stats answer of 40,000 listeners,
+/// and never a hostile server's stream without end.
 pub const BODY_LIMIT: u64 = 4 << 20;
 
 /// Envoy's state: 200 `LIVE`, or 503 `DRAINING` once its health checks fail.
@@ -56,14 +52,12 @@ pub struct Client {
     not_envoy: RefCell<Option<String>>,
 }
 
-/// What Envoy's admin API puts in every answer's head, whatever its configuration: the admin's
-/// HTTP connection manager overwrites the `server` header with Envoy's own name
-/// (source/server/admin/admin.h, `serverName` and `serverHeaderTransformation`).
+/// What Envoy's admin API puts in every answer's head: its manager overwrites `server`
+/// (source/server/admin/admin.h, `serverName`).
 const ENVOY_SERVER: &str = "envoy";
 
 impl Client {
-    /// A client for Envoy's admin API: an answer without Envoy's `server: envoy` header is a
-    /// failure, as is a socket that refuses to be opened (`not_envoy` says which).
+    /// A client for Envoy's admin API: an answer without Envoy's `server: envoy` header fails.
     pub fn envoy(address: impl Into<Address>) -> Client {
         Client { envoy: true, ..Client::new(address) }
     }
@@ -75,8 +69,7 @@ impl Client {
             .max_redirects(0)
             .http_status_as_error(false)
             .max_idle_connections(0)
-            // ureq's default buffers are 128 KiB each way, per request; Envoy's heads are a few
-            // hundred bytes and ours less.
+            // ureq's default buffers are 128 KiB each way; Envoy's heads are a few hundred bytes.
             .input_buffer_size(16 * 1024)
             .max_response_header_size(16 * 1024)
             .output_buffer_size(4 * 1024)
@@ -94,14 +87,13 @@ impl Client {
     }
 
     /// Why what listens at the admin address is not Envoy, as the last request found: it answered
-    /// without Envoy's header, or its socket may not be opened (a root-owned 0600 socket). `None`
-    /// once Envoy answers, and while nothing answers at all (a stalled or stopped Envoy).
+    /// without Envoy's header, or its socket may not be opened. `None` once Envoy answers, and
+    /// while nothing answers at all.
     pub fn not_envoy(&self) -> Option<String> {
         self.not_envoy.borrow().clone()
     }
 
-    /// What a request goes to, as the log names it: `http://127.0.0.1:15000/stats`, or
-    /// `/stats on unix:/admin/admin.sock`.
+    /// What a request goes to, as the log names it: `http://127.0.0.1:15000/stats`, `/x on unix:/a`.
     pub fn url(&self, path: &str) -> String {
         match &self.address {
             Address::Tcp(addr) => format!("http://{addr}{path}"),
@@ -109,8 +101,7 @@ impl Client {
         }
     }
 
-    /// The URL ureq is given: over a Unix socket its host only fills the Host header (an IP
-    /// literal, so that nothing looks a name up).
+    /// The URL ureq is given: over a Unix socket its host only fills the Host header.
     fn request_url(&self, path: &str) -> String {
         match &self.address {
             Address::Tcp(addr) => format!("http://{addr}{path}"),
@@ -118,42 +109,36 @@ impl Client {
         }
     }
 
-    /// A GET within `timeout`, its answer read whole.
-    pub fn get(&self, path: &str, timeout: Duration) -> Result<Reply, Failure> {
+    /// A GET within `timeout`, its answer read whole; the error is a cause, `connection refused`.
+    pub fn get(&self, path: &str, timeout: Duration) -> Result<Reply, String> {
         self.whole("GET", path, timeout)
     }
 
     /// A POST within `left` and at most `REQUEST_TIMEOUT`.
-    pub fn post(&self, path: &str, left: Duration) -> Result<Reply, Failure> {
+    pub fn post(&self, path: &str, left: Duration) -> Result<Reply, String> {
         self.whole("POST", path, left.min(REQUEST_TIMEOUT))
     }
 
     /// One request, its answer read whole, at most `BODY_LIMIT` bytes, within `timeout`.
-    fn whole(&self, method: &'static str, path: &str, timeout: Duration) -> Result<Reply, Failure> {
-        self.call(method, path, timeout)
-            .and_then(|(answer, timeout)| read_whole(answer, timeout))
-            .map_err(|cause| Failure::new(method, self.url(path), cause))
+    fn whole(&self, method: &'static str, path: &str, timeout: Duration) -> Result<Reply, String> {
+        self.call(method, path, timeout).and_then(|(answer, timeout)| read_whole(answer, timeout))
     }
 
-    /// A GET whose 200 answer is handed to `each` line by line as it arrives (never held whole),
-    /// lines cut at `MAX_LINE`, within `left`, at most `limit` bytes. Envoy's /clusters lists
-    /// every cluster and host (about 2 KB a host: 277,731,620 bytes for 50,000 clusters of 3
-    /// hosts, built on its main thread before the first byte is sent, in 1.5 s), so only the time
-    /// it may take bounds it. Any other status is an error naming it.
+    /// A GET whose 200 answer is handed to `each` line by line as it arrives, lines cut at
+    /// `MAX_LINE`, within `left`, at most `limit` bytes (/clusters runs to hundreds of megabytes,
+    /// which only time bounds). Any other status is an error naming it.
     pub fn get_lines(
         &self,
         path: &str,
         left: Duration,
         limit: u64,
         each: impl FnMut(&str),
-    ) -> Result<(), Failure> {
+    ) -> Result<(), String> {
         self.call("GET", path, left)
             .and_then(|(answer, timeout)| read_lines(answer, timeout, limit, each))
-            .map_err(|cause| Failure::new("GET", self.url(path), cause))
     }
 
-    /// Sends the request and reads the answer's head within `timeout`; the body is left for the
-    /// caller, within the same time.
+    /// Sends the request and reads the answer's head within `timeout`; the body is the caller's.
     fn call(
         &self,
         method: &str,
@@ -201,8 +186,7 @@ impl Client {
     }
 }
 
-/// The body read whole; one whose announced length is over the cap is refused before a byte of
-/// it is read.
+/// The body read whole; one announced over the cap is refused before a byte of it is read.
 fn read_whole(mut answer: Response<Body>, timeout: Duration) -> Result<Reply, String> {
     let status = answer.status().as_u16();
     let body = answer.body_mut();
@@ -234,29 +218,16 @@ fn read_lines(
     if answer.body().content_length().is_some_and(|n| n > limit) {
         return Err(format!("answered 200 but {}", too_large(limit)));
     }
-    let mut reader = answer.into_body().into_with_config().limit(limit).reader();
-    let mut line: Vec<u8> = Vec::with_capacity(512);
-    let mut chunk = vec![0u8; 16 * 1024];
-    loop {
-        let n = match reader.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) => return Err(failed(ureq::Error::from(e))),
-        };
-        for part in chunk[..n].split_inclusive(|b| *b == b'\n') {
-            let room = MAX_LINE.saturating_sub(line.len());
-            line.extend_from_slice(&part[..part.len().min(room)]);
-            if part.ends_with(b"\n") {
-                each(&String::from_utf8_lossy(&line));
-                line.clear();
-            }
-        }
-    }
-    if !line.is_empty() {
-        each(&String::from_utf8_lossy(&line));
-    }
-    Ok(())
+    let reader = answer.into_body().into_with_config().limit(limit).reader();
+    each_line(
+        reader,
+        MAX_LINE,
+        |line, _| {
+            each(line);
+            Ok(())
+        },
+        |e| failed(ureq::Error::from(e)),
+    )
 }
 
 fn too_large(limit: u64) -> String {
@@ -324,7 +295,7 @@ mod tests {
         };
         let (reply, not_envoy) = ask(b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\nhello, world");
         let why = "answered 200 without Envoy's 'server: envoy' header";
-        assert_eq!(reply.unwrap_err().cause, why);
+        assert_eq!(reply.unwrap_err(), why);
         assert_eq!(not_envoy.as_deref(), Some(why));
         let (reply, not_envoy) =
             ask(b"HTTP/1.1 200 OK\r\nserver: envoy\r\ncontent-length: 5\r\n\r\nLIVE\n");
@@ -334,7 +305,7 @@ mod tests {
 
     fn get(answer: &'static [u8]) -> Result<Reply, String> {
         let (client, server) = serve(answer);
-        let reply = client.whole("GET", "/stats", Duration::from_secs(5)).map_err(|f| f.cause);
+        let reply = client.whole("GET", "/stats", Duration::from_secs(5));
         server.join().unwrap();
         reply
     }
@@ -403,7 +374,7 @@ mod tests {
             let mut n = 0;
             let got = client.get_lines("/stats", Duration::from_secs(5), 10, |_| n += 1);
             server.join().unwrap();
-            got.map(|()| n).map_err(|f| f.cause)
+            got.map(|()| n)
         };
         assert_eq!(
             lines(b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\na\nb\nc\nd\ne\nf"),
@@ -427,7 +398,7 @@ mod tests {
             .get_lines("/clusters", Duration::from_secs(5), u64::MAX, |l| lines.push(l.to_string()))
             .unwrap();
         server.join().unwrap();
-        assert_eq!(lines, vec!["a\n", "bcd\n", "e"]);
+        assert_eq!(lines, vec!["a", "bcd", "e"]);
     }
 
     #[test]
@@ -460,12 +431,11 @@ mod tests {
         let client = Client::new(silent.local_addr().unwrap());
         let started = Instant::now();
         let e = client.whole("GET", "/stats", Duration::from_millis(300)).unwrap_err();
-        let url = client.url("/stats");
-        assert_eq!(e.to_string(), format!("failed to GET {url}: no complete answer within 300ms"));
+        assert_eq!(e, "no complete answer within 300ms");
         assert!(started.elapsed() < Duration::from_secs(2));
         let refused = silent.local_addr().unwrap();
         drop(silent);
         let e = Client::new(refused).whole("GET", "/", Duration::from_secs(1)).unwrap_err();
-        assert_eq!(e.cause, "connection refused");
+        assert_eq!(e, "connection refused");
     }
 }

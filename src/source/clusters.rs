@@ -1,12 +1,10 @@
-//! Interprets Envoy's `GET /clusters` (pure: lines in, count out): the upstream requests in
-//! flight on the clusters that carry the pod's traffic. Per-host counters are not stats, so they
-//! are there on a default Istio proxy, whose stats matcher leaves every `downstream_*` stat out.
-//! An upstream request counts while it is in flight: Envoy's calls to the app (inbound clusters)
-//! and the app's calls through Envoy (outbound clusters); a TCP proxy stream is one request on its
-//! upstream host; an idle pooled connection is none. See docs/how-it-works.md.
+//! Interprets Envoy's `GET /clusters` (pure: lines in, count out): the upstream requests in flight
+//! on the clusters that carry the pod's traffic, in and out; a TCP proxy stream is one, an idle
+//! pooled connection none. Per-host counters are not stats, so a default Istio proxy has them.
+//! See docs/how-it-works.md.
 
-use crate::count::{Arrivals, Count, Part, SourceKind, Unit};
-use crate::lists::{Names, PortSet};
+use crate::count::{Arrivals, Capped, Count, KEPT, Part, SourceKind, Unit};
+use crate::lists::{Names, PortSet, any};
 use crate::preset::Preset;
 use std::collections::BTreeMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -14,10 +12,8 @@ use std::net::SocketAddr;
 
 pub const CLUSTERS_PATH: &str = "/clusters";
 
-/// Which hosts count: not those of the proxy's own clusters (`Preset::own_clusters`) or of
-/// `--ignore-clusters`, not Unix sockets or internal addresses, and not those on an ignored port;
-/// with `inbound` (`hold`), only those of the clusters that carry requests to the app
-/// (`Preset::inbound_clusters`), where a new connection is an arrival too.
+/// Which hosts count: not the proxy's own clusters' nor `--ignore-clusters`', not Unix sockets or
+/// internal addresses, not on an ignored port; with `inbound` (`hold`), only the app's clusters'.
 #[derive(Debug, Clone, Default)]
 pub struct Rule {
     pub preset: Preset,
@@ -47,21 +43,19 @@ pub struct Answer {
     pub quiet: u64,
     /// Requests on hosts left out of clusters that count, by why.
     pub hosts_left_out: Vec<(String, u64)>,
-    /// The arrival counters of the hosts that count, by a hash of their line's name, those at 0
-    /// left out: `Arrived` compares them with the last answer's.
+    /// The arrival counters of the hosts that count, by a hash of their name, those at 0 left out.
     pub counters: Vec<(u64, u64)>,
-    /// Requests and connections so far on the hosts of the app's own clusters
-    /// (`Preset::inbound_clusters`), which `status` shows as what `hold` reads.
+    /// Requests and connections so far on the app's own clusters' hosts, which `hold` reads.
     pub app_arrived: (u64, u64),
 }
 
-/// Adds up an answer line by line, so a large one is never held whole, and keeps only the
-/// clusters that hold something: Envoy prints a cluster's lines together, so one is added up at
-/// a time (a cluster seen again later is added up again, which changes no total).
+/// Adds up an answer line by line, keeping the clusters that hold something (Envoy prints a
+/// cluster's lines together).
 #[derive(Debug, Default)]
 pub struct Tally {
     current: Option<Cluster>,
-    clusters: Vec<Cluster>,
+    /// The clusters that hold something.
+    clusters: Capped<Cluster>,
     quiet: u64,
     hosts_left_out: BTreeMap<String, u64>,
     /// An `rq_active` line was seen: the answer lists hosts.
@@ -71,16 +65,7 @@ pub struct Tally {
     /// The arrival counters (`rq_total`; with `inbound`, `cx_total` too) of the hosts that count.
     counters: Vec<(u64, u64)>,
     app_arrived: (u64, u64),
-    /// What the counted clusters past the first `KEPT` that hold anything hold, added up, and
-    /// how many they are.
-    more: Cluster,
-    more_clusters: u64,
 }
-
-/// How many clusters that hold something are kept by name: a gateway's answer may list tens of
-/// thousands with pooled connections (and a hostile one, without end); past these, they are added
-/// up as one, which keeps the count whole and the memory flat.
-const KEPT: usize = 1000;
 
 const LISTED: [&str; 5] = ["rq_active", "rq_pending_active", "cx_active", "rq_total", "cx_total"];
 
@@ -116,7 +101,7 @@ impl Tally {
             }
             return;
         };
-        let app_host = why_host.is_none() && rule.preset.is_inbound(name);
+        let app_host = why_host.is_none() && any(rule.preset.inbound_clusters, name);
         match (stat, why_host) {
             ("rq_total", _) | ("cx_total", _) => {
                 if app_host {
@@ -153,9 +138,9 @@ impl Tally {
                 if let Some(p) = previous {
                     self.close(p);
                 }
-                let left_out = if rule.preset.owns_cluster(name) {
+                let left_out = if any(rule.preset.own_clusters, name) {
                     Some(rule.preset.own_cluster)
-                } else if rule.inbound && !rule.preset.is_inbound(name) {
+                } else if rule.inbound && !any(rule.preset.inbound_clusters, name) {
                     Some("not the app's inbound")
                 } else if rule.ignore_clusters.matches(name) {
                     Some("--ignore-clusters")
@@ -171,29 +156,27 @@ impl Tally {
     /// Keeps a finished cluster if it holds anything.
     fn close(&mut self, c: Cluster) {
         if c.requests > 0 || c.connections > 0 {
-            if self.clusters.len() < KEPT {
-                self.clusters.push(c);
-            } else if c.left_out.is_none() {
-                self.more.requests = self.more.requests.saturating_add(c.requests);
-                self.more.connections = self.more.connections.saturating_add(c.connections);
-                self.more_clusters += 1;
+            // Past the cap, only what counts is added up.
+            if c.left_out.is_none() || self.clusters.rows.len() < KEPT {
+                let figures = [c.requests, c.connections];
+                self.clusters.push(|| c, figures);
             }
         } else if c.left_out.is_none() {
             self.quiet += 1;
         }
     }
 
-    /// The request count over the clusters that count; unknown when the answer lists no hosts
-    /// or a counted host's value is not a count.
+    /// The request count; unknown when the answer lists no hosts or a counted value is not a count.
     pub fn finish(mut self) -> Result<Answer, String> {
         if let Some(c) = self.current.take() {
             self.close(c);
         }
-        if self.more_clusters > 0 {
-            let mut more = std::mem::take(&mut self.more);
-            more.name = format!("({} more clusters)", self.more_clusters);
-            self.clusters.push(more);
-        }
+        let clusters = self.clusters.all(|more, [requests, connections]| Cluster {
+            name: format!("({more} more clusters)"),
+            requests,
+            connections,
+            left_out: None,
+        });
         if let Some(line) = self.bad {
             return Err(format!(
                 "Envoy's /clusters answer has a value that is not a count: '{line}'"
@@ -202,15 +185,14 @@ impl Tally {
         if !self.hosts {
             return Err("Envoy's /clusters answer lists no hosts".to_string());
         }
-        let parts = self
-            .clusters
+        let parts = clusters
             .iter()
             .filter(|c| c.left_out.is_none() && c.requests > 0)
             .map(|c| Part { name: format!("cluster {}", c.name), active: c.requests })
             .collect();
         Ok(Answer {
-            count: Count::of(SourceKind::Clusters, Unit::Requests, parts, vec![]),
-            clusters: self.clusters,
+            count: Count::new(SourceKind::Clusters, Unit::Requests, parts, vec![]),
+            clusters,
             quiet: self.quiet,
             hosts_left_out: self.hosts_left_out.into_iter().collect(),
             counters: self.counters,
@@ -220,15 +202,10 @@ impl Tally {
 }
 
 /// What has arrived since the first answer, over answers whose hosts come and go: a counter that
-/// grew adds what it grew by; one first seen, or lower than before, belongs to a host made (or
-/// made again) since the last answer and adds all it holds, every one of those arrived since; a
-/// host that vanished adds nothing and takes nothing away. Istio re-created idle inbound hosts
-/// every 15 s before istio/istio PR #51935, so a sum over the hosts would go down, and a host
-/// removed with k requests would cancel k new ones. An ORIGINAL_DST cluster (Istio's inbound
-/// clusters) can hold several hosts of one address, one per worker that met it first (Envoy's
-/// source/extensions/clusters/original_dst/original_dst_cluster.h, `HostsForAddress`), listed
-/// under one name: those are paired largest with largest, so that one that vanished or joined
-/// moves no other.
+/// grew adds what it grew by; one first seen, or lower than before, belongs to a host made (again)
+/// since and adds all it holds; one that vanished adds nothing (istio/istio#51935: idle inbound
+/// hosts were re-created). An ORIGINAL_DST cluster can list several hosts of one address under
+/// one name (`HostsForAddress`): those are paired largest with largest.
 #[derive(Debug, Default)]
 pub struct Arrived {
     last: Option<Vec<(u64, u64)>>,
@@ -342,7 +319,10 @@ prometheus_stats::127.0.0.1:15000::rq_active::0
         ] {
             let body =
                 format!("{own}::10.0.0.1:5678::rq_active::1\napp::10.0.0.2:8080::rq_active::1\n");
-            let rule = Rule { preset: crate::preset::find(preset).unwrap(), ..istio() };
+            let rule = Rule {
+                preset: crate::preset::PRESETS.into_iter().find(|p| p.name == preset).unwrap(),
+                ..istio()
+            };
             let a = tally(&body, &rule).unwrap();
             assert_eq!(a.count.total, 1, "{preset}: only the app's request counts");
             let c = a.clusters.iter().find(|c| c.name == own).unwrap();

@@ -1,21 +1,19 @@
-//! The kernel's TCP sockets over netlink (NETLINK_SOCK_DIAG), the way `ss` asks for them: dump
-//! requests (the listening sockets, then the open ones), and replies that carry each socket's
-//! addresses, state, owner and inode, the columns procnet's rule reads from `/proc/net/tcp`. The
-//! kernel filters by state and skips other network namespaces' sockets, and writes no text, so
-//! this costs a fraction of reading the tables (BENCHMARKS.md). Message parsing is pure
-//! (`parse`, fuzzed); only `exchange` talks to the kernel. Layouts and the kernel's behaviour are in docs/how-it-works.md ("Reading the socket
-//! table over netlink").
+//! The kernel's TCP sockets over netlink (NETLINK_SOCK_DIAG), the way `ss` asks for them: dumps
+//! of the listening sockets, then the open ones, each with the columns procnet's rule reads from
+//! `/proc/net/tcp`, filtered by the kernel and never written as text. Parsing is pure (`parse`,
+//! fuzzed); only `exchange` talks to the kernel. Layouts and the kernel's behaviour:
+//! docs/how-it-works.md ("Reading the socket table over netlink").
 
-use crate::error::{Failure, io_cause};
+use crate::error::{failed, io_cause};
 use crate::source::procnet::{Endpoint, Sink, Socket, Table};
+use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Instant;
 
 /// `NETLINK_SOCK_DIAG` (linux/netlink.h).
 const NETLINK_SOCK_DIAG: i32 = 4;
-/// The first version of the request (linux/inet_diag.h). For a dump the kernel sets its family to
-/// AF_UNSPEC (net/ipv4/inet_diag.c, inet_diag_dump_compat), so one walk of the socket hash tables
-/// answers for IPv4 and IPv6; the family-specific request would walk them twice.
+/// The first version of the request: for a dump the kernel sets its family to AF_UNSPEC
+/// (`inet_diag_dump_compat`), so one walk answers for IPv4 and IPv6.
 const TCPDIAG_GETSOCK: u16 = 18;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_DUMP: u16 = 0x300;
@@ -35,30 +33,24 @@ const MESSAGE: usize = 72;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
-/// The states the rule looks at, in two dumps: LISTEN first, then ESTABLISHED, SYN_SENT,
-/// SYN_RECV (request sockets included) and CLOSE_WAIT. Sockets on their way out are never asked
-/// for. Each dump walks only its own hash table (`inet_diag_dump_icsk` in
-/// net/ipv4/inet_diag.c skips the listening table when LISTEN is not asked, and the established
-/// one when only LISTEN is).
+/// The states the rule looks at, in two dumps, each of which walks only its own hash table
+/// (`inet_diag_dump_icsk`): LISTEN, then ESTABLISHED, SYN_SENT, SYN_RECV and CLOSE_WAIT.
 pub const LISTENING: u32 = 1 << 10;
 pub const OPEN: u32 = (1 << 1) | (1 << 2) | (1 << 3) | (1 << 8);
 
-/// The kernel fills a dump's datagrams up to 32 KiB (SKB_WITH_OVERHEAD(32768) in
-/// net/netlink/af_netlink.c); a larger buffer is never used, a smaller one truncates.
+/// The kernel fills a dump's datagrams up to 32 KiB (`SKB_WITH_OVERHEAD(32768)`, af_netlink.c).
 const DATAGRAM: usize = 32 * 1024;
 
 /// The most one dump may return: like the text reader's cap, about 900,000 sockets.
 const MAX_DUMP: usize = 128 << 20;
 
-/// The extension bit that asks for each socket's `struct tcp_info` (`1 << (INET_DIAG_INFO - 1)`,
-/// linux/inet_diag.h), and the attribute that carries it.
+/// The extension bit that asks for each socket's `tcp_info`, and the attribute that carries it.
 const INFO_EXT: u8 = 1 << (INET_DIAG_INFO - 1);
 const INET_DIAG_INFO: u16 = 2;
 /// Where `tcpi_bytes_received` lies in `struct tcp_info` (linux/tcp.h; since Linux 4.1).
 const BYTES_RECEIVED: usize = 128;
 
-/// The dump request for the sockets in `states`, sequence number `seq`; with `info`, each
-/// socket's `tcp_info` too.
+/// The dump request for `states`, sequence number `seq`; with `info`, with each `tcp_info`.
 pub fn request(seq: u32, states: u32, info: bool) -> [u8; HEADER + REQUEST] {
     let mut b = [0u8; HEADER + REQUEST];
     b[0..4].copy_from_slice(&((HEADER + REQUEST) as u32).to_ne_bytes());
@@ -73,20 +65,10 @@ pub fn request(seq: u32, states: u32, info: bool) -> [u8; HEADER + REQUEST] {
     b
 }
 
-/// Why a reply cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Bad {
-    /// The kernel answered with an error (a negative errno, as a positive number): it has no
-    /// sock_diag for TCP here.
-    Refused(i32),
-    /// Bytes that are not the reply to our request.
-    Malformed(String),
-}
-
-/// Reads one datagram of the reply to request `seq` into `sink`; `true` once the dump is done.
-/// Every message must be whole and ours: a reply that is not is unusable, never partly counted.
-pub fn parse(datagram: &[u8], seq: u32, sink: &mut impl Sink) -> Result<bool, Bad> {
-    let malformed = |why: &str| Bad::Malformed(why.to_string());
+/// Reads one datagram of the reply to request `seq` into `sink`; `true` once the dump is done. A
+/// message that is not whole and ours makes the reply unusable; the kernel's error, netlink.
+pub fn parse(datagram: &[u8], seq: u32, sink: &mut impl Sink) -> Result<bool, DumpError> {
+    let malformed = |why: &str| unread(why);
     let mut rest = datagram;
     while !rest.is_empty() {
         if rest.len() < HEADER {
@@ -117,7 +99,14 @@ pub fn parse(datagram: &[u8], seq: u32, sink: &mut impl Sink) -> Result<bool, Ba
                 return match code {
                     0 if kind == NLMSG_DONE => Ok(true),
                     0 => Err(malformed("an acknowledgement where a dump was asked for")),
-                    c => Err(Bad::Refused(c.saturating_neg())),
+                    c => Err(DumpError::Unavailable(failed(
+                        "dump",
+                        "the kernel's TCP sockets over netlink",
+                        format!(
+                            "the kernel refused: {}",
+                            io::Error::from_raw_os_error(c.saturating_neg())
+                        ),
+                    ))),
                 };
             }
             TCPDIAG_GETSOCK => sink.add(socket(body)?),
@@ -130,14 +119,13 @@ pub fn parse(datagram: &[u8], seq: u32, sink: &mut impl Sink) -> Result<bool, Ba
     Ok(false)
 }
 
-/// One `inet_diag_msg`: ports in network order, addresses as bytes, owner and inode in the
-/// host's order. IPv4 addresses become IPv4-mapped, as the text reader keeps them.
-fn socket(body: &[u8]) -> Result<Socket, Bad> {
+/// One `inet_diag_msg`; IPv4 addresses become IPv4-mapped, as the text reader keeps them.
+fn socket(body: &[u8]) -> Result<Socket, DumpError> {
     let m: &[u8; MESSAGE] = body
         .get(..MESSAGE)
         .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| Bad::Malformed("a socket message shorter than inet_diag_msg".to_string()))?;
-    let address = |at: usize| -> Result<[u8; 16], Bad> {
+        .ok_or_else(|| unread("a socket message shorter than inet_diag_msg"))?;
+    let address = |at: usize| -> Result<[u8; 16], DumpError> {
         let mut a = [0u8; 16];
         match m[0] {
             AF_INET => {
@@ -147,7 +135,7 @@ fn socket(body: &[u8]) -> Result<Socket, Bad> {
             }
             AF_INET6 => a.copy_from_slice(&m[at..at + 16]),
             _ => {
-                return Err(Bad::Malformed("a socket of neither IPv4 nor IPv6".to_string()));
+                return Err(unread("a socket of neither IPv4 nor IPv6"));
             }
         }
         Ok(a)
@@ -164,8 +152,7 @@ fn socket(body: &[u8]) -> Result<Socket, Bad> {
     })
 }
 
-/// `tcpi_bytes_received` from the attributes after an `inet_diag_msg` (each a `struct rtattr`:
-/// length and type, its payload, padded to 4 bytes), when the kernel sent `tcp_info`.
+/// `tcpi_bytes_received` from the `rtattr`s after an `inet_diag_msg`, when there.
 fn bytes_received(mut attrs: &[u8]) -> Option<u64> {
     while attrs.len() >= 4 {
         let len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
@@ -185,14 +172,14 @@ fn bytes_received(mut attrs: &[u8]) -> Option<u64> {
 pub enum DumpError {
     /// Netlink is not there or the kernel has no sock_diag for TCP (gVisor, a kernel without
     /// inet_diag or tcp_diag): it will not change within a run.
-    Unavailable(Failure),
+    Unavailable(String),
     /// This dump could not be read whole in time: this count is unknown.
-    Failed(Failure),
+    Failed(String),
 }
 
 /// This dump's reply could not be read, for `cause`.
 fn unread(cause: impl Into<String>) -> DumpError {
-    DumpError::Failed(Failure::new("read", "the sock_diag reply", cause))
+    DumpError::Failed(failed("read", "the sock_diag reply", cause.into()))
 }
 
 /// The listening TCP sockets of this network namespace, before `until`.
@@ -202,28 +189,22 @@ pub fn listening(until: Instant) -> Result<Table, DumpError> {
     Ok(table)
 }
 
-/// Every open TCP socket of this network namespace (the states the rule reads but LISTEN), into
-/// `sink` as the kernel sends them, before `until`. The dump is not deduplicated: the kernel
-/// resumes a hash chain by position between two datagrams, so a socket shows twice only when its
-/// chain gained one meanwhile, and adds to one count at most. With `info`, each with the bytes
-/// it has received.
+/// Every open TCP socket of this network namespace into `sink` as the kernel sends them, before
+/// `until`; with `info`, each with the bytes it has received. Not deduplicated: a socket shows
+/// twice only when its hash chain gained one between two datagrams.
 pub fn open(until: Instant, info: bool, sink: &mut impl Sink) -> Result<(), DumpError> {
     exchange(&request(2, OPEN, info), 2, until, sink)
 }
 
 /// Sends `req` to the kernel and reads the whole reply into `sink`.
 fn exchange(req: &[u8], seq: u32, until: Instant, sink: &mut impl Sink) -> Result<(), DumpError> {
-    let os = || io_cause(&std::io::Error::last_os_error());
+    let os = || io_cause(&io::Error::last_os_error());
     // SAFETY: socket() takes no pointers; the descriptor it returns is checked, then owned.
     let fd = unsafe {
         libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, NETLINK_SOCK_DIAG)
     };
     if fd < 0 {
-        return Err(DumpError::Unavailable(Failure::new(
-            "open",
-            "a NETLINK_SOCK_DIAG socket",
-            os(),
-        )));
+        return Err(DumpError::Unavailable(failed("open", "a NETLINK_SOCK_DIAG socket", os())));
     }
     // SAFETY: fd is a new descriptor that nothing else owns; OwnedFd closes it once.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -242,7 +223,7 @@ fn exchange(req: &[u8], seq: u32, until: Instant, sink: &mut impl Sink) -> Resul
         )
     };
     if sent != req.len() as isize {
-        return Err(DumpError::Unavailable(Failure::new("send", "the sock_diag request", os())));
+        return Err(DumpError::Unavailable(failed("send", "the sock_diag request", os())));
     }
     let mut buf = vec![0u8; DATAGRAM];
     let mut total = 0usize;
@@ -255,27 +236,16 @@ fn exchange(req: &[u8], seq: u32, until: Instant, sink: &mut impl Sink) -> Resul
         if total > MAX_DUMP {
             return Err(unread(format!("it is larger than {MAX_DUMP} bytes")));
         }
-        match parse(&buf[..n], seq, sink) {
-            Ok(true) => break,
-            Ok(false) if n == 0 => {
-                return Err(unread("it ended early"));
-            }
-            Ok(false) => {}
-            Err(Bad::Refused(errno)) => {
-                return Err(DumpError::Unavailable(Failure::new(
-                    "dump",
-                    "the kernel's TCP sockets over netlink",
-                    format!("the kernel refused: {}", std::io::Error::from_raw_os_error(errno)),
-                )));
-            }
-            Err(Bad::Malformed(why)) => return Err(unread(why)),
+        match parse(&buf[..n], seq, sink)? {
+            true => break,
+            false if n == 0 => return Err(unread("it ended early")),
+            false => {}
         }
     }
     Ok(())
 }
 
-/// One datagram from the kernel within the time left, its full length even when longer than
-/// `buf` (MSG_TRUNC); datagrams from anyone but the kernel are refused.
+/// One datagram from the kernel within the time left, its whole length even when cut (MSG_TRUNC).
 fn receive(fd: &OwnedFd, buf: &mut [u8], until: Instant) -> Result<usize, DumpError> {
     loop {
         let left = until.saturating_duration_since(Instant::now());
@@ -300,7 +270,7 @@ fn receive(fd: &OwnedFd, buf: &mut [u8], until: Instant) -> Result<usize, DumpEr
         if set != 0 {
             return Err(unread(format!(
                 "setting its timeout: {}",
-                io_cause(&std::io::Error::last_os_error())
+                io_cause(&io::Error::last_os_error())
             )));
         }
         // SAFETY: sockaddr_nl is plain data for which all zeroes is valid.
@@ -319,10 +289,10 @@ fn receive(fd: &OwnedFd, buf: &mut [u8], until: Instant) -> Result<usize, DumpEr
             )
         };
         if n < 0 {
-            let e = std::io::Error::last_os_error();
+            let e = io::Error::last_os_error();
             match e.kind() {
-                std::io::ErrorKind::Interrupted => continue,
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
                     return Err(unread("no time left before the deadline"));
                 }
                 _ => return Err(unread(io_cause(&e))),
@@ -339,9 +309,10 @@ fn receive(fd: &OwnedFd, buf: &mut [u8], until: Instant) -> Result<usize, DumpEr
 mod tests {
     use super::*;
     use crate::config::Filter;
+    use crate::count::Basis;
     use crate::count::Excluded;
     use crate::lists::PortSet;
-    use crate::source::procnet::{DEFAULT_EPHEMERAL, Envoy, Listeners, Rule, count};
+    use crate::source::procnet::{DEFAULT_EPHEMERAL, Listeners, Rule, count};
 
     /// A message as the kernel lays it out: header, then `body`, padded to 4 bytes.
     fn message(kind: u16, flags: u16, seq: u32, body: &[u8]) -> Vec<u8> {
@@ -419,12 +390,16 @@ mod tests {
         // (SOCK_DIAG_BY_FAMILY), then the request's header.
         let mut error = (-libc::ENOENT).to_ne_bytes().to_vec();
         error.extend_from_slice(&request(1, OPEN, false)[..HEADER]);
-        assert_eq!(
-            parse(&message(NLMSG_ERROR, 0x100, 1, &error), 1, &mut t),
-            Err(Bad::Refused(libc::ENOENT))
-        );
+        let refused = |e: Result<bool, DumpError>| match e {
+            Err(DumpError::Unavailable(why)) => why.ends_with(&format!(
+                "the kernel refused: {}",
+                io::Error::from_raw_os_error(libc::ENOENT)
+            )),
+            _ => false,
+        };
+        assert!(refused(parse(&message(NLMSG_ERROR, 0x100, 1, &error), 1, &mut t)));
         // No protocol handler: the dump's end carries the error instead of 0.
-        assert_eq!(parse(&done(1, -libc::ENOENT), 1, &mut t), Err(Bad::Refused(libc::ENOENT)));
+        assert!(refused(parse(&done(1, -libc::ENOENT), 1, &mut t)));
         for (bytes, why) in [
             (done(2, 0), "another request"),
             (message(NLMSG_DONE, NLM_F_DUMP_INTR, 1, &0i32.to_ne_bytes()), "changed"),
@@ -434,13 +409,13 @@ mod tests {
             (done(1, 0)[..10].to_vec(), "shorter than its header"),
         ] {
             match parse(&bytes, 1, &mut t) {
-                Err(Bad::Malformed(w)) => assert!(w.contains(why), "{w}"),
+                Err(DumpError::Failed(w)) => assert!(w.contains(why), "{w}"),
                 other => panic!("{other:?} for {why}"),
             }
         }
         let mut long = done(1, 0);
         long[0] = 200;
-        assert!(matches!(parse(&long, 1, &mut t), Err(Bad::Malformed(_))));
+        assert!(matches!(parse(&long, 1, &mut t), Err(DumpError::Failed(_))));
         assert!(t.sockets.is_empty());
     }
 
@@ -459,8 +434,9 @@ mod tests {
         .collect::<Vec<u8>>();
         parse(&d, 1, &mut t).unwrap();
         let filter = Filter { ignore: PortSet::default(), only: None };
-        let envoy = Envoy::Process { pid: 1, uid: 1337, inodes: vec![5] };
-        let rule = Rule { filter: &filter, envoy: &envoy, ephemeral: DEFAULT_EPHEMERAL };
+        let envoy = Basis::Process { pid: 1, uid: 1337, admin: String::new() };
+        let rule =
+            Rule { filter: &filter, envoy: &envoy, inodes: &[5], ephemeral: DEFAULT_EPHEMERAL };
         let c = count(&t, &rule, &mut Listeners::default());
         assert_eq!(c.total, 1, "{c:?}");
         assert_eq!(
@@ -493,7 +469,7 @@ mod tests {
         let no_family = exchange(&by_family(4, 0), 1, until, &mut Table::default()).unwrap_err();
         assert_eq!(
             no_family,
-            DumpError::Unavailable(Failure::new(
+            DumpError::Unavailable(failed(
                 "dump",
                 "the kernel's TCP sockets over netlink",
                 format!("the kernel refused: {}", std::io::Error::from_raw_os_error(libc::ENOENT))

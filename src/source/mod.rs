@@ -1,10 +1,10 @@
-//! The sources and the one decision between them, which `run` and `status` both use: Envoy's
-//! stats over the admin API, else (auto) the kernel's socket table; with `--count requests`, the
-//! request gauge, else Envoy's per-host counters (`/clusters`), else connections.
+//! The sources and the one decision between them, for `run` and `status`: Envoy's stats, else
+//! (auto) the kernel's socket table; for requests, the stats, else /clusters, else connections.
 
 pub mod admin;
 pub mod clusters;
 pub mod diag;
+pub mod lines;
 pub mod procnet;
 pub mod sockets;
 pub mod stats;
@@ -12,6 +12,7 @@ pub mod uds;
 
 use crate::config::{Counting, Mode};
 use crate::count::{Count, Unit};
+use crate::error::failed;
 use admin::Client;
 use clusters::CLUSTERS_PATH;
 use sockets::{Pod, SocketTable};
@@ -23,9 +24,7 @@ use std::time::{Duration, Instant};
 pub struct Reading {
     /// The count, or why nothing could be counted.
     pub result: Result<Count, String>,
-    /// Why the preferred count was not made this time, if it was not: the stats did not answer
-    /// (auto falls back to the socket table), or did not report requests (/clusters instead,
-    /// else connections).
+    /// Why the preferred count was not made this time, if it was not.
     pub fallback: Option<String>,
 }
 
@@ -46,9 +45,8 @@ pub struct Look {
     pub proc: Option<Result<Count, String>>,
 }
 
-/// The CPU time thread `pid` of process `pid` (its main thread) has run, from
-/// `/proc/<pid>/task/<pid>/schedstat`, whose first field is it in nanoseconds (the kernel's
-/// Documentation/scheduler/sched-stats.rst, "/proc/<pid>/schedstat"; readable by anyone).
+/// The CPU time process `pid`'s main thread has run: the first field of its schedstat, in
+/// nanoseconds (Documentation/scheduler/sched-stats.rst).
 fn main_thread_cpu(pid: u32) -> Option<Duration> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/schedstat")).ok()?;
     let ns: u64 = text.split_ascii_whitespace().next()?.parse().ok()?;
@@ -58,8 +56,7 @@ fn main_thread_cpu(pid: u32) -> Option<Duration> {
 /// The least time the socket table is given, even at the deadline.
 const PROC_GRACE: Duration = Duration::from_millis(100);
 
-/// The instant `left` from now; a deadline of centuries (`--deadline 18446744073709551615s`) is
-/// not an instant the clock can hold, and any look ends long before a year anyway.
+/// The instant `left` from now, within a year (the clock cannot hold centuries).
 fn within(left: Duration) -> Instant {
     let now = Instant::now();
     now.checked_add(left)
@@ -71,25 +68,21 @@ pub struct Sources {
     pub mode: Mode,
     pub unit: Unit,
     pub admin: Client,
-    /// What never counts in /clusters; its preset (own listeners and HTTP connection managers)
-    /// and `--ignore-ports` apply to the stats too.
+    /// What never counts in /clusters; its preset and `--ignore-ports` apply to the stats too.
     clusters: clusters::Rule,
     /// What /clusters' answers so far say has arrived.
     arrived: clusters::Arrived,
     table: SocketTable,
-    /// How long the last look waited on Envoy's admin API: what the count cost Envoy's main
-    /// thread, at most.
-    admin_time: Duration,
-    /// What the last look's requests cost Envoy's main thread in CPU, where its process is known.
-    envoy_cpu: Option<Duration>,
-    /// Why the stats gave no requests at the last count, whose requests came from /clusters:
-    /// the next count asks /clusters first, and the stats only when it fails. Envoy's stats
-    /// matcher is fixed when it starts, and at 10,000 clusters a filtered /stats answer costs
-    /// Envoy 0.11 s of CPU, almost half of what /clusters costs (at 50,000, over a second).
+    /// How long the last look waited on Envoy's admin API, and what its requests cost Envoy's
+    /// main thread in CPU where its process is known (a stalled Envoy costs nothing).
+    pub admin_time: Duration,
+    pub envoy_cpu: Option<Duration>,
+    /// Why the stats gave no requests at the last count, whose requests came from /clusters: the
+    /// next count asks /clusters first (Envoy's stats matcher never changes, and a filtered
+    /// /stats answer costs Envoy almost half of what /clusters costs).
     clusters_first: Option<String>,
-    /// The time the next stats request is given: a second, doubled after each one that ran out
-    /// of it (an Envoy with 50,000 clusters takes over a second to filter its stats), up to
-    /// `MAX_STATS_TIMEOUT`.
+    /// The time the next stats request is given: a second, doubled after each one that ran out of
+    /// it, up to `MAX_STATS_TIMEOUT`.
     stats_timeout: Duration,
 }
 
@@ -121,17 +114,6 @@ impl Sources {
         }
     }
 
-    /// How long the last look waited on Envoy's admin API.
-    pub fn admin_time(&self) -> Duration {
-        self.admin_time
-    }
-
-    /// The CPU Envoy's main thread ran while the last look's requests waited on it, where its
-    /// process is known: what the count cost it, though a stalled Envoy kept the requests long.
-    pub fn envoy_cpu(&self) -> Option<Duration> {
-        self.envoy_cpu
-    }
-
     /// The socket table, told what the admin API's last answer said of who listens there.
     fn table(&mut self) -> &mut SocketTable {
         self.table.not_envoy(self.admin.not_envoy());
@@ -155,8 +137,7 @@ impl Sources {
         self.admin.url(self.stats_path())
     }
 
-    /// One count, and what the socket table says about the pod (read within `left`, from the
-    /// count's own table when it counted from it).
+    /// One count, and what the socket table says about the pod, within `left`.
     pub fn tick(&mut self, left: Duration) -> (Reading, Result<Pod, String>) {
         let until = within(left.max(PROC_GRACE));
         self.table.forget();
@@ -179,9 +160,8 @@ impl Sources {
         decide(&self.look(left, false))
     }
 
-    /// Reads the sources the mode allows, in the decision's order: the stats, then /clusters
-    /// when requests are wanted and the stats have none, then the socket table when nothing so
-    /// far can count; with `every`, all of them (`status` shows each).
+    /// Reads the sources the mode allows, in the decision's order, as far as one can count; with
+    /// `every`, all of them (`status` shows each).
     pub fn look(&mut self, left: Duration, every: bool) -> Look {
         let until = within(left);
         let admin = self.mode != Mode::Proc;
@@ -191,8 +171,7 @@ impl Sources {
         let (asked, cpu) = (Instant::now(), envoy_cpu());
         let spent = move || cpu.zip(envoy_cpu()).map(|(b, a)| a.saturating_sub(b));
         if self.clusters.inbound {
-            // `hold`: /clusters counts what arrives at the app; where it cannot answer, the
-            // socket table tells, in the moment left for it before the deadline.
+            // `hold`: /clusters, else the socket table in the moment left for it.
             let before_table = until.checked_sub(PROC_GRACE).unwrap_or(until);
             let clusters = self.clusters(before_table.max(Instant::now()));
             self.admin_time = asked.elapsed();
@@ -231,8 +210,7 @@ impl Sources {
         self.admin_time = asked.elapsed();
         self.envoy_cpu = spent();
         if self.mode != Mode::Stats && (every || decide(&look).result.is_err()) {
-            // A hung admin API may have used up the time left: the socket table still gets its
-            // moment, which bounds how far past its deadline a run can end.
+            // A hung admin API may have used up the time: the socket table still gets its moment.
             let proc_until = until.max(Instant::now() + PROC_GRACE);
             look.proc = Some(self.table().count(proc_until));
         }
@@ -256,13 +234,10 @@ impl Sources {
                     Ok(c) => lines.requests(c),
                     Err(e) => Err(e.clone()),
                 });
-                StatsLook {
-                    connections: connections.map_err(|e| unusable(e, "downstream_cx_active")),
-                    requests: requests.map(|r| r.map_err(|e| unusable(e, "downstream_rq_active"))),
-                }
+                StatsLook { connections, requests }
             }
             Err(f) => {
-                let why = f.to_string();
+                let why = failed("GET", self.stats_url(), f);
                 StatsLook { connections: Err(why.clone()), requests: requests.then_some(Err(why)) }
             }
         }
@@ -274,7 +249,7 @@ impl Sources {
         let left = until.saturating_duration_since(Instant::now());
         self.admin
             .get_lines(CLUSTERS_PATH, left, u64::MAX, |line| tally.add_line(line, &self.clusters))
-            .map_err(|f| f.to_string())?;
+            .map_err(|f| failed("GET", self.admin.url(CLUSTERS_PATH), f))?;
         let mut answer = tally.finish()?;
         let arrivals = self.arrived.add(std::mem::take(&mut answer.counters));
         answer.count.arrivals = arrivals;
@@ -282,21 +257,8 @@ impl Sources {
     }
 }
 
-fn unusable(e: stats::Unusable, stat: &str) -> String {
-    match e {
-        stats::Unusable::NotEnabled => {
-            format!("Envoy does not report {stat} (its stats_matcher leaves the stat out)")
-        }
-        stats::Unusable::Unreadable(line) => {
-            format!("Envoy's stats answer has a line that is not '<name>: <count>': '{line}'")
-        }
-        stats::Unusable::NotText => "Envoy answered with bytes that are not text".to_string(),
-    }
-}
-
-/// The one decision: which count is in force, and why the preferred one is not. Requests from
-/// the stats, else from /clusters; then connections from the stats, else (auto) from the socket
-/// table. A source that was not read cannot decide anything.
+/// The one decision: requests from the stats, else from /clusters; then connections from the
+/// stats, else (auto) from the socket table; and why the preferred count is not in force.
 pub fn decide(look: &Look) -> Reading {
     let mut why: Vec<String> = Vec::new();
     if let Some(s) = &look.stats {
@@ -420,19 +382,25 @@ mod tests {
 
     fn proc_count(n: u64) -> Count {
         let part = crate::count::Part { name: "port 15006".to_string(), active: n };
-        Count::new(SourceKind::Proc, vec![part], vec![])
+        Count::new(SourceKind::Proc, Unit::Connections, vec![part], vec![])
     }
 
     fn answer(n: u64) -> Answer {
         let part = crate::count::Part { name: "0.0.0.0_15006".to_string(), active: n };
-        Answer { count: Count::new(SourceKind::Stats, vec![part], vec![]), skipped: vec![] }
+        Answer {
+            count: Count::new(SourceKind::Stats, Unit::Connections, vec![part], vec![]),
+            skipped: vec![],
+        }
     }
 
     #[test]
     fn the_decision_prefers_requests_then_connections_then_the_socket_table() {
         let stats =
             |connections: Result<Answer, String>, requests| StatsLook { connections, requests };
-        let requests = Answer { count: Count::requests(vec![], vec![]), skipped: vec![] };
+        let requests = Answer {
+            count: Count::new(SourceKind::Stats, Unit::Requests, vec![], vec![]),
+            skipped: vec![],
+        };
         let cases = [
             (
                 stats(Ok(answer(2)), Some(Ok((requests, vec![])))),
@@ -476,7 +444,7 @@ mod tests {
         let clusters_answer = |n| clusters::Answer {
             count: Count {
                 excluded: vec![crate::count::Excluded { why: "x".to_string(), n }],
-                ..Count::of(SourceKind::Clusters, Unit::Requests, vec![], vec![])
+                ..Count::new(SourceKind::Clusters, Unit::Requests, vec![], vec![])
             },
             clusters: vec![],
             quiet: 0,

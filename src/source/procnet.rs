@@ -1,11 +1,9 @@
-//! The socket table and its rule (pure: sockets in, count out): the table either reader fills
-//! (lines of `/proc/net/tcp` and `tcp6` are parsed here, netlink replies in diag.rs), counted the
-//! way Envoy's own `downstream_cx_active` counts: the connections Envoy's listeners accepted, and
-//! nothing Envoy or the application opened. The rule, and the kernel and Istio facts behind it,
-//! are in docs/running.md ("Counting") and in docs/how-it-works.md.
+//! The socket table and its rule (pure: sockets in, count out), counted as Envoy's own
+//! `downstream_cx_active` counts: the connections Envoy's listeners accepted, nothing Envoy or the
+//! app opened. The rule and its facts: docs/running.md ("Counting"), docs/how-it-works.md.
 
 use crate::config::Filter;
-use crate::count::{Count, Excluded, Part, SourceKind};
+use crate::count::{Basis, Count, Excluded, Part, SourceKind, Unit};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
@@ -15,8 +13,7 @@ pub const SYN_RECV: u8 = 0x03;
 const CLOSE_WAIT: u8 = 0x08;
 pub const LISTEN: u8 = 0x0A;
 
-/// The range connect() picks local ports from when the kernel's `ip_local_port_range` cannot be
-/// read: its default.
+/// The kernel's default `ip_local_port_range`, where it cannot be read.
 pub const DEFAULT_EPHEMERAL: (u16, u16) = (32768, 60999);
 
 /// An address and port; IPv4 is kept in its IPv4-mapped IPv6 form so that both ends of a
@@ -34,8 +31,7 @@ pub struct Socket {
     pub state: u8,
     /// The socket's owner; an accepted socket has its listener's owner.
     pub uid: u32,
-    /// Links the socket to the process holding it (`/proc/<pid>/fd`); 0 for a connection still
-    /// in its listener's queues.
+    /// Links the socket to its process (`/proc/<pid>/fd`); 0 while in its listener's queues.
     pub inode: u64,
     /// The bytes it has received, where netlink was asked for them (`tcpi_bytes_received`).
     pub received: Option<u64>,
@@ -128,9 +124,7 @@ impl Sink for Table {
 /// Both tables as read: the sockets the rule looks at.
 #[derive(Debug, Default)]
 pub struct Table {
-    /// Listening and open sockets (ESTABLISHED, SYN_SENT, SYN_RECV, CLOSE_WAIT). Sockets on
-    /// their way out (TIME_WAIT, FIN_WAIT and the like) are left out, as netlink is never asked
-    /// for them.
+    /// Listening and open sockets (ESTABLISHED, SYN_SENT, SYN_RECV, CLOSE_WAIT).
     pub sockets: Vec<Socket>,
     /// Lines that are neither a socket nor a header: a table holding any is not understood.
     pub bad_lines: u64,
@@ -163,12 +157,9 @@ impl Table {
         matches!(s.state, LISTEN | ESTABLISHED | SYN_SENT | SYN_RECV | CLOSE_WAIT)
     }
 
-    /// Drops sockets seen twice. No walk of the kernel's socket tables is atomic: with
-    /// connections opening and closing, `/proc/net/tcp` was seen to repeat the same lines many
-    /// times over in one read (tests/readers.rs). A socket is told by its inode, which no two live
-    /// sockets share; a connection not yet accepted has none (0), but its ends are its own. Ends
-    /// are compared only between sockets without an inode: comparing address bytes for every
-    /// pair made this the costliest step of a netlink count.
+    /// Drops sockets seen twice: no walk of the kernel's tables is atomic, and `/proc/net/tcp` was seen
+    /// to repeat lines under churn (tests/readers.rs). A socket is told by its inode; one not yet
+    /// accepted has none, and is told by its ends (compared only then: it is costly).
     pub fn dedup(&mut self) {
         let ends = |s: &Socket| (s.local, s.remote);
         self.sockets.sort_unstable_by(|a, b| {
@@ -187,15 +178,19 @@ impl Table {
 
     /// The listening socket that takes connections to `addr` (Envoy's admin listener, say).
     pub fn listener(&self, addr: SocketAddr) -> Option<&Socket> {
-        taking(&self.listening(), &to_endpoint(addr))
+        taking(&self.listening(), &to_endpoint(addr), |s| &s.local).copied()
     }
 }
 
-/// Of `listening`, the socket that takes connections to `local`: one bound to exactly that
-/// address first, else a wildcard of its family on its port.
-pub fn taking<'a>(listening: &[&'a Socket], local: &Endpoint) -> Option<&'a Socket> {
-    let exact = listening.iter().find(|s| s.local == *local);
-    exact.or_else(|| listening.iter().find(|s| serves(&s.local, local))).copied()
+/// Of `listening` (bound where `at` says), the one that takes connections to `local`: one bound
+/// to exactly that address first, else a wildcard of its family on its port.
+pub fn taking<'a, T>(
+    listening: &'a [T],
+    local: &Endpoint,
+    at: impl Fn(&T) -> &Endpoint,
+) -> Option<&'a T> {
+    let exact = listening.iter().find(|l| at(l) == local);
+    exact.or_else(|| listening.iter().find(|l| serves(at(l), local)))
 }
 
 fn is_header(line: &str) -> bool {
@@ -203,56 +198,33 @@ fn is_header(line: &str) -> bool {
     t.is_empty() || t.starts_with("sl ")
 }
 
-/// How Envoy's sockets are told from everyone else's.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Envoy {
-    /// Envoy's process, found as the holder of its admin listener: the sockets it holds,
-    /// sorted.
-    Process { pid: u32, uid: u32, inodes: Vec<u64> },
-    /// Its process cannot be read: the sockets owned by its admin listener's owner.
-    User { uid: u32 },
-    /// Nothing listens on the admin address: Envoy's sockets cannot be told apart.
-    Unknown,
-}
-
-impl Envoy {
-    /// Whether `s` is Envoy's; `None` when Envoy is unknown. A connection still in a listener's
-    /// queues has no inode yet, but has its listener's owner.
-    fn holds(&self, s: &Socket) -> Option<bool> {
-        match self {
-            Envoy::Process { uid, inodes, .. } => {
-                Some(inodes.binary_search(&s.inode).is_ok() || (s.inode == 0 && s.uid == *uid))
-            }
-            Envoy::User { uid } => Some(s.uid == *uid),
-            Envoy::Unknown => None,
-        }
-    }
-
-    /// Envoy's user, when known.
-    fn uid(&self) -> Option<u32> {
-        match self {
-            Envoy::Process { uid, .. } | Envoy::User { uid } => Some(*uid),
-            Envoy::Unknown => None,
-        }
-    }
-
-    fn is_root(&self) -> bool {
-        self.uid() == Some(0)
-    }
-}
-
 /// What the rule needs besides the table.
 #[derive(Debug, Clone, Copy)]
 pub struct Rule<'a> {
     pub filter: &'a Filter,
-    pub envoy: &'a Envoy,
+    /// How Envoy's sockets are told from everyone else's.
+    pub envoy: &'a Basis,
+    /// With `Basis::Process`, the sockets Envoy's process holds, sorted.
+    pub inodes: &'a [u64],
     /// The kernel's `ip_local_port_range`: the ports connect() picks from.
     pub ephemeral: (u16, u16),
 }
 
-/// The listening sockets seen so far in a run. A listener that has since closed (Envoy stops its
-/// listeners when a drain ends; nginx closes its own at SIGTERM) still tells which connections it
-/// accepted.
+impl Rule<'_> {
+    /// Whether `s` is Envoy's (`None`: unknown); a queued connection has its listener's owner.
+    fn holds(&self, s: &Socket) -> Option<bool> {
+        match self.envoy {
+            Basis::Process { uid, .. } => {
+                Some(self.inodes.binary_search(&s.inode).is_ok() || (s.inode == 0 && s.uid == *uid))
+            }
+            Basis::Owner { uid, .. } => Some(s.uid == *uid),
+            Basis::Unknown { .. } => None,
+        }
+    }
+}
+
+/// The listening sockets seen so far in a run: one that has closed since (a drain's end, nginx at
+/// SIGTERM) still tells which connections it accepted.
 #[derive(Debug, Clone, Default)]
 pub struct Listeners(Vec<Listening>);
 
@@ -264,22 +236,14 @@ struct Listening {
 }
 
 impl Listeners {
-    pub fn learn(&mut self, table: &Table, envoy: &Envoy) {
+    pub fn learn(&mut self, table: &Table, rule: &Rule) {
         for s in table.sockets.iter().filter(|s| s.state == LISTEN) {
-            let envoys = envoy.holds(s);
+            let envoys = rule.holds(s);
             match self.0.iter_mut().find(|l| l.local == s.local) {
                 Some(l) => l.envoys = envoys.or(l.envoys),
                 None => self.0.push(Listening { local: s.local, envoys }),
             }
         }
-    }
-
-    /// The listener that took a connection to `local`: bound to exactly that address first.
-    fn taking(&self, local: &Endpoint) -> Option<&Listening> {
-        self.0
-            .iter()
-            .find(|l| l.local == *local)
-            .or_else(|| self.0.iter().find(|l| serves(&l.local, local)))
     }
 }
 
@@ -324,7 +288,7 @@ impl Rule<'_> {
                 return Verdict::Ignored(port);
             }
         }
-        let on = listeners.taking(&s.local);
+        let on = taking(&listeners.0, &s.local, |l| &l.local);
         let kept = match (envoys, on) {
             // Envoy unknown: whatever a listener of the pod accepted, never what it opened.
             (None, Some(_)) => false,
@@ -344,31 +308,26 @@ impl Rule<'_> {
         Verdict::Accepted { port: local, kept }
     }
 
-    /// Envoy's socket on no listening port: a connection Envoy opened, or one TPROXY gave it
-    /// whose application has closed its listener since. connect() takes local ports from the
-    /// ephemeral range, so a port outside it was accepted, and a port inside it facing a port
-    /// outside it is a connection out. Both inside is either; only a proxy running as root can
-    /// be given connections by TPROXY (Istio runs it so for TPROXY), and there it counts, to be
-    /// safe.
+    /// Envoy's socket on no listening port: one it opened, or one TPROXY gave it whose app has closed its
+    /// listener. connect() takes local ports from the ephemeral range, so a port outside it was
+    /// accepted, one inside facing one outside went out; both inside count only for a root proxy
+    /// (which TPROXY needs), to be safe.
     fn transparent(&self, s: &Socket) -> bool {
         let (lo, hi) = self.ephemeral;
         let ephemeral = |port: u16| (lo..=hi).contains(&port);
         match (ephemeral(s.local.1), ephemeral(s.remote.1)) {
             (false, _) => true,
             (true, false) => false,
-            (true, true) => self.envoy.is_root(),
+            (true, true) => self.envoy.uid() == Some(0),
         }
     }
 }
 
-/// The most sockets a count holds back until Envoy's sockets are listed again (about 230 KB);
-/// past it, the rest count as Envoy's.
+/// The most sockets a count holds back until Envoy's sockets are listed again.
 const MAX_UNSURE: usize = 4096;
 
-/// A count in the making, fed one socket at a time once the listening sockets are known: a dump
-/// streamed from the kernel is counted without keeping its sockets (100,000 connections are 11 MB
-/// as a table). Connections are tallied by why they count or not, and every socket by owner (the
-/// app's are those of other users than the proxy's).
+/// A count fed one socket at a time once the listening sockets are known, so a dump is never held:
+/// connections tallied by why they count or not, every socket by owner.
 pub struct Tally<'a> {
     listening: Vec<&'a Socket>,
     /// The rule and the listeners it reads; `None` when only owners are wanted.
@@ -430,7 +389,8 @@ impl<'a> Tally<'a> {
             excluded
                 .push(Excluded { why: "listening".to_string(), n: self.listening.len() as u64 });
         }
-        let count = Count { excluded, ..Count::new(SourceKind::Proc, parts, vec![]) };
+        let count =
+            Count { excluded, ..Count::new(SourceKind::Proc, Unit::Connections, parts, vec![]) };
         (count, self.owners)
     }
 }
@@ -444,18 +404,17 @@ impl Sink for Tally<'_> {
         // 0), where `/proc/net/tcp` shows its listener's owner: it gets that owner here.
         if s.state == SYN_RECV
             && s.inode == 0
-            && let Some(l) = taking(&self.listening, &s.local)
+            && let Some(l) = taking(&self.listening, &s.local, |l| &l.local)
         {
             s.uid = l.uid;
         } else if s.state != SYN_RECV {
-            // A half-open connection belongs to its listener, whose owner has a socket of its
-            // own.
+            // A half-open connection belongs to its listener, whose owner has a socket of its own.
             *self.owners.entry(s.uid).or_default() += 1;
         }
         let Some((rule, listeners)) = self.rule else {
             return;
         };
-        let envoys = rule.envoy.holds(&s);
+        let envoys = rule.holds(&s);
         if self.listed_first
             && envoys == Some(false)
             && rule.envoy.uid() == Some(s.uid)
@@ -472,10 +431,9 @@ impl Sink for Tally<'_> {
     }
 }
 
-/// Counts a whole table, remembering the listeners seen for the next count. Counted connections
-/// are grouped by the port that accepted them; everything else is listed with why.
+/// Counts a whole table, remembering the listeners seen for the next count.
 pub fn count(table: &Table, rule: &Rule<'_>, listeners: &mut Listeners) -> Count {
-    listeners.learn(table, rule.envoy);
+    listeners.learn(table, rule);
     let mut tally = Tally::new(table, Some((*rule, listeners)), false);
     for s in &table.sockets {
         tally.add(*s);
@@ -519,9 +477,17 @@ mod tests {
         Filter { ignore: PortSet::parse(crate::lists::ISTIO_INFRA_PORTS).unwrap(), only: None }
     }
 
-    fn count_with(lines: &[String], filter: &Filter, envoy: &Envoy) -> Count {
-        let rule = Rule { filter, envoy, ephemeral: DEFAULT_EPHEMERAL };
+    fn count_with(lines: &[String], filter: &Filter, (envoy, inodes): &(Basis, Vec<u64>)) -> Count {
+        let rule = Rule { filter, envoy, inodes, ephemeral: DEFAULT_EPHEMERAL };
         count(&table(lines), &rule, &mut Listeners::default())
+    }
+
+    const UNKNOWN: (Basis, Vec<u64>) =
+        (Basis::Unknown { admin: String::new(), not_envoy: None }, Vec::new());
+
+    /// Envoy told by its user.
+    fn owner(uid: u32) -> (Basis, Vec<u64>) {
+        (Basis::Owner { uid, admin: String::new(), why: String::new() }, Vec::new())
     }
 
     fn parts(c: &Count) -> Vec<(&str, u64)> {
@@ -532,10 +498,11 @@ mod tests {
         c.excluded.iter().map(|e| (e.why.as_str(), e.n)).collect()
     }
 
-    fn envoy(uid: u32, inodes: &[u64]) -> Envoy {
+    /// Envoy told by its process, which holds `inodes`.
+    fn envoy(uid: u32, inodes: &[u64]) -> (Basis, Vec<u64>) {
         let mut inodes = inodes.to_vec();
         inodes.sort_unstable();
-        Envoy::Process { pid: 42, uid, inodes }
+        (Basis::Process { pid: 42, uid, admin: String::new() }, inodes)
     }
 
     #[test]
@@ -590,7 +557,7 @@ mod tests {
                 line("00000000:1F90", "00000000:0000", "0A", 0, 1),
                 line("0200000A:1F90", "0300000A:C350", st, 0, 2),
             ];
-            let c = count_with(&lines, &istio(), &Envoy::Unknown);
+            let c = count_with(&lines, &istio(), &UNKNOWN);
             assert_eq!(c.total, u64::from(counted), "state {st}");
         }
     }
@@ -674,10 +641,11 @@ mod tests {
         let t = table(&redirect_pod());
         let filter = istio();
         let listed = [10, 11, 12, 13, 14, 16, 17, 18, 19];
-        let before = envoy(1337, &listed);
-        let rule = Rule { filter: &filter, envoy: &before, ephemeral: DEFAULT_EPHEMERAL };
+        let (envoy, inodes) = envoy(1337, &listed);
+        let rule =
+            Rule { filter: &filter, envoy: &envoy, inodes: &inodes, ephemeral: DEFAULT_EPHEMERAL };
         let mut listeners = Listeners::default();
-        listeners.learn(&t, &before);
+        listeners.learn(&t, &rule);
         let count = |relist: Option<&[u64]>| {
             let mut tally = Tally::new(&t, Some((rule, &listeners)), true);
             for s in &t.sockets {
@@ -702,7 +670,7 @@ mod tests {
 
     #[test]
     fn by_owner_alone_the_same_pod_counts_the_same() {
-        let c = count_with(&redirect_pod(), &istio(), &Envoy::User { uid: 1337 });
+        let c = count_with(&redirect_pod(), &istio(), &owner(1337));
         assert_eq!(parts(&c), vec![("port 15001", 1), ("port 15006", 1)]);
         assert_eq!(
             excluded(&c)[0],
@@ -713,7 +681,7 @@ mod tests {
 
     #[test]
     fn with_envoy_unknown_what_any_listener_accepted_counts_and_nothing_the_pod_opened() {
-        let c = count_with(&redirect_pod(), &istio(), &Envoy::Unknown);
+        let c = count_with(&redirect_pod(), &istio(), &UNKNOWN);
         assert_eq!(
             parts(&c),
             vec![("port 8080", 2), ("port 15001", 1), ("port 15006", 1)],
@@ -781,7 +749,8 @@ mod tests {
     #[test]
     fn a_listener_seen_once_still_explains_its_connections_after_it_closed() {
         let e = envoy(1337, &[11, 15]);
-        let rule = Rule { filter: &istio(), envoy: &e, ephemeral: DEFAULT_EPHEMERAL };
+        let rule =
+            Rule { filter: &istio(), envoy: &e.0, inodes: &e.1, ephemeral: DEFAULT_EPHEMERAL };
         let mut seen = Listeners::default();
         let with_listener = table(&[
             line("00000000:3A9E", "00000000:0000", "0A", 1337, 11),
@@ -814,7 +783,7 @@ mod tests {
             "   0: 00000000000000000000000000000000:1F90 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1".to_string(),
             "   1: 0000000000000000FFFF00000100007F:1F90 0000000000000000FFFF00000100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 3 1".to_string(),
         ];
-        let c = count_with(&lines, &istio(), &Envoy::Unknown);
+        let c = count_with(&lines, &istio(), &UNKNOWN);
         assert_eq!(parts(&c), vec![("port 8080", 1)]);
     }
 
@@ -822,7 +791,7 @@ mod tests {
     fn an_ipv4_wildcard_listener_does_not_take_ipv6_connections() {
         let v6_client = "   1: 00000000000000000000000001000000:1F90 00000000000000000000000001000000:C350 01 00000000:00000000 00:00000000 00000000     0        0 3 1";
         let lines = [line("00000000:1F90", "00000000:0000", "0A", 0, 1), v6_client.to_string()];
-        let c = count_with(&lines, &istio(), &Envoy::Unknown);
+        let c = count_with(&lines, &istio(), &UNKNOWN);
         assert_eq!(c.total, 0, "{:?}", c.excluded);
     }
 

@@ -1,16 +1,14 @@
-//! The socket-table source: asks the kernel for its TCP sockets over netlink (diag), or reads the
-//! text tables `tcp` and `tcp6` (with `--proc-net`, and where netlink is unavailable), finds
-//! which sockets are Envoy's (the process holding its admin listener, through `/proc/<pid>/fd`),
-//! and counts with procnet's rule. The reader in use, Envoy's process and the listeners seen are
-//! remembered from one count to the next.
+//! The socket-table source: the kernel's TCP sockets over netlink (diag), else the text tables;
+//! which are Envoy's (the holder of its admin listener, through `/proc/<pid>/fd`); procnet's rule.
 
 use crate::config::{Address, Filter};
 use crate::count::{Arrivals, Basis, Count};
-use crate::error::{Failure, io_cause};
+use crate::error::{failed, io_cause};
 use crate::source::clusters::Arrived;
 use crate::source::diag::{self, DumpError};
+use crate::source::lines::each_line;
 use crate::source::procnet::{
-    DEFAULT_EPHEMERAL, Envoy, LISTEN, Listeners, Rule, SYN_RECV, Sink, Socket, Table, Tally, taking,
+    DEFAULT_EPHEMERAL, LISTEN, Listeners, Rule, SYN_RECV, Sink, Socket, Table, Tally, taking,
 };
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
@@ -23,8 +21,7 @@ use std::time::Instant;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reader {
     Netlink,
-    /// The text tables in this directory; `why` says why netlink is not used, when it was meant
-    /// to be.
+    /// The text tables in this directory, and why netlink is not used where it was meant to be.
     Text {
         dir: PathBuf,
         why: Option<String>,
@@ -38,8 +35,7 @@ pub struct SocketTable {
     reader: Reader,
     filter: Filter,
     admin: Address,
-    /// Where processes are listed, when the table is the live one of this machine; fixture
-    /// tables have no processes behind them, which the error says.
+    /// Where processes are listed, when the table is this machine's live one.
     proc_root: Result<PathBuf, String>,
     listeners: Listeners,
     envoy_pid: Option<u32>,
@@ -49,18 +45,13 @@ pub struct SocketTable {
     not_envoy: Option<String>,
     /// What the last count's table said about the pod, until `pod` takes it.
     pod: Option<Pod>,
-    /// With `hold`: what the connections accepted in the pod have received so far, and the
-    /// proxy's outbound capture port, whose connections are the app's own calls out.
+    /// With `hold`: what the pod's accepted connections have received, and the outbound capture port.
     arrived: Option<(Arrived, u16)>,
 }
 
-/// What the socket table says besides the count.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pod {
-    /// Sockets held by other users than the proxy's, by user: while the app runs, its own (and
-    /// any other container's); a process that has exited holds none.
-    pub others: BTreeMap<u32, u64>,
-}
+/// What the socket table says besides the count: the sockets of other users than the proxy's, by
+/// user (while the app runs, its own; an exited process holds none).
+pub type Pod = BTreeMap<u32, u64>;
 
 impl SocketTable {
     /// Netlink, unless `proc_net` names the text tables to read.
@@ -88,15 +79,13 @@ impl SocketTable {
         }
     }
 
-    /// Whether what holds the admin address may be taken as Envoy: `Some(why)` when the admin
-    /// API answered as something else or refused to be opened. Its holder's sockets and user
-    /// are then not Envoy's (an impostor's would count nothing; root's, nothing of Envoy's).
+    /// Whether what holds the admin address may be taken as Envoy: `Some(why)` when the admin API
+    /// answered as something else or refused to be opened.
     pub fn not_envoy(&mut self, why: Option<String>) {
         self.not_envoy = why;
     }
 
-    /// Makes each count tell arrivals too (`hold`, where /clusters cannot answer): see
-    /// `Received`. `outbound` is the proxy's outbound capture port.
+    /// Makes each count tell arrivals too (`Received`); `outbound` is the outbound capture port.
     pub fn watch_arrivals(&mut self, outbound: u16) {
         self.arrived = Some((Arrived::default(), outbound));
     }
@@ -106,17 +95,16 @@ impl SocketTable {
         &self.reader
     }
 
-    /// The kernel's count, made before `until`. Netlink that is unavailable gives way to the text
-    /// tables for the rest of the run, which a warning says; a dump that fails leaves this count
-    /// unknown. The listening sockets are read first, then Envoy's process is found, then the
-    /// open sockets are counted as they come: the table is never held whole.
+    /// The kernel's count, made before `until`: the listening sockets, Envoy's process, then the open
+    /// sockets counted as they come. Netlink that is unavailable gives way to the text tables.
     pub fn count(&mut self, until: Instant) -> Result<Count, String> {
         let (listening, open) = self.read_listening(until)?;
         // Looked up once: on a Unix socket it reads /proc/net/unix.
         let admin = self.admin_socket(&listening);
-        let (envoy, basis) = self.envoy(admin, until);
-        self.listeners.learn(&listening, &envoy);
-        let rule = Rule { filter: &self.filter, envoy: &envoy, ephemeral: self.ephemeral() };
+        let (basis, inodes) = self.envoy(admin, until);
+        let ephemeral = self.ephemeral();
+        let rule = Rule { filter: &self.filter, envoy: &basis, inodes: &inodes, ephemeral };
+        self.listeners.learn(&listening, &rule);
         // The text tables were read whole before Envoy's sockets were listed; a dump comes after.
         let mut tally = Tally::new(&listening, Some((rule, &self.listeners)), open.is_none());
         let counters = match &self.arrived {
@@ -136,8 +124,8 @@ impl SocketTable {
                 None
             }
         };
-        let relist = || match (&self.proc_root, &envoy) {
-            (Ok(root), Envoy::Process { pid, .. }) => sockets_of(root, *pid).ok(),
+        let relist = || match (&self.proc_root, &basis) {
+            (Ok(root), Basis::Process { pid, .. }) => sockets_of(root, *pid).ok(),
             _ => None,
         };
         let (count, owners) = tally.count(relist);
@@ -163,9 +151,8 @@ impl SocketTable {
         Ok(count)
     }
 
-    /// Envoy's process, as the last count found it, else looked up now, once in a run (the
-    /// admin listener's holder; a search of /proc); `None` where that cannot be read (`hold`, in
-    /// the app's container), which later looks do not search for again.
+    /// Envoy's process, as the last count found it, else searched for once in a run; `None` where it
+    /// cannot be read (`hold`, in the app's container).
     pub fn envoy_pid(&mut self, until: Instant) -> Option<u32> {
         if self.envoy_pid.is_none() && !std::mem::replace(&mut self.searched, true) {
             let (listening, _) = self.read_listening(until).ok()?;
@@ -175,9 +162,7 @@ impl SocketTable {
         self.envoy_pid
     }
 
-    /// What the pod holds besides the count, read before `until`: the count's own sockets when
-    /// `count` has just read them, else a fresh read (the owners alone: whose sockets are the
-    /// app's needs no search for Envoy's process).
+    /// What the pod holds besides the count, before `until`: the last count's sockets, else read now.
     pub fn pod(&mut self, until: Instant) -> Result<Pod, String> {
         if let Some(pod) = self.pod.take() {
             return Ok(pod);
@@ -194,8 +179,7 @@ impl SocketTable {
         self.pod = None;
     }
 
-    /// The listening sockets, before `until`; with the text tables, which hold every socket, also
-    /// the open ones, read at the same time.
+    /// The listening sockets, before `until`; from the text tables, the open ones too.
     fn read_listening(&mut self, until: Instant) -> Result<(Table, Option<Table>), String> {
         if self.reader == Reader::Netlink {
             match diag::listening(until) {
@@ -203,10 +187,9 @@ impl SocketTable {
                     listening.dedup();
                     return Ok((listening, None));
                 }
-                Err(DumpError::Failed(f)) => return Err(f.to_string()),
+                Err(DumpError::Failed(f)) => return Err(f),
                 Err(DumpError::Unavailable(f)) => {
-                    self.reader =
-                        Reader::Text { dir: PathBuf::from(PROC_NET), why: Some(f.to_string()) };
+                    self.reader = Reader::Text { dir: PathBuf::from(PROC_NET), why: Some(f) };
                 }
             }
         }
@@ -214,7 +197,7 @@ impl SocketTable {
             Reader::Text { dir, .. } => dir,
             Reader::Netlink => Path::new(PROC_NET),
         };
-        let mut table = read_tables(dir, until).map_err(|f| f.to_string())?;
+        let mut table = read_tables(dir, until)?;
         // `/proc/net/tcp` was seen to repeat lines many times over in one read under churn.
         table.dedup();
         let (listening, open) = table.sockets.into_iter().partition(|s| s.state == LISTEN);
@@ -222,16 +205,15 @@ impl SocketTable {
         Ok((table(listening), Some(table(open))))
     }
 
-    /// Who Envoy is, and how that was found.
+    /// Who Envoy is, how that was found, and with a process the sockets it holds.
     fn envoy(
         &mut self,
         admin_socket: Option<(u32, Option<u64>)>,
         until: Instant,
-    ) -> (Envoy, Basis) {
+    ) -> (Basis, Vec<u64>) {
         let admin = self.admin.to_string();
         let Some((uid, inode)) = admin_socket else {
-            let not_envoy = self.not_envoy.clone();
-            return (Envoy::Unknown, Basis::Unknown { admin, not_envoy });
+            return (Basis::Unknown { admin, not_envoy: self.not_envoy.clone() }, Vec::new());
         };
         let found = match (&self.proc_root, inode) {
             (Ok(root), Some(inode)) => find_holder(root, inode, uid, self.envoy_pid, until),
@@ -243,15 +225,14 @@ impl SocketTable {
         match found {
             Ok((pid, inodes)) => {
                 self.envoy_pid = Some(pid);
-                (Envoy::Process { pid, uid, inodes }, Basis::Process { pid, uid, admin })
+                (Basis::Process { pid, uid, admin }, inodes)
             }
-            Err(why) => (Envoy::User { uid }, Basis::Owner { uid, admin, why }),
+            Err(why) => (Basis::Owner { uid, admin, why }, Vec::new()),
         }
     }
 
-    /// The admin API's listening socket: its owner, and its inode when it can be read. On TCP it
-    /// is in the listening sockets; a Unix socket is a file its creator owns, whose inode
-    /// `/proc/net/unix` shows. `None` when nothing listens there, or what does is not Envoy.
+    /// The admin API's listening socket: its owner, and its inode when it can be read (a Unix socket's
+    /// from `/proc/net/unix`). `None` when nothing listens there, or what does is not Envoy.
     fn admin_socket(&self, listening: &Table) -> Option<(u32, Option<u64>)> {
         if self.not_envoy.is_some() {
             return None;
@@ -272,8 +253,7 @@ impl SocketTable {
         }
     }
 
-    /// The range connect() picks local ports from, in this network namespace; fixture tables
-    /// get the kernel's default.
+    /// The range connect() picks local ports from here; fixture tables get the kernel's default.
     fn ephemeral(&self) -> (u16, u16) {
         let read = |root: &PathBuf| {
             let text = fs::read_to_string(root.join("sys/net/ipv4/ip_local_port_range")).ok()?;
@@ -284,9 +264,7 @@ impl SocketTable {
     }
 }
 
-/// The app's sockets: those of other users than the proxy's, which is the admin socket's owner
-/// (`SocketTable::admin_socket`), else this process's (a preStop runs as the proxy container's
-/// user).
+/// The app's sockets: those of other users than the proxy's (the admin socket's owner, else ours).
 fn pod_of(admin_socket: Option<(u32, Option<u64>)>, mut owners: BTreeMap<u32, u64>) -> Pod {
     let proxy = match admin_socket {
         Some((uid, _)) => uid,
@@ -294,11 +272,10 @@ fn pod_of(admin_socket: Option<(u32, Option<u64>)>, mut owners: BTreeMap<u32, u6
         None => unsafe { libc::geteuid() },
     };
     owners.remove(&proxy);
-    Pod { others: owners }
+    owners
 }
 
-/// The open sockets into `sink`: the text tables' as read with the listening ones, else a dump
-/// of them (with `info`, with the bytes each received), before `until`.
+/// The open sockets into `sink`, from the text tables or a dump (`info`: with bytes received).
 fn read_open(
     reader: &Reader,
     open: Option<Table>,
@@ -314,20 +291,15 @@ fn read_open(
             Ok(())
         }
         (None, _) => diag::open(until, info, sink).map_err(|e| match e {
-            DumpError::Failed(f) | DumpError::Unavailable(f) => f.to_string(),
+            DumpError::Failed(f) | DumpError::Unavailable(f) => f,
         }),
     }
 }
 
-/// What has arrived at the pod, as the socket table tells it where /clusters cannot (`hold`):
-/// every connection accepted in the pod (one a listener of the pod serves) on a port that is
-/// neither ignored (the proxy's own: probes, scrapes, its admin API) nor the outbound capture (the
-/// app's own calls out), keyed by inode, with one more than the bytes it has received, so that a
-/// new connection is an arrival before its first byte, and a request on a kept-alive one is one
-/// too (`clusters::Arrived` compares them). Under REDIRECT that is Envoy's inbound connections
-/// on 15006 and its pooled ones to the app; under TPROXY both on the app's port. A socket without
-/// its byte count (the text tables) makes the arrivals unknown; a connection in its listener's
-/// queue has none yet, and counts as new.
+/// What has arrived at the pod where /clusters cannot tell (`hold`): every connection a listener of
+/// the pod accepted, on a port neither ignored nor the outbound capture, by inode, with one more
+/// than the bytes it has received (`clusters::Arrived` compares them), so that a new connection and
+/// a request on a kept-alive one both arrive. Without byte counts (the text tables) it is unknown.
 struct Received<'a, S> {
     tally: &'a mut S,
     listening: Vec<&'a Socket>,
@@ -342,7 +314,7 @@ impl<S: Sink> Sink for Received<'_, S> {
         let arriving = s.state != LISTEN
             && port != self.outbound
             && !self.ignore.contains(port)
-            && taking(&self.listening, &s.local).is_some();
+            && taking(&self.listening, &s.local, |l| &l.local).is_some();
         if arriving {
             let counter = match s.received {
                 Some(bytes) => Some(bytes.saturating_add(1)),
@@ -359,75 +331,57 @@ impl<S: Sink> Sink for Received<'_, S> {
 }
 
 /// The most one table may hold: about 900,000 sockets of 150 bytes. A larger one is unknown.
-const MAX_TABLE: u64 = 128 << 20;
+const MAX_TABLE: usize = 128 << 20;
 
 /// The kernel's lines are under 200 bytes; a longer one is not a socket table's.
 const MAX_LINE: usize = 512;
 
 /// Both text tables in `dir`. A table may be missing (a kernel without IPv6 has no tcp6), not
 /// both; one that exists must be read whole and understood, or the count is unknown.
-fn read_tables(dir: &Path, until: Instant) -> Result<Table, Failure> {
+fn read_tables(dir: &Path, until: Instant) -> Result<Table, String> {
     let mut table = Table::default();
     let mut read_any = false;
     for name in ["tcp", "tcp6"] {
         read_any |= read_table(&dir.join(name), &mut table, until)?;
     }
     if !read_any {
-        let both = format!("{}/tcp and tcp6", dir.display());
-        return Err(Failure::new("read", both, "neither exists"));
+        return Err(failed("read", format!("{}/tcp and tcp6", dir.display()), "neither exists"));
     }
     Ok(table)
 }
 
-/// Reads a table line by line (18,000 sockets are 2.7 MB of text that need not sit in memory),
-/// bounded in bytes, line length and time. `false` when it does not exist; an error when it
-/// cannot be read whole before `until` or holds a line that is not a socket's.
-fn read_table(path: &Path, table: &mut Table, until: Instant) -> Result<bool, Failure> {
-    let failed = |why: String| Failure::new("read", path.display().to_string(), why);
+/// Reads a table line by line, bounded in bytes, line length and time. `false` when it does not
+/// exist; an error when it cannot be read whole before `until` or holds a line not a socket's.
+fn read_table(path: &Path, table: &mut Table, until: Instant) -> Result<bool, String> {
+    let fail = |why: String| failed("read", path.display(), why);
     // O_NONBLOCK: a FIFO in a table's place must not hang the open.
     let file = match OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(failed(io_cause(&e))),
+        Err(e) => return Err(fail(io_cause(&e))),
     };
-    let kind = file.metadata().map_err(|e| failed(io_cause(&e)))?.file_type();
+    let kind = file.metadata().map_err(|e| fail(io_cause(&e)))?.file_type();
     // The kernel's tables are regular files; a FIFO, a device or a directory is not one.
     if !kind.is_file() {
-        return Err(failed("not a regular file".to_string()));
+        return Err(fail("not a regular file".to_string()));
     }
     let bad_before = table.bad_lines;
-    let mut reader = file.take(MAX_TABLE + 1);
-    let mut chunk = vec![0u8; 64 * 1024];
-    let mut line: Vec<u8> = Vec::with_capacity(MAX_LINE);
-    let mut total = 0u64;
-    loop {
+    let mut total = 0;
+    let each = |line: &str, cut: bool| {
+        total += line.len() + 1;
         if Instant::now() >= until {
-            return Err(failed("no time left before the deadline".to_string()));
+            return Err(fail("no time left before the deadline".to_string()));
+        } else if total > MAX_TABLE {
+            return Err(fail(format!("it is larger than {MAX_TABLE} bytes")));
+        } else if cut {
+            return Err(fail(format!("a line is longer than {MAX_LINE} bytes")));
         }
-        let n = reader.read(&mut chunk).map_err(|e| failed(io_cause(&e)))?;
-        if n == 0 {
-            break;
-        }
-        total += n as u64;
-        if total > MAX_TABLE {
-            return Err(failed(format!("it is larger than {MAX_TABLE} bytes")));
-        }
-        for piece in chunk[..n].split_inclusive(|b| *b == b'\n') {
-            if line.len() + piece.len() > MAX_LINE + 1 {
-                return Err(failed(format!("a line is longer than {MAX_LINE} bytes")));
-            }
-            line.extend_from_slice(piece);
-            if piece.ends_with(b"\n") {
-                table.add_line(&String::from_utf8_lossy(&line));
-                line.clear();
-            }
-        }
-    }
-    if !line.is_empty() {
-        table.add_line(&String::from_utf8_lossy(&line));
-    }
+        table.add_line(line);
+        Ok(())
+    };
+    each_line(file.take(MAX_TABLE as u64 + 1), MAX_LINE, each, |e| fail(io_cause(&e)))?;
     if table.bad_lines > bad_before {
-        return Err(failed(format!(
+        return Err(fail(format!(
             "{} lines are not socket lines, the first '{}'",
             table.bad_lines - bad_before,
             table.first_bad.as_deref().unwrap_or_default()
@@ -439,11 +393,8 @@ fn read_table(path: &Path, table: &mut Table, until: Instant) -> Result<bool, Fa
 /// `/proc/net/unix` is a few hundred lines in a pod; more than this is not the kernel's.
 const MAX_UNIX_TABLE: u64 = 16 << 20;
 
-/// The inode of the listening Unix socket bound to `path`, from `table` (`/proc/net/unix`: `Num
-/// RefCount Protocol Flags Type St Inode Path`, where a listening socket's flags hold
-/// `__SO_ACCEPTCON`, 0x10000; net/unix/af_unix.c, `unix_seq_show`). The path shown is the one
-/// the socket was bound to: `path` names it also through a symlink or another spelling, when
-/// both lead to the same file. `None` when no socket listens there.
+/// The inode of the listening Unix socket bound to `path` (flags with `__SO_ACCEPTCON`), from
+/// `table`, `/proc/net/unix` (`unix_seq_show`), also when `path` names it another way.
 fn unix_listener(table: &Path, path: &Path) -> std::io::Result<Option<u64>> {
     const ACCEPTCON: u32 = 0x10000;
     let mut text = String::new();
@@ -497,8 +448,7 @@ fn sockets_of(proc_root: &Path, pid: u32) -> std::io::Result<Vec<u64>> {
     Ok(inodes)
 }
 
-/// The process holding socket `inode` (owned by `uid`), and every socket it holds. `last`, the
-/// process found before, is tried first: Envoy's pid does not change within a run.
+/// The process holding socket `inode` (owned by `uid`), and all its sockets; `last` is tried first.
 fn find_holder(
     proc_root: &Path,
     inode: u64,
@@ -512,14 +462,12 @@ fn find_holder(
     {
         return Ok((pid, inodes));
     }
-    let dir = fs::read_dir(proc_root).map_err(|e| {
-        Failure::new("list", proc_root.display().to_string(), io_cause(&e)).to_string()
-    })?;
+    let dir =
+        fs::read_dir(proc_root).map_err(|e| failed("list", proc_root.display(), io_cause(&e)))?;
     let mut denied = None;
     for entry in dir.flatten() {
         if Instant::now() >= until {
-            let late = Failure::new("find", "Envoy's process", "no time left before the deadline");
-            return Err(late.to_string());
+            return Err(failed("find", "Envoy's process", "no time left before the deadline"));
         }
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
             continue;
@@ -533,7 +481,7 @@ fn find_holder(
             Ok(_) => {}
             Err(e) => {
                 let fd = format!("{}/{pid}/fd", proc_root.display());
-                denied = Some(Failure::new("read", fd, io_cause(&e)).to_string());
+                denied = Some(failed("read", fd, io_cause(&e)));
             }
         }
     }
