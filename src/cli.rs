@@ -234,13 +234,14 @@ pub struct RunArgs {
     pub pod_annotation: Vec<String>,
 }
 
-/// The app container's preStop: wait until requests stop arriving at the app through Envoy (at
-/// least --min, then --quiet without one); the app gets its SIGTERM after it.
+/// The app container's preStop: wait until requests stop arriving at the app (at least --min,
+/// then --quiet without one); the app gets its SIGTERM after it.
 #[derive(FromArgs, Debug, PartialEq, Default)]
 #[argh(subcommand, name = "hold")]
 pub struct HoldArgs {
-    /// the Envoy-based sidecar, whose clusters to the app tell what arrives: istio, consul or
-    /// kuma (default: istio)
+    /// the pod's mesh: istio, consul or kuma (a sidecar, whose clusters to the app tell what
+    /// arrives, else the socket table), ambient (Istio's ambient mode) or none (no mesh), read
+    /// from the socket table alone (default: istio)
     #[argh(option)]
     pub preset: Option<String>,
 
@@ -248,6 +249,17 @@ pub struct HoldArgs {
     /// unix:PATH (default: the preset's, 127.0.0.1:15000 for istio)
     #[argh(option)]
     pub admin: Option<String>,
+
+    /// socket table: comma-separated ports whose connections count, e.g. 8080 (default: every
+    /// port that listens in the pod, but the mesh's own)
+    #[argh(option)]
+    pub ports: Option<String>,
+
+    /// socket table: comma-separated addresses whose connections never count (the kubelet's
+    /// probes), and gateway for the pod's default gateway (default: 169.254.7.127 with ambient,
+    /// gateway with none)
+    #[argh(option)]
+    pub probes_from: Option<String>,
 
     /// never return sooner (default: 5s)
     #[argh(option)]
@@ -266,7 +278,8 @@ pub struct HoldArgs {
     #[argh(option)]
     pub interval: Option<String>,
 
-    /// comma-separated ports whose clusters' hosts never count (default: the preset's own)
+    /// comma-separated ports whose connections (and clusters' hosts) never count (default: the
+    /// preset's own; with ambient ztunnel's 15001,15053)
     #[argh(option)]
     pub ignore_ports: Option<String>,
 

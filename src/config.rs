@@ -62,12 +62,30 @@ pub struct Counting {
     pub unit: Unit,
     pub filter: Filter,
     pub ignore_clusters: Names,
-    /// `hold`: only the clusters that carry requests to the app count, and tell arrivals.
-    pub inbound: bool,
+    /// `hold`: what tells arrivals in the socket table; in /clusters, the app's clusters do.
+    pub hold: Option<ArrivalRule>,
     /// `--proc-net`: read the text tables there instead of asking the kernel over netlink.
     pub proc_net: Option<PathBuf>,
     /// What is worth a warning but not an error: an ambiguous `--admin`, a bad annotation, ...
     pub warnings: Vec<String>,
+}
+
+/// `hold`'s arrivals in the socket table: what counts (source/arrivals.rs).
+#[derive(Debug, Clone, Default)]
+pub struct ArrivalRule {
+    /// The ports whose connections count; `None`: every port a listener of the pod serves.
+    pub ports: Option<PortSet>,
+    /// Ports whose connections never count: the proxy's own, its outbound capture.
+    pub ignore: PortSet,
+    /// Ports where only a new connection counts, not bytes on an open one: ztunnel's HBONE
+    /// connections carry an HTTP/2 PING every 10 s (istio/ztunnel src/proxy/h2.rs,
+    /// `do_ping_pong`), and every stream they carry reaches the app over a connection of its own.
+    pub new_only: PortSet,
+    /// Clients whose connections never count: the kubelet's probes.
+    pub probes: Vec<[u8; 16]>,
+    /// Also count the connections the namespace accepted that left no socket to see (a client
+    /// that closed first, outside the pod), from its `PassiveOpens`.
+    pub passive_opens: bool,
 }
 
 /// Which sockets may count: none on an ignored port (either end); with `--ports`, only those.
@@ -274,6 +292,16 @@ fn ports(name: &'static str, value: &str) -> Result<PortSet, UsageError> {
     })
 }
 
+/// A list of ports that may not be empty.
+fn some_ports(name: &'static str, value: &str) -> Result<PortSet, UsageError> {
+    match ports(name, value)? {
+        set if set.is_empty() => {
+            Err(UsageError::new(name, value, "at least one port, like 15006,15001"))
+        }
+        set => Ok(set),
+    }
+}
+
 /// What counts, from the flags `run` and `status` share (`hold` sets its own few).
 pub fn counting(a: &RunArgs) -> Result<Counting, UsageError> {
     let preset = match a.preset.as_deref() {
@@ -287,13 +315,7 @@ pub fn counting(a: &RunArgs) -> Result<Counting, UsageError> {
     if unit == Unit::Requests && mode == Mode::Proc {
         return Err(UsageError::new("--count", "requests", ONLY_STATS));
     }
-    let only = match a.ports.as_deref() {
-        Some(v) if ports("--ports", v)?.is_empty() => {
-            return Err(UsageError::new("--ports", v, "at least one port, like 15006,15001"));
-        }
-        Some(v) => Some(ports("--ports", v)?),
-        None => None,
-    };
+    let only = a.ports.as_deref().map(|v| some_ports("--ports", v)).transpose()?;
     let clusters = a.ignore_clusters.as_deref().unwrap_or_default();
     let ignore_clusters = Names::parse(clusters).map_err(|_| {
         let expected = "comma-separated cluster names or name* prefixes, like otel-collector";
@@ -312,7 +334,7 @@ pub fn counting(a: &RunArgs) -> Result<Counting, UsageError> {
         unit,
         filter: Filter { ignore, only },
         ignore_clusters,
-        inbound: false,
+        hold: None,
         proc_net: a.proc_net.as_ref().map(PathBuf::from),
         warnings: admin_warning.into_iter().collect(),
     })
@@ -500,30 +522,52 @@ fn positive(
     if d.is_zero() { Err(UsageError::new(name, v, above_zero)) } else { Ok(d) }
 }
 
-/// `hold`: what arrives at the app through the sidecar, read from /clusters (Istio's stats have no
-/// counter per app), with `run`'s pace and `Until::Quiet`.
+/// `hold`: what arrives at the app. Behind a sidecar, read from /clusters (Istio's stats have no
+/// counter per app), else from the socket table; with `ambient` or `none`, where no Envoy is in
+/// the pod, from the socket table alone (`arrivals`). `run`'s pace and `Until::Quiet`.
 pub fn hold_config(a: &HoldArgs) -> Result<RunConfig, UsageError> {
+    let preset = a.preset.as_deref().unwrap_or("istio");
+    let kernel = ["ambient", "none"].contains(&preset);
     let mut counting = counting(&RunArgs {
-        preset: a.preset.clone(),
+        preset: (!kernel).then(|| preset.to_string()),
         admin: a.admin.clone(),
         count: Some("requests".to_string()),
-        ignore_ports: a.ignore_ports.clone(),
         ..RunArgs::default()
+    })
+    .map_err(|e| match e.name {
+        "--preset" => UsageError::new("--preset", preset, HOLD_PRESETS),
+        _ => e,
     })?;
-    if counting.preset.inbound_clusters.is_empty() {
-        return Err(UsageError::new(
-            "--preset",
-            counting.preset.name,
-            "a sidecar's preset, istio, consul or kuma: a gateway has no app behind it to hold",
-        ));
+    if !kernel && counting.preset.inbound_clusters.is_empty() {
+        return Err(UsageError::new("--preset", preset, HOLD_PRESETS));
     }
-    counting.mode = Mode::Stats;
-    counting.inbound = true;
+    let own = match preset {
+        "ambient" => AMBIENT_OWN,
+        "none" => "",
+        _ => counting.preset.ignore_ports,
+    };
+    let ignore = ports("--ignore-ports", a.ignore_ports.as_deref().unwrap_or(own))?;
+    let mut probes = match (preset, &a.probes_from) {
+        (_, Some(v)) => probe_sources(v)?,
+        ("none", None) => default_gateway().into_iter().collect(),
+        _ => Vec::new(),
+    };
+    if preset == "ambient" {
+        probes.push(AMBIENT_PROBES.to_ipv6_mapped().octets());
+    }
+    counting.hold = Some(ArrivalRule {
+        ports: a.ports.as_deref().map(|v| some_ports("--ports", v)).transpose()?,
+        ignore: if kernel { ignore.clone() } else { ignore.clone().with(preset::OUTBOUND_CAPTURE) },
+        new_only: PortSet::parse(if preset == "ambient" { "15008" } else { "" })
+            .unwrap_or_default(),
+        probes,
+        passive_opens: preset == "none",
+    });
+    counting.filter.ignore = ignore;
+    counting.mode = if kernel { Mode::Proc } else { Mode::Stats };
     let deadline = positive("--deadline", &a.deadline, DEFAULT_HOLD_DEADLINE)?;
-    let min = a
-        .min
-        .as_deref()
-        .map_or(Ok(DEFAULT_HOLD_MIN.min(deadline)), |v| parse_duration("--min", v))?;
+    let min_flag = a.min.as_deref().map(|v| parse_duration("--min", v)).transpose()?;
+    let min = min_flag.unwrap_or(DEFAULT_HOLD_MIN.min(deadline));
     if let Some(v) = a.min.as_deref().filter(|_| min > deadline) {
         let expected = format!("at most the deadline ({})", humantime::format_duration(deadline));
         return Err(UsageError::new("--min", v, expected));
@@ -543,6 +587,53 @@ pub fn hold_config(a: &HoldArgs) -> Result<RunConfig, UsageError> {
         agent: parse_addr("--agent", DEFAULT_AGENT)?,
         verbose: a.verbose,
     })
+}
+
+/// What `hold --preset` takes.
+const HOLD_PRESETS: &str = "a sidecar's preset, istio, consul or kuma, or ambient (Istio's ambient \
+    mode) or none (no mesh): a gateway has no app behind it to hold";
+
+/// ztunnel's own ports in an ambient pod's namespace: its outbound capture and DNS
+/// (istio/ztunnel `scripts/ztunnel-redirect-inpod.sh`); 15008 and 15006 carry arrivals.
+const AMBIENT_OWN: &str = "15001,15053";
+
+/// Where istio-cni sends the kubelet's probes from in ambient mode (it SNATs them on the node).
+const AMBIENT_PROBES: Ipv4Addr = Ipv4Addr::new(169, 254, 7, 127);
+
+/// `--probes-from`: IP addresses, and `gateway` for the pod's default gateway.
+fn probe_sources(value: &str) -> Result<Vec<[u8; 16]>, UsageError> {
+    let items = value.split(',').map(str::trim).filter(|i| !i.is_empty());
+    items
+        .map(|item| match item {
+            "gateway" => Ok(default_gateway()),
+            _ => item.parse::<IpAddr>().map(|ip| Some(mapped(ip))).map_err(|_| {
+                let expected = "comma-separated IP addresses or gateway, like gateway,10.0.0.1";
+                UsageError::new("--probes-from", value, format!("{expected} ('{item}' is not one)"))
+            }),
+        })
+        .filter_map(Result::transpose)
+        .collect()
+}
+
+/// The pod's default gateway (IPv4, `/proc/net/route`), which a bridge CNI's node reaches the pod
+/// from: where the kubelet's probes come from.
+fn default_gateway() -> Option<[u8; 16]> {
+    let routes = std::fs::read_to_string("/proc/net/route").ok()?;
+    routes.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+        let (destination, gateway) = (fields.get(1)?, fields.get(2)?);
+        let gateway = u32::from_str_radix(gateway, 16).ok().filter(|g| *g != 0)?;
+        let ip = std::net::Ipv4Addr::from(gateway.to_ne_bytes());
+        (*destination == "00000000").then(|| ip.to_ipv6_mapped().octets())
+    })
+}
+
+/// An address as the socket table keeps it: IPv4 as IPv4-mapped.
+fn mapped(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
 }
 
 /// What a pod's annotations set, each value checked.

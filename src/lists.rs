@@ -29,6 +29,21 @@ impl PortSet {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+
+    /// The set with `port` too.
+    pub fn with(mut self, port: u16) -> PortSet {
+        if let Err(at) = self.0.binary_search(&port) {
+            self.0.insert(at, port);
+        }
+        self
+    }
+}
+
+impl std::fmt::Display for PortSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ports: Vec<String> = self.0.iter().map(u16::to_string).collect();
+        f.write_str(&ports.join(","))
+    }
 }
 
 /// `--ignore-clusters`: names, and prefixes written `name*`.

@@ -159,14 +159,17 @@ pub fn posted(r: Request, url: &str, answer: &Result<Reply, String>) -> (Level, 
 pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, String)]) -> String {
     let (r, d) = (&cfg.rules, humantime::format_duration);
     let Until::AtMost(exit_at) = r.until else {
+        let from = match (&cfg.counting.hold, sources.mode) {
+            (Some(rule), Mode::Proc) => format!("{}: {}", reader(sources.reader()), doors(rule)),
+            _ => format!(
+                "Envoy's /clusters ({}): clusters {}",
+                sources.admin.url(CLUSTERS_PATH),
+                cfg.counting.preset.inbound_clusters.join(", ")
+            ),
+        };
+        let (quiet, min, most, every) = (d(r.settle), d(r.min_drain), d(r.deadline), d(r.interval));
         return format!(
-            "holding the app's SIGTERM until no request has arrived for {} (at least {}, at most {}), reading arrivals every {} from Envoy's /clusters ({}): clusters {}",
-            d(r.settle),
-            d(r.min_drain),
-            d(r.deadline),
-            d(r.interval),
-            sources.admin.url(CLUSTERS_PATH),
-            cfg.counting.preset.inbound_clusters.join(", "),
+            "holding the app's SIGTERM until no request has arrived for {quiet} (at least {min}, at most {most}), reading arrivals every {every} from {from}"
         );
     };
     let mut sent: Vec<String> =
@@ -195,6 +198,29 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, Stri
         d(r.min_drain),
         d(r.interval),
     )
+}
+
+/// What `hold` takes for an arrival in the socket table: `connections to ports 8080, never
+/// from 169.254.7.127 (the kubelet's probes)`.
+pub fn doors(rule: &crate::config::ArrivalRule) -> String {
+    let ip = |a: &[u8; 16]| std::net::IpAddr::from(*a).to_canonical().to_string();
+    let from: Vec<String> = rule.probes.iter().map(ip).collect();
+    let mut said = match &rule.ports {
+        Some(ports) => format!("connections to ports {ports}"),
+        None => "connections to every port that listens in the pod".to_string(),
+    };
+    for (when, clause) in [
+        (!rule.ignore.is_empty(), format!(" but {}", rule.ignore)),
+        (true, ", new or receiving bytes".to_string()),
+        (!rule.new_only.is_empty(), format!(" (on {}, new only)", rule.new_only)),
+        (!from.is_empty(), format!("; never from {} (the kubelet's probes)", from.join(", "))),
+        (rule.passive_opens, "; and those accepted that left no socket (PassiveOpens)".to_string()),
+    ] {
+        if when {
+            said += &clause;
+        }
+    }
+    said
 }
 
 /// `3 active connections (stats); 21.5s left before the deadline`; verbose: with the breakdown.

@@ -47,6 +47,15 @@ const CASES: &[(&str, &str, &str, &str)] = &[
     ("status", "--source", "both", "auto, stats or proc"),
     ("status", "--ignore-ports", "x", "comma-separated ports"),
     ("status", "--ports", ",", "at least one port"),
+    (
+        "hold",
+        "--preset",
+        "linkerd",
+        "istio, consul or kuma, or ambient (Istio's ambient mode) or none",
+    ),
+    ("hold", "--ports", "", "at least one port"),
+    ("hold", "--ports", "http", "comma-separated ports"),
+    ("hold", "--probes-from", "10.0.0.300", "comma-separated IP addresses or gateway"),
 ];
 
 #[test]

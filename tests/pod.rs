@@ -3,14 +3,17 @@
 //! agent, the app as an unprivileged user calling a service on the other side, clients there.
 //! Each scenario runs where the outcome could differ with Istio's default stats (the hook counts
 //! sockets) and with the stats EXIT_ON_ZERO_ACTIVE_CONNECTIONS enables (the hook counts stats),
-//! and under REDIRECT and TPROXY where capture changes what the socket table shows.
+//! and under REDIRECT and TPROXY where capture changes what the socket table shows. And `hold` in
+//! pods without a sidecar: Istio's ambient mode, and no mesh at all.
 
 mod support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 use support::http::{Conn, H2, Response, in_flight};
-use support::pod::{APP, APP_UID, Capture, Options, Pod, Stats};
+use support::pod::{
+    APP, APP_UID, CLIENT_IP, Capture, Mesh, OTHER_IP, Options, POD_IP, PROBE_IP, Pod, Stats,
+};
 use support::{Finished, Running, spawn};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -623,4 +626,148 @@ fn hold_tells_arrivals_from_the_socket_table_where_the_admin_api_cannot_answer()
             && out.last_line().contains(" (proc); the app gets its SIGTERM now"),
         "{out}"
     );
+}
+
+/// Requests from `source` to `target`, one connection each (`GET /local/0 HTTP/1.0`), every
+/// `every` for `how_long`, bounded in count too: with `close_first` the client closes before the
+/// answer comes, so no socket of the connection stays in the pod; else it reads the answer and
+/// the app closes first. Returns when the last one was sent.
+fn requests(
+    source: &str,
+    target: &str,
+    every: Duration,
+    how_long: Duration,
+    close_first: bool,
+) -> Instant {
+    use std::io::{Read, Write};
+    let until = Instant::now() + how_long;
+    let mut last = Instant::now();
+    for _ in 0..1000 {
+        if Instant::now() >= until {
+            break;
+        }
+        let mut c = support::pod::connect_from(source, target).expect("a connection to the pod");
+        last = Instant::now();
+        c.write_all(b"GET /local/0 HTTP/1.0\r\n\r\n").unwrap();
+        if !close_first {
+            c.set_read_timeout(Some(5 * SECOND)).unwrap();
+            let mut answer = Vec::new();
+            let _ = c.read_to_end(&mut answer);
+            assert!(answer.starts_with(b"HTTP/1.0 200") || answer.starts_with(b"HTTP/1.1 200"));
+        }
+        drop(c);
+        std::thread::sleep(every);
+    }
+    last
+}
+
+/// The kubelet's probes from `source` to the app every 200 ms until `stop`, bounded in count.
+fn probes(source: &str, stop: &std::sync::atomic::AtomicBool) -> usize {
+    let mut n = 0;
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) && n < 500 {
+        requests(source, APP, Duration::ZERO, Duration::from_millis(1), false);
+        n += 1;
+        std::thread::sleep(SECOND / 5);
+    }
+    n
+}
+
+/// `hold` in a pod of `mesh` with the app's user: quiet time 2 s, at least 1 s, at most 20 s.
+fn hold_in(pod: &Pod, preset: &str) -> Running {
+    let args = ["hold", "--preset", preset, "--min", "1s", "--quiet", "2s", "--deadline", "20s"];
+    spawn(pod.hook_as(APP_UID, APP_UID, &args))
+}
+
+/// It returned the quiet time (2 s) after the last request, and not much later.
+fn returned_after_quiet(out: &Finished, last: Instant) {
+    assert_eq!(out.code, Some(0), "{out}");
+    let after = out.ended.saturating_duration_since(last);
+    assert!(
+        out.ended >= last + 2 * SECOND && after < 2 * SECOND + 1500 * SECOND / 1000,
+        "returned {after:?} after the last request (quiet 2s) {out}"
+    );
+    assert!(out.last_line().contains(": no request arrived for 2s, "), "{out}");
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
+fn in_ambient_mode_hold_sees_each_client_connection_but_never_the_probes_or_the_pods_calls_out() {
+    // Istio's ambient mode: no sidecar; the node's ztunnel (a stand-in) holds 15008, 15006, 15001
+    // and 15053 in the pod's namespace as another user. Clients reach the app over HBONE (a
+    // client node's ztunnel pooling HTTP/2 CONNECT streams to 15008), then in plaintext (to
+    // 15006), one connection per request, each opened and closed between two reads; the
+    // kubelet's probes (from 169.254.7.127, straight to the app) and the app's own calls out (to
+    // 15001, and TCP DNS to 15053) go on all along and never count.
+    let envoy = support::envoy::required();
+    let options = Options { mesh: Mesh::Ambient, ..Options::default() };
+    let pod = Pod::start(&envoy, Path::new(support::BIN), options);
+    let _hbone = pod.network().hbone_client(&envoy, "10.90.0.3:18080", POD_IP);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let probed = s.spawn(|| pod.client(|| probes(PROBE_IP, &stop)));
+        let mut calls = pod.as_app("/usr/bin/python3");
+        calls.args(["-c", CALLS_OUT]);
+        let calls = spawn(calls);
+        let hold = hold_in(&pod, "ambient");
+        let every = SECOND / 10;
+        pod.client(|| requests(CLIENT_IP, "10.90.0.3:18080", every, 2 * SECOND, false));
+        let last = pod.client(|| requests(CLIENT_IP, APP, every, 2 * SECOND, false));
+        let out = hold.finish();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let calls = calls.finish();
+        assert!(probed.join().unwrap() > 10, "the probes went on");
+        assert_eq!(calls.code, Some(0), "the app's calls out and DNS were answered {calls}");
+        returned_after_quiet(&out, last);
+        assert!(
+            out.stderr.contains("never from 169.254.7.127 (the kubelet's probes)")
+                && out.stderr.contains("but 15001,15053"),
+            "{out}"
+        );
+    });
+}
+
+/// The app's own calls out, as its user, every 200 ms for 8 s: HTTP to the other service (which
+/// ambient mode sends to ztunnel's 15001) and a TCP DNS exchange (to its 15053).
+const CALLS_OUT: &str = "
+import http.client, socket, time
+end = time.monotonic() + 8
+while time.monotonic() < end:
+    c = http.client.HTTPConnection('10.90.0.3', 9080, timeout=5)
+    c.request('GET', '/local/0')
+    assert c.getresponse().status == 200
+    c.close()
+    s = socket.create_connection(('10.90.0.3', 53), timeout=5)
+    s.sendall(b'wait 0\\n')
+    assert s.recv(16) == b'done\\n'
+    s.close()
+    time.sleep(0.2)
+";
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
+fn without_a_mesh_hold_sees_connections_that_left_no_socket_but_never_the_nodes_probes() {
+    // No mesh: clients reach the app straight, one connection per request, each opened and
+    // closed between two reads: first the app closes it (its end waits in TIME_WAIT), then the
+    // client does, before the answer (no socket of it stays in the pod: the namespace's
+    // PassiveOpens counts it). The kubelet's probes come from the node (the pod's gateway on a
+    // bridge) all along and never count.
+    let options = Options { mesh: Mesh::None, ..Options::default() };
+    let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let probed = s.spawn(|| pod.client(|| probes(OTHER_IP, &stop)));
+        let hold = hold_in(&pod, "none");
+        let every = SECOND / 10;
+        pod.client(|| requests(CLIENT_IP, APP, every, 2 * SECOND, false));
+        let last = pod.client(|| requests(CLIENT_IP, APP, every, 2 * SECOND, true));
+        let out = hold.finish();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(probed.join().unwrap() > 10, "the probes went on");
+        returned_after_quiet(&out, last);
+        assert!(
+            out.stderr.contains("never from 10.90.0.3 (the kubelet's probes)")
+                && out.stderr.contains("counting connections the pod accepted that left no socket"),
+            "{out}"
+        );
+    });
 }

@@ -335,5 +335,28 @@ fn hold_that_cannot_read_arrivals_never_returns_early_exits_3_and_says_why() {
                 "{out}"
             );
         }
+        // Without a sidecar the socket table is all there is.
+        for preset in ["ambient", "none"] {
+            let mut cmd = command(&[
+                "hold",
+                "--preset",
+                preset,
+                "--min",
+                "0s",
+                "--quiet",
+                "500ms",
+                "--deadline",
+                "2s",
+            ]);
+            without_netlink(&mut cmd);
+            let out = run(cmd);
+            assert_eq!(out.code, Some(3), "{preset} {out}");
+            assert!(out.elapsed < Duration::from_millis(2000 + 400), "{preset} {out}");
+            assert!(
+                out.last_line().contains("nothing could be counted: no source told what arrived")
+                    && out.stderr.contains("arrivals unknown: the socket table shows no bytes"),
+                "{preset} {out}"
+            );
+        }
     });
 }

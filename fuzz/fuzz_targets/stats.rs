@@ -3,7 +3,8 @@
 #![no_main]
 
 use envoy_drain::lists::{ISTIO_INFRA_PORTS, PortSet};
-use envoy_drain::source::stats;
+use envoy_drain::preset::ISTIO;
+use envoy_drain::source::stats::Lines;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -11,14 +12,19 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let ignore = PortSet::parse(ISTIO_INFRA_PORTS).expect("the default list parses");
-    if let Ok((answer, hcms)) = stats::parse_requests(body, &ignore) {
+    let mut lines = Lines::new(&ignore, ISTIO);
+    body.lines().for_each(|l| lines.add(l));
+    let connections = lines.connections();
+    if let Ok((answer, hcms)) =
+        connections.as_ref().map_err(Clone::clone).and_then(|c| lines.requests(c))
+    {
         let count = answer.count;
         let sum = count.parts.iter().map(|p| p.active).fold(0u64, u64::saturating_add);
         assert_eq!(count.total, sum);
         assert_eq!(count.parts.len(), hcms.len() + 1, "one part per manager, and the non-HTTP one");
-        assert!(stats::parse(body, &ignore).is_ok(), "requests need the connection stats too");
+        assert!(connections.is_ok(), "requests need the connection stats too");
     }
-    if let Ok(answer) = stats::parse(body, &ignore) {
+    if let Ok(answer) = connections {
         let count = answer.count;
         let sum = count.parts.iter().map(|p| p.active).fold(0u64, u64::saturating_add);
         assert_eq!(count.total, sum);

@@ -37,6 +37,8 @@ const AF_INET6: u8 = 10;
 /// (`inet_diag_dump_icsk`): LISTEN, then ESTABLISHED, SYN_SENT, SYN_RECV and CLOSE_WAIT.
 pub const LISTENING: u32 = 1 << 10;
 pub const OPEN: u32 = (1 << 1) | (1 << 2) | (1 << 3) | (1 << 8);
+/// Every state but LISTEN, for `hold`: TIME_WAIT keeps a closed connection's ends for 60 s.
+pub const ALL: u32 = 0xfff & !LISTENING & !1;
 
 /// The kernel fills a dump's datagrams up to 32 KiB (`SKB_WITH_OVERHEAD(32768)`, af_netlink.c).
 const DATAGRAM: usize = 32 * 1024;
@@ -192,8 +194,13 @@ pub fn listening(until: Instant) -> Result<Table, DumpError> {
 /// Every open TCP socket of this network namespace into `sink` as the kernel sends them, before
 /// `until`; with `info`, each with the bytes it has received. Not deduplicated: a socket shows
 /// twice only when its hash chain gained one between two datagrams.
-pub fn open(until: Instant, info: bool, sink: &mut impl Sink) -> Result<(), DumpError> {
-    exchange(&request(2, OPEN, info), 2, until, sink)
+pub fn open(
+    until: Instant,
+    states: u32,
+    info: bool,
+    sink: &mut impl Sink,
+) -> Result<(), DumpError> {
+    exchange(&request(2, states, info), 2, until, sink)
 }
 
 /// Sends `req` to the kernel and reads the whole reply into `sink`.
@@ -312,7 +319,8 @@ mod tests {
     use crate::count::Basis;
     use crate::count::Excluded;
     use crate::lists::PortSet;
-    use crate::source::procnet::{DEFAULT_EPHEMERAL, Listeners, Rule, count};
+    use crate::source::procnet::testing::count;
+    use crate::source::procnet::{DEFAULT_EPHEMERAL, Listeners, Rule};
 
     /// A message as the kernel lays it out: header, then `body`, padded to 4 bytes.
     fn message(kind: u16, flags: u16, seq: u32, body: &[u8]) -> Vec<u8> {
@@ -492,7 +500,7 @@ mod tests {
         assert!(l.sockets.iter().all(|s| s.state == 10), "{:?}", l.sockets);
         assert_eq!(l.sockets.iter().filter(|s| s.local.1 == port).count(), 1);
         let mut t = Table::default();
-        open(until, false, &mut t).unwrap();
+        open(until, OPEN, false, &mut t).unwrap();
         assert!(t.sockets.iter().all(|s| s.state != 10), "{:?}", t.sockets);
         let on_port: Vec<&Socket> = t.sockets.iter().filter(|s| s.local.1 == port).collect();
         assert_eq!(on_port.len(), 1, "the accepted end");
@@ -510,7 +518,7 @@ mod tests {
         let until = Instant::now() + std::time::Duration::from_secs(10);
         let received = || {
             let mut t = Table::default();
-            open(until, true, &mut t).unwrap();
+            open(until, OPEN, true, &mut t).unwrap();
             let accepted = t.sockets.iter().find(|s| s.local.1 == port).copied();
             accepted.and_then(|s| s.received)
         };

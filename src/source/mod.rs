@@ -2,6 +2,7 @@
 //! (auto) the kernel's socket table; for requests, the stats, else /clusters, else connections.
 
 pub mod admin;
+pub mod arrivals;
 pub mod clusters;
 pub mod diag;
 pub mod lines;
@@ -92,8 +93,8 @@ const MAX_STATS_TIMEOUT: Duration = Duration::from_secs(8);
 impl Sources {
     pub fn new(c: &Counting) -> Sources {
         let mut table = SocketTable::new(c.proc_net.as_deref(), c.filter.clone(), c.admin.clone());
-        if c.inbound {
-            table.watch_arrivals(crate::preset::OUTBOUND_CAPTURE);
+        if let Some(rule) = &c.hold {
+            table.watch_arrivals(rule.clone());
         }
         Sources {
             mode: c.mode,
@@ -103,7 +104,7 @@ impl Sources {
                 preset: c.preset,
                 ignore_clusters: c.ignore_clusters.clone(),
                 ignore_ports: c.filter.ignore.clone(),
-                inbound: c.inbound,
+                inbound: c.hold.is_some(),
             },
             arrived: clusters::Arrived::default(),
             table,
@@ -170,6 +171,10 @@ impl Sources {
         let envoy_cpu = move || envoy.and_then(main_thread_cpu);
         let (asked, cpu) = (Instant::now(), envoy_cpu());
         let spent = move || cpu.zip(envoy_cpu()).map(|(b, a)| a.saturating_sub(b));
+        if self.clusters.inbound && !admin {
+            let proc = Some(self.table.arrivals(until.max(Instant::now() + PROC_GRACE)));
+            return Look { stats: None, clusters: None, proc };
+        }
         if self.clusters.inbound {
             // `hold`: /clusters, else the socket table in the moment left for it.
             let before_table = until.checked_sub(PROC_GRACE).unwrap_or(until);
@@ -178,7 +183,7 @@ impl Sources {
             self.envoy_cpu = spent();
             let proc = clusters
                 .is_err()
-                .then(|| self.table().count(until.max(Instant::now() + PROC_GRACE)));
+                .then(|| self.table.arrivals(until.max(Instant::now() + PROC_GRACE)));
             return Look { stats: None, clusters: Some(clusters), proc };
         }
         let known = match &self.clusters_first {
@@ -328,7 +333,7 @@ mod tests {
             unit: Unit::Connections,
             filter: crate::config::Filter::default(),
             ignore_clusters: crate::lists::Names::default(),
-            inbound: false,
+            hold: None,
             proc_net: Some(proc_net),
             warnings: vec![],
         })

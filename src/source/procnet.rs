@@ -115,6 +115,12 @@ pub trait Sink {
     fn add(&mut self, s: Socket);
 }
 
+impl Sink for Vec<Socket> {
+    fn add(&mut self, s: Socket) {
+        self.push(s);
+    }
+}
+
 impl Sink for Table {
     fn add(&mut self, s: Socket) {
         Table::add(self, s);
@@ -431,18 +437,24 @@ impl Sink for Tally<'_> {
     }
 }
 
-/// Counts a whole table, remembering the listeners seen for the next count.
-pub fn count(table: &Table, rule: &Rule<'_>, listeners: &mut Listeners) -> Count {
-    listeners.learn(table, rule);
-    let mut tally = Tally::new(table, Some((*rule, listeners)), false);
-    for s in &table.sockets {
-        tally.add(*s);
+#[cfg(test)]
+pub mod testing {
+    use super::*;
+
+    /// Counts a whole table, remembering the listeners seen for the next count.
+    pub fn count(table: &Table, rule: &Rule<'_>, listeners: &mut Listeners) -> Count {
+        listeners.learn(table, rule);
+        let mut tally = Tally::new(table, Some((*rule, listeners)), false);
+        for s in &table.sockets {
+            tally.add(*s);
+        }
+        tally.count(|| None).0
     }
-    tally.count(|| None).0
 }
 
 #[cfg(test)]
 mod tests {
+    use super::testing::count;
     use super::*;
     use crate::lists::PortSet;
 

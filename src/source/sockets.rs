@@ -1,15 +1,13 @@
 //! The socket-table source: the kernel's TCP sockets over netlink (diag), else the text tables;
 //! which are Envoy's (the holder of its admin listener, through `/proc/<pid>/fd`); procnet's rule.
 
-use crate::config::{Address, Filter};
-use crate::count::{Arrivals, Basis, Count};
+use crate::config::{Address, ArrivalRule, Filter};
+use crate::count::{Arrivals, Basis, Count, Part, SourceKind, Unit};
 use crate::error::{failed, io_cause};
-use crate::source::clusters::Arrived;
+use crate::source::arrivals::{self, Tracker};
 use crate::source::diag::{self, DumpError};
 use crate::source::lines::each_line;
-use crate::source::procnet::{
-    DEFAULT_EPHEMERAL, LISTEN, Listeners, Rule, SYN_RECV, Sink, Socket, Table, Tally, taking,
-};
+use crate::source::procnet::{DEFAULT_EPHEMERAL, LISTEN, Listeners, Rule, Sink, Table, Tally};
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 use std::io::Read;
@@ -45,8 +43,8 @@ pub struct SocketTable {
     not_envoy: Option<String>,
     /// What the last count's table said about the pod, until `pod` takes it.
     pod: Option<Pod>,
-    /// With `hold`: what the pod's accepted connections have received, and the outbound capture port.
-    arrived: Option<(Arrived, u16)>,
+    /// With `hold`: what tells arrivals, and what it has seen.
+    tracker: Option<Tracker>,
 }
 
 /// What the socket table says besides the count: the sockets of other users than the proxy's, by
@@ -75,7 +73,7 @@ impl SocketTable {
             searched: false,
             not_envoy: None,
             pod: None,
-            arrived: None,
+            tracker: None,
         }
     }
 
@@ -85,9 +83,56 @@ impl SocketTable {
         self.not_envoy = why;
     }
 
-    /// Makes each count tell arrivals too (`Received`); `outbound` is the outbound capture port.
-    pub fn watch_arrivals(&mut self, outbound: u16) {
-        self.arrived = Some((Arrived::default(), outbound));
+    /// Makes each count tell arrivals too, by `rule`.
+    pub fn watch_arrivals(&mut self, rule: ArrivalRule) {
+        self.tracker = Some(Tracker::new(rule));
+    }
+
+    /// `hold`: the connections that count open now, by port, and what has arrived (`Tracker`),
+    /// before `until`; unknown without byte counts (the text tables), where a request on a
+    /// kept-alive connection cannot be told.
+    pub fn arrivals(&mut self, until: Instant) -> Result<Count, String> {
+        let (listening, open) = self.read_listening(until)?;
+        let mut sockets = listening.sockets;
+        read_open(&self.reader, open, until, (diag::ALL, true), &mut sockets)?;
+        let mut warnings = Vec::new();
+        self.reader_warning(&mut warnings);
+        let (arrivals, open) = match (&mut self.tracker, &self.reader, &self.proc_root) {
+            (Some(tracker), Reader::Netlink, Ok(root)) => {
+                let snmp = root.join("net/snmp");
+                let passive = tracker.rule().passive_opens.then(|| fs::read_to_string(&snmp));
+                let passive = passive.and_then(|read| match read {
+                    Ok(text) => arrivals::passive_opens(&text),
+                    Err(e) => {
+                        let failed = failed("read", snmp.display(), io_cause(&e));
+                        warnings.push(format!(
+                            "{failed}; connections that leave no socket are not seen"
+                        ));
+                        None
+                    }
+                });
+                let read = tracker.read(&addresses(), &sockets, passive);
+                if read.unseen > 0 {
+                    warnings.push(
+                        "counting connections the pod accepted that left no socket to tell them by \
+                         (PassiveOpens: a client that closed first, or a tcpSocket probe) as arrivals"
+                            .to_string(),
+                    );
+                }
+                (Arrivals::Requests(tracker.total), read.open)
+            }
+            _ => {
+                warnings.push(
+                    "arrivals unknown: the socket table shows no bytes received for a connection \
+                     accepted in the pod"
+                        .to_string(),
+                );
+                (Arrivals::Unknown, Vec::new())
+            }
+        };
+        let parts = open.iter().map(|(port, n)| Part { name: format!("port {port}"), active: *n });
+        let count = Count::new(SourceKind::Proc, Unit::Connections, parts.collect(), warnings);
+        Ok(Count { arrivals, ..count })
     }
 
     /// Where the sockets are read from.
@@ -107,48 +152,25 @@ impl SocketTable {
         self.listeners.learn(&listening, &rule);
         // The text tables were read whole before Envoy's sockets were listed; a dump comes after.
         let mut tally = Tally::new(&listening, Some((rule, &self.listeners)), open.is_none());
-        let counters = match &self.arrived {
-            Some((_, outbound)) => {
-                let mut received = Received {
-                    tally: &mut tally,
-                    listening: listening.listening(),
-                    ignore: &self.filter.ignore,
-                    outbound: *outbound,
-                    counters: Some(Vec::new()),
-                };
-                read_open(&self.reader, open, until, true, &mut received)?;
-                received.counters
-            }
-            None => {
-                read_open(&self.reader, open, until, false, &mut tally)?;
-                None
-            }
-        };
+        read_open(&self.reader, open, until, (diag::OPEN, false), &mut tally)?;
         let relist = || match (&self.proc_root, &basis) {
             (Ok(root), Basis::Process { pid, .. }) => sockets_of(root, *pid).ok(),
             _ => None,
         };
         let (count, owners) = tally.count(relist);
         let mut count = Count { basis: Some(basis), ..count };
-        if let Some((arrived, _)) = &mut self.arrived {
-            count.arrivals = match counters {
-                Some(c) => arrived.add(c),
-                None => {
-                    let why = "arrivals unknown: the socket table shows no bytes received for a \
-                               connection accepted in the pod";
-                    count.warnings.push(why.to_string());
-                    Arrivals::Unknown
-                }
-            };
-        }
         self.pod = Some(pod_of(admin, owners));
+        self.reader_warning(&mut count.warnings);
+        Ok(count)
+    }
+
+    /// Where netlink was meant to be read and the text tables are, the warning that says why.
+    fn reader_warning(&self, warnings: &mut Vec<String>) {
         if let Reader::Text { why: Some(why), .. } = &self.reader {
-            count.warnings.push(format!(
-                "netlink sock_diag is unavailable ({why}): reading {}/tcp and tcp6 instead",
-                PROC_NET
+            warnings.push(format!(
+                "netlink sock_diag is unavailable ({why}): reading {PROC_NET}/tcp and tcp6 instead"
             ));
         }
-        Ok(count)
     }
 
     /// Envoy's process, as the last count found it, else searched for once in a run; `None` where it
@@ -169,7 +191,7 @@ impl SocketTable {
         }
         let (listening, open) = self.read_listening(until)?;
         let mut tally = Tally::new(&listening, None, false);
-        read_open(&self.reader, open, until, false, &mut tally)?;
+        read_open(&self.reader, open, until, (diag::OPEN, false), &mut tally)?;
         let (_, owners) = tally.count(|| None);
         Ok(pod_of(self.admin_socket(&listening), owners))
     }
@@ -275,59 +297,58 @@ fn pod_of(admin_socket: Option<(u32, Option<u64>)>, mut owners: BTreeMap<u32, u6
     owners
 }
 
-/// The open sockets into `sink`, from the text tables or a dump (`info`: with bytes received).
+/// The open sockets into `sink`: the text tables' as read with the listening ones, else a dump
+/// of those in `states` (`info`: with bytes received).
 fn read_open(
     reader: &Reader,
     open: Option<Table>,
     until: Instant,
-    info: bool,
+    (states, info): (u32, bool),
     sink: &mut impl Sink,
 ) -> Result<(), String> {
     match (open, reader) {
         (Some(table), _) => {
-            for s in table.sockets {
-                sink.add(s);
-            }
+            table.sockets.into_iter().for_each(|s| sink.add(s));
             Ok(())
         }
-        (None, _) => diag::open(until, info, sink).map_err(|e| match e {
+        (None, _) => diag::open(until, states, info, sink).map_err(|e| match e {
             DumpError::Failed(f) | DumpError::Unavailable(f) => f,
         }),
     }
 }
 
-/// What has arrived at the pod where /clusters cannot tell (`hold`): every connection a listener of
-/// the pod accepted, on a port neither ignored nor the outbound capture, by inode, with one more
-/// than the bytes it has received (`clusters::Arrived` compares them), so that a new connection and
-/// a request on a kept-alive one both arrive. Without byte counts (the text tables) it is unknown.
-struct Received<'a, S> {
-    tally: &'a mut S,
-    listening: Vec<&'a Socket>,
-    ignore: &'a crate::lists::PortSet,
-    outbound: u16,
-    counters: Option<Vec<(u64, u64)>>,
-}
-
-impl<S: Sink> Sink for Received<'_, S> {
-    fn add(&mut self, s: Socket) {
-        let port = s.local.1;
-        let arriving = s.state != LISTEN
-            && port != self.outbound
-            && !self.ignore.contains(port)
-            && taking(&self.listening, &s.local, |l| &l.local).is_some();
-        if arriving {
-            let counter = match s.received {
-                Some(bytes) => Some(bytes.saturating_add(1)),
-                None if s.state == SYN_RECV => Some(1),
-                None => None,
-            };
-            match (counter, &mut self.counters) {
-                (Some(c), Some(counters)) => counters.push((s.inode, c)),
-                _ => self.counters = None,
-            }
+/// This network namespace's addresses (getifaddrs), IPv4 ones as IPv4-mapped.
+fn addresses() -> Vec<[u8; 16]> {
+    let mut found = Vec::new();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list`, which freeifaddrs releases; each entry's address is read
+    // only when set, as the family it says.
+    unsafe {
+        if libc::getifaddrs(&mut list) != 0 {
+            return found;
         }
-        self.tally.add(s);
+        let mut at = list;
+        while let Some(entry) = at.as_ref() {
+            if let Some(addr) = entry.ifa_addr.as_ref() {
+                match i32::from(addr.sa_family) {
+                    libc::AF_INET => {
+                        let v4 = &*(entry.ifa_addr as *const libc::sockaddr_in);
+                        let ip = std::net::Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr));
+                        found.push(ip.to_ipv6_mapped().octets());
+                    }
+                    libc::AF_INET6 => {
+                        found.push(
+                            (*(entry.ifa_addr as *const libc::sockaddr_in6)).sin6_addr.s6_addr,
+                        );
+                    }
+                    _ => {}
+                }
+            }
+            at = entry.ifa_next;
+        }
+        libc::freeifaddrs(list);
     }
+    found
 }
 
 /// The most one table may hold: about 900,000 sockets of 150 bytes. A larger one is unknown.
@@ -493,65 +514,6 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
     use std::os::fd::AsRawFd;
-
-    /// `hold`'s arrivals from the socket table: connections accepted on the pod's ports, not on
-    /// the proxy's own or the outbound capture, each with its bytes received plus one; one
-    /// without its byte count makes them unknown.
-    #[test]
-    fn arrivals_are_the_accepted_connections_bytes_but_the_proxys_own_and_calls_out() {
-        let ip = |last: u8| {
-            let mut a = [0u8; 16];
-            a[10] = 0xff;
-            a[11] = 0xff;
-            a[12..].copy_from_slice(&[10, 0, 0, last]);
-            a
-        };
-        let socket = |port: u16, state: u8, inode: u64, received: Option<u64>| Socket {
-            local: (ip(2), port),
-            remote: (ip(9), 50000),
-            state,
-            uid: 1337,
-            inode,
-            received,
-        };
-        let listening = Table {
-            sockets: [15006, 15001, 15021, 8080]
-                .map(|port| Socket {
-                    local: ([0; 16], port),
-                    remote: ([0; 16], 0),
-                    ..socket(port, LISTEN, 0, None)
-                })
-                .to_vec(),
-            ..Table::default()
-        };
-        let ignore = crate::lists::PortSet::parse(crate::lists::ISTIO_INFRA_PORTS).unwrap();
-        let received = |sockets: &[Socket]| {
-            let mut table = Table::default();
-            let mut r = Received {
-                tally: &mut table,
-                listening: listening.listening(),
-                ignore: &ignore,
-                outbound: 15001,
-                counters: Some(Vec::new()),
-            };
-            for s in sockets {
-                r.add(*s);
-            }
-            r.counters
-        };
-        const ESTABLISHED: u8 = 1;
-        let counted = received(&[
-            socket(15006, ESTABLISHED, 7, Some(120)),
-            socket(8080, ESTABLISHED, 8, Some(0)),
-            socket(15006, SYN_RECV, 0, None),
-            socket(15001, ESTABLISHED, 9, Some(500)),
-            socket(15021, ESTABLISHED, 10, Some(90)),
-            // Opened by the pod: no listener of it serves its local port.
-            socket(41000, ESTABLISHED, 11, Some(70)),
-        ]);
-        assert_eq!(counted, Some(vec![(7, 121), (8, 1), (0, 1)]));
-        assert_eq!(received(&[socket(15006, ESTABLISHED, 7, None)]), None);
-    }
 
     /// The kernel shows a socket's path as it was bound, spaces and all; the flag names it also
     /// through a symlink.

@@ -226,26 +226,6 @@ fn hcm_stat<'a>(name: &'a str, preset: &Preset) -> Option<(&'a str, bool)> {
     (!prefix.is_empty() && !any(preset.own_hcms, prefix)).then_some((prefix, is_request))
 }
 
-/// A whole answer's `Lines`, read as for Istio.
-fn lines(body: &str, ignore: &PortSet) -> Lines {
-    let mut lines = Lines::new(ignore, crate::preset::ISTIO);
-    for line in body.lines() {
-        lines.add(line);
-    }
-    lines
-}
-
-/// The connection count of a whole answer.
-pub fn parse(body: &str, ignore: &PortSet) -> Result<Answer, String> {
-    lines(body, ignore).connections()
-}
-
-/// The request count of a whole answer, and its HTTP connection managers.
-pub fn parse_requests(body: &str, ignore: &PortSet) -> Result<(Answer, Vec<Hcm>), String> {
-    let lines = lines(body, ignore);
-    lines.requests(&lines.connections()?)
-}
-
 /// `listener.<L>.downstream_cx_active` gives `L`, unless it is a per-handler copy
 /// (`<L>.worker_<n>`, `<L>.main_thread`) whose sum the plain line already holds. Listener names
 /// contain dots (addresses), so the handler part is read from the right.
@@ -283,6 +263,27 @@ fn skip_reason(listener: &str, ignore: &PortSet, preset: &Preset) -> Option<&'st
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A whole answer's `Lines`, read as for Istio.
+    fn lines(body: &str, ignore: &PortSet) -> Lines {
+        let mut lines = Lines::new(ignore, crate::preset::ISTIO);
+        for line in body.lines() {
+            lines.add(line);
+        }
+        lines
+    }
+
+    /// The connection count of a whole answer.
+    pub fn parse(body: &str, ignore: &PortSet) -> Result<Answer, String> {
+        lines(body, ignore).connections()
+    }
+
+    /// The request count of a whole answer, and its HTTP connection managers.
+    pub fn parse_requests(body: &str, ignore: &PortSet) -> Result<(Answer, Vec<Hcm>), String> {
+        let lines = lines(body, ignore);
+        lines.requests(&lines.connections()?)
+    }
+
     use crate::count::KEPT;
     use crate::lists::ISTIO_INFRA_PORTS;
 

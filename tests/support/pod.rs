@@ -13,6 +13,10 @@
 //!   run there as that user, and its sidecar routes to the mesh's service over EDS
 //!   (tests/pod/client.yaml).
 //!
+//! Or a pod without a sidecar (`Mesh`): in Istio's ambient mode, istio-cni's rules in the pod
+//! (tests/pod/ambient.rules) and a ztunnel stand-in holding its listeners in the pod's namespace
+//! as another user (tests/pod/ztunnel.yaml); with no mesh, the app alone.
+//!
 //! The hook runs as the proxy's user inside the pod, as a preStop exec does. Everything is gone
 //! when the `Pod` is dropped, also when a test fails.
 
@@ -33,6 +37,11 @@ pub const OTHER_IP: &str = "10.90.0.3";
 /// Where a client outside the pod sends its requests.
 pub const APP: &str = "10.90.0.2:8080";
 pub const APP_UID: u32 = 1000;
+/// Where istio-cni's SNAT makes the kubelet's probes come from in ambient mode.
+pub const PROBE_IP: &str = "169.254.7.127";
+/// A client on the node's network that is not the node (whose address, the pod's gateway, a
+/// bridge CNI's probes come from).
+pub const CLIENT_IP: &str = "10.90.0.7";
 
 /// How the pod's inbound traffic reaches Envoy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,8 +61,20 @@ pub enum Stats {
     ExitOnZero,
 }
 
+/// What carries the pod's traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mesh {
+    /// Istio's sidecar: Envoy and its agent in the pod.
+    Sidecar,
+    /// Istio's ambient mode: the node's ztunnel holds listeners in the pod's namespace.
+    Ambient,
+    /// No mesh: the app alone.
+    None,
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
+    pub mesh: Mesh,
     pub capture: Capture,
     pub stats: Stats,
     /// What the app does on SIGTERM (tests/pod/app.py): serve, close, call or tcp.
@@ -70,6 +91,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Options {
         Options {
+            mesh: Mesh::Sidecar,
             capture: Capture::Redirect,
             stats: Stats::IstioDefault,
             on_sigterm: "serve",
@@ -137,6 +159,8 @@ impl Process {
 
 /// The node's network: a namespace with a bridge (10.90.0.3/24) that pods join with veth pairs,
 /// where the mesh's other services run, and the control plane every pod's agent serves xDS from.
+/// The bridge also holds `PROBE_IP`, which istio-cni makes the kubelet's probes come from in
+/// ambient mode, and `CLIENT_IP`, for clients other than the node itself.
 pub struct Network {
     other: Netns,
     /// Servers whose accept loops must be woken from inside the namespace when dropped.
@@ -160,6 +184,8 @@ impl Network {
         let other = Netns::new();
         ip(&other, &["link", "add", "br0", "type", "bridge"]);
         ip(&other, &["addr", "add", &format!("{OTHER_IP}/24"), "dev", "br0"]);
+        ip(&other, &["addr", "add", &format!("{CLIENT_IP}/32"), "dev", "br0"]);
+        ip(&other, &["addr", "add", &format!("{PROBE_IP}/32"), "dev", "br0"]);
         ip(&other, &["link", "set", "br0", "up"]);
         let (service, database) =
             other.enter(|| (App::start("10.90.0.3:9080", false), Database::start()));
@@ -187,6 +213,79 @@ impl Network {
     pub fn client<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         self.other.enter(f)
     }
+
+    /// A client's node ztunnel on the node, played by Envoy as uid 1337 (tests/pod/hbone-client.yaml):
+    /// every connection to `listen` is carried to `pod_ip`'s 15008 as an HTTP/2 CONNECT stream to
+    /// its app's port 8080, on pooled connections. Gone when the returned process is dropped.
+    pub fn hbone_client(&self, envoy: &Path, listen: &str, pod_ip: &str) -> HboneClient {
+        let dir = std::env::temp_dir().join(format!(
+            "envoy-drain-hbone-{}-{:?}",
+            std::process::id(),
+            thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::chown(&dir, Some(1337), Some(1337)).unwrap();
+        let (ip, port) = listen.rsplit_once(':').expect("host:port");
+        let config = std::fs::read_to_string(repo("tests/pod/hbone-client.yaml"))
+            .unwrap()
+            .replace("ADMIN_SOCKET", &dir.join("admin.sock").display().to_string())
+            .replace("LISTEN_IP", ip)
+            .replace("LISTEN_PORT", port)
+            .replace("POD_IP", pod_ip);
+        let process = run_envoy(&self.other, envoy, &dir, &config, (1337, 1337), &[]);
+        let listening = super::envoy::until(Duration::from_secs(30), || {
+            self.client(|| TcpStream::connect(listen).is_ok())
+        });
+        assert!(listening, "the HBONE client took no connection on {listen}");
+        HboneClient { process, dir }
+    }
+}
+
+/// The client's node ztunnel of `Network::hbone_client`.
+pub struct HboneClient {
+    process: Arc<Process>,
+    dir: PathBuf,
+}
+
+impl Drop for HboneClient {
+    fn drop(&mut self) {
+        self.process.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A connection to `target` from `source`, an address of the namespace the calling thread is in:
+/// what a client of a given address does (std's TcpStream cannot bind before it connects).
+pub fn connect_from(source: &str, target: &str) -> std::io::Result<TcpStream> {
+    use std::os::fd::FromRawFd;
+    let v4 = |addr: &str| -> std::io::Result<libc::sockaddr_in> {
+        let a: std::net::SocketAddrV4 =
+            addr.parse().map_err(|_| std::io::Error::other(format!("not an address: {addr}")))?;
+        // SAFETY: sockaddr_in is plain data for which all zeroes is valid.
+        let mut s: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        s.sin_family = libc::AF_INET as libc::sa_family_t;
+        s.sin_port = a.port().to_be();
+        s.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+        Ok(s)
+    };
+    let (from, to) = (v4(&format!("{source}:0"))?, v4(target)?);
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a new socket that the TcpStream then owns; bind and connect get addresses we own,
+    // with their size.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stream = TcpStream::from_raw_fd(fd);
+        if libc::bind(fd, (&raw const from).cast(), len) != 0
+            || libc::connect(fd, (&raw const to).cast(), len) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(stream)
+    }
 }
 
 impl Drop for Network {
@@ -207,7 +306,8 @@ pub struct Pod {
     hook: PathBuf,
     pod: Netns,
     dir: PathBuf,
-    envoy: Arc<Process>,
+    /// The sidecar's Envoy, or in ambient mode the ztunnel stand-in; none without a mesh.
+    envoy: Option<Arc<Process>>,
     app: Option<Arc<Process>>,
     app_events: Mutex<Receiver<(String, Instant)>>,
     app_seen: Vec<String>,
@@ -314,23 +414,14 @@ impl Pod {
 
         let pod = Netns::new();
         network.attach(&pod, addr);
-        let rules = match options.capture {
-            Capture::Redirect => "tests/pod/redirect.rules",
-            Capture::Tproxy => "tests/pod/tproxy.rules",
+        let (envoy, agent) = match options.mesh {
+            Mesh::Sidecar => {
+                let (envoy, agent) = start_sidecar(&pod, network, envoy, &dir, options);
+                (Some(envoy), Some(agent))
+            }
+            Mesh::Ambient => (Some(start_ztunnel(&pod, envoy, &dir, addr)), None),
+            Mesh::None => (None, None),
         };
-        let mut restore = pod.command("iptables-restore");
-        restore.arg(repo(rules));
-        check(restore);
-        if options.capture == Capture::Tproxy {
-            ip(&pod, &["rule", "add", "fwmark", "1337", "lookup", "133"]);
-            ip(&pod, &["route", "add", "local", "default", "dev", "lo", "table", "133"]);
-        }
-
-        let (uid, gid) = proxy_user(options.capture);
-        let exit_on_zero = options.stats == Stats::ExitOnZero;
-        let agent = pod.enter(|| Agent::start(uid, gid, &network.control, exit_on_zero));
-        let envoy = start_envoy(&pod, envoy, &dir, options);
-        agent.serves(&envoy);
         let (app, app_events) = if options.client {
             (None, channel().1)
         } else {
@@ -346,10 +437,14 @@ impl Pod {
             app,
             app_events: Mutex::new(app_events),
             app_seen: Vec::new(),
-            agent: Some(agent),
+            agent,
             network: Arc::clone(network),
         };
-        p.wait_live();
+        match options.mesh {
+            Mesh::Sidecar => p.wait_live(),
+            Mesh::Ambient => p.wait_listening(addr, 15008),
+            Mesh::None => {}
+        }
         if !options.client {
             p.app_event("listening", Duration::from_secs(10));
         }
@@ -360,6 +455,15 @@ impl Pod {
         let limit = Duration::from_secs(30);
         if !super::envoy::until(limit, || self.inside(super::envoy::live)) {
             panic!("Envoy was not LIVE within {limit:?}; its log:\n{}", self.envoy_log());
+        }
+    }
+
+    /// Waits until something of the pod takes connections to `addr`:`port`.
+    fn wait_listening(&self, addr: &str, port: u16) {
+        let limit = Duration::from_secs(30);
+        let target = format!("{addr}:{port}");
+        if !super::envoy::until(limit, || self.inside(|| TcpStream::connect(&target).is_ok())) {
+            panic!("nothing took {target} within {limit:?}; Envoy's log:\n{}", self.envoy_log());
         }
     }
 
@@ -380,12 +484,15 @@ impl Pod {
         if let Some(agent) = &self.agent {
             self.pod.enter(|| agent.on_sigterm(until));
         }
-        self.envoy.wait_until(until).unwrap_or_else(|| self.envoy.kill())
+        match &self.envoy {
+            Some(envoy) => envoy.wait_until(until).unwrap_or_else(|| envoy.kill()),
+            None => Instant::now(),
+        }
     }
 
     /// Envoy's process.
     pub fn envoy(&self) -> &Process {
-        &self.envoy
+        self.envoy.as_deref().expect("a pod with Envoy")
     }
 
     /// The app's process (none in the client pod).
@@ -418,6 +525,11 @@ impl Pod {
     /// Runs `f` on the other side of the veth pair, where the pod's clients are.
     pub fn client<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         self.network.client(f)
+    }
+
+    /// The pod's network, where a client's node ztunnel runs (`Network::hbone_client`).
+    pub fn network(&self) -> &Network {
+        &self.network
     }
 
     /// `program` inside the pod as the app's user: the mesh's load generators in the client pod.
@@ -496,7 +608,7 @@ impl Pod {
 
     /// Ends Envoy at once, as pilot-agent does at the end of its drain.
     pub fn stop_envoy(&mut self) {
-        self.envoy.kill();
+        self.envoy().kill();
     }
 }
 
@@ -505,7 +617,9 @@ impl Drop for Pod {
         if let Some(app) = &self.app {
             app.kill();
         }
-        self.envoy.kill();
+        if let Some(envoy) = &self.envoy {
+            envoy.kill();
+        }
         let agent = self.agent.take();
         self.pod.enter(move || drop(agent));
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -521,33 +635,87 @@ pub fn proxy_user(capture: Capture) -> (u32, u32) {
     }
 }
 
-fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: Options) -> Arc<Process> {
-    let mut bootstrap = std::fs::read_to_string(repo("tests/pod/envoy.yaml")).unwrap();
+/// The sidecar: istio-iptables' rules, the agent, and Envoy fed by it.
+fn start_sidecar(
+    pod: &Netns,
+    network: &Network,
+    envoy: &Path,
+    dir: &Path,
+    options: Options,
+) -> (Arc<Process>, Agent) {
+    let rules = match options.capture {
+        Capture::Redirect => "tests/pod/redirect.rules",
+        Capture::Tproxy => "tests/pod/tproxy.rules",
+    };
+    let mut restore = pod.command("iptables-restore");
+    restore.arg(repo(rules));
+    check(restore);
     if options.capture == Capture::Tproxy {
-        bootstrap = bootstrap.replace("transparent: false", "transparent: true");
+        ip(pod, &["rule", "add", "fwmark", "1337", "lookup", "133"]);
+        ip(pod, &["route", "add", "local", "default", "dev", "lo", "table", "133"]);
     }
+    let (uid, gid) = proxy_user(options.capture);
+    let exit_on_zero = options.stats == Stats::ExitOnZero;
+    let agent = pod.enter(|| Agent::start(uid, gid, &network.control, exit_on_zero));
+    let envoy = start_envoy(pod, envoy, dir, options);
+    agent.serves(&envoy);
+    (envoy, agent)
+}
+
+/// Ambient mode in the pod: istio-cni's rules, and the ztunnel stand-in as uid 1337 holding its
+/// listeners in the pod's namespace, its admin API on a socket of the harness.
+fn start_ztunnel(pod: &Netns, envoy: &Path, dir: &Path, addr: &str) -> Arc<Process> {
+    let mut restore = pod.command("iptables-restore");
+    restore.arg(repo("tests/pod/ambient.rules"));
+    check(restore);
+    let admin = dir.join("ztunnel");
+    std::fs::create_dir_all(&admin).unwrap();
+    std::os::unix::fs::chown(&admin, Some(1337), Some(1337)).unwrap();
+    let config = std::fs::read_to_string(repo("tests/pod/ztunnel.yaml"))
+        .unwrap()
+        .replace("ADMIN_SOCKET", &admin.join("admin.sock").display().to_string())
+        .replace("POD_IP", addr);
+    run_envoy(pod, envoy, dir, &config, (1337, 1337), &[])
+}
+
+/// Envoy with `config`, as `user`, logging to the pod's envoy.log.
+fn run_envoy(
+    ns: &Netns,
+    envoy: &Path,
+    dir: &Path,
+    config: &str,
+    (uid, gid): (u32, u32),
+    extra: &[&str],
+) -> Arc<Process> {
     let path = dir.join("envoy.yaml");
-    std::fs::write(&path, bootstrap).unwrap();
+    std::fs::write(&path, config).unwrap();
     set_mode(&path, 0o644);
     let log = std::fs::File::create(dir.join("envoy.log")).unwrap();
-    let (uid, gid) = proxy_user(options.capture);
     // The access log goes to /dev/stdout, which Envoy opens again as the proxy's user.
     std::os::unix::fs::chown(dir.join("envoy.log"), Some(uid), Some(gid)).unwrap();
-    let mut cmd = pod.command("setpriv");
+    let mut cmd = ns.command("setpriv");
     cmd.arg(format!("--reuid={uid}"))
         .arg(format!("--regid={gid}"))
         .args(["--clear-groups", "--pdeathsig", "SIGKILL"])
         .arg(envoy_binary(envoy))
         .arg("-c")
         .arg(&path)
-        .args(["--drain-time-s", &options.drain_time_s.to_string()])
         .args(["--drain-strategy", "immediate", "--concurrency", "2"])
         .args(["--disable-hot-restart", "-l", "warning"])
         // The client's access log is read while Envoy runs: flush it often (default: 10 s).
         .args(["--file-flush-interval-msec", "100"])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log);
+    Process::spawn(cmd).0
+}
+
+fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: Options) -> Arc<Process> {
+    let mut bootstrap = std::fs::read_to_string(repo("tests/pod/envoy.yaml")).unwrap();
+    if options.capture == Capture::Tproxy {
+        bootstrap = bootstrap.replace("transparent: false", "transparent: true");
+    }
     // Envoy takes one --config-yaml: the merges have distinct top-level keys, so they concatenate.
     let merges = [
         (options.stats == Stats::ExitOnZero, "tests/pod/exit-on-zero-stats.yaml"),
@@ -559,10 +727,12 @@ fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: Options) -> Arc<P
         .filter(|(wanted, _)| *wanted)
         .map(|(_, file)| std::fs::read_to_string(repo(file)).unwrap())
         .collect();
+    let drain_time = options.drain_time_s.to_string();
+    let mut extra = vec!["--drain-time-s", &drain_time];
     if !merge.is_empty() {
-        cmd.args(["--config-yaml", &merge]);
+        extra.extend(["--config-yaml", &merge]);
     }
-    Process::spawn(cmd).0
+    run_envoy(pod, envoy, dir, &bootstrap, proxy_user(options.capture), &extra)
 }
 
 fn start_app(

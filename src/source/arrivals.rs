@@ -1,0 +1,312 @@
+//! Arrivals read from the pod's socket table alone (pure: sockets in, a counter out), for `hold`
+//! where no admin API tells them: Istio's ambient mode, pods without a mesh, and a sidecar whose
+//! admin API cannot answer. A connection is told by its two ends, whichever side of it the table
+//! shows, so it is one arrival whether the pod's socket still lives, waits in TIME_WAIT (the side
+//! that closed first keeps its ends for 60 s), or only the other end is in the pod (a proxy of the
+//! pod connecting to the app). The facts: docs/how-it-works.md ("Arrivals from the kernel").
+
+use crate::config::ArrivalRule as Rule;
+use crate::source::procnet::{Endpoint, LISTEN, SYN_RECV, Socket, taking};
+use std::collections::HashMap;
+
+/// One connection as the table shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    server: Endpoint,
+    client: Endpoint,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    /// The bytes the server's socket has received, where it is in the pod and shows them.
+    received: Option<u64>,
+    /// Counted as accepted by the pod (its accepted socket was seen past SYN_RECV, or the client
+    /// that made it is in the pod).
+    accepted: bool,
+}
+
+/// What one read found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Read {
+    /// New connections, and open ones that received bytes, that count.
+    pub arrived: u64,
+    /// Of those, connections the pod accepted that left no socket (`Rule::passive_opens`).
+    pub unseen: u64,
+    /// Connections open now that count, by the server's port.
+    pub open: Vec<(u16, u64)>,
+}
+
+/// The state kept from one read to the next.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    rule: Rule,
+    /// Every listener seen in the run (one closed since still tells its connections).
+    listening: Vec<Endpoint>,
+    last: Option<HashMap<Key, Seen>>,
+    /// `PassiveOpens` less the connections seen accepted, at its highest so far.
+    unexplained: Option<i128>,
+    accepted: u64,
+    /// Arrivals so far: a counter, as /clusters' `rq_total` is.
+    pub total: u64,
+}
+
+impl Tracker {
+    pub fn new(rule: Rule) -> Tracker {
+        Tracker { rule, ..Tracker::default() }
+    }
+
+    pub fn rule(&self) -> &Rule {
+        &self.rule
+    }
+
+    /// One read: the pod's addresses (`ours`), its sockets, and its `PassiveOpens` read before
+    /// them. The first read only sets what later ones are compared with.
+    pub fn read(&mut self, ours: &[[u8; 16]], sockets: &[Socket], passive: Option<u64>) -> Read {
+        for s in sockets.iter().filter(|s| s.state == LISTEN) {
+            if !self.listening.contains(&s.local) {
+                self.listening.push(s.local);
+            }
+        }
+        let mut now: HashMap<Key, Seen> = HashMap::new();
+        for s in sockets.iter().filter(|s| s.state != LISTEN) {
+            let Some((key, in_server)) = self.key(ours, s) else {
+                continue;
+            };
+            let seen = now.entry(key).or_insert(Seen { received: None, accepted: false });
+            seen.accepted |= !in_server || s.state != SYN_RECV;
+            if in_server && s.received.is_some() {
+                seen.received = s.received;
+            }
+        }
+        let first = self.last.is_none();
+        let last = self.last.take().unwrap_or_default();
+        let mut read = Read::default();
+        for (key, seen) in &now {
+            let before = last.get(key);
+            if seen.accepted && !before.is_some_and(|b| b.accepted) {
+                self.accepted += 1;
+            }
+            if !self.counts(key.server.1) {
+                continue;
+            }
+            if self.rule.probes.contains(&key.client.0) {
+                continue;
+            }
+            let grew = match (before.and_then(|b| b.received), seen.received) {
+                (Some(was), Some(is)) => is > was && !self.rule.new_only.contains(key.server.1),
+                _ => false,
+            };
+            read.arrived += u64::from(before.is_none() || grew);
+            if seen.received.is_some() {
+                match read.open.iter_mut().find(|(port, _)| *port == key.server.1) {
+                    Some((_, n)) => *n += 1,
+                    None => read.open.push((key.server.1, 1)),
+                }
+            }
+        }
+        read.open.sort_unstable();
+        self.last = Some(now);
+        if first {
+            read = Read { open: read.open, ..Read::default() };
+        }
+        if let Some(passive) = passive.filter(|_| self.rule.passive_opens) {
+            read.unseen = self.unseen(passive, first);
+            read.arrived += read.unseen;
+        }
+        self.total = self.total.saturating_add(read.arrived);
+        read
+    }
+
+    /// The connection `s` belongs to, and whether `s` is its server's socket; `None` for one the
+    /// pod opened to elsewhere. The server is the end a listener of the pod serves: `s`'s own
+    /// local end when it was accepted, else its remote end when that is the pod's (`ours`).
+    fn key(&self, ours: &[[u8; 16]], s: &Socket) -> Option<(Key, bool)> {
+        if taking(&self.listening, &s.local, |l| l).is_some() {
+            return Some((Key { server: s.local, client: s.remote }, true));
+        }
+        let local = ours.contains(&s.remote.0) || is_loopback(&s.remote.0);
+        (local && taking(&self.listening, &s.remote, |l| l).is_some())
+            .then_some((Key { server: s.remote, client: s.local }, false))
+    }
+
+    /// Whether connections to the server's `port` count.
+    fn counts(&self, port: u16) -> bool {
+        !self.rule.ignore.contains(port)
+            && self.rule.ports.as_ref().is_none_or(|p| p.contains(port))
+    }
+
+    /// Connections the pod accepted since the last read that no read saw: `PassiveOpens`, which
+    /// counts every accepted connection, less those seen, beyond the most this has been. Read
+    /// before the sockets, a connection accepted in between is seen before it is counted, which
+    /// the highest so far absorbs.
+    fn unseen(&mut self, passive: u64, first: bool) -> u64 {
+        let now = i128::from(passive) - i128::from(self.accepted);
+        let before = self.unexplained.replace(now.max(self.unexplained.unwrap_or(now)));
+        match before {
+            Some(was) if !first && now > was => u64::try_from(now - was).unwrap_or(u64::MAX),
+            _ => 0,
+        }
+    }
+}
+
+/// 127.0.0.0/8 (IPv4-mapped) and ::1: always this namespace's.
+fn is_loopback(a: &[u8; 16]) -> bool {
+    (a[..10] == [0; 10] && a[10..12] == [0xff, 0xff] && a[12] == 127)
+        || *a == std::net::Ipv6Addr::LOCALHOST.octets()
+}
+
+/// `Tcp: ... PassiveOpens ...` of `/proc/net/snmp`: the header line names the columns, the next
+/// gives the values.
+pub fn passive_opens(snmp: &str) -> Option<u64> {
+    let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
+    let mut names = tcp.next()?.split_ascii_whitespace();
+    let at = names.position(|n| n == "PassiveOpens")?;
+    tcp.next()?.split_ascii_whitespace().nth(at)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lists::PortSet;
+    use crate::source::procnet::to_endpoint;
+
+    const ESTABLISHED: u8 = 1;
+    const TIME_WAIT: u8 = 6;
+    const POD: &str = "10.90.0.2";
+
+    fn end(addr: &str) -> Endpoint {
+        to_endpoint(addr.parse().unwrap())
+    }
+
+    fn socket(local: &str, remote: &str, state: u8, received: Option<u64>) -> Socket {
+        Socket { local: end(local), remote: end(remote), state, uid: 0, inode: 0, received }
+    }
+
+    fn listening(ports: &[u16]) -> Vec<Socket> {
+        let any = |p: u16| format!("0.0.0.0:{p}");
+        ports.iter().map(|&p| socket(&any(p), "0.0.0.0:0", LISTEN, None)).collect()
+    }
+
+    fn ours() -> Vec<[u8; 16]> {
+        vec![end(&format!("{POD}:0")).0]
+    }
+
+    /// Reads `each` in turn with the listeners on `ports`; what each read found.
+    fn reads(rule: Rule, ports: &[u16], each: &[(&[Socket], Option<u64>)]) -> Vec<Read> {
+        let mut tracker = Tracker::new(rule);
+        let mut found = Vec::new();
+        for (sockets, passive) in each {
+            let all: Vec<Socket> =
+                listening(ports).into_iter().chain(sockets.iter().copied()).collect();
+            found.push(tracker.read(&ours(), &all, *passive));
+        }
+        found
+    }
+
+    fn arrived(found: &[Read]) -> Vec<u64> {
+        found.iter().map(|r| r.arrived).collect()
+    }
+
+    #[test]
+    fn a_connection_accepted_on_a_port_that_counts_arrives_and_the_rest_do_not() {
+        let rule = Rule { ignore: PortSet::parse("15001,15021").unwrap(), ..Rule::default() };
+        let later = [
+            socket(&format!("{POD}:15006"), "10.90.0.9:50000", ESTABLISHED, Some(120)),
+            socket("127.0.0.1:8080", "127.0.0.6:41000", ESTABLISHED, Some(0)),
+            socket(&format!("{POD}:15006"), "10.90.0.9:50001", SYN_RECV, None),
+            socket(&format!("{POD}:15001"), "10.90.0.9:50002", ESTABLISHED, Some(500)),
+            socket(&format!("{POD}:15021"), "10.90.0.3:50003", ESTABLISHED, Some(90)),
+            // Opened by the pod, to elsewhere: no listener of the pod serves either end.
+            socket(&format!("{POD}:41000"), "10.90.0.3:9080", ESTABLISHED, Some(70)),
+        ];
+        let found = reads(rule, &[15006, 15001, 15021, 8080], &[(&[], None), (&later, None)]);
+        assert_eq!(arrived(&found), [0, 3]);
+        assert_eq!(found[1].open, [(8080, 1), (15006, 1)], "the SYN_RECV one shows no bytes yet");
+    }
+
+    #[test]
+    fn a_request_on_a_kept_alive_connection_arrives_and_an_idle_one_does_not() {
+        let at =
+            |bytes| [socket(&format!("{POD}:8080"), "10.90.0.9:50000", ESTABLISHED, Some(bytes))];
+        let (a, b, c) = (at(100), at(180), at(180));
+        let found = reads(Rule::default(), &[8080], &[(&a, None), (&b, None), (&c, None)]);
+        assert_eq!(arrived(&found), [0, 1, 0]);
+    }
+
+    #[test]
+    fn a_connection_opened_and_closed_between_two_reads_is_seen_by_the_end_that_closed_first() {
+        // The app closed first: its end waits in TIME_WAIT.
+        let server = [socket(&format!("{POD}:8080"), "10.90.0.9:50000", TIME_WAIT, None)];
+        // A proxy of the pod closed first (ztunnel's hop to the app, from the client's address).
+        let client = [socket("10.90.0.9:50001", &format!("{POD}:8080"), TIME_WAIT, None)];
+        let found =
+            reads(Rule::default(), &[8080], &[(&[], None), (&server, None), (&client, None)]);
+        assert_eq!(arrived(&found), [0, 1, 1]);
+        // Both ends in the pod are one connection; the same ends a read later are no news.
+        let both =
+            [server[0], socket("10.90.0.9:50000", &format!("{POD}:8080"), ESTABLISHED, None)];
+        let found = reads(Rule::default(), &[8080], &[(&[], None), (&both, None), (&both, None)]);
+        assert_eq!(arrived(&found), [0, 1, 0]);
+    }
+
+    #[test]
+    fn a_call_out_to_another_pods_port_of_the_same_number_is_no_arrival() {
+        let out = [socket(&format!("{POD}:41000"), "10.90.0.4:8080", TIME_WAIT, None)];
+        let found = reads(Rule::default(), &[8080], &[(&[], None), (&out, None)]);
+        assert_eq!(arrived(&found), [0, 0]);
+    }
+
+    #[test]
+    fn the_kubelets_probes_and_a_new_only_ports_bytes_never_arrive() {
+        let rule = Rule {
+            probes: vec![end("169.254.7.127:0").0],
+            new_only: PortSet::parse("15008").unwrap(),
+            ..Rule::default()
+        };
+        let hbone =
+            |bytes| socket(&format!("{POD}:15008"), "10.90.0.5:40000", ESTABLISHED, Some(bytes));
+        let probe = socket(&format!("{POD}:8080"), "169.254.7.127:33000", TIME_WAIT, None);
+        let first = [hbone(100)];
+        let pinged = [hbone(139), probe];
+        let new = [
+            hbone(139),
+            probe,
+            socket(&format!("{POD}:15008"), "10.90.0.5:40001", ESTABLISHED, Some(0)),
+        ];
+        let found = reads(rule, &[8080, 15008], &[(&first, None), (&pinged, None), (&new, None)]);
+        assert_eq!(arrived(&found), [0, 0, 1]);
+    }
+
+    #[test]
+    fn connections_that_left_no_socket_count_from_passive_opens_once_each() {
+        let rule = Rule { passive_opens: true, ..Rule::default() };
+        let seen = [socket(&format!("{POD}:8080"), "10.90.0.9:50000", TIME_WAIT, None)];
+        let found = reads(
+            rule,
+            &[8080],
+            &[
+                (&[], Some(10)),
+                // Three accepted, one seen: two left no socket.
+                (&seen, Some(13)),
+                // Nothing new.
+                (&seen, Some(13)),
+                // One seen before the counter counts it (read first), then counted.
+                (
+                    &[seen[0], socket(&format!("{POD}:8080"), "10.90.0.9:50001", TIME_WAIT, None)],
+                    Some(13),
+                ),
+                (&seen, Some(14)),
+            ],
+        );
+        assert_eq!(arrived(&found), [0, 3, 0, 1, 0]);
+        assert_eq!(found[1].unseen, 2);
+    }
+
+    #[test]
+    fn passive_opens_is_read_from_the_snmp_table_by_its_header() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\nTcp: RtoAlgorithm RtoMin RtoMax MaxConn \
+                    ActiveOpens PassiveOpens AttemptFails\nTcp: 1 200 120000 -1 12 34 0\n";
+        assert_eq!(passive_opens(snmp), Some(34));
+        assert_eq!(passive_opens("Tcp: ActiveOpens\nTcp: 3\n"), None);
+    }
+}
