@@ -5,10 +5,14 @@
 //! reduced from the shapes of Istio's injected goldens, each file naming the one it follows; the
 //! last test runs the same checks on Istio's goldens themselves (../shared/istio-goldens, or a
 //! directory given in ENVOY_DRAIN_ISTIO_GOLDENS), split into pods by tests/inject/goldens.py.
+//! The admission policies that install `hold` where there is no sidecar: the `policy` module.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
+
+#[path = "inject/policy.rs"]
+mod policy;
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
