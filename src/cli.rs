@@ -273,8 +273,8 @@ pub struct HoldArgs {
     #[argh(option)]
     pub deadline: Option<String>,
 
-    /// time between reads of Envoy's counters; longer when a read takes long: 20 times its
-    /// time (default: 500ms)
+    /// time between reads of what arrives; longer when a read takes long: 20 times its time
+    /// (default: 500ms)
     #[argh(option)]
     pub interval: Option<String>,
 

@@ -602,17 +602,21 @@ const AMBIENT_PROBES: Ipv4Addr = Ipv4Addr::new(169, 254, 7, 127);
 
 /// `--probes-from`: IP addresses, and `gateway` for the pod's default gateway.
 fn probe_sources(value: &str) -> Result<Vec<[u8; 16]>, UsageError> {
-    let items = value.split(',').map(str::trim).filter(|i| !i.is_empty());
-    items
-        .map(|item| match item {
-            "gateway" => Ok(default_gateway()),
-            _ => item.parse::<IpAddr>().map(|ip| Some(mapped(ip))).map_err(|_| {
+    let mut found = Vec::new();
+    for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        // As the socket table keeps addresses: IPv4 as IPv4-mapped.
+        found.extend(match item.parse::<IpAddr>() {
+            _ if item == "gateway" => default_gateway(),
+            Ok(IpAddr::V4(v4)) => Some(v4.to_ipv6_mapped().octets()),
+            Ok(IpAddr::V6(v6)) => Some(v6.octets()),
+            Err(_) => {
                 let expected = "comma-separated IP addresses or gateway, like gateway,10.0.0.1";
-                UsageError::new("--probes-from", value, format!("{expected} ('{item}' is not one)"))
-            }),
-        })
-        .filter_map(Result::transpose)
-        .collect()
+                let expected = format!("{expected} ('{item}' is not one)");
+                return Err(UsageError::new("--probes-from", value, expected));
+            }
+        });
+    }
+    Ok(found)
 }
 
 /// The pod's default gateway (IPv4, `/proc/net/route`), which a bridge CNI's node reaches the pod
@@ -623,17 +627,9 @@ fn default_gateway() -> Option<[u8; 16]> {
         let fields: Vec<&str> = line.split_ascii_whitespace().collect();
         let (destination, gateway) = (fields.get(1)?, fields.get(2)?);
         let gateway = u32::from_str_radix(gateway, 16).ok().filter(|g| *g != 0)?;
-        let ip = std::net::Ipv4Addr::from(gateway.to_ne_bytes());
+        let ip = Ipv4Addr::from(gateway.to_ne_bytes());
         (*destination == "00000000").then(|| ip.to_ipv6_mapped().octets())
     })
-}
-
-/// An address as the socket table keeps it: IPv4 as IPv4-mapped.
-fn mapped(ip: IpAddr) -> [u8; 16] {
-    match ip {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
-    }
 }
 
 /// What a pod's annotations set, each value checked.

@@ -422,8 +422,15 @@ pub fn summary(
             ": the app has exited, which leaves nothing to answer the {counted} still open{stale}{after}"
         ),
         Outcome::Deadline if hold => {
-            let held =
-                if stale.is_empty() { "requests still arriving" } else { "arrivals unknown" };
+            let held = match p.arrived_at {
+                _ if !stale.is_empty() => "arrivals unknown".to_string(),
+                Some(_) => "requests still arriving".to_string(),
+                // A deadline shorter than the quiet time.
+                None => format!(
+                    "no request seen, but not yet for {}",
+                    humantime::format_duration(rules.settle)
+                ),
+            };
             format!(" with {held}, {counted}{stale}{after}")
         }
         Outcome::Deadline => {
@@ -801,6 +808,22 @@ mod tests {
         // Long ago: they stopped, and something else held the count.
         p.arrived_at = Some(Duration::from_secs(3));
         assert!(!at_deadline(&p).contains("arriving"), "{}", at_deadline(&p));
+    }
+
+    #[test]
+    fn a_hold_that_reached_its_deadline_says_whether_requests_were_still_arriving() {
+        let rules = Rules { settle: Duration::from_secs(3), until: Until::Quiet, ..RULES };
+        let zero = Count::new(SourceKind::Proc, Unit::Connections, vec![], vec![]);
+        let mut p = progress(Some(zero), None);
+        let said =
+            |p: &Progress| summary(Outcome::Deadline, Duration::from_secs(2), &rules, p, (0, None));
+        assert_eq!(
+            said(&p),
+            "deadline of 25s passed after 2.0s with no request seen, but not yet for 3s, 0 active \
+             connections (proc); the app gets its SIGTERM now"
+        );
+        p.arrived_at = Some(Duration::from_millis(1_500));
+        assert!(said(&p).contains(" with requests still arriving, "), "{}", said(&p));
     }
 
     #[test]

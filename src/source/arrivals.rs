@@ -86,10 +86,7 @@ impl Tracker {
             if seen.accepted && !before.is_some_and(|b| b.accepted) {
                 self.accepted += 1;
             }
-            if !self.counts(key.server.1) {
-                continue;
-            }
-            if self.rule.probes.contains(&key.client.0) {
+            if !self.counts(key.server.1) || self.rule.probes.contains(&key.client.0) {
                 continue;
             }
             let grew = match (before.and_then(|b| b.received), seen.received) {
@@ -124,7 +121,9 @@ impl Tracker {
         if taking(&self.listening, &s.local, |l| l).is_some() {
             return Some((Key { server: s.local, client: s.remote }, true));
         }
-        let local = ours.contains(&s.remote.0) || is_loopback(&s.remote.0);
+        // 127.0.0.0/8 and ::1 are always this namespace's.
+        let loopback = std::net::Ipv6Addr::from(s.remote.0).to_canonical().is_loopback();
+        let local = ours.contains(&s.remote.0) || loopback;
         (local && taking(&self.listening, &s.remote, |l| l).is_some())
             .then_some((Key { server: s.remote, client: s.local }, false))
     }
@@ -147,12 +146,6 @@ impl Tracker {
             _ => 0,
         }
     }
-}
-
-/// 127.0.0.0/8 (IPv4-mapped) and ::1: always this namespace's.
-fn is_loopback(a: &[u8; 16]) -> bool {
-    (a[..10] == [0; 10] && a[10..12] == [0xff, 0xff] && a[12] == 127)
-        || *a == std::net::Ipv6Addr::LOCALHOST.octets()
 }
 
 /// `Tcp: ... PassiveOpens ...` of `/proc/net/snmp`: the header line names the columns, the next

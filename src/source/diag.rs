@@ -191,16 +191,11 @@ pub fn listening(until: Instant) -> Result<Table, DumpError> {
     Ok(table)
 }
 
-/// Every open TCP socket of this network namespace into `sink` as the kernel sends them, before
-/// `until`; with `info`, each with the bytes it has received. Not deduplicated: a socket shows
-/// twice only when its hash chain gained one between two datagrams.
-pub fn open(
-    until: Instant,
-    states: u32,
-    info: bool,
-    sink: &mut impl Sink,
-) -> Result<(), DumpError> {
-    exchange(&request(2, states, info), 2, until, sink)
+/// The TCP sockets of this network namespace in `dump.0`'s states into `sink` as the kernel sends
+/// them, before `until`; with `dump.1`, each with the bytes it has received. Not deduplicated: a
+/// socket shows twice only when its hash chain gained one between two datagrams.
+pub fn open(until: Instant, dump: (u32, bool), sink: &mut impl Sink) -> Result<(), DumpError> {
+    exchange(&request(2, dump.0, dump.1), 2, until, sink)
 }
 
 /// Sends `req` to the kernel and reads the whole reply into `sink`.
@@ -500,7 +495,7 @@ mod tests {
         assert!(l.sockets.iter().all(|s| s.state == 10), "{:?}", l.sockets);
         assert_eq!(l.sockets.iter().filter(|s| s.local.1 == port).count(), 1);
         let mut t = Table::default();
-        open(until, OPEN, false, &mut t).unwrap();
+        open(until, (OPEN, false), &mut t).unwrap();
         assert!(t.sockets.iter().all(|s| s.state != 10), "{:?}", t.sockets);
         let on_port: Vec<&Socket> = t.sockets.iter().filter(|s| s.local.1 == port).collect();
         assert_eq!(on_port.len(), 1, "the accepted end");
@@ -518,7 +513,7 @@ mod tests {
         let until = Instant::now() + std::time::Duration::from_secs(10);
         let received = || {
             let mut t = Table::default();
-            open(until, OPEN, true, &mut t).unwrap();
+            open(until, (OPEN, true), &mut t).unwrap();
             let accepted = t.sockets.iter().find(|s| s.local.1 == port).copied();
             accepted.and_then(|s| s.received)
         };

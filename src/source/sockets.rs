@@ -29,6 +29,14 @@ pub enum Reader {
 /// The text tables netlink falls back to.
 const PROC_NET: &str = "/proc/net";
 
+/// Why the text tables cannot tell `hold`'s arrivals: a request on a kept-alive connection.
+const NO_BYTES: &str =
+    "the socket table shows no bytes received for a connection accepted in the pod";
+
+/// When `hold` counts what `PassiveOpens` alone tells.
+const UNSEEN: &str = "counting connections the pod accepted that left no socket to tell them by \
+    (PassiveOpens: a client that closed first, or a tcpSocket probe) as arrivals";
+
 pub struct SocketTable {
     reader: Reader,
     filter: Filter,
@@ -89,50 +97,37 @@ impl SocketTable {
     }
 
     /// `hold`: the connections that count open now, by port, and what has arrived (`Tracker`),
-    /// before `until`; unknown without byte counts (the text tables), where a request on a
-    /// kept-alive connection cannot be told.
+    /// before `until`; unknown from the text tables (`NO_BYTES`).
     pub fn arrivals(&mut self, until: Instant) -> Result<Count, String> {
         let (listening, open) = self.read_listening(until)?;
         let mut sockets = listening.sockets;
-        read_open(&self.reader, open, until, (diag::ALL, true), &mut sockets)?;
+        read_open(open, until, (diag::ALL, true), &mut sockets)?;
         let mut warnings = Vec::new();
         self.reader_warning(&mut warnings);
-        let (arrivals, open) = match (&mut self.tracker, &self.reader, &self.proc_root) {
-            (Some(tracker), Reader::Netlink, Ok(root)) => {
-                let snmp = root.join("net/snmp");
-                let passive = tracker.rule().passive_opens.then(|| fs::read_to_string(&snmp));
-                let passive = passive.and_then(|read| match read {
-                    Ok(text) => arrivals::passive_opens(&text),
-                    Err(e) => {
-                        let failed = failed("read", snmp.display(), io_cause(&e));
-                        warnings.push(format!(
-                            "{failed}; connections that leave no socket are not seen"
-                        ));
-                        None
-                    }
-                });
-                let read = tracker.read(&addresses(), &sockets, passive);
-                if read.unseen > 0 {
-                    warnings.push(
-                        "counting connections the pod accepted that left no socket to tell them by \
-                         (PassiveOpens: a client that closed first, or a tcpSocket probe) as arrivals"
-                            .to_string(),
-                    );
-                }
-                (Arrivals::Requests(tracker.total), read.open)
-            }
-            _ => {
-                warnings.push(
-                    "arrivals unknown: the socket table shows no bytes received for a connection \
-                     accepted in the pod"
-                        .to_string(),
-                );
-                (Arrivals::Unknown, Vec::new())
-            }
+        let (Some(tracker), Reader::Netlink, Ok(root)) =
+            (&mut self.tracker, &self.reader, &self.proc_root)
+        else {
+            warnings.push(format!("arrivals unknown: {NO_BYTES}"));
+            return Ok(Count::new(SourceKind::Proc, Unit::Connections, Vec::new(), warnings));
         };
-        let parts = open.iter().map(|(port, n)| Part { name: format!("port {port}"), active: *n });
+        let snmp = root.join("net/snmp");
+        let passive = match tracker.rule().passive_opens.then(|| fs::read_to_string(&snmp)) {
+            Some(Ok(text)) => arrivals::passive_opens(&text),
+            Some(Err(e)) => {
+                let failed = failed("read", snmp.display(), io_cause(&e));
+                warnings.push(format!("{failed}; connections that leave no socket are not seen"));
+                None
+            }
+            None => None,
+        };
+        let read = tracker.read(&addresses(), &sockets, passive);
+        if read.unseen > 0 {
+            warnings.push(UNSEEN.to_string());
+        }
+        let parts =
+            read.open.iter().map(|(port, n)| Part { name: format!("port {port}"), active: *n });
         let count = Count::new(SourceKind::Proc, Unit::Connections, parts.collect(), warnings);
-        Ok(Count { arrivals, ..count })
+        Ok(Count { arrivals: Arrivals::Requests(tracker.total), ..count })
     }
 
     /// Where the sockets are read from.
@@ -152,7 +147,7 @@ impl SocketTable {
         self.listeners.learn(&listening, &rule);
         // The text tables were read whole before Envoy's sockets were listed; a dump comes after.
         let mut tally = Tally::new(&listening, Some((rule, &self.listeners)), open.is_none());
-        read_open(&self.reader, open, until, (diag::OPEN, false), &mut tally)?;
+        read_open(open, until, (diag::OPEN, false), &mut tally)?;
         let relist = || match (&self.proc_root, &basis) {
             (Ok(root), Basis::Process { pid, .. }) => sockets_of(root, *pid).ok(),
             _ => None,
@@ -191,7 +186,7 @@ impl SocketTable {
         }
         let (listening, open) = self.read_listening(until)?;
         let mut tally = Tally::new(&listening, None, false);
-        read_open(&self.reader, open, until, (diag::OPEN, false), &mut tally)?;
+        read_open(open, until, (diag::OPEN, false), &mut tally)?;
         let (_, owners) = tally.count(|| None);
         Ok(pod_of(self.admin_socket(&listening), owners))
     }
@@ -298,23 +293,19 @@ fn pod_of(admin_socket: Option<(u32, Option<u64>)>, mut owners: BTreeMap<u32, u6
 }
 
 /// The open sockets into `sink`: the text tables' as read with the listening ones, else a dump
-/// of those in `states` (`info`: with bytes received).
+/// (`diag::open`).
 fn read_open(
-    reader: &Reader,
     open: Option<Table>,
     until: Instant,
-    (states, info): (u32, bool),
+    dump: (u32, bool),
     sink: &mut impl Sink,
 ) -> Result<(), String> {
-    match (open, reader) {
-        (Some(table), _) => {
-            table.sockets.into_iter().for_each(|s| sink.add(s));
-            Ok(())
-        }
-        (None, _) => diag::open(until, states, info, sink).map_err(|e| match e {
-            DumpError::Failed(f) | DumpError::Unavailable(f) => f,
-        }),
-    }
+    let Some(table) = open else {
+        return diag::open(until, dump, sink)
+            .map_err(|(DumpError::Failed(f) | DumpError::Unavailable(f))| f);
+    };
+    table.sockets.into_iter().for_each(|s| sink.add(s));
+    Ok(())
 }
 
 /// This network namespace's addresses (getifaddrs), IPv4 ones as IPv4-mapped.
