@@ -6,7 +6,7 @@
 use super::{fields, json_string, merge, output, repo, validate};
 use std::process::Command;
 
-const NAMESPACES: [&str; 5] = ["ambient", "no-mesh", "ambient-not-asked", "sidecar", "plain"];
+const NAMESPACES: [&str; 5] = ["ambient", "no-mesh", "ambient-opted-out", "sidecar", "plain"];
 const PODS: [&str; 8] = [
     "web",
     "two-containers",
@@ -170,7 +170,7 @@ fn pods_that_opt_out_or_install_it_themselves_and_other_namespaces_are_left_alon
         }
     }
     // Namespaces that did not ask, and one with sidecars (the sidecar's template holds there).
-    for namespace in ["ambient-not-asked", "plain", "sidecar"] {
+    for namespace in ["ambient-opted-out", "plain", "sidecar"] {
         for pod in PODS {
             assert_eq!(
                 patches(Form::AdmissionPolicy, namespace, pod),

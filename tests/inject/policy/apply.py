@@ -108,7 +108,10 @@ def admission_policy(documents, namespace, pod):
     patches = []
     for mutation in policy["spec"]["mutations"]:
         assert mutation["patchType"] == "ApplyConfiguration"
-        patches.append(plain(cel(mutation["applyConfiguration"]["expression"], activation)))
+        patch = plain(cel(mutation["applyConfiguration"]["expression"], activation))
+        # An empty apply configuration (`Object{}`) changes nothing.
+        if patch:
+            patches.append(patch)
     return patches
 
 
