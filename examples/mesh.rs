@@ -1,11 +1,13 @@
 //! The mesh's table: requests that fail while a pod is deleted under live traffic
-//! (tests/support/mesh.rs), one row per kubelet ordering x app kind x proxy shutdown x propagation
-//! delay. Arguments narrow it down: any of `classic`, `native`, an app kind (`graceful`, `nginx`,
-//! `sleep`, `flush`), a mode (`istio`, `exit-on-zero`, `envoy-drain`, `requests`, `plain`), a
-//! propagation delay (`2s`, `10s`, `30s`, where the pod's grace period is 60 s), `http2` (h2load
-//! instead of hey), the app's preStop (`own`, its own: none, or `sleep 5` for `sleep`; `hold`:
-//! `envoy-drain hold`, never with `sleep`, whose app is nginx's; default `own`); several of one
-//! sort are all run. Run it with `bash examples/mesh.sh [ARG...]`, as root.
+//! (tests/support/mesh.rs), one row per mesh x kubelet ordering x app kind x app preStop x proxy
+//! shutdown x propagation delay x clients. Arguments narrow it down: a mesh (`sidecar`, `ambient`,
+//! `no-mesh`; default `sidecar`), `classic` or `native`, an app kind (`graceful`, `nginx`,
+//! `flush`), a mode (`istio`, `exit-on-zero`, `envoy-drain`, `requests`, `plain`), a propagation
+//! delay (`2s`, `10s`, `30s`, where the pod's grace period is 60 s), `http2` (h2load instead of
+//! hey), the app's preStop (`own`: none; `sleep<N>`, like `sleep5`; `hold`: `envoy-drain hold`;
+//! default `own`), the clients (`keep-alive`, `new-conn`: a connection per request; default
+//! `keep-alive`); several of one sort are all run. Without a sidecar there is no proxy container,
+//! so orderings and modes give one row. Run it with `bash examples/mesh.sh [ARG...]`, as root.
 //!
 //! `demo` first: the demo (`bash examples/demo.sh`), the table's top rows (classic ordering,
 //! graceful app, 2 s) for Istio's default, EXIT_ON_ZERO and envoy-drain as the template sets it
@@ -29,7 +31,8 @@ mod support {
 use std::path::PathBuf;
 use std::time::Duration;
 use support::kubelet::Ordering;
-use support::mesh::{AppKind, Load, Mode, Scenario};
+use support::mesh::{AppKind, Load, Mode, PreStop, Scenario};
+use support::pod::Mesh;
 
 /// The propagation delays of the table: istiod's usual EDS push, and a slow one (large clusters,
 /// cloud load balancers) longer than any min-drain.
@@ -103,19 +106,18 @@ fn is_mode(arg: &str) -> bool {
 
 /// The scenarios the arguments select, in the table's order.
 fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
-    let mut orderings = Vec::new();
-    let mut apps = Vec::new();
-    let mut modes = Vec::new();
-    let mut propagations = Vec::new();
+    let (mut meshes, mut orderings, mut apps, mut modes) = (vec![], vec![], vec![], vec![]);
+    let (mut propagations, mut pre_stops, mut clients) = (vec![], vec![], vec![]);
     let mut http2 = false;
-    let mut holds = Vec::new();
     for a in &args {
         match a.as_str() {
+            "sidecar" => meshes.push(Mesh::Sidecar),
+            "ambient" => meshes.push(Mesh::Ambient),
+            "no-mesh" => meshes.push(Mesh::None),
             "classic" => orderings.push(Ordering::Classic),
             "native" => orderings.push(Ordering::Native),
             "graceful" => apps.push(AppKind::Graceful),
             "nginx" => apps.push(AppKind::Nginx),
-            "sleep" => apps.push(AppKind::Sleep5),
             "flush" => apps.push(AppKind::Flush),
             "istio" => modes.push(Mode::Istio),
             "exit-on-zero" => modes.push(Mode::ExitOnZero),
@@ -123,42 +125,57 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
             "requests" => modes.push(Mode::Requests),
             "plain" => modes.push(Mode::Plain),
             "http2" => http2 = true,
-            "own" => holds.push(false),
-            "hold" => holds.push(true),
-            other => match other.strip_suffix('s').and_then(|n| n.parse::<u64>().ok()) {
-                Some(n) => propagations.push(n),
-                None => {
+            "own" => pre_stops.push(PreStop::None),
+            "hold" => pre_stops.push(PreStop::Hold),
+            "keep-alive" => clients.push(true),
+            "new-conn" => clients.push(false),
+            other => match (
+                other.strip_prefix("sleep").and_then(|n| n.parse::<u64>().ok()),
+                other.strip_suffix('s').and_then(|n| n.parse::<u64>().ok()),
+            ) {
+                (Some(n), _) => pre_stops.push(PreStop::Sleep(n)),
+                (_, Some(n)) => propagations.push(n),
+                _ => {
                     return Err(format!(
-                        "unknown argument '{other}': expected classic, native, graceful, nginx, \
-                         sleep, flush, istio, exit-on-zero, envoy-drain, requests, plain, \
-                         <n>s, http2, own or hold"
+                        "unknown argument '{other}': expected sidecar, ambient, no-mesh, classic, \
+                         native, graceful, nginx, flush, istio, exit-on-zero, envoy-drain, \
+                         requests, plain, <n>s, http2, own, sleep<n>, hold, keep-alive or new-conn"
                     ));
                 }
             },
         }
     }
+    all(&mut meshes, &[Mesh::Sidecar]);
     all(&mut orderings, &[Ordering::Classic, Ordering::Native]);
     all(&mut apps, &AppKind::ALL);
     all(&mut modes, &Mode::ALL);
     all(&mut propagations, &PROPAGATIONS);
-    all(&mut holds, &[false]);
+    all(&mut pre_stops, &[PreStop::None]);
+    all(&mut clients, &[true]);
     let mut out = Vec::new();
-    for &p in &propagations {
-        for &ordering in &orderings {
-            for &app in &apps {
-                for &hold in &holds {
-                    if hold && app == AppKind::Sleep5 {
-                        continue;
-                    }
-                    for &mode in &modes {
-                        out.push(Scenario {
-                            ordering,
-                            app,
-                            mode,
-                            propagation: Duration::from_secs(p),
-                            load: if http2 { Load::Http2 } else { Load::Http1 },
-                            hold,
-                        });
+    for &mesh in &meshes {
+        // Without a sidecar, no proxy container: one ordering and one mode stand for all.
+        let sidecar = mesh == Mesh::Sidecar;
+        let (orderings, modes) =
+            if sidecar { (&orderings[..], &modes[..]) } else { (&orderings[..1], &modes[..1]) };
+        for &p in &propagations {
+            for &ordering in orderings {
+                for &app in &apps {
+                    for &pre_stop in &pre_stops {
+                        for &mode in modes {
+                            for &keep_alive in &clients {
+                                out.push(Scenario {
+                                    ordering,
+                                    app,
+                                    mode,
+                                    propagation: Duration::from_secs(p),
+                                    load: if http2 { Load::Http2 } else { Load::Http1 },
+                                    pre_stop,
+                                    mesh,
+                                    keep_alive,
+                                });
+                            }
+                        }
                     }
                 }
             }

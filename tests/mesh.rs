@@ -3,14 +3,17 @@
 //! service of two pods, three 10 s requests are in flight at pod A when the kubelet stand-in
 //! deletes it, and every request's outcome is counted. Each ordering of the kubelet runs with a
 //! graceful app, under Istio's own shutdown and under envoy-drain as the injection template sets
-//! it up; an app that stops serving at SIGTERM runs behind `hold` at 10 s propagation.
+//! it up; an app that stops serving at SIGTERM runs behind `hold` at 10 s propagation, with a
+//! sidecar, in Istio's ambient mode and without a mesh (clients opening a connection per request,
+//! the kubelet's probes every second).
 
 mod support;
 
 use std::path::Path;
 use std::time::Duration;
 use support::kubelet::Ordering;
-use support::mesh::{self, AppKind, LONG, Load, Mode, RATE, Row, Scenario};
+use support::mesh::{self, AppKind, LONG, Load, Mode, PreStop, RATE, Row, Scenario};
+use support::pod::Mesh;
 
 /// A graceful app's pod deleted under load, with the proxy shutting down as `mode` says.
 fn deleted_under_load(ordering: Ordering, mode: Mode) -> Row {
@@ -20,7 +23,9 @@ fn deleted_under_load(ordering: Ordering, mode: Mode) -> Row {
         mode,
         propagation: Duration::from_secs(2),
         load: Load::Http1,
-        hold: false,
+        pre_stop: PreStop::None,
+        mesh: Mesh::Sidecar,
+        keep_alive: true,
     })
 }
 
@@ -105,22 +110,49 @@ fn native_sidecar_with_istios_own_prestop_stops_the_proxy_as_the_app_exits() {
     assert!((0.0..1.0).contains(&after), "{}", shown(&row));
 }
 
-#[test]
-#[ignore = "needs root, iptables, setpriv, hey and Envoy: `bash scripts/test` runs it"]
-fn an_nginx_style_app_behind_hold_fails_no_request_when_the_mesh_learns_of_it_10s_late() {
-    // Without `hold` such an app refuses what clients send until their sidecars drop it.
-    let row = run_scenario(Scenario {
+/// An nginx-style app behind `hold`, its pod deleted when the mesh learns of it 10 s late.
+fn held(mesh: Mesh, keep_alive: bool) -> Row {
+    run_scenario(Scenario {
         ordering: Ordering::Classic,
         app: AppKind::Nginx,
         mode: Mode::EnvoyDrain,
         propagation: Duration::from_secs(10),
         load: Load::Http1,
-        hold: true,
-    });
-    no_request_failed(&row);
+        pre_stop: PreStop::Hold,
+        mesh,
+        keep_alive,
+    })
+}
+
+/// No request failed, and the hold returned after its quiet time: 3 s by default, arrivals read
+/// every 500 ms.
+fn held_until_requests_stopped(row: &Row) {
+    load_ran(row);
+    assert_eq!(row.failed, 0, "{}", shown(row));
+    assert_eq!(row.long_ok, LONG, "{}", shown(row));
     let hold = row.deletion.app_hook.as_ref().expect("the app's hold ran");
     assert_eq!(hold.code, Some(0), "{hold}");
-    // The default quiet time is 3 s, and arrivals are read every 500 ms.
     let after = row.hold_after_last_arrival().expect("a last arrival at pod A");
-    assert!((3.0..4.5).contains(&after), "{}\n{hold}", shown(&row));
+    assert!((3.0..4.5).contains(&after), "{}\n{hold}", shown(row));
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv, hey and Envoy: `bash scripts/test` runs it"]
+fn an_nginx_style_app_behind_hold_fails_no_request_when_the_mesh_learns_of_it_10s_late() {
+    // Without `hold` such an app refuses what clients send until their sidecars drop it.
+    let row = held(Mesh::Sidecar, true);
+    no_request_failed(&row);
+    held_until_requests_stopped(&row);
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv, hey and Envoy: `bash scripts/test` runs it"]
+fn in_ambient_mode_hold_sees_each_new_connection_over_hbone_and_not_the_probes() {
+    held_until_requests_stopped(&held(Mesh::Ambient, false));
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and hey: `bash scripts/test` runs it"]
+fn without_a_mesh_hold_sees_each_new_connection_until_kube_proxy_drops_the_pod() {
+    held_until_requests_stopped(&held(Mesh::None, false));
 }

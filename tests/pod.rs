@@ -164,7 +164,7 @@ fn a_last_outbound_call_after_sigterm_is_waited_for_and_succeeds() {
             let out = hook.finish();
             pod.app_event("exiting", 10 * SECOND);
             assert!(
-                pod.app_lines().iter().any(|l| l == result),
+                pod.app_lines().contains(&result),
                 "{what}: the call succeeded {:?} {out}",
                 pod.app_lines()
             );
@@ -330,7 +330,7 @@ fn a_tcp_exchange_after_sigterm_holds_a_request_count_until_it_ends() {
     let hook = delete(&pod, &HOOK_REQUESTS);
     let done = pod.app_event("last call", 10 * SECOND);
     let out = hook.finish();
-    assert!(pod.app_lines().iter().any(|l| l == "last call done"), "{:?}", pod.app_lines());
+    assert!(pod.app_lines().contains(&"last call done"), "{:?}", pod.app_lines());
     assert_eq!(out.code, Some(0), "{out}");
     assert!(
         out.counts().contains(&"1 active request (clusters)".to_string()),
@@ -464,7 +464,7 @@ fn an_app_that_closes_its_sockets_works_on_and_calls_out_keeps_its_proxy() {
     pod.app_event("last call", 10 * SECOND);
     let exited = pod.app_event("exiting", 10 * SECOND);
     let out = hook.finish();
-    assert!(pod.app_lines().iter().any(|l| l == "last call 200"), "{:?} {out}", pod.app_lines());
+    assert!(pod.app_lines().contains(&"last call 200"), "{:?} {out}", pod.app_lines());
     assert_eq!(out.code, Some(0), "{out}");
     assert!(pod.agent_asked_to_quit(), "{out}");
     assert!(

@@ -6,7 +6,8 @@ unprivileged user, its outgoing connections are captured by the sidecar's iptabl
                         answers 200 with what it got
   GET /local/<seconds>  answers 200 after <seconds>, calling nothing
 
-A query string (`/local/10?long=1`) only tells requests apart.
+A query string (`/local/10?long=1`) only tells requests apart; one that holds `probe` is the
+kubelet's, which a graceful shutdown does not take for traffic.
 
 On SIGTERM it does what the first argument says, then exits once its requests are done:
   serve     go on serving until killed
@@ -72,6 +73,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         global in_flight, last_arrival
+        # The kubelet's probes are not traffic: they go on while the pod terminates.
+        if "probe" in self.path:
+            return self.answer()
         with quiet:
             in_flight += 1
             last_arrival = time.monotonic()
@@ -109,6 +113,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
 def main():
     global last_arrival
     on_sigterm = sys.argv[1] if len(sys.argv) > 1 else "serve"
+    # A listen backlog as servers set it (nginx 511); Python's default of 5 drops connections
+    # that arrive in a burst.
+    http.server.ThreadingHTTPServer.request_queue_size = 128
     server = http.server.ThreadingHTTPServer(("0.0.0.0", 8080), Handler)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())

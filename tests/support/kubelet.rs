@@ -9,8 +9,9 @@
 //!   the app has exited; what is left of the grace period then, at least 2 s, is its stop time.
 //!
 //! At the end of the grace period whatever still runs is killed (SIGKILL), the hooks included.
+//! A pod without a sidecar (ambient mode, or no mesh) has only the app's container.
 
-use super::pod::{APP_UID, Pod};
+use super::pod::{APP_UID, Mesh, Pod};
 use super::running::{Finished, spawn};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -107,6 +108,9 @@ pub fn delete(
             }
         };
         let until = match ordering {
+            // No proxy container: what holds listeners in the pod (ambient's ztunnel) lets go of
+            // them when the pod's sandbox goes, once the app has exited.
+            _ if pod.options.mesh != Mesh::Sidecar => app.wait_until(end).unwrap_or(end),
             Ordering::Classic => end,
             Ordering::Native => {
                 app.wait_until(end);

@@ -84,7 +84,9 @@ pub struct Options {
     /// Envoy streams its metrics to a collector on the other side (tests/pod/exporter.yaml).
     pub exporter: bool,
     /// The mesh's client pod: no app; its sidecar also routes to the mesh's service
-    /// (tests/pod/client.yaml), whose endpoints come from the control plane over EDS.
+    /// (tests/pod/client.yaml), whose endpoints come from the control plane over EDS. In ambient
+    /// mode the sidecar's place holds the client's node ztunnel (tests/pod/client-hbone.yaml);
+    /// without a mesh nothing does (`Pod::iptables` writes kube-proxy's part).
     pub client: bool,
 }
 
@@ -310,7 +312,7 @@ pub struct Pod {
     envoy: Option<Arc<Process>>,
     app: Option<Arc<Process>>,
     app_events: Mutex<Receiver<(String, Instant)>>,
-    app_seen: Vec<String>,
+    app_seen: Vec<(String, Instant)>,
     agent: Option<Agent>,
     /// Dropped last: the network may be shared with other pods.
     network: Arc<Network>,
@@ -414,13 +416,16 @@ impl Pod {
 
         let pod = Netns::new();
         network.attach(&pod, addr);
+        // The client pod's node ztunnel, in ambient mode, is an Envoy in the sidecar's place.
+        let proxy =
+            options.mesh == Mesh::Sidecar || (options.client && options.mesh == Mesh::Ambient);
         let (envoy, agent) = match options.mesh {
-            Mesh::Sidecar => {
+            _ if proxy => {
                 let (envoy, agent) = start_sidecar(&pod, network, envoy, &dir, options);
                 (Some(envoy), Some(agent))
             }
             Mesh::Ambient => (Some(start_ztunnel(&pod, envoy, &dir, addr)), None),
-            Mesh::None => (None, None),
+            _ => (None, None),
         };
         let (app, app_events) = if options.client {
             (None, channel().1)
@@ -441,9 +446,9 @@ impl Pod {
             network: Arc::clone(network),
         };
         match options.mesh {
-            Mesh::Sidecar => p.wait_live(),
+            _ if proxy => p.wait_live(),
             Mesh::Ambient => p.wait_listening(addr, 15008),
-            Mesh::None => {}
+            _ => {}
         }
         if !options.client {
             p.app_event("listening", Duration::from_secs(10));
@@ -571,16 +576,24 @@ impl Pod {
     }
 
     /// The app's lines read so far.
-    pub fn app_lines(&self) -> &[String] {
-        &self.app_seen
+    pub fn app_lines(&self) -> Vec<&str> {
+        self.app_seen.iter().map(|(line, _)| line.as_str()).collect()
+    }
+
+    /// When the app printed each line read so far that starts with `text`.
+    pub fn app_times(&self, text: &str) -> impl Iterator<Item = (&str, Instant)> {
+        self.app_seen
+            .iter()
+            .filter(move |(l, _)| l.starts_with(text))
+            .map(|(l, t)| (l.as_str(), *t))
     }
 
     /// Whether the app has printed a line starting with `text`, without waiting.
     pub fn app_said(&mut self, text: &str) -> bool {
-        while let Ok((line, _)) = self.app_events.get_mut().unwrap().try_recv() {
-            self.app_seen.push(line);
+        while let Ok(event) = self.app_events.get_mut().unwrap().try_recv() {
+            self.app_seen.push(event);
         }
-        self.app_seen.iter().any(|l| l.starts_with(text))
+        self.app_seen.iter().any(|(l, _)| l.starts_with(text))
     }
 
     /// Waits for the app to print a line starting with `text`; returns when it was read.
@@ -590,20 +603,31 @@ impl Pod {
             let left = until.saturating_duration_since(Instant::now());
             match self.app_events.get_mut().unwrap().recv_timeout(left) {
                 Ok((line, at)) => {
-                    self.app_seen.push(line.clone());
-                    if line.starts_with(text) {
+                    let found = line.starts_with(text);
+                    self.app_seen.push((line, at));
+                    if found {
                         return at;
                     }
                 }
                 Err(_) => panic!(
                     "the app printed no {text:?} within {limit:?}; it printed:\n{}\nits errors:\n{}\n\
                      Envoy's log:\n{}",
-                    self.app_seen.join("\n"),
+                    self.app_lines().join("\n"),
                     std::fs::read_to_string(self.dir.join("app.log")).unwrap_or_default(),
                     self.envoy_log()
                 ),
             }
         }
+    }
+
+    /// Replaces the pod's iptables tables with `rules` (iptables-restore's format).
+    pub fn iptables(&self, rules: &str) {
+        let mut restore = self.pod.command("iptables-restore");
+        restore.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = restore.spawn().expect("iptables-restore");
+        child.stdin.take().expect("piped").write_all(rules.as_bytes()).expect("the rules");
+        let out = child.wait_with_output().expect("iptables-restore");
+        assert!(out.status.success(), "iptables-restore: {}", String::from_utf8_lossy(&out.stderr));
     }
 
     /// Ends Envoy at once, as pilot-agent does at the end of its drain.
@@ -720,7 +744,8 @@ fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: Options) -> Arc<P
     let merges = [
         (options.stats == Stats::ExitOnZero, "tests/pod/exit-on-zero-stats.yaml"),
         (options.exporter, "tests/pod/exporter.yaml"),
-        (options.client, "tests/pod/client.yaml"),
+        (options.client && options.mesh == Mesh::Sidecar, "tests/pod/client.yaml"),
+        (options.client && options.mesh == Mesh::Ambient, "tests/pod/client-hbone.yaml"),
     ];
     let merge: String = merges
         .iter()
