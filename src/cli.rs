@@ -235,7 +235,7 @@ pub struct RunArgs {
 }
 
 /// The app container's preStop: wait until requests stop arriving at the app (at least --min,
-/// then --quiet without one); the app gets its SIGTERM after it.
+/// then a quiet time from their rate); the app gets its SIGTERM after it.
 #[derive(FromArgs, Debug, PartialEq, Default)]
 #[argh(subcommand, name = "hold")]
 pub struct HoldArgs {
@@ -265,7 +265,8 @@ pub struct HoldArgs {
     #[argh(option)]
     pub min: Option<String>,
 
-    /// return once no request has arrived for this long (default: 3s)
+    /// return once no request has arrived for this long at least; longer where requests come
+    /// further apart: 7 times their mean gap, twice their longest pause (default: 500ms)
     #[argh(option)]
     pub quiet: Option<String>,
 

@@ -20,7 +20,9 @@ pub const ENV_MIN_DRAIN: &str = "MINIMUM_DRAIN_DURATION";
 /// `hold`'s: a minimum as long as the `preStop: sleep 5` it replaces, a quiet time a client of one
 /// request a second never leaves, a deadline that leaves the app 10 s of a 30 s grace period.
 pub const DEFAULT_HOLD_MIN: Duration = Duration::from_secs(5);
-pub const DEFAULT_QUIET: Duration = Duration::from_secs(3);
+/// `hold`'s least quiet time: one read at the default interval, so that a busy pod ends within a
+/// second of its last request; sparser arrivals ask for more (wait.rs, `Rate`).
+pub const DEFAULT_QUIET: Duration = Duration::from_millis(500);
 pub const DEFAULT_HOLD_DEADLINE: Duration = Duration::from_secs(20);
 
 /// Where an admin API listens: a TCP address, or a Unix socket.
@@ -572,6 +574,11 @@ pub fn hold_config(a: &HoldArgs) -> Result<RunConfig, UsageError> {
         let expected = format!("at most the deadline ({})", humantime::format_duration(deadline));
         return Err(UsageError::new("--min", v, expected));
     }
+    let quiet = positive("--quiet", &a.quiet, DEFAULT_QUIET.min(deadline))?;
+    if let Some(v) = a.quiet.as_deref().filter(|_| quiet >= deadline) {
+        let expected = format!("less than the deadline ({})", humantime::format_duration(deadline));
+        return Err(UsageError::new("--quiet", v, expected));
+    }
     Ok(RunConfig {
         counting,
         before: Vec::new(),
@@ -579,7 +586,7 @@ pub fn hold_config(a: &HoldArgs) -> Result<RunConfig, UsageError> {
             min_drain: min,
             deadline,
             interval: positive("--interval", &a.interval, DEFAULT_INTERVAL)?,
-            settle: positive("--quiet", &a.quiet, DEFAULT_QUIET)?,
+            settle: quiet,
             until: Until::Quiet,
             then_quit: false,
         },

@@ -50,4 +50,14 @@ pub struct Progress {
     pub unknown: Option<String>,
     /// When a count last saw a request arrive, from the start of the run.
     pub arrived_at: Option<std::time::Duration>,
+    /// `hold`: how far apart arrivals came at that count, and the quiet time they asked for.
+    pub pace: Option<Pace>,
+}
+
+/// How far apart `hold`'s arrivals come lately (their mean gap), and the quiet time that tells
+/// they stopped (wait.rs, `Rate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    pub gap: std::time::Duration,
+    pub quiet: std::time::Duration,
 }

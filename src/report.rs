@@ -136,9 +136,10 @@ impl Report {
             said.pace = pace;
         }
         let before = (said.progress.last.as_ref().map(|c| c.total), said.progress.unknown.take());
-        if seen.arrived {
+        if seen.arrived > 0 {
             said.progress.arrived_at = Some(now);
         }
+        said.progress.pace = seen.pace.or(said.progress.pace);
         let count = match &reading.result {
             Ok(count) => count,
             Err(why) => {
@@ -172,8 +173,8 @@ impl Report {
             said.basis = Some(b.clone());
         }
         let arriving = match rules.until {
-            Until::AtMost(n) => seen.arrived && count.total <= n,
-            Until::Quiet => seen.arrived,
+            Until::AtMost(n) => seen.arrived > 0 && count.total <= n,
+            Until::Quiet => seen.arrived > 0,
         };
         let news = before.1.is_some()
             || before.0 != Some(count.total)

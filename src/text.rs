@@ -169,7 +169,7 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, Stri
         };
         let (quiet, min, most, every) = (d(r.settle), d(r.min_drain), d(r.deadline), d(r.interval));
         return format!(
-            "holding the app's SIGTERM until no request has arrived for {quiet} (at least {min}, at most {most}), reading arrivals every {every} from {from}"
+            "holding the app's SIGTERM until requests have stopped arriving: none for {quiet}, or for 7 times their mean gap and twice their longest pause where they come further apart (at least {min}, at most {most}), reading arrivals every {every} from {from}"
         );
     };
     let mut sent: Vec<String> =
@@ -371,6 +371,21 @@ pub fn cannot_count(why: &str) -> String {
     format!("cannot count: {why}; still waiting (an unknown count never ends the wait)")
 }
 
+/// What held a hold to its deadline, its reads known: requests arriving, or arrivals too far
+/// apart for the deadline to tell they stopped, or a deadline shorter than the quiet time.
+fn held(p: &Progress, rules: &Rules, elapsed: Duration) -> String {
+    match (p.arrived_at, p.pace) {
+        (None, _) => format!("no request seen, but not yet for {}", seconds(rules.settle)),
+        // Quiet for longer than a busy pod needs, not for as long as these arrivals do.
+        (Some(at), Some(pace)) if elapsed.saturating_sub(at) >= rules.settle => format!(
+            "arrivals every ~{}: the deadline is too short to tell they stopped ({} without one would)",
+            seconds(pace.gap),
+            seconds(pace.quiet)
+        ),
+        (Some(_), _) => "requests still arriving".to_string(),
+    }
+}
+
 /// The final line: how the wait ended and when, what was counted, what is still open where that
 /// matters, whether the count is stale, and how many earlier lines could not be written.
 pub fn summary(
@@ -411,10 +426,8 @@ pub fn summary(
     };
     line += &match outcome {
         Outcome::Reached if hold => {
-            format!(
-                ": no request arrived for {}, {counted}{after}",
-                humantime::format_duration(rules.settle)
-            )
+            let quiet = p.pace.map_or(rules.settle, |pace| pace.quiet);
+            format!(": no request arrived for {}, {counted}{after}", seconds(quiet))
         }
         Outcome::Reached => format!(": {counted}{after}"),
         Outcome::AppExited if p.last.is_none() => format!(": the app has exited{after}"),
@@ -422,15 +435,8 @@ pub fn summary(
             ": the app has exited, which leaves nothing to answer the {counted} still open{stale}{after}"
         ),
         Outcome::Deadline if hold => {
-            let held = match p.arrived_at {
-                _ if !stale.is_empty() => "arrivals unknown".to_string(),
-                Some(_) => "requests still arriving".to_string(),
-                // A deadline shorter than the quiet time.
-                None => format!(
-                    "no request seen, but not yet for {}",
-                    humantime::format_duration(rules.settle)
-                ),
-            };
+            let held =
+                if stale.is_empty() { held(p, rules, elapsed) } else { "arrivals unknown".into() };
             format!(" with {held}, {counted}{stale}{after}")
         }
         Outcome::Deadline => {
@@ -745,7 +751,7 @@ mod tests {
     };
 
     fn progress(last: Option<Count>, unknown: Option<&str>) -> Progress {
-        Progress { last, unknown: unknown.map(str::to_string), arrived_at: None }
+        Progress { last, unknown: unknown.map(str::to_string), arrived_at: None, pace: None }
     }
 
     #[test]
@@ -819,11 +825,26 @@ mod tests {
             |p: &Progress| summary(Outcome::Deadline, Duration::from_secs(2), &rules, p, (0, None));
         assert_eq!(
             said(&p),
-            "deadline of 25s passed after 2.0s with no request seen, but not yet for 3s, 0 active \
+            "deadline of 25s passed after 2.0s with no request seen, but not yet for 3.0s, 0 active \
              connections (proc); the app gets its SIGTERM now"
         );
         p.arrived_at = Some(Duration::from_millis(1_500));
         assert!(said(&p).contains(" with requests still arriving, "), "{}", said(&p));
+        // Quiet for longer than the floor, not for as long as arrivals 4 s apart ask.
+        let rules = Rules { settle: Duration::from_millis(500), ..rules };
+        let said =
+            |p: &Progress| summary(Outcome::Deadline, Duration::from_secs(2), &rules, p, (0, None));
+        p.arrived_at = Some(Duration::from_millis(500));
+        let (gap, quiet) = (Duration::from_secs(4), Duration::from_millis(27_600));
+        p.pace = Some(crate::outcome::Pace { gap, quiet });
+        assert!(
+            said(&p).contains(
+                " with arrivals every ~4.0s: the deadline is too short to tell they stopped (27.6s \
+                 without one would), "
+            ),
+            "{}",
+            said(&p)
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use crate::config::{Rules, Until};
 use crate::count::Arrivals;
-use crate::outcome::Outcome;
+use crate::outcome::{Outcome, Pace};
 use std::time::Duration;
 
 /// Time since the run started, and a way to let it pass.
@@ -80,12 +80,75 @@ pub struct Tick {
     pub cost: Cost,
 }
 
-/// What the wait made of a look: the app's state, and whether a request arrived since the last
-/// look that could tell.
+/// What the wait made of a look: the app's state, how many requests arrived since the last look
+/// that could tell, and for `hold` the arrivals' pace (`Pace`) once any arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Seen {
     pub app: App,
-    pub arrived: bool,
+    pub arrived: u64,
+    pub pace: Option<Pace>,
+}
+
+/// How far back `Rate` looks: long enough for a few arrivals of a slow stream, short enough to
+/// follow one that slows down.
+const WINDOW: Duration = Duration::from_secs(10);
+
+/// A stream of mean gap g shows none for t with probability about e^(-t/g) (arrivals at random);
+/// for one chance in a thousand, t = ln(1000) g, about 6.9 g.
+const GAPS: f64 = 6.9;
+
+/// What counts saw arrive lately, for `hold`'s quiet time (docs/holding.md, "The quiet time").
+#[derive(Debug, Default)]
+struct Rate {
+    /// When counts could first tell arrivals.
+    since: Option<Duration>,
+    /// Every count since: when it ended, and how many it saw arrive.
+    reads: Vec<(Duration, u64)>,
+    /// As of the last count that saw any.
+    pace: Option<Pace>,
+}
+
+impl Rate {
+    fn add(&mut self, now: Duration, arrived: u64, floor: Duration) {
+        let Some(since) = self.since else {
+            self.since = Some(now);
+            return;
+        };
+        self.reads.push((now, arrived));
+        if arrived > 0 {
+            // Measured up to this count: the silence that follows must not lengthen it.
+            let from = since.max(now.saturating_sub(WINDOW));
+            self.reads.retain(|r| r.0 > from);
+            self.pace = Some(pace(&self.reads, now - from, floor));
+        }
+    }
+}
+
+/// The pace of `reads` over `span`. Counts are at least what arrived (a connection that received
+/// bytes is one arrival however many requests it carried), so the mean gap is also told from how
+/// many counts saw none: with a share f of counts L apart seeing some, arrivals at rate r give
+/// f = 1 - e^(-rL). The quiet time is at least `floor`, `GAPS` mean gaps, and twice the longest
+/// pause (counts between saw none), so that bursts with pauses between them are not the end.
+fn pace(reads: &[(Duration, u64)], span: Duration, floor: Duration) -> Pace {
+    let n: u64 = reads.iter().map(|r| r.1).sum();
+    let busy = reads.iter().filter(|r| r.1 > 0).count() as f64;
+    let all = reads.len() as f64;
+    let by_count = span.as_secs_f64() / n.max(1) as f64;
+    // Half a count more than seen, so that counts that all saw some still give a rate.
+    let by_share = span.as_secs_f64() / all / ((all + 0.5) / (all + 0.5 - busy)).ln();
+    let gap = Duration::from_secs_f64(by_count.min(by_share));
+    let (mut pause, mut last, mut silent) = (Duration::ZERO, None, false);
+    for &(t, arrived) in reads {
+        match (arrived, last) {
+            (0, _) => silent = true,
+            (_, Some(before)) if silent => pause = pause.max(t - before),
+            _ => {}
+        }
+        if arrived > 0 {
+            (last, silent) = (Some(t), false);
+        }
+    }
+    Pace { gap, quiet: floor.max(gap.mul_f64(GAPS)).max(pause.saturating_mul(2)) }
 }
 
 /// What the looks so far say of the app.
@@ -153,15 +216,13 @@ impl Follow {
         if ended.saturating_sub(since) >= APP_GONE { App::Gone } else { App::Leaving }
     }
 
-    /// Whether a request arrived since the last look that could tell: the counter moved (one
-    /// that went back belongs to a restarted Envoy).
-    fn arrived(&mut self, now: Arrivals) -> bool {
-        match (self.requests, now) {
-            (_, Arrivals::Unknown) => false,
-            (before, now) => {
-                self.requests = now;
-                before != Arrivals::Unknown && before != now
-            }
+    /// How many requests arrived since the last look that could tell: what the counter moved
+    /// by (one that went back belongs to a restarted Envoy: at least one).
+    fn arrived(&mut self, now: Arrivals) -> u64 {
+        let Arrivals::Requests(now) = now else { return 0 };
+        match std::mem::replace(&mut self.requests, Arrivals::Requests(now)) {
+            Arrivals::Requests(before) => now.checked_sub(before).unwrap_or(1),
+            Arrivals::Unknown => 0,
         }
     }
 
@@ -171,7 +232,8 @@ impl Follow {
     }
 
     fn see(&mut self, tick: &Tick, started: Duration, ended: Duration) -> Seen {
-        Seen { app: self.app(tick.app, started, ended), arrived: self.arrived(tick.arrivals) }
+        let (app, arrived) = (self.app(tick.app, started, ended), self.arrived(tick.arrivals));
+        Seen { app, arrived, pace: None }
     }
 }
 
@@ -228,13 +290,18 @@ fn count<L: Looks>(
         let ask = if started >= counts.next { Ask::Count } else { Ask::App };
         let (tick, found) = looks.look(rules.deadline - started, ask);
         let now = clock.now();
-        let seen = follow.see(&tick, started, now);
+        let mut seen = follow.see(&tick, started, now);
+        if ask == Ask::Count && rules.until == Until::Quiet && tick.arrivals != Arrivals::Unknown {
+            counts.rate.add(now, seen.arrived, rules.settle);
+            seen.pace = counts.rate.pace;
+            counts.after_arrival = seen.pace.map_or(rules.settle, |p| p.quiet);
+        }
         looks.seen(ask, seen, found);
         if seen.app == App::Gone && now >= counts.drain_done {
             return Outcome::AppExited;
         }
         if ask == Ask::Count
-            && let Some(end) = counts.add(rules, &tick, seen.arrived, (started, now))
+            && let Some(end) = counts.add(rules, &tick, seen.arrived > 0, (started, now))
         {
             clock.sleep(end - now);
             return Outcome::Reached;
@@ -261,9 +328,10 @@ struct Counts {
     /// Whether any count was known.
     counted: bool,
     /// The end of the last count that saw a request arrive (the request came before it), and how
-    /// long the quiet time after it lasts.
+    /// long the quiet time after it lasts (for `hold`, from `rate`).
     arrived_at: Option<Duration>,
     after_arrival: Duration,
+    rate: Rate,
     /// The last count's time: a count meant to end at a given moment starts this long before it.
     lead: Duration,
     next: Duration,
@@ -340,7 +408,7 @@ fn app_exit(
         let started = clock.now();
         let (tick, found) = looks.look(rules.deadline.saturating_sub(started), Ask::Exit);
         let app = follow.app(tick.app, started, clock.now());
-        looks.seen(Ask::Exit, Seen { app, arrived: false }, found);
+        looks.seen(Ask::Exit, Seen { app, arrived: 0, pace: None }, found);
         let pause = match app {
             App::Gone => return Quit::Yes,
             App::NotSeen => return Quit::AppNotSeen,
@@ -790,12 +858,12 @@ mod tests {
     fn a_request_counter_that_moved_is_an_arrival() {
         let mut f = Follow::default();
         let requests = Arrivals::Requests;
-        assert!(!f.arrived(requests(40)), "the first count has nothing to compare");
-        assert!(!f.arrived(requests(40)), "no new request");
-        assert!(f.arrived(requests(41)), "a request, on a kept connection or a new one");
-        assert!(!f.arrived(Arrivals::Unknown), "an unknown count or the stats tell nothing");
-        assert!(!f.arrived(requests(41)), "compared with the last counter");
-        assert!(f.arrived(requests(3)), "a restarted Envoy's counter");
+        assert_eq!(f.arrived(requests(40)), 0, "the first count has nothing to compare");
+        assert_eq!(f.arrived(requests(40)), 0, "no new request");
+        assert_eq!(f.arrived(requests(41)), 1, "a request, on a kept connection or a new one");
+        assert_eq!(f.arrived(Arrivals::Unknown), 0, "an unknown count or the stats tell nothing");
+        assert_eq!(f.arrived(requests(45)), 4, "compared with the last counter");
+        assert_eq!(f.arrived(requests(3)), 1, "a restarted Envoy's counter: at least one");
     }
 
     #[test]
@@ -901,9 +969,68 @@ mod tests {
         assert!(end >= ms(8000) && end <= ms(8600), "{end:?}");
         // Never readable: nothing counted, at the deadline.
         assert_eq!(hold_with(&r, &[], (0, 30000)), (Outcome::NothingCounted, ms(20000)));
-        // A request that arrived while it could not read is seen when it reads again.
-        let (_, end) = hold_with(&r, &[3000], (2000, 4000));
+        // Requests that arrived while it could not read are seen when it reads again.
+        let busy: Vec<u64> = (0..30).map(|i| i * 100 + 50).collect();
+        let (_, end) = hold_with(&r, &busy, (2000, 4000));
         assert!(end >= ms(6000) && end <= ms(6600), "{end:?}");
+    }
+
+    #[test]
+    fn a_busy_hold_ends_within_a_second_of_the_last_arrival() {
+        // 20 requests a second until 10 s: mean gap 50 ms, 7 of them well under the floor.
+        let r = hold(5000, 500, 20000);
+        let busy: Vec<u64> = (0..200).map(|i| i * 50 + 25).collect();
+        let (o, end) = hold_with(&r, &busy, (0, 0));
+        assert_eq!(o, Outcome::Reached);
+        assert!(end >= ms(9975 + 500) && end <= ms(9975 + 1000), "{end:?}");
+    }
+
+    #[test]
+    fn a_hold_never_ends_between_two_arrivals_of_a_slow_stream() {
+        // Red-team: one request every 4 s. With a 3 s quiet time the hold returned between two.
+        let slow = [1000, 5000, 9000];
+        let (o, end) = hold_with(&hold(5000, 500, 60000), &slow, (0, 0));
+        assert_eq!(o, Outcome::Reached);
+        // 6.9 mean gaps after the last: about 2.9 s each (three arrivals in 9 s, and 3 of the
+        // 18 counts saw one).
+        assert!(end >= ms(9000 + 19_000) && end <= ms(9000 + 22_000), "{end:?}");
+        // A deadline shorter than that: held to it.
+        assert_eq!(
+            hold_with(&hold(5000, 500, 20000), &slow, (0, 0)),
+            (Outcome::Deadline, ms(20000))
+        );
+    }
+
+    #[test]
+    fn bursts_with_pauses_between_them_ask_for_twice_the_longest_pause() {
+        let mut rate = Rate::default();
+        // 50 requests in each of the counts at 0.5 s and 1 s, then none until 4 s, 50 again.
+        for (t, n) in [(0, 0), (500, 50), (1000, 50), (1500, 0), (2000, 0), (4000, 50)] {
+            rate.add(ms(t), n, ms(500));
+        }
+        let pace = rate.pace.expect("arrivals seen");
+        assert_eq!(pace.gap.as_millis(), 4000 / 150, "150 requests in 4 s");
+        assert_eq!(pace.quiet, ms(6000), "twice the 3 s pause, more than 7 mean gaps");
+        // Only the window counts: a burst long gone no longer asks for anything.
+        rate.add(ms(20_000), 1, ms(500));
+        let quiet = rate.pace.map(|p| p.quiet);
+        assert!(
+            quiet.is_some_and(|q| q > ms(60_000) && q < ms(69_100)),
+            "7 gaps of about 10 s: {quiet:?}"
+        );
+    }
+
+    #[test]
+    fn a_connection_busy_at_every_count_gives_a_rate_though_it_counts_once_a_count() {
+        // The socket table's view of one kept-alive connection: bytes at every count, one arrival
+        // each, 20 counts in 10 s. The count alone says a gap of 500 ms; that none of 20 counts
+        // missed says less than 200 ms.
+        let mut rate = Rate::default();
+        for i in 0..=20 {
+            rate.add(ms(i * 500), u64::from(i > 0), ms(500));
+        }
+        let pace = rate.pace.expect("arrivals seen");
+        assert!(pace.gap < ms(200) && pace.quiet < ms(1200), "{pace:?}");
     }
 
     #[test]

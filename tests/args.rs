@@ -93,6 +93,17 @@ fn a_min_drain_longer_than_the_deadline_is_an_error_naming_the_min_drain_as_type
 }
 
 #[test]
+fn a_quiet_time_the_deadline_cannot_hold_is_an_error_naming_the_quiet_time_as_typed() {
+    // Red-team #6: it ran to the deadline and said requests were still arriving.
+    let out = run(command(&["hold", "--quiet", "30s", "--deadline", "8s"]));
+    assert_eq!(out.code, Some(2), "{out}");
+    assert_eq!(
+        out.stderr,
+        "envoy-drain: invalid value '30s' for --quiet: expected less than the deadline (8s)\n"
+    );
+}
+
+#[test]
 fn a_flag_without_its_value_or_an_unknown_flag_exits_2_naming_it() {
     for (args, named) in [
         (&["run", "--deadline"][..], "--deadline"),

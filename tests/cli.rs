@@ -146,7 +146,7 @@ fn hold_refuses_a_gateway_and_a_zero_quiet_time_in_one_line() {
         ),
         (
             &["hold", "--quiet", "0s"],
-            "envoy-drain: invalid value '0s' for --quiet: expected a duration above zero, like 3s\n",
+            "envoy-drain: invalid value '0s' for --quiet: expected a duration above zero, like 500ms\n",
         ),
         (
             &["hold", "--min", "30s"],
