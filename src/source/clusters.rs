@@ -13,7 +13,8 @@ use std::net::SocketAddr;
 pub const CLUSTERS_PATH: &str = "/clusters";
 
 /// Which hosts count: not the proxy's own clusters' nor `--ignore-clusters`', not Unix sockets or
-/// internal addresses, not on an ignored port; with `inbound` (`hold`), only the app's clusters'.
+/// internal addresses, not on an ignored port; with `inbound` (`hold`), only the app's clusters',
+/// and those on a Unix socket too.
 #[derive(Debug, Clone, Default)]
 pub struct Rule {
     pub preset: Preset,
@@ -86,7 +87,10 @@ impl Tally {
             return;
         };
         self.hosts |= stat == "rq_active";
+        let pipe = host.starts_with('/') || host.starts_with('@');
         let why_host = match host.parse::<SocketAddr>() {
+            // `hold`: an app on a Unix socket (an Istio Sidecar's `defaultEndpoint: unix://`).
+            Err(_) if rule.inbound && pipe && any(rule.preset.inbound_clusters, name) => None,
             Err(_) => Some("Unix socket or internal address".to_string()),
             Ok(a) if rule.ignore_ports.contains(a.port()) => {
                 Some(format!("ignored port {}", a.port()))
@@ -364,6 +368,21 @@ mine::10.0.0.7:80::rq_active::4
         let left: Vec<_> = a.clusters.iter().filter_map(|c| c.left_out).collect();
         assert_eq!(left, vec!["--ignore-clusters", "--ignore-clusters"]);
         assert_eq!(a.quiet, 0);
+    }
+
+    #[test]
+    fn an_app_on_a_unix_socket_tells_holds_arrivals_and_never_runs_count() {
+        // Red-team #2: a Sidecar whose defaultEndpoint is unix://; the host was dropped.
+        let body = "inbound|8080||::/var/run/app/app.sock::rq_active::0
+inbound|8080||::/var/run/app/app.sock::rq_total::110
+inbound|8080||::/var/run/app/app.sock::cx_total::3
+";
+        let hold = Rule { inbound: true, ..istio() };
+        let a = tally(body, &hold).unwrap();
+        assert_eq!(a.app_arrived, (110, 3));
+        assert_eq!(a.counters.len(), 2, "both counters tell arrivals: {:?}", a.counters);
+        let run = tally(body, &istio()).unwrap();
+        assert!(run.counters.is_empty(), "{:?}", run.counters);
     }
 
     #[test]
