@@ -136,7 +136,7 @@ fn pace(reads: &[(Duration, u64)], span: Duration, floor: Duration) -> Pace {
     let by_count = span.as_secs_f64() / n.max(1) as f64;
     // Half a count more than seen, so that counts that all saw some still give a rate.
     let by_share = span.as_secs_f64() / all / ((all + 0.5) / (all + 0.5 - busy)).ln();
-    let gap = Duration::from_secs_f64(by_count.min(by_share));
+    let gap = by_count.min(by_share);
     let (mut pause, mut last, mut silent) = (Duration::ZERO, None, false);
     for &(t, arrived) in reads {
         match (arrived, last) {
@@ -148,7 +148,10 @@ fn pace(reads: &[(Duration, u64)], span: Duration, floor: Duration) -> Pace {
             (last, silent) = (Some(t), false);
         }
     }
-    Pace { gap, quiet: floor.max(gap.mul_f64(GAPS)).max(pause.saturating_mul(2)) }
+    // Finite and positive: a span of at most the window, at least one count that saw some.
+    let secs = |s: f64| Duration::try_from_secs_f64(s).unwrap_or(WINDOW);
+    let quiet = floor.max(secs(gap * GAPS)).max(pause.saturating_mul(2));
+    Pace { gap: secs(gap), quiet }
 }
 
 /// What the looks so far say of the app.
