@@ -121,9 +121,10 @@ fuzz_target!(|data: &[u8]| {
     match end.outcome {
         Outcome::Reached if end.quit == Quit::No => assert!(
             match rules.until {
-                Until::AtMost(most) => last.count.is_some_and(|n| n <= most) && !seen.arrived,
+                Until::AtMost(most) => last.count.is_some_and(|n| n <= most) && seen.arrived == 0,
                 Until::Quiet =>
-                    last.arrivals != Arrivals::Unknown && (!seen.arrived || rules.settle.is_zero()),
+                    last.arrivals != Arrivals::Unknown
+                        && (seen.arrived == 0 || rules.settle.is_zero()),
             },
             "reached on {last:?}, {seen:?}"
         ),
