@@ -42,20 +42,29 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if let [_, verb] = &args[..]
+    if let [_, verb, sizes @ ..] = &args[..]
         && verb == "scale-hold"
     {
-        println!(
-            "{}",
-            support::netns::in_private_netns(move || {
-                let dir =
-                    std::env::temp_dir().join(format!("envoy-drain-hold-{}", std::process::id()));
-                std::fs::create_dir_all(&dir).expect("a temporary directory");
-                let row = hold_row(&drain, &envoy, &dir, 10_000);
-                let _ = std::fs::remove_dir_all(&dir);
-                row
-            })
-        );
+        let mut sizes: Vec<usize> =
+            sizes.iter().map(|n| n.parse().expect("a number of clusters")).collect();
+        if sizes.is_empty() {
+            sizes = vec![10_000, 50_000];
+        }
+        print!("{HOLD_HEADER}");
+        for n in sizes {
+            let (drain, envoy) = (drain.clone(), envoy.clone());
+            print!(
+                "{}",
+                support::netns::in_private_netns(move || {
+                    let dir = std::env::temp_dir()
+                        .join(format!("envoy-drain-hold-{}", std::process::id()));
+                    std::fs::create_dir_all(&dir).expect("a temporary directory");
+                    let row = hold_row(&drain, &envoy, &dir, n);
+                    let _ = std::fs::remove_dir_all(&dir);
+                    row
+                })
+            );
+        }
         return;
     }
     if let [_, verb] = &args[..]
@@ -748,10 +757,15 @@ fn scale(drain: &Path, envoy: &Path) -> String {
         let _ = child.wait();
     }
     out += &listeners_row(drain, envoy, &dir, 10_000);
+    out += HOLD_HEADER;
     out += &hold_row(drain, envoy, &dir, 10_000);
     let _ = std::fs::remove_dir_all(&dir);
     out
 }
+
+const HOLD_HEADER: &str = "\n### `hold` on a large sidecar (a request every 100 ms for 45 s, then none)\n\n\
+    | clusters | Envoy's CPU, the load alone (10 s) | Envoy's CPU over the hold | reads | hold end after the last request | summary |\n\
+    |---:|---:|---:|---:|---:|---|\n";
 
 /// `hold` on a sidecar with `n` clusters: a request every 100 ms through the inbound listener
 /// for 45 s, then none; Envoy's CPU share over the hold against the same load with nobody
@@ -759,9 +773,6 @@ fn scale(drain: &Path, envoy: &Path) -> String {
 fn hold_row(drain: &Path, envoy: &Path, dir: &Path, n: usize) -> String {
     let _app = support::app::App::start("127.0.0.1:8080", false);
     let mut child = clusters_envoy(envoy, dir, n, true);
-    let header = "\n### `hold` at 10,000 clusters (a request every 100 ms for 45 s, then none)\n\n\
-                  | clusters | Envoy's CPU, the load alone (10 s) | Envoy's CPU over the hold | reads | hold end after the last request | summary |\n\
-                  |---:|---:|---:|---:|---:|---|\n";
     let live = support::envoy::until(Duration::from_secs(300), support::envoy::live);
     let mut conn = Conn::open(INBOUND).ok();
     // Requests every 100 ms for `length`; when the last one was sent.
@@ -810,7 +821,7 @@ fn hold_row(drain: &Path, envoy: &Path, dir: &Path, n: usize) -> String {
     };
     let _ = child.kill();
     let _ = child.wait();
-    format!("{header}{row}")
+    row
 }
 
 /// Envoy with `n` listeners, each of which has had a connection, and the connection stats on:

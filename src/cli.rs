@@ -239,9 +239,9 @@ pub struct RunArgs {
 #[derive(FromArgs, Debug, PartialEq, Default)]
 #[argh(subcommand, name = "hold")]
 pub struct HoldArgs {
-    /// the pod's mesh: istio, consul or kuma (a sidecar, whose clusters to the app tell what
-    /// arrives, else the socket table), ambient (Istio's ambient mode) or none (no mesh), read
-    /// from the socket table alone (default: istio)
+    /// the pod's mesh: istio, consul or kuma (a sidecar: the socket table, and Envoy's counters
+    /// of its clusters to the app), ambient (Istio's ambient mode) or none (no mesh), read from
+    /// the socket table alone (default: istio)
     #[argh(option)]
     pub preset: Option<String>,
 
@@ -274,8 +274,8 @@ pub struct HoldArgs {
     #[argh(option)]
     pub deadline: Option<String>,
 
-    /// time between reads of what arrives; longer when a read takes long: 20 times its time
-    /// (default: 500ms)
+    /// time between reads of what arrives; longer when a read takes long: 20 times its time,
+    /// as /clusters' reads are (default: 500ms)
     #[argh(option)]
     pub interval: Option<String>,
 

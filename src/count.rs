@@ -52,6 +52,8 @@ pub struct Count {
     pub basis: Option<Basis>,
     /// What tells a new connection or request from those counted before.
     pub arrivals: Arrivals,
+    /// Arrivals recounted so far (`source::arrivals::Both`).
+    pub recounted: u64,
 }
 
 /// Whether a request has arrived since an earlier count: the pod is then still in use.
@@ -62,6 +64,15 @@ pub enum Arrivals {
     Unknown,
     /// Requests (or connections) so far, a counter.
     Requests(u64),
+}
+
+impl Arrivals {
+    pub fn known(self) -> Option<u64> {
+        match self {
+            Arrivals::Requests(n) => Some(n),
+            Arrivals::Unknown => None,
+        }
+    }
 }
 
 /// How a socket-table count told Envoy's sockets from the rest.
@@ -97,6 +108,7 @@ impl Count {
             excluded: Vec::new(),
             basis: None,
             arrivals: Arrivals::Unknown,
+            recounted: 0,
         }
     }
 }

@@ -9,9 +9,9 @@ use crate::log::{Level, Logger};
 use crate::outcome::{EXIT_REACHED, Outcome};
 use crate::report::Report;
 use crate::source::Reading;
-use crate::source::Sources;
 use crate::source::admin::{Client, REQUEST_TIMEOUT};
 use crate::source::sockets::Pod;
+use crate::source::{Sources, process_cpu};
 use crate::text;
 use crate::wait::{self, Ask, Clock, Cost, Looks, Quit, Seen, Tick};
 use std::sync::Arc;
@@ -109,14 +109,6 @@ pub fn disabled(setting: &str) -> i32 {
     EXIT_REACHED
 }
 
-/// The CPU this process has used so far, all its threads.
-fn process_cpu() -> Option<Duration> {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: t is a valid timespec for the call to fill.
-    let r = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
-    (r == 0).then(|| Duration::new(t.tv_sec as u64, t.tv_nsec as u32))
-}
-
 struct RealClock(Instant);
 
 impl Clock for RealClock {
@@ -164,15 +156,20 @@ impl Looks for Hook<'_> {
             Ask::App | Ask::Exit => (None, self.sources.pod(left)),
         };
         let spent = own.zip(process_cpu()).map(|(before, after)| after.saturating_sub(before));
+        // A read paced on its own is not part of what paces the looks.
+        let (aside, aside_cpu) = self.sources.aside;
         let cost = Cost {
-            look: asked.elapsed(),
+            look: asked.elapsed().saturating_sub(aside),
             admin: self.sources.admin_time,
-            cpu: spent.zip(self.sources.envoy_cpu).map(|(own, envoy)| own + envoy),
+            cpu: spent
+                .zip(self.sources.envoy_cpu)
+                .map(|(own, envoy)| own.saturating_sub(aside_cpu) + envoy),
         };
         let count = reading.as_ref().and_then(|r| r.result.as_ref().ok());
         let tick = Tick {
             count: count.map(|c| c.total),
             arrivals: count.map(|c| c.arrivals).unwrap_or_default(),
+            recounted: count.map_or(0, |c| c.recounted),
             app: pod.as_ref().ok().map(|p| !p.is_empty()),
             cost,
         };

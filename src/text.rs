@@ -159,14 +159,15 @@ pub fn posted(r: Request, url: &str, answer: &Result<Reply, String>) -> (Level, 
 pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, String)]) -> String {
     let (r, d) = (&cfg.rules, humantime::format_duration);
     let Until::AtMost(exit_at) = r.until else {
-        let from = match (&cfg.counting.hold, sources.mode) {
-            (Some(rule), Mode::Proc) => format!("{}: {}", reader(sources.reader()), doors(rule)),
-            _ => format!(
-                "Envoy's /clusters ({}): clusters {}",
+        let rule = cfg.counting.hold.clone().unwrap_or_default();
+        let mut from = format!("{}: {}", reader(sources.reader()), doors(&rule));
+        if sources.mode != Mode::Proc {
+            from += &format!(
+                "; and Envoy's /clusters ({}) as often as it takes at most 1/{PACE} of Envoy's main thread: clusters {}",
                 sources.admin.url(CLUSTERS_PATH),
                 cfg.counting.preset.inbound_clusters.join(", ")
-            ),
-        };
+            );
+        }
         let (quiet, min, most, every) = (d(r.settle), d(r.min_drain), d(r.deadline), d(r.interval));
         return format!(
             "holding the app's SIGTERM until requests have stopped arriving: none for {quiet}, or for 7 times their mean gap and twice their longest pause where they come further apart (at least {min}, at most {most}), reading arrivals every {every} from {from}"

@@ -44,10 +44,8 @@ pub const RECHECK: Duration = Duration::from_millis(100);
 /// How long after the last arrival seen `run` waits at least, whatever the count.
 pub const ARRIVALS_QUIET: Duration = Duration::from_secs(2);
 
-/// Two counts start at least this many times the last one's cost apart, so that counting takes
-/// at most 1/PACE of Envoy's main thread (which also applies its configuration) and of the proxy
-/// container's CPU, which a preStop shares.
-pub const PACE: u32 = 20;
+/// Two counts start at least this many times the last one's cost apart.
+pub use crate::source::admin::PACE;
 
 /// What one look took, the part spent waiting on Envoy, and where measured the CPU it cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -76,6 +74,9 @@ pub fn pause(interval: Duration, cost: Duration) -> Duration {
 pub struct Tick {
     pub count: Option<u64>,
     pub arrivals: Arrivals,
+    /// Arrivals recounted so far: more than the counter said of a time it saw some (`hold` behind a
+    /// sidecar: /clusters' requests on a connection the table showed once).
+    pub recounted: u64,
     pub app: Option<bool>,
     pub cost: Cost,
 }
@@ -86,6 +87,8 @@ pub struct Tick {
 pub struct Seen {
     pub app: App,
     pub arrived: u64,
+    /// More that arrived earlier than this look, which a later read recounted.
+    pub recounted: u64,
     pub pace: Option<Pace>,
 }
 
@@ -102,19 +105,20 @@ const GAPS: f64 = 6.9;
 struct Rate {
     /// When counts could first tell arrivals.
     since: Option<Duration>,
-    /// Every count since: when it ended, and how many it saw arrive.
-    reads: Vec<(Duration, u64)>,
+    /// Every count since: when it ended, how many it saw arrive, and how many more it recounted.
+    reads: Vec<(Duration, u64, u64)>,
     /// As of the last count that saw any.
     pace: Option<Pace>,
 }
 
 impl Rate {
-    fn add(&mut self, now: Duration, arrived: u64, floor: Duration) {
+    fn add(&mut self, now: Duration, seen: &Seen, floor: Duration) {
+        let (arrived, recounted) = (seen.arrived, seen.recounted);
         let Some(since) = self.since else {
             self.since = Some(now);
             return;
         };
-        self.reads.push((now, arrived));
+        self.reads.push((now, arrived, recounted));
         if arrived > 0 {
             // Measured up to this count: the silence that follows must not lengthen it.
             let from = since.max(now.saturating_sub(WINDOW));
@@ -129,8 +133,8 @@ impl Rate {
 /// many counts saw none: with a share f of counts L apart seeing some, arrivals at rate r give
 /// f = 1 - e^(-rL). The quiet time is at least `floor`, `GAPS` mean gaps, and twice the longest
 /// pause (counts between saw none), so that bursts with pauses between them are not the end.
-fn pace(reads: &[(Duration, u64)], span: Duration, floor: Duration) -> Pace {
-    let n: u64 = reads.iter().map(|r| r.1).sum();
+fn pace(reads: &[(Duration, u64, u64)], span: Duration, floor: Duration) -> Pace {
+    let n: u64 = reads.iter().map(|r| r.1.saturating_add(r.2)).fold(0, u64::saturating_add);
     let busy = reads.iter().filter(|r| r.1 > 0).count() as f64;
     let all = reads.len() as f64;
     let by_count = span.as_secs_f64() / n.max(1) as f64;
@@ -138,7 +142,7 @@ fn pace(reads: &[(Duration, u64)], span: Duration, floor: Duration) -> Pace {
     let by_share = span.as_secs_f64() / all / ((all + 0.5) / (all + 0.5 - busy)).ln();
     let gap = by_count.min(by_share);
     let (mut pause, mut last, mut silent) = (Duration::ZERO, None, false);
-    for &(t, arrived) in reads {
+    for &(t, arrived, _) in reads {
         match (arrived, last) {
             (0, _) => silent = true,
             (_, Some(before)) if silent => pause = pause.max(t - before),
@@ -195,6 +199,7 @@ struct Follow {
     gone_since: Option<Duration>,
     last_look: Duration,
     requests: Arrivals,
+    recounted: u64,
 }
 
 impl Follow {
@@ -222,11 +227,9 @@ impl Follow {
     /// How many requests arrived since the last look that could tell: what the counter moved
     /// by (one that went back belongs to a restarted Envoy: at least one).
     fn arrived(&mut self, now: Arrivals) -> u64 {
-        let Arrivals::Requests(now) = now else { return 0 };
-        match std::mem::replace(&mut self.requests, Arrivals::Requests(now)) {
-            Arrivals::Requests(before) => now.checked_sub(before).unwrap_or(1),
-            Arrivals::Unknown => 0,
-        }
+        let Some(now) = now.known() else { return 0 };
+        let before = std::mem::replace(&mut self.requests, Arrivals::Requests(now)).known();
+        before.map_or(0, |b| now.checked_sub(b).unwrap_or(1))
     }
 
     /// Whether the app's sockets, seen before, are gone now.
@@ -236,7 +239,14 @@ impl Follow {
 
     fn see(&mut self, tick: &Tick, started: Duration, ended: Duration) -> Seen {
         let (app, arrived) = (self.app(tick.app, started, ended), self.arrived(tick.arrivals));
-        Seen { app, arrived, pace: None }
+        // Only a look that could tell recounts.
+        let recounted = match tick.arrivals {
+            Arrivals::Requests(_) => tick
+                .recounted
+                .saturating_sub(std::mem::replace(&mut self.recounted, tick.recounted)),
+            Arrivals::Unknown => 0,
+        };
+        Seen { app, arrived, recounted, pace: None }
     }
 }
 
@@ -295,7 +305,7 @@ fn count<L: Looks>(
         let now = clock.now();
         let mut seen = follow.see(&tick, started, now);
         if ask == Ask::Count && rules.until == Until::Quiet && tick.arrivals != Arrivals::Unknown {
-            counts.rate.add(now, seen.arrived, rules.settle);
+            counts.rate.add(now, &seen, rules.settle);
             seen.pace = counts.rate.pace;
             counts.after_arrival = seen.pace.map_or(rules.settle, |p| p.quiet);
         }
@@ -411,7 +421,7 @@ fn app_exit(
         let started = clock.now();
         let (tick, found) = looks.look(rules.deadline.saturating_sub(started), Ask::Exit);
         let app = follow.app(tick.app, started, clock.now());
-        looks.seen(Ask::Exit, Seen { app, arrived: 0, pace: None }, found);
+        looks.seen(Ask::Exit, Seen { app, ..Seen::default() }, found);
         let pause = match app {
             App::Gone => return Quit::Yes,
             App::NotSeen => return Quit::AppNotSeen,
@@ -1009,13 +1019,13 @@ mod tests {
         let mut rate = Rate::default();
         // 50 requests in each of the counts at 0.5 s and 1 s, then none until 4 s, 50 again.
         for (t, n) in [(0, 0), (500, 50), (1000, 50), (1500, 0), (2000, 0), (4000, 50)] {
-            rate.add(ms(t), n, ms(500));
+            rate.add(ms(t), &saw(n, 0), ms(500));
         }
         let pace = rate.pace.expect("arrivals seen");
         assert_eq!(pace.gap.as_millis(), 4000 / 150, "150 requests in 4 s");
         assert_eq!(pace.quiet, ms(6000), "twice the 3 s pause, more than 7 mean gaps");
         // Only the window counts: a burst long gone no longer asks for anything.
-        rate.add(ms(20_000), 1, ms(500));
+        rate.add(ms(20_000), &saw(1, 0), ms(500));
         let quiet = rate.pace.map(|p| p.quiet);
         assert!(
             quiet.is_some_and(|q| q > ms(60_000) && q < ms(69_100)),
@@ -1030,10 +1040,30 @@ mod tests {
         // missed says less than 200 ms.
         let mut rate = Rate::default();
         for i in 0..=20 {
-            rate.add(ms(i * 500), u64::from(i > 0), ms(500));
+            rate.add(ms(i * 500), &saw(u64::from(i > 0), 0), ms(500));
         }
         let pace = rate.pace.expect("arrivals seen");
         assert!(pace.gap < ms(200) && pace.quiet < ms(1200), "{pace:?}");
+    }
+
+    /// A count that saw `arrived` and recounted `recounted` more.
+    fn saw(arrived: u64, recounted: u64) -> Seen {
+        Seen { arrived, recounted, ..Seen::default() }
+    }
+
+    #[test]
+    fn a_recount_of_what_the_table_saw_once_a_count_shortens_the_quiet_time_to_its_floor() {
+        // The same connection at 40 requests a second, /clusters recounting each 2 s what the
+        // table saw: the mean gap is 25 ms, the quiet time its floor.
+        let mut rate = Rate::default();
+        for i in 0..=20 {
+            rate.add(ms(i * 500), &saw(u64::from(i > 0), if i % 4 == 0 { 76 } else { 0 }), ms(500));
+        }
+        let pace = rate.pace.expect("arrivals seen");
+        assert!(pace.gap < ms(30) && pace.quiet == ms(500), "{pace:?}");
+        // A recount after the arrivals stopped changes no quiet time already running.
+        rate.add(ms(10_500), &saw(0, 80), ms(500));
+        assert_eq!(rate.pace, Some(pace));
     }
 
     #[test]

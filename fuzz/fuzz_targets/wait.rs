@@ -68,6 +68,8 @@ impl Script<'_> {
         self.last = Tick {
             count: (b & 0xf != 0xf).then_some(u64::from(b & 0x7)),
             arrivals: Arrivals::Requests(self.requests),
+            // A recount that grows with the arrivals, as /clusters' beside the socket table's.
+            recounted: self.requests.saturating_mul(u64::from(b >> 4)),
             app: match b & 0x3 {
                 0 => None,
                 1 => Some(true),

@@ -14,6 +14,11 @@ use ureq::http::Response;
 use ureq::unversioned::resolver::DefaultResolver;
 use ureq::{Agent, Body};
 
+/// Two admin requests start at least this many times the last one's cost apart, so that counting
+/// takes at most 1/PACE of Envoy's main thread (which also applies its configuration) and of the
+/// proxy container's CPU, which a preStop shares.
+pub const PACE: u32 = 20;
+
 /// The time a request is given: a loopback admin API answers in milliseconds. A stats request that
 /// ran out of it gets more the next time, and /clusters the time left (`Sources`).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);

@@ -148,6 +148,54 @@ impl Tracker {
     }
 }
 
+/// `hold`'s arrivals behind a sidecar from both sources: the socket table's counter at every
+/// look, Envoy's /clusters' at its own pace. The table shows a pooled connection's bytes once a
+/// read however many requests they were: an answer of /clusters that saw more than the table did
+/// since the answer before recounts them (they arrived then, not now), and one that saw some where
+/// the table saw none adds them as arrivals.
+#[derive(Debug, Default)]
+pub struct Both {
+    fresh: u64,
+    recounted: u64,
+    kernel: Option<u64>,
+    clusters: Option<u64>,
+    /// What the table saw arrive since the last /clusters answer.
+    since: u64,
+}
+
+impl Both {
+    /// Takes the table's counter (`None`: it could not tell) and, when /clusters answered, its
+    /// counter; gives the arrivals and the recounted ones so far, unknown when neither told, and
+    /// whether the table saw arrivals that /clusters did not (clients that reach the app past
+    /// the sidecar, or a TCP stream's bytes).
+    pub fn add(
+        &mut self,
+        kernel: Option<u64>,
+        clusters: Option<u64>,
+    ) -> (Option<(u64, u64)>, bool) {
+        if let Some(k) = kernel {
+            let moved = self.kernel.replace(k).map_or(0, |was| k.saturating_sub(was));
+            self.since = self.since.saturating_add(moved);
+            self.fresh = self.fresh.saturating_add(moved);
+        }
+        let mut past_envoy = false;
+        if let Some(c) = clusters {
+            if let Some(was) = self.clusters.replace(c) {
+                let moved = c.saturating_sub(was);
+                past_envoy = moved == 0 && self.since > 0;
+                match self.since {
+                    0 => self.fresh = self.fresh.saturating_add(moved),
+                    seen => {
+                        self.recounted = self.recounted.saturating_add(moved.saturating_sub(seen))
+                    }
+                }
+            }
+            self.since = 0;
+        }
+        (kernel.or(clusters).map(|_| (self.fresh, self.recounted)), past_envoy)
+    }
+}
+
 /// `Tcp: ... PassiveOpens ...` of `/proc/net/snmp`: the header line names the columns, the next
 /// gives the values.
 pub fn passive_opens(snmp: &str) -> Option<u64> {
@@ -301,5 +349,20 @@ mod tests {
                     ActiveOpens PassiveOpens AttemptFails\nTcp: 1 200 120000 -1 12 34 0\n";
         assert_eq!(passive_opens(snmp), Some(34));
         assert_eq!(passive_opens("Tcp: ActiveOpens\nTcp: 3\n"), None);
+    }
+
+    #[test]
+    fn clusters_recounts_what_the_table_saw_once_and_adds_what_it_alone_saw() {
+        let mut both = Both::default();
+        assert_eq!(both.add(Some(0), Some(0)), (Some((0, 0)), false), "the first reads");
+        // A pooled connection's bytes at one read; /clusters, its next answer: 20 requests.
+        assert_eq!(both.add(Some(1), Some(20)), (Some((1, 19)), false));
+        assert_eq!(both.add(Some(2), None), (Some((2, 19)), false), "between two answers");
+        // The table saw some, /clusters none: clients past the sidecar, or a stream's bytes.
+        assert_eq!(both.add(Some(3), Some(20)), (Some((3, 19)), true));
+        // The table cannot tell: what /clusters saw arrives.
+        assert_eq!(both.add(None, Some(25)), (Some((8, 19)), false));
+        assert_eq!(both.add(None, None), (None, false), "neither told");
+        assert_eq!(both.add(Some(3), None), (Some((8, 19)), false), "the table's counter again");
     }
 }

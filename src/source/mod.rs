@@ -12,9 +12,10 @@ pub mod stats;
 pub mod uds;
 
 use crate::config::{Counting, Mode};
-use crate::count::{Count, Unit};
+use crate::count::{Arrivals, Count, Unit};
 use crate::error::failed;
-use admin::Client;
+use admin::{Client, PACE, REQUEST_TIMEOUT};
+use arrivals::Both;
 use clusters::CLUSTERS_PATH;
 use sockets::{Pod, SocketTable};
 use stats::{Answer, Hcm, REQUESTS_PATH, STATS_PATH};
@@ -54,6 +55,19 @@ fn main_thread_cpu(pid: u32) -> Option<Duration> {
     Some(Duration::from_nanos(ns))
 }
 
+/// The CPU this process has used so far, all its threads.
+pub fn process_cpu() -> Option<Duration> {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: t is a valid timespec for the call to fill.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    (r == 0).then(|| Duration::new(t.tv_sec as u64, t.tv_nsec as u32))
+}
+
+/// Where the socket table sees arrivals on the app's ports and /clusters does not.
+const PAST_ENVOY: &str = "the socket table sees arrivals that Envoy's /clusters does not (clients \
+    that reach the app past the sidecar, as excludeInboundPorts lets them, or a TCP stream's \
+    bytes): counting them";
+
 /// The least time the socket table is given, even at the deadline.
 const PROC_GRACE: Duration = Duration::from_millis(100);
 
@@ -85,6 +99,15 @@ pub struct Sources {
     /// The time the next stats request is given: a second, doubled after each one that ran out of
     /// it, up to `MAX_STATS_TIMEOUT`.
     stats_timeout: Duration,
+    /// `hold` behind a sidecar: both sources' arrivals, whether the table told them at the last
+    /// look, when /clusters is next due, and the least time it took (what it costs Envoy where
+    /// its CPU cannot be read: a read that waited on a stopped Envoy took longer and cost nothing).
+    both: Both,
+    table_tells: bool,
+    clusters_due: Option<Instant>,
+    least: Option<Duration>,
+    /// Of the last look, the time and own CPU of a /clusters read paced on its own.
+    pub aside: (Duration, Duration),
 }
 
 /// The longest a stats request may be given, however slow Envoy has been.
@@ -111,7 +134,12 @@ impl Sources {
             admin_time: Duration::ZERO,
             envoy_cpu: None,
             clusters_first: None,
-            stats_timeout: admin::REQUEST_TIMEOUT,
+            stats_timeout: REQUEST_TIMEOUT,
+            both: Both::default(),
+            table_tells: false,
+            clusters_due: None,
+            least: None,
+            aside: (Duration::ZERO, Duration::ZERO),
         }
     }
 
@@ -176,15 +204,7 @@ impl Sources {
             return Look { stats: None, clusters: None, proc };
         }
         if self.clusters.inbound {
-            // `hold`: /clusters, else the socket table in the moment left for it.
-            let before_table = until.checked_sub(PROC_GRACE).unwrap_or(until);
-            let clusters = self.clusters(before_table.max(Instant::now()));
-            self.admin_time = asked.elapsed();
-            self.envoy_cpu = spent();
-            let proc = clusters
-                .is_err()
-                .then(|| self.table.arrivals(until.max(Instant::now() + PROC_GRACE)));
-            return Look { stats: None, clusters: Some(clusters), proc };
+            return self.hold(until, asked, spent);
         }
         let known = match &self.clusters_first {
             Some(why) if admin && !every && self.unit == Unit::Requests => Some(why.clone()),
@@ -220,6 +240,76 @@ impl Sources {
             look.proc = Some(self.table().count(proc_until));
         }
         look
+    }
+
+    /// `hold` behind a sidecar: the socket table at every look, /clusters when its own pace allows
+    /// or the table cannot tell; the table last, so that it shows what arrived until the look's end.
+    fn hold(
+        &mut self,
+        until: Instant,
+        asked: Instant,
+        spent: impl Fn() -> Option<Duration>,
+    ) -> Look {
+        self.aside = (Duration::ZERO, Duration::ZERO);
+        let due = !self.table_tells || self.clusters_due.is_none_or(|t| asked >= t);
+        let mut clusters = None;
+        let mut blocked = false;
+        if due {
+            let own = process_cpu();
+            // While the table tells, a stalled Envoy must not stop it: a few of the cheapest reads.
+            let limit = match (self.table_tells, self.least) {
+                (true, Some(least)) => REQUEST_TIMEOUT.max(least.saturating_mul(4)),
+                _ => until.saturating_duration_since(asked).saturating_sub(PROC_GRACE),
+            };
+            let answer = self.clusters(within(limit));
+            let took = asked.elapsed();
+            let least = self.least.map_or(took, |l| l.min(took));
+            (self.least, self.admin_time, self.envoy_cpu) = (Some(least), took, spent());
+            // Far longer than the cheapest: it waited on a stall, and what it says is as of its end.
+            blocked = took > least.saturating_mul(PACE).max(REQUEST_TIMEOUT);
+            let cost = self.envoy_cpu.unwrap_or(least).saturating_mul(PACE);
+            self.clusters_due = asked.checked_add(cost);
+            if self.table_tells {
+                let own =
+                    own.zip(process_cpu()).map_or(Duration::ZERO, |(b, a)| a.saturating_sub(b));
+                self.aside = (took, own);
+                self.envoy_cpu = Some(Duration::ZERO);
+            }
+            clusters = Some(answer);
+        }
+        let mut proc = self.table.arrivals(until.max(Instant::now() + PROC_GRACE));
+        let kernel = proc.as_ref().ok().and_then(|c| c.arrivals.known());
+        let answered = clusters.as_ref().and_then(|c| c.as_ref().ok());
+        let (total, past_envoy) =
+            self.both.add(kernel, answered.and_then(|a| a.count.arrivals.known()));
+        let (arrivals, recounted) = match total {
+            Some((fresh, again)) if kernel.is_some() || !blocked => {
+                (Arrivals::Requests(fresh), again)
+            }
+            _ => (Arrivals::Unknown, 0),
+        };
+        self.table_tells = kernel.is_some();
+        if let (Ok(count), Some(_)) = (&mut proc, kernel) {
+            (count.arrivals, count.recounted) = (arrivals, recounted);
+            if let Some(Err(why)) = &clusters {
+                count
+                    .warnings
+                    .push(format!("/clusters: {why}; arrivals from the socket table alone"));
+            }
+            if past_envoy {
+                count.warnings.push(PAST_ENVOY.to_string());
+            }
+            return Look { stats: None, clusters: None, proc: Some(proc) };
+        }
+        if let Some(Ok(answer)) = &mut clusters {
+            (answer.count.arrivals, answer.count.recounted) = (arrivals, recounted);
+            let why = match &proc {
+                Ok(c) => c.warnings.join("; "),
+                Err(why) => why.clone(),
+            };
+            answer.count.warnings.push(format!("arrivals from Envoy's /clusters alone: {why}"));
+        }
+        Look { stats: None, clusters, proc: Some(proc) }
     }
 
     fn stats(&mut self, until: Instant) -> StatsLook {

@@ -16,6 +16,8 @@ pub const INBOUND: &str = "127.0.0.1:15006";
 pub const OUTBOUND: &str = "127.0.0.1:15001";
 pub const HEALTH: &str = "127.0.0.1:15021";
 pub const APP: &str = "127.0.0.1:8080";
+/// Where the outbound cluster sends the app's calls out: another pod's service.
+pub const UPSTREAM: &str = "127.0.0.1:9080";
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
