@@ -564,7 +564,7 @@ fn clusters_envoy(envoy: &Path, dir: &Path, n: usize, inbound: bool) -> std::pro
         yaml += "  - name: \"inbound|8080||\"\n    type: STATIC\n    connect_timeout: 1s\n    load_assignment:\n      \
                  cluster_name: \"inbound|8080||\"\n      endpoints:\n      - lb_endpoints:\n        \
                  - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 8080 } } }\n  \
-                 listeners:\n  - name: virtualInbound\n    address: { socket_address: { address: 127.0.0.1, port_value: 15006 } }\n    \
+                 listeners:\n  - name: virtualInbound\n    address: { socket_address: { address: 0.0.0.0, port_value: 15006 } }\n    \
                  filter_chains:\n    - filters:\n      - name: envoy.filters.network.http_connection_manager\n        \
                  typed_config:\n          \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager\n          \
                  stat_prefix: inbound_0.0.0.0_8080\n          route_config:\n            virtual_hosts:\n            \
@@ -774,7 +774,11 @@ fn hold_row(drain: &Path, envoy: &Path, dir: &Path, n: usize) -> String {
     let _app = support::app::App::start("127.0.0.1:8080", false);
     let mut child = clusters_envoy(envoy, dir, n, true);
     let live = support::envoy::until(Duration::from_secs(300), support::envoy::live);
-    let mut conn = Conn::open(INBOUND).ok();
+    // The client outside the pod, as the hold counts only those.
+    let outside = support::netns::outside();
+    let inbound = format!("{}:15006", support::netns::POD_SIDE);
+    let open = || outside.enter(|| Conn::open(&inbound).ok());
+    let mut conn = open();
     // Requests every 100 ms for `length`; when the last one was sent.
     let mut load = |length: Duration| {
         let started = Instant::now();
@@ -783,7 +787,7 @@ fn hold_row(drain: &Path, envoy: &Path, dir: &Path, n: usize) -> String {
             last = Instant::now();
             let answered = conn.as_mut().is_some_and(|c| c.get("/work").is_ok());
             if !answered {
-                conn = Conn::open(INBOUND).ok();
+                conn = open();
             }
             thread::sleep(Duration::from_millis(100));
         }
@@ -802,8 +806,10 @@ fn hold_row(drain: &Path, envoy: &Path, dir: &Path, n: usize) -> String {
             .stderr(Stdio::piped())
             .spawn()
             .expect("envoy-drain starts");
+        let waited = thread::spawn(move || (hook.wait_with_output(), Instant::now()));
         let last = load(Duration::from_secs(45));
-        let out = hook.wait_with_output().expect("the hold ends");
+        let (out, returned) = waited.join().expect("the waiting thread");
+        let out = out.expect("the hold ends");
         let ended = Instant::now();
         let share = (cpu_of(child.id()) - before).as_secs_f64() / (ended - started).as_secs_f64();
         let log = String::from_utf8_lossy(&out.stderr);
@@ -813,7 +819,9 @@ fn hold_row(drain: &Path, envoy: &Path, dir: &Path, n: usize) -> String {
             "| {n} | {:.1}% | {:.1}% | {reads} | {:.1} s | `{}` |\n",
             alone * 100.0,
             share * 100.0,
-            (ended - last).as_secs_f64(),
+            // Negative: it returned while requests still arrived.
+            returned.duration_since(last).as_secs_f64()
+                - last.duration_since(returned).as_secs_f64(),
             messages.last().unwrap_or(&""),
         )
     } else {

@@ -108,6 +108,7 @@ fn is_mode(arg: &str) -> bool {
 fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
     let (mut meshes, mut orderings, mut apps, mut modes) = (vec![], vec![], vec![], vec![]);
     let (mut propagations, mut pre_stops, mut clients) = (vec![], vec![], vec![]);
+    let mut rates: Vec<f64> = vec![];
     let mut http2 = false;
     for a in &args {
         match a.as_str() {
@@ -132,14 +133,16 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
             other => match (
                 other.strip_prefix("sleep").and_then(|n| n.parse::<u64>().ok()),
                 other.strip_suffix('s').and_then(|n| n.parse::<u64>().ok()),
+                other.strip_suffix("/s").and_then(|n| n.parse::<f64>().ok()),
             ) {
-                (Some(n), _) => pre_stops.push(PreStop::Sleep(n)),
-                (_, Some(n)) => propagations.push(n),
+                (Some(n), _, _) => pre_stops.push(PreStop::Sleep(n)),
+                (_, Some(n), _) => propagations.push(n),
+                (_, _, Some(r)) if r > 0.0 => rates.push(r),
                 _ => {
                     return Err(format!(
                         "unknown argument '{other}': expected sidecar, ambient, no-mesh, classic, \
                          native, graceful, nginx, flush, istio, exit-on-zero, envoy-drain, \
-                         requests, plain, <n>s, http2, own, sleep<n>, hold, keep-alive or new-conn"
+                         requests, plain, <n>s, <rate>/s, http2, own, sleep<n>, hold, keep-alive or new-conn"
                     ));
                 }
             },
@@ -152,6 +155,7 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
     all(&mut propagations, &PROPAGATIONS);
     all(&mut pre_stops, &[PreStop::None]);
     all(&mut clients, &[true]);
+    all(&mut rates, &[f64::from(support::mesh::RATE)]);
     let mut out = Vec::new();
     for &mesh in &meshes {
         // Without a sidecar, no proxy container: one ordering and one mode stand for all.
@@ -173,6 +177,7 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
                                     pre_stop,
                                     mesh,
                                     keep_alive,
+                                    rate: rates[0],
                                 });
                             }
                         }
@@ -181,7 +186,11 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
             }
         }
     }
-    Ok(out)
+    // Each row at each rate.
+    Ok(out
+        .into_iter()
+        .flat_map(|s| rates.iter().map(move |&rate| Scenario { rate, ..s }))
+        .collect())
 }
 
 /// Every value, when the arguments named none.

@@ -255,9 +255,9 @@ pub struct HoldArgs {
     #[argh(option)]
     pub ports: Option<String>,
 
-    /// socket table: comma-separated addresses whose connections never count (the kubelet's
-    /// probes), and gateway for the pod's default gateway (default: 169.254.7.127 with ambient,
-    /// gateway with none)
+    /// comma-separated addresses whose connections (and their requests in /clusters) never
+    /// count: the kubelet's probes; gateway for the pod's default gateway (default: 169.254.7.127
+    /// with ambient, gateway with none)
     #[argh(option)]
     pub probes_from: Option<String>,
 

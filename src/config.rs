@@ -88,6 +88,10 @@ pub struct ArrivalRule {
     /// Also count the connections the namespace accepted that left no socket to see (a client
     /// that closed first, outside the pod), from its `PassiveOpens`.
     pub passive_opens: bool,
+    /// A sidecar's: connections whose client is in the pod never count (the proxy's own hop to
+    /// the app, the app's calls to the pod's other containers): a client's own connection to the
+    /// proxy shows each of its requests.
+    pub outside_only: bool,
 }
 
 /// Which sockets may count: none on an ignored port (either end); with `--ports`, only those.
@@ -564,6 +568,7 @@ pub fn hold_config(a: &HoldArgs) -> Result<RunConfig, UsageError> {
             .unwrap_or_default(),
         probes,
         passive_opens: preset == "none",
+        outside_only: !kernel,
     });
     counting.filter.ignore = ignore;
     counting.mode = if kernel { Mode::Proc } else { Mode::Stats };

@@ -386,8 +386,10 @@ impl Counts {
                 return Some(now);
             }
             // A count started to end when the min-drain or the settle time does decides then,
-            // rather than start another answer as long; the settle time needs a later count.
-            let decides = started.saturating_add(ahead) >= done_at
+            // rather than start another answer as long; the settle time needs a later count, and
+            // `hold`'s silence a count that lasts until it ends.
+            let decides = rules.until != Until::Quiet
+                && started.saturating_add(ahead) >= done_at
                 && (rules.settle.is_zero() || since <= started)
                 && self.arrived_at.is_none_or(|t| t <= started);
             if decides && done_at <= rules.deadline {
@@ -1012,6 +1014,28 @@ mod tests {
             hold_with(&hold(5000, 500, 20000), &slow, (0, 0)),
             (Outcome::Deadline, ms(20000))
         );
+    }
+
+    #[test]
+    fn a_hold_whose_first_look_was_slow_returns_only_on_a_look_that_lasted_its_quiet_time() {
+        // 50,000 clusters: the first look (with /clusters) takes 2.7 s, the table's alone 1 ms;
+        // requests arrive until 30 s, seen as bytes at most once every 100 ms.
+        let r = hold(0, 500, 60000);
+        let now = Cell::new(ms(0));
+        let (end, _) = wait_with(&r, ms(0), &now, |_, _| {
+            let t = now.get();
+            now.set(t + if t.is_zero() { ms(2700) } else { ms(1) });
+            // The table is read at the look's end.
+            let read = now.get().min(ms(30_000));
+            Tick {
+                arrivals: Arrivals::Requests(read.as_millis() as u64 / 100),
+                cost: cost(if t.is_zero() { 2700 } else { 1 }),
+                ..Tick::default()
+            }
+        });
+        assert_eq!(end.outcome, Outcome::Reached);
+        let after = now.get().saturating_sub(ms(30_000));
+        assert!(after >= ms(500) && after <= ms(1200), "{after:?} after the last arrival");
     }
 
     #[test]

@@ -682,13 +682,14 @@ fn the_contour_preset_drains_all_counts_the_traffic_listener_and_never_contours_
     });
 }
 
-/// `hold` with a quiet time of 1 s, and this minimum and deadline. In one namespace the app's
-/// upstream (9080, another pod's service) would be the pod's own: the ports that count are the
-/// pod's, Envoy's inbound and the app's.
+/// `hold` with a quiet time of 1 s, and this minimum and deadline.
 fn holding(min: &str, deadline: &str) -> support::Running {
-    let args =
-        ["--min", min, "--quiet", "1s", "--deadline", deadline, "--ports", "15006,3306,8080"];
-    spawn(command(&[&["hold"][..], &args].concat()))
+    spawn(command(&["hold", "--min", min, "--quiet", "1s", "--deadline", deadline]))
+}
+
+/// Where a client outside the pod (`netns::outside`) reaches the pod's `port`.
+fn from_outside(port: u16) -> String {
+    format!("{}:{port}", support::netns::POD_SIDE)
 }
 
 /// The hold returned 0, its quiet time after the `last` arrival, and not much later.
@@ -705,13 +706,13 @@ fn returned_a_quiet_time_after(out: &support::Finished, last: Instant) {
 /// with `tcp` one new connection each (through Envoy's tcp_proxy, which connects to the app at
 /// once). Gives when the last one was sent.
 fn arrivals(
-    addr: &'static str,
+    addr: String,
     every: Duration,
     until: Instant,
     tcp: bool,
 ) -> std::thread::JoinHandle<Instant> {
     std::thread::spawn(move || {
-        let mut conn = (!tcp).then(|| Conn::open(addr).expect("a connection to Envoy"));
+        let mut conn = (!tcp).then(|| Conn::open(&addr).expect("a connection to Envoy"));
         let mut last = Instant::now();
         // Bounded by `until`, and by count.
         for _ in 0..1000 {
@@ -721,7 +722,7 @@ fn arrivals(
             last = Instant::now();
             match &mut conn {
                 Some(c) => assert_eq!(c.get("/work").expect("an answer").status, 200),
-                None => drop(std::net::TcpStream::connect(addr).expect("a TCP connection")),
+                None => drop(std::net::TcpStream::connect(&addr).expect("a TCP connection")),
             }
             std::thread::sleep(every);
         }
@@ -736,12 +737,14 @@ fn hold_returns_a_quiet_time_after_the_last_http_request_and_the_apps_calls_out_
         let _app = App::start(APP, false);
         let _upstream = App::start(UPSTREAM, false);
         let _envoy = start(&bin);
+        let outside = support::netns::outside();
         let hold = holding("1s", "15s");
         let start = Instant::now();
         // 20 a second: 7 mean gaps are less than the quiet time's 1 s floor.
-        let inbound = arrivals(INBOUND, SECOND / 20, start + 3 * SECOND, false);
+        let inbound =
+            outside.enter(|| arrivals(from_outside(15006), SECOND / 20, start + 3 * SECOND, false));
         // The app's own calls through the sidecar go on after that: they never arrive at it.
-        let outbound = arrivals(OUTBOUND, SECOND / 5, start + 8 * SECOND, false);
+        let outbound = arrivals(OUTBOUND.to_string(), SECOND / 5, start + 8 * SECOND, false);
         let last = inbound.join().unwrap();
         let out = hold.finish();
         outbound.join().unwrap();
@@ -773,10 +776,11 @@ fn hold_returns_a_quiet_time_after_the_last_tcp_connection() {
     scenario(|bin| {
         let _app = App::start(APP, false);
         let _envoy = start(&bin);
+        let outside = support::netns::outside();
         let hold = holding("1s", "15s");
-        let last = arrivals("127.0.0.1:3306", SECOND / 10, Instant::now() + 3 * SECOND, true)
-            .join()
-            .unwrap();
+        let until = Instant::now() + 3 * SECOND;
+        let last = outside.enter(|| arrivals(from_outside(3306), SECOND / 10, until, true));
+        let last = last.join().unwrap();
         returned_a_quiet_time_after(&hold.finish(), last);
     });
 }
@@ -787,8 +791,10 @@ fn hold_holds_to_its_deadline_while_requests_keep_arriving() {
     scenario(|bin| {
         let _app = App::start(APP, false);
         let _envoy = start(&bin);
+        let outside = support::netns::outside();
         let hold = holding("0s", "3s");
-        let sender = arrivals(INBOUND, SECOND / 3, Instant::now() + 5 * SECOND, false);
+        let until = Instant::now() + 5 * SECOND;
+        let sender = outside.enter(|| arrivals(from_outside(15006), SECOND / 3, until, false));
         let out = hold.finish();
         sender.join().unwrap();
         assert_eq!(out.code, Some(1), "{out}");
@@ -810,11 +816,13 @@ fn hold_sees_clients_queue_at_a_stopped_envoy_and_returns_only_after_the_last() 
     scenario(|bin| {
         let _app = App::start(APP, false);
         let envoy = start(&bin);
+        let outside = support::netns::outside();
         let mut hold = holding("1s", "20s");
         hold.expect_line("and no new request", 5 * SECOND);
         envoy.signal(libc::SIGSTOP);
-        let start = Instant::now();
-        let last = arrivals(INBOUND, SECOND / 10, start + 3 * SECOND, true).join().unwrap();
+        let until = Instant::now() + 3 * SECOND;
+        let last = outside.enter(|| arrivals(from_outside(15006), SECOND / 10, until, true));
+        let last = last.join().unwrap();
         envoy.signal(libc::SIGCONT);
         returned_a_quiet_time_after(&hold.finish(), last);
     });
@@ -825,10 +833,13 @@ fn hold_sees_clients_queue_at_a_stopped_envoy_and_returns_only_after_the_last() 
 fn hold_counts_clients_that_reach_the_app_past_the_sidecar_and_warns() {
     // As Istio's excludeInboundPorts lets them: /clusters sees none of these requests.
     scenario(|bin| {
-        let _app = App::start(APP, false);
+        let outside = support::netns::outside();
+        let _app = App::start(&from_outside(8080), false);
         let _envoy = start(&bin);
         let hold = holding("1s", "15s");
-        let last = arrivals(APP, SECOND / 10, Instant::now() + 3 * SECOND, true).join().unwrap();
+        let until = Instant::now() + 3 * SECOND;
+        let last = outside.enter(|| arrivals(from_outside(8080), SECOND / 10, until, true));
+        let last = last.join().unwrap();
         let out = hold.finish();
         returned_a_quiet_time_after(&out, last);
         assert!(
@@ -847,8 +858,10 @@ fn hold_follows_the_messages_of_a_tcp_stream_not_only_its_start() {
         use std::io::Write;
         let _app = App::start(APP, false);
         let _envoy = start(&bin);
+        let outside = support::netns::outside();
         let hold = holding("1s", "15s");
-        let mut stream = std::net::TcpStream::connect("127.0.0.1:3306").unwrap();
+        let mut stream =
+            outside.enter(|| std::net::TcpStream::connect(from_outside(3306)).unwrap());
         let until = Instant::now() + 4 * SECOND;
         let mut last = Instant::now();
         // Bounded by time and by count.

@@ -26,6 +26,7 @@ fn deleted_under_load(ordering: Ordering, mode: Mode) -> Row {
         pre_stop: PreStop::None,
         mesh: Mesh::Sidecar,
         keep_alive: true,
+        rate: f64::from(RATE),
     })
 }
 
@@ -44,7 +45,7 @@ fn shown(row: &Row) -> String {
 
 /// The load ran for the whole deletion: at least half its rate over the seconds it lasted.
 fn load_ran(row: &Row) {
-    let least = (f64::from(RATE) / 2.0 * row.gone()) as usize;
+    let least = (row.scenario.rate / 2.0 * row.gone()) as usize;
     assert!(
         row.sent >= least,
         "{} requests sent, expected at least {least} {}",
@@ -121,6 +122,7 @@ fn held(mesh: Mesh, keep_alive: bool) -> Row {
         pre_stop: PreStop::Hold,
         mesh,
         keep_alive,
+        rate: f64::from(RATE),
     })
 }
 

@@ -635,7 +635,28 @@ fn hold_tells_arrivals_from_the_socket_table_where_the_admin_api_cannot_answer()
     assert!(out.last_line().contains(" (proc); the app gets its SIGTERM now"), "{out}");
 }
 
-/// Requests from `source` to `target`, one connection each (`GET /local/0 HTTP/1.0`), every
+#[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
+fn probes_through_the_sidecar_from_the_named_address_never_hold_a_quiet_pod() {
+    // Istio's probe rewrite off: the kubelet's probes reach the app through the sidecar, where
+    // /clusters counts them among the app's requests. Named by --probes-from, they are left out
+    // of both sources, and the hold returns at its minimum; no other client sends anything.
+    let pod = pod(Capture::Redirect, Stats::IstioDefault, "serve");
+    warm_up(&pod);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let probed = s.spawn(|| pod.client(|| probes(CLIENT_IP, &stop)));
+        let args = ["hold", "--probes-from", CLIENT_IP, "--min", "2s", "--deadline", "15s"];
+        let out = spawn(pod.hook_as(APP_UID, APP_UID, &args)).finish();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(probed.join().unwrap() > 5, "the probes went on");
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(out.elapsed < 5 * SECOND, "held by the probes {out}");
+        assert!(out.stderr.contains("never from 10.90.0.7 (the kubelet's probes)"), "{out}");
+    });
+}
+
+/// Requests from `source` to `target`, one connection each (`GET /local/0`, `connection: close`), every
 /// `every` for `how_long`, bounded in count too: with `close_first` the client closes before the
 /// answer comes, so no socket of the connection stays in the pod; else it reads the answer and
 /// the app closes first. Returns when the last one was sent.
@@ -655,7 +676,8 @@ fn requests(
         }
         let mut c = support::pod::connect_from(source, target).expect("a connection to the pod");
         last = Instant::now();
-        c.write_all(b"GET /local/0 HTTP/1.0\r\n\r\n").unwrap();
+        // HTTP/1.1: a sidecar refuses HTTP/1.0 (426).
+        c.write_all(b"GET /local/0 HTTP/1.1\r\nhost: app\r\nconnection: close\r\n\r\n").unwrap();
         if !close_first {
             c.set_read_timeout(Some(5 * SECOND)).unwrap();
             let mut answer = Vec::new();

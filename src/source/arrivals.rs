@@ -23,6 +23,8 @@ struct Seen {
     /// Counted as accepted by the pod (its accepted socket was seen past SYN_RECV, or the client
     /// that made it is in the pod).
     accepted: bool,
+    /// The client that made it is in the pod.
+    inside: bool,
 }
 
 /// What one read found.
@@ -48,6 +50,8 @@ pub struct Tracker {
     accepted: u64,
     /// Arrivals so far: a counter, as /clusters' `rq_total` is.
     pub total: u64,
+    /// The probes' connections so far, which /clusters counts among the app's requests.
+    pub probes: u64,
 }
 
 impl Tracker {
@@ -72,8 +76,11 @@ impl Tracker {
             let Some((key, in_server)) = self.key(ours, s) else {
                 continue;
             };
-            let seen = now.entry(key).or_insert(Seen { received: None, accepted: false });
+            let seen =
+                now.entry(key).or_insert(Seen { received: None, accepted: false, inside: false });
             seen.accepted |= !in_server || s.state != SYN_RECV;
+            // The client's end may have gone where the server's waits in TIME_WAIT.
+            seen.inside |= !in_server || is_ours(ours, &key.client);
             if in_server && s.received.is_some() {
                 seen.received = s.received;
             }
@@ -86,7 +93,13 @@ impl Tracker {
             if seen.accepted && !before.is_some_and(|b| b.accepted) {
                 self.accepted += 1;
             }
-            if !self.counts(key.server.1) || self.rule.probes.contains(&key.client.0) {
+            let probe = self.rule.probes.contains(&key.client.0);
+            // At the first read, only those still open: their requests may be yet to count.
+            let new_probe = before.is_none() && (!first || seen.received.is_some());
+            if probe && new_probe && self.counts(key.server.1) {
+                self.probes += 1;
+            }
+            if !self.counts(key.server.1) || probe || (seen.inside && self.rule.outside_only) {
                 continue;
             }
             let grew = match (before.and_then(|b| b.received), seen.received) {
@@ -121,10 +134,7 @@ impl Tracker {
         if taking(&self.listening, &s.local, |l| l).is_some() {
             return Some((Key { server: s.local, client: s.remote }, true));
         }
-        // 127.0.0.0/8 and ::1 are always this namespace's.
-        let loopback = std::net::Ipv6Addr::from(s.remote.0).to_canonical().is_loopback();
-        let local = ours.contains(&s.remote.0) || loopback;
-        (local && taking(&self.listening, &s.remote, |l| l).is_some())
+        (is_ours(ours, &s.remote) && taking(&self.listening, &s.remote, |l| l).is_some())
             .then_some((Key { server: s.remote, client: s.local }, false))
     }
 
@@ -148,19 +158,28 @@ impl Tracker {
     }
 }
 
+/// Whether `end` is an address of the pod (`ours`): 127.0.0.0/8 and ::1 always are.
+fn is_ours(ours: &[[u8; 16]], end: &Endpoint) -> bool {
+    ours.contains(&end.0) || std::net::Ipv6Addr::from(end.0).to_canonical().is_loopback()
+}
+
 /// `hold`'s arrivals behind a sidecar from both sources: the socket table's counter at every
 /// look, Envoy's /clusters' at its own pace. The table shows a pooled connection's bytes once a
 /// read however many requests they were: an answer of /clusters that saw more than the table did
 /// since the answer before recounts them (they arrived then, not now), and one that saw some where
-/// the table saw none adds them as arrivals.
+/// the table saw none adds them as arrivals; the requests of the probes the table saw are none.
 #[derive(Debug, Default)]
 pub struct Both {
     fresh: u64,
     recounted: u64,
     kernel: Option<u64>,
     clusters: Option<u64>,
-    /// What the table saw arrive since the last /clusters answer.
+    /// What the table saw arrive since the last /clusters answer, and the probes it had seen by
+    /// that answer.
     since: u64,
+    probes: u64,
+    /// Probes of the last answer's span whose requests it did not count.
+    carried: u64,
 }
 
 impl Both {
@@ -170,7 +189,7 @@ impl Both {
     /// the sidecar, or a TCP stream's bytes).
     pub fn add(
         &mut self,
-        kernel: Option<u64>,
+        (kernel, probes): (Option<u64>, u64),
         clusters: Option<u64>,
     ) -> (Option<(u64, u64)>, bool) {
         if let Some(k) = kernel {
@@ -180,13 +199,24 @@ impl Both {
         }
         let mut past_envoy = false;
         if let Some(c) = clusters {
-            if let Some(was) = self.clusters.replace(c) {
-                let moved = c.saturating_sub(was);
-                past_envoy = moved == 0 && self.since > 0;
-                match self.since {
-                    0 => self.fresh = self.fresh.saturating_add(moved),
-                    seen => {
-                        self.recounted = self.recounted.saturating_add(moved.saturating_sub(seen))
+            // The table, read after /clusters, may see a probe before /clusters counts its
+            // request: those of one answer's span may be the next answer's.
+            let new = probes.saturating_sub(std::mem::replace(&mut self.probes, probes));
+            let probed = new.saturating_add(self.carried);
+            match self.clusters.replace(c) {
+                // The first answer: the probes open now may have requests still to count.
+                None => self.carried = new,
+                Some(was) => {
+                    let moved = c.saturating_sub(was);
+                    self.carried = probed.saturating_sub(moved).min(new);
+                    let moved = moved.saturating_sub(probed);
+                    past_envoy = moved == 0 && self.since > 0;
+                    match self.since {
+                        0 => self.fresh = self.fresh.saturating_add(moved),
+                        seen => {
+                            let more = moved.saturating_sub(seen);
+                            self.recounted = self.recounted.saturating_add(more);
+                        }
                     }
                 }
             }
@@ -298,6 +328,27 @@ mod tests {
     }
 
     #[test]
+    fn behind_a_sidecar_only_clients_outside_the_pod_arrive() {
+        // The proxy's pooled hop to the app, and the app's call to another container on
+        // loopback, both with their client in the pod; and a client's own connection to 15006.
+        let rule = Rule { outside_only: true, ..Rule::default() };
+        let sockets = |bytes| {
+            [
+                socket("127.0.0.1:8080", "127.0.0.6:41000", ESTABLISHED, Some(bytes)),
+                socket("127.0.0.6:41000", "127.0.0.1:8080", ESTABLISHED, Some(bytes)),
+                socket("127.0.0.1:6379", "127.0.0.1:42000", ESTABLISHED, Some(bytes)),
+                socket("127.0.0.1:42000", "127.0.0.1:6379", ESTABLISHED, Some(bytes)),
+            ]
+        };
+        let client = socket(&format!("{POD}:15006"), "10.90.0.9:50000", ESTABLISHED, Some(90));
+        // The app's end of a hop it closed first, the proxy's end gone.
+        let waiting = socket("127.0.0.1:8080", "127.0.0.6:41001", TIME_WAIT, None);
+        let later = [&sockets(200)[..], &[client, waiting]].concat();
+        let found = reads(rule, &[8080, 6379, 15006], &[(&sockets(100), None), (&later, None)]);
+        assert_eq!(arrived(&found), [0, 1]);
+    }
+
+    #[test]
     fn the_kubelets_probes_and_a_new_only_ports_bytes_never_arrive() {
         let rule = Rule {
             probes: vec![end("169.254.7.127:0").0],
@@ -354,15 +405,24 @@ mod tests {
     #[test]
     fn clusters_recounts_what_the_table_saw_once_and_adds_what_it_alone_saw() {
         let mut both = Both::default();
-        assert_eq!(both.add(Some(0), Some(0)), (Some((0, 0)), false), "the first reads");
+        let table = |n: u64| (Some(n), 0);
+        assert_eq!(both.add(table(0), Some(0)), (Some((0, 0)), false), "the first reads");
         // A pooled connection's bytes at one read; /clusters, its next answer: 20 requests.
-        assert_eq!(both.add(Some(1), Some(20)), (Some((1, 19)), false));
-        assert_eq!(both.add(Some(2), None), (Some((2, 19)), false), "between two answers");
+        assert_eq!(both.add(table(1), Some(20)), (Some((1, 19)), false));
+        assert_eq!(both.add(table(2), None), (Some((2, 19)), false), "between two answers");
         // The table saw some, /clusters none: clients past the sidecar, or a stream's bytes.
-        assert_eq!(both.add(Some(3), Some(20)), (Some((3, 19)), true));
+        assert_eq!(both.add(table(3), Some(20)), (Some((3, 19)), true));
         // The table cannot tell: what /clusters saw arrives.
-        assert_eq!(both.add(None, Some(25)), (Some((8, 19)), false));
-        assert_eq!(both.add(None, None), (None, false), "neither told");
-        assert_eq!(both.add(Some(3), None), (Some((8, 19)), false), "the table's counter again");
+        assert_eq!(both.add((None, 0), Some(25)), (Some((8, 19)), false));
+        assert_eq!(both.add((None, 0), None), (None, false), "neither told");
+        assert_eq!(both.add(table(3), None), (Some((8, 19)), false), "the table's counter again");
+        // Four probes through the sidecar, which the table saw and left out: /clusters' four
+        // requests are theirs.
+        assert_eq!(both.add((Some(3), 4), Some(29)), (Some((8, 19)), false));
+        // A probe the table saw before /clusters counted its request: the next answer's.
+        assert_eq!(both.add((Some(3), 5), Some(29)), (Some((8, 19)), false));
+        assert_eq!(both.add((Some(3), 5), Some(30)), (Some((8, 19)), false));
+        // Carried one answer only: a request after that is an arrival.
+        assert_eq!(both.add((Some(3), 5), Some(31)), (Some((9, 19)), false));
     }
 }

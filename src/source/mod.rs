@@ -63,6 +63,9 @@ pub fn process_cpu() -> Option<Duration> {
     (r == 0).then(|| Duration::new(t.tv_sec as u64, t.tv_nsec as u32))
 }
 
+/// A /clusters read longer than this and than 4 times the cheapest waited on a stalled Envoy.
+const STALL: Duration = Duration::from_millis(100);
+
 /// Where the socket table sees arrivals on the app's ports and /clusters does not.
 const PAST_ENVOY: &str = "the socket table sees arrivals that Envoy's /clusters does not (clients \
     that reach the app past the sidecar, as excludeInboundPorts lets them, or a TCP stream's \
@@ -100,7 +103,7 @@ pub struct Sources {
     /// it, up to `MAX_STATS_TIMEOUT`.
     stats_timeout: Duration,
     /// `hold` behind a sidecar: both sources' arrivals, whether the table told them at the last
-    /// look, when /clusters is next due, and the least time it took (what it costs Envoy where
+    /// look (until the first says otherwise, it does), when /clusters is next due, and the least time it took (what it costs Envoy where
     /// its CPU cannot be read: a read that waited on a stopped Envoy took longer and cost nothing).
     both: Both,
     table_tells: bool,
@@ -136,7 +139,7 @@ impl Sources {
             clusters_first: None,
             stats_timeout: REQUEST_TIMEOUT,
             both: Both::default(),
-            table_tells: false,
+            table_tells: true,
             clusters_due: None,
             least: None,
             aside: (Duration::ZERO, Duration::ZERO),
@@ -257,17 +260,23 @@ impl Sources {
         if due {
             let own = process_cpu();
             // While the table tells, a stalled Envoy must not stop it: a few of the cheapest reads.
-            let limit = match (self.table_tells, self.least) {
-                (true, Some(least)) => REQUEST_TIMEOUT.max(least.saturating_mul(4)),
-                _ => until.saturating_duration_since(asked).saturating_sub(PROC_GRACE),
+            let left = until.saturating_duration_since(asked).saturating_sub(PROC_GRACE);
+            let few = |l: Duration| l.saturating_mul(4);
+            let limit = match self.least {
+                _ if !self.table_tells => left,
+                Some(least) => REQUEST_TIMEOUT.max(few(least)).min(left),
+                None => few(REQUEST_TIMEOUT).min(left),
             };
             let answer = self.clusters(within(limit));
             let took = asked.elapsed();
             let least = self.least.map_or(took, |l| l.min(took));
             (self.least, self.admin_time, self.envoy_cpu) = (Some(least), took, spent());
-            // Far longer than the cheapest: it waited on a stall, and what it says is as of its end.
-            blocked = took > least.saturating_mul(PACE).max(REQUEST_TIMEOUT);
-            let cost = self.envoy_cpu.unwrap_or(least).saturating_mul(PACE);
+            // Far longer than the cheapest: it waited on a stall, through which the table was not
+            // read and connections may have come and gone: unknown, and a fresh read follows.
+            blocked = took > few(least).max(STALL);
+            // Envoy's main thread's CPU, but not less than the cheapest read took (what else its
+            // answer costs it, writing and freeing it, falls outside that CPU).
+            let cost = self.envoy_cpu.map_or(least, |cpu| cpu.max(least)).saturating_mul(PACE);
             self.clusters_due = asked.checked_add(cost);
             if self.table_tells {
                 let own =
@@ -280,12 +289,11 @@ impl Sources {
         let mut proc = self.table.arrivals(until.max(Instant::now() + PROC_GRACE));
         let kernel = proc.as_ref().ok().and_then(|c| c.arrivals.known());
         let answered = clusters.as_ref().and_then(|c| c.as_ref().ok());
+        let seen = (kernel, self.table.probes());
         let (total, past_envoy) =
-            self.both.add(kernel, answered.and_then(|a| a.count.arrivals.known()));
+            self.both.add(seen, answered.and_then(|a| a.count.arrivals.known()));
         let (arrivals, recounted) = match total {
-            Some((fresh, again)) if kernel.is_some() || !blocked => {
-                (Arrivals::Requests(fresh), again)
-            }
+            Some((fresh, again)) if !blocked => (Arrivals::Requests(fresh), again),
             _ => (Arrivals::Unknown, 0),
         };
         self.table_tells = kernel.is_some();

@@ -130,6 +130,11 @@ impl SocketTable {
         Ok(Count { arrivals: Arrivals::Requests(tracker.total), ..count })
     }
 
+    /// The probes' connections seen so far (`hold`).
+    pub fn probes(&self) -> u64 {
+        self.tracker.as_ref().map_or(0, |t| t.probes)
+    }
+
     /// Where the sockets are read from.
     pub fn reader(&self) -> &Reader {
         &self.reader

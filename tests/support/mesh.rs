@@ -206,6 +206,8 @@ pub struct Scenario {
     /// The clients keep their connections open between requests (hey's default); else one
     /// connection per request.
     pub keep_alive: bool,
+    /// Requests a second, all clients together (`RATE` unless a row says otherwise).
+    pub rate: f64,
 }
 
 impl Scenario {
@@ -563,8 +565,15 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
     let h2_duration = BEFORE + s.grace().max(s.propagation) + AFTER + Duration::from_secs(8);
     let short = match s.load {
         Load::Http1 => {
-            let mut args = ["-z", "600s", "-c", "10", "-t", "30", "-q"].map(String::from).to_vec();
-            args.push((RATE / 10).to_string());
+            // hey's -q is each worker's rate: one worker below 10 a second.
+            let workers = if s.rate >= 10.0 { 10.0 } else { 1.0 };
+            let mut args = ["-z", "600s", "-t", "30"].map(String::from).to_vec();
+            args.extend([
+                "-c".into(),
+                workers.to_string(),
+                "-q".into(),
+                (s.rate / workers).to_string(),
+            ]);
             if !s.keep_alive {
                 args.push("-disable-keepalive".into());
             }
@@ -580,7 +589,7 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
                 "-m".into(),
                 "10".into(),
                 "--rps".into(),
-                (RATE / 4).to_string(),
+                (s.rate / 4.0).to_string(),
                 "-D".into(),
                 h2_duration.as_secs().to_string(),
                 short_url,
@@ -588,7 +597,9 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
         ),
     };
     let short = Generator::new(short);
-    let reached = super::envoy::until(Duration::from_secs(10), || {
+    // A slow load takes a few of its gaps to have reached both.
+    let reach = Duration::from_secs_f64(10.0 + 8.0 / s.rate);
+    let reached = super::envoy::until(reach, || {
         mesh.a.app_said(&format!("received {SHORT}"))
             && mesh.b.app_said(&format!("received {SHORT}"))
     });
@@ -775,8 +786,8 @@ pub fn table(rows: &[Row]) -> String {
             (pod::Mesh::None, _) => ("none", "-", "-"),
         };
         let load = match s.load {
-            Load::Http1 => "HTTP/1.1",
-            Load::Http2 => "HTTP/2",
+            Load::Http1 => format!("HTTP/1.1 {}/s", s.rate),
+            Load::Http2 => format!("HTTP/2 {}/s", s.rate),
         };
         let clients = if s.keep_alive { "keep-alive" } else { "new connection" };
         let signed = |d: Option<f64>| d.map_or("-".to_string(), |d| format!("{d:+.1}s"));

@@ -90,6 +90,28 @@ impl Netns {
     }
 }
 
+/// This side of `outside()`'s veth pair: where clients outside the pod reach it.
+pub const POD_SIDE: &str = "10.77.0.1";
+
+/// A namespace joined to the calling thread's by a veth pair, this side `POD_SIDE` and the other
+/// 10.77.0.2: where the pod's clients run, so that the pod's socket table shows only its own end
+/// of their connections, as in a real pod.
+pub fn outside() -> Netns {
+    let out = Netns::new();
+    let ip = |cmd: &mut Command, args: &[&str]| {
+        let done = cmd.args(args).status().expect("iproute2's ip (Debian's iproute2)");
+        assert!(done.success(), "ip {args:?}");
+    };
+    let path = out.path();
+    ip(&mut Command::new("ip"), &["link", "add", "pod0", "type", "veth", "peer", "name", "out0"]);
+    ip(&mut Command::new("ip"), &["link", "set", "out0", "netns", &path]);
+    ip(&mut Command::new("ip"), &["addr", "add", &format!("{POD_SIDE}/24"), "dev", "pod0"]);
+    ip(&mut Command::new("ip"), &["link", "set", "pod0", "up"]);
+    ip(&mut out.command("ip"), &["addr", "add", "10.77.0.2/24", "dev", "out0"]);
+    ip(&mut out.command("ip"), &["link", "set", "out0", "up"]);
+    out
+}
+
 /// Moves the calling thread into the namespace behind `fd`.
 fn join(fd: RawFd) {
     // SAFETY: setns on a namespace descriptor we hold; it changes only this thread.
