@@ -103,8 +103,9 @@ pub struct Sources {
     /// it, up to `MAX_STATS_TIMEOUT`.
     stats_timeout: Duration,
     /// `hold` behind a sidecar: both sources' arrivals, whether the table told them at the last
-    /// look (until the first says otherwise, it does), when /clusters is next due, and the least time it took (what it costs Envoy where
-    /// its CPU cannot be read: a read that waited on a stopped Envoy took longer and cost nothing).
+    /// look (until the first says otherwise, it does), when /clusters is next due, and the least
+    /// time it took (what it costs Envoy where its CPU cannot be read: a read that waited on a
+    /// stopped Envoy took longer and cost nothing).
     both: Both,
     table_tells: bool,
     clusters_due: Option<Instant>,
