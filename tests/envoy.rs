@@ -809,6 +809,30 @@ fn hold_holds_to_its_deadline_while_requests_keep_arriving() {
 
 #[test]
 #[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
+fn hold_keeps_its_pace_through_a_stopped_envoy_and_ends_after_the_load_with_exit_0() {
+    // A kept-alive client at 10 a second; Envoy stopped for 3 s in the middle: the reads that
+    // wait on it are unknown, not quiet, and do not slow the reads after it.
+    scenario(|bin| {
+        let _app = App::start(APP, false);
+        let envoy = start(&bin);
+        let outside = support::netns::outside();
+        let mut hold = holding("1s", "20s");
+        hold.expect_line("and no new request", 5 * SECOND);
+        let until = Instant::now() + 7 * SECOND;
+        let load = outside.enter(|| arrivals(from_outside(15006), SECOND / 10, until, false));
+        std::thread::sleep(SECOND);
+        envoy.signal(libc::SIGSTOP);
+        std::thread::sleep(3 * SECOND);
+        envoy.signal(libc::SIGCONT);
+        let last = load.join().unwrap();
+        let out = hold.finish();
+        returned_a_quiet_time_after(&out, last);
+        assert!(out.stderr.contains("arrivals unknown"), "the stalled reads are told {out}");
+    });
+}
+
+#[test]
+#[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
 fn hold_sees_clients_queue_at_a_stopped_envoy_and_returns_only_after_the_last() {
     // Envoy frozen (a starved proxy container) while clients connect: their connections wait in
     // its listener's queue, where the socket table shows them; /clusters cannot answer until it
