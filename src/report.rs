@@ -176,9 +176,9 @@ impl Report {
             Until::AtMost(n) => seen.arrived > 0 && count.total <= n,
             Until::Quiet => seen.arrived > 0,
         };
-        let news = before.1.is_some()
-            || before.0 != Some(count.total)
-            || arriving != std::mem::replace(&mut said.arriving, arriving);
+        // Kept whatever else is news: a change of arrivals is news by itself.
+        let was_arriving = std::mem::replace(&mut said.arriving, arriving);
+        let news = before.1.is_some() || before.0 != Some(count.total) || arriving != was_arriving;
         let worth_a_line = changed_source
             || news
             || self.cfg.verbose

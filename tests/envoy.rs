@@ -820,7 +820,7 @@ fn hold_keeps_its_pace_through_a_stopped_envoy_and_ends_after_the_load_with_exit
         hold.expect_line("and no new request", 5 * SECOND);
         let until = Instant::now() + 7 * SECOND;
         let load = outside.enter(|| arrivals(from_outside(15006), SECOND / 10, until, false));
-        std::thread::sleep(SECOND);
+        hold.expect_line("and new requests still arriving", 5 * SECOND);
         envoy.signal(libc::SIGSTOP);
         std::thread::sleep(3 * SECOND);
         envoy.signal(libc::SIGCONT);
