@@ -51,7 +51,10 @@ pub fn parse(args: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> Parse
         return Parsed::Print(format!("envoy-drain {}\n", env!("CARGO_PKG_VERSION")));
     }
     match cli.command {
-        Some(Command::Run(a)) => match a.pod_annotation.iter().find(|p| is_disabled(p)) {
+        // `envoy-drain.io/disabled=true`: the pod's own kill switch.
+        Some(Command::Run(a)) => match a.pod_annotation.iter().find(|p| {
+            p.split_once('=').is_some_and(|(n, v)| n == ANNOTATION_DISABLED && v.trim() == "true")
+        }) {
             Some(p) => Parsed::Disabled(format!("annotation {}", p.trim())),
             None => Parsed::Run(a),
         },
@@ -63,13 +66,6 @@ pub fn parse(args: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> Parse
                 .to_string(),
         ),
     }
-}
-
-/// `envoy-drain.io/disabled=true`: the pod's own kill switch.
-fn is_disabled(pod_annotation: &str) -> bool {
-    pod_annotation
-        .split_once('=')
-        .is_some_and(|(name, value)| name == ANNOTATION_DISABLED && value.trim() == "true")
 }
 
 /// Every `--flag=value` split into `--flag value`, up to a `--`: argh takes only the second, and

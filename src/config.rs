@@ -41,12 +41,6 @@ impl fmt::Display for Address {
     }
 }
 
-impl From<SocketAddr> for Address {
-    fn from(addr: SocketAddr) -> Address {
-        Address::Tcp(addr)
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     Auto,

@@ -44,13 +44,8 @@ impl UsageError {
 
 impl fmt::Display for UsageError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid value '{}' for {}: expected {}",
-            self.value.escape_debug(),
-            self.name,
-            self.expected
-        )
+        let value = self.value.escape_debug();
+        write!(f, "invalid value '{value}' for {}: expected {}", self.name, self.expected)
     }
 }
 

@@ -3,7 +3,7 @@
 
 use envoy_drain::cli::{self, Parsed};
 use envoy_drain::outcome::EXIT_REACHED;
-use envoy_drain::{install, run, status};
+use envoy_drain::{config, install, run, status};
 use std::io::Write;
 use std::time::Instant;
 
@@ -13,8 +13,8 @@ fn main() {
     let args: Vec<_> = std::env::args_os().collect();
     let env = |k: &str| std::env::var(k).ok();
     let code = match cli::parse(&args, &|k| std::env::var_os(k)) {
-        Parsed::Run(a) => run::command(&a, &env, start),
-        Parsed::Hold(a) => run::hold(&a, start),
+        Parsed::Run(a) => run::command(config::run_config(&a, &env), start),
+        Parsed::Hold(a) => run::command(config::hold_config(&a), start),
         Parsed::Status(a) => status::command(&a, &env),
         Parsed::Install(a) => install::command(&a),
         Parsed::Disabled(setting) => run::disabled(&setting),

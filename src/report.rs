@@ -3,11 +3,9 @@
 
 use crate::config::{RunConfig, Until};
 use crate::count::{Basis, SourceKind, Unit};
-use crate::drain::Request;
 use crate::log::{Level, Logger};
 use crate::outcome::{Outcome, Progress};
 use crate::source::Reading;
-use crate::source::admin::Reply;
 use crate::source::sockets::{Pod, Reader};
 use crate::text;
 use crate::wait::{self, App, Cost, Seen};
@@ -66,12 +64,6 @@ impl Report {
 
     pub fn line(&self, level: Level, message: &str) {
         self.said().log.line(level, message);
-    }
-
-    /// A request's answer, in one line.
-    pub fn posted(&self, r: Request, url: &str, answer: &Result<Reply, String>) {
-        let (level, line) = text::posted(r, url, answer);
-        self.line(level, &line);
     }
 
     /// Writes the summary as the last line unless one was; says whether it wrote.

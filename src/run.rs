@@ -2,9 +2,10 @@
 //! signal thread), the requests before the wait, the wait with the sources it looks through, the
 //! request after it, and the summary.
 
-use crate::cli::{HoldArgs, RunArgs, usage_error};
-use crate::config::{self, RunConfig};
+use crate::cli::usage_error;
+use crate::config::{Address, RunConfig};
 use crate::drain::Request;
+use crate::error::UsageError;
 use crate::log::{Level, Logger};
 use crate::outcome::{EXIT_REACHED, Outcome};
 use crate::report::Report;
@@ -17,36 +18,26 @@ use crate::wait::{self, Ask, Clock, Cost, Looks, Quit, Seen, Tick};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The command; the deadline counts from `start`, and `env` looks up MINIMUM_DRAIN_DURATION.
-pub fn command(args: &RunArgs, env: &dyn Fn(&str) -> Option<String>, start: Instant) -> i32 {
-    match config::run_config(args, env) {
-        Ok(cfg) => wait_out(&cfg, start),
-        Err(e) => usage_error(&e.to_string()),
-    }
-}
-
-/// The `hold` command: the same wait, with nothing sent before it and `hold`'s rules.
-pub fn hold(args: &HoldArgs, start: Instant) -> i32 {
-    match config::hold_config(args) {
-        Ok(cfg) => wait_out(&cfg, start),
-        Err(e) => usage_error(&e.to_string()),
-    }
-}
-
-/// A configured wait from start to summary; gives the exit code.
-fn wait_out(cfg: &RunConfig, start: Instant) -> i32 {
+/// `run` or `hold`, as configured, from start to summary; gives the exit code. The deadline
+/// counts from `start`.
+pub fn command(cfg: Result<RunConfig, UsageError>, start: Instant) -> i32 {
+    let cfg = match &cfg {
+        Ok(cfg) => cfg,
+        Err(e) => return usage_error(&e.to_string()),
+    };
     let report = report(cfg, start);
     let mut clock = RealClock(start);
     let mut sources = Sources::new(&cfg.counting);
     // Through the sources' client: an answer that is not Envoy's tells the socket table too.
-    let agent = Client::new(cfg.agent);
+    let agent = Client::new(Address::Tcp(cfg.agent));
     // Whether the request got an answer; sent again, only an answer is told.
     let send = |s: &Sources, r: Request, again: bool| {
         let left = cfg.rules.deadline.saturating_sub(start.elapsed());
         let client = to(r, s, &agent);
         let (url, answer) = (client.url(r.path()), client.post(r.path(), left));
         if !again || answer.is_ok() {
-            report.posted(r, &url, &answer);
+            let (level, line) = text::posted(r, &url, &answer);
+            report.line(level, &line);
         }
         answer.is_ok()
     };

@@ -5,12 +5,12 @@ use crate::count::{Arrivals, Basis, Count, NON_HTTP, SourceKind, Unit};
 use crate::drain::Request;
 use crate::log::Level;
 use crate::outcome::{Outcome, Progress};
-use crate::source::admin::{READY_PATH, Reply};
+use crate::source::admin::{PACE, READY_PATH, Reply};
 use crate::source::clusters::{self, CLUSTERS_PATH};
 use crate::source::sockets::Reader;
 use crate::source::stats::{Answer, Hcm};
 use crate::source::{Look, Reading, Sources};
-use crate::wait::{APP_GONE, ARRIVALS_QUIET, Cost, PACE, RECHECK};
+use crate::wait::{APP_GONE, ARRIVALS_QUIET, Cost, RECHECK};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::Duration;
@@ -31,13 +31,10 @@ fn plural(n: u64, one: &str) -> String {
     format!("{n} {one}{}", if n == 1 { "" } else { "s" })
 }
 
-impl SourceKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            SourceKind::Stats => "stats",
-            SourceKind::Proc => "proc",
-            SourceKind::Clusters => "clusters",
-        }
+/// `stats`, `proc` or `clusters`, as `--source` and `status` name them.
+impl std::fmt::Display for SourceKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&format!("{self:?}").to_ascii_lowercase())
     }
 }
 
@@ -247,7 +244,7 @@ pub fn count_line(
         (false, true) => ", and no new request",
         (false, false) => "",
     };
-    format!("{} ({}){breakdown}{arriving}; {when}", count.describe(), count.source.name())
+    format!("{} ({}){breakdown}{arriving}; {when}", count.describe(), count.source)
 }
 
 /// When the count in force changes source or unit, the line that says so and why.
@@ -399,7 +396,7 @@ pub fn summary(
     let took = seconds(elapsed);
     let hold = rules.until == Until::Quiet;
     let counted = match &p.last {
-        Some(c) => format!("{} ({})", c.describe(), c.source.name()),
+        Some(c) => format!("{} ({})", c.describe(), c.source),
         None => "nothing counted".to_string(),
     };
     let stale = match (&p.last, &p.unknown) {
@@ -487,12 +484,8 @@ pub fn status(
         let _ = writeln!(out, "ready: GET {url} {}\n", ready_said(ready));
     }
     if let Some(stats) = &look.stats {
-        section(
-            &mut out,
-            format!("stats: GET {}", sources.stats_url()),
-            &stats.connections,
-            stats_table,
-        );
+        let heading = format!("stats: GET {}", sources.stats_url());
+        section(&mut out, heading, &stats.connections, stats_table);
         match &stats.requests {
             Some(Ok((a, hcms))) => requests_table(&mut out, &a.count, hcms),
             Some(Err(why)) if stats.connections.is_ok() => {
@@ -517,8 +510,7 @@ pub fn status(
                 (SourceKind::Stats, Some(_)) => ", because Envoy does not report requests",
                 _ => "",
             };
-            let _ =
-                writeln!(out, "\nrun would count {} (from {}{why})", c.describe(), c.source.name());
+            let _ = writeln!(out, "\nrun would count {} (from {}{why})", c.describe(), c.source);
         }
         Err(_) => out.push_str("\nrun could not count anything right now\n"),
     }
@@ -654,10 +646,9 @@ fn clusters_table(out: &mut String, a: &clusters::Answer) {
     grid(out, &rows);
     let (requests, connections) = a.app_arrived;
     let (requests, connections) = (plural(requests, "request"), plural(connections, "connection"));
-    let _ = writeln!(
-        out,
-        "  arrived at the app so far, which `hold` reads: {requests} and {connections}"
-    );
+    let arrived =
+        format!("arrived at the app so far, which `hold` reads: {requests} and {connections}");
+    let _ = writeln!(out, "  {arrived}");
 }
 
 /// Requests and connections side by side per HTTP connection manager, then what has no HTTP.

@@ -4,6 +4,7 @@
 use crate::config::{Rules, Until};
 use crate::count::Arrivals;
 use crate::outcome::{Outcome, Pace};
+use crate::source::admin::PACE;
 use std::time::Duration;
 
 /// Time since the run started, and a way to let it pass.
@@ -43,9 +44,6 @@ pub const RECHECK: Duration = Duration::from_millis(100);
 
 /// How long after the last arrival seen `run` waits at least, whatever the count.
 pub const ARRIVALS_QUIET: Duration = Duration::from_secs(2);
-
-/// Two counts start at least this many times the last one's cost apart.
-pub use crate::source::admin::PACE;
 
 /// What one look took, the part spent waiting on Envoy, and where measured the CPU it cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -232,11 +230,6 @@ impl Follow {
         before.map_or(0, |b| now.checked_sub(b).unwrap_or(1))
     }
 
-    /// Whether the app's sockets, seen before, are gone now.
-    fn going(&self) -> bool {
-        self.gone_since.is_some()
-    }
-
     fn see(&mut self, tick: &Tick, started: Duration, ended: Duration) -> Seen {
         let (app, arrived) = (self.app(tick.app, started, ended), self.arrived(tick.arrivals));
         // Only a look that could tell recounts.
@@ -321,7 +314,7 @@ fn count<L: Looks>(
         }
         // Sockets gone, and the next count too late to tell by the min-drain's end: look closer.
         let mut next = counts.next;
-        if follow.going() && counts.next.saturating_add(APP_GONE) > counts.drain_done {
+        if follow.gone_since.is_some() && counts.next.saturating_add(APP_GONE) > counts.drain_done {
             next = next.min(now.saturating_add(RECHECK));
         }
         if now >= rules.deadline {

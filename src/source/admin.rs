@@ -63,12 +63,11 @@ const ENVOY_SERVER: &str = "envoy";
 
 impl Client {
     /// A client for Envoy's admin API: an answer without Envoy's `server: envoy` header fails.
-    pub fn envoy(address: impl Into<Address>) -> Client {
+    pub fn envoy(address: Address) -> Client {
         Client { envoy: true, ..Client::new(address) }
     }
 
-    pub fn new(address: impl Into<Address>) -> Client {
-        let address = address.into();
+    pub fn new(address: Address) -> Client {
         let config = Agent::config_builder()
             .proxy(None)
             .max_redirects(0)
@@ -284,7 +283,7 @@ mod tests {
             let _ = conn.write_all(answer);
             head
         });
-        (Client::new(addr), handle)
+        (Client::new(Address::Tcp(addr)), handle)
     }
 
     /// Envoy's admin API names itself in every answer; what does not is not taken for it, and
@@ -410,7 +409,7 @@ mod tests {
     fn lines_may_come_later_than_one_request_may_take_and_hold_more_than_any_cap() {
         const LINES: usize = 300_000;
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = Client::new(listener.local_addr().unwrap());
+        let client = Client::new(Address::Tcp(listener.local_addr().unwrap()));
         let server = std::thread::spawn(move || {
             let (mut conn, _) = listener.accept().unwrap();
             let mut head = String::new();
@@ -433,14 +432,16 @@ mod tests {
     #[test]
     fn silence_ends_at_the_timeout_and_refusal_says_so() {
         let silent = TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = Client::new(silent.local_addr().unwrap());
+        let client = Client::new(Address::Tcp(silent.local_addr().unwrap()));
         let started = Instant::now();
         let e = client.whole("GET", "/stats", Duration::from_millis(300)).unwrap_err();
         assert_eq!(e, "no complete answer within 300ms");
         assert!(started.elapsed() < Duration::from_secs(2));
         let refused = silent.local_addr().unwrap();
         drop(silent);
-        let e = Client::new(refused).whole("GET", "/", Duration::from_secs(1)).unwrap_err();
+        let e = Client::new(Address::Tcp(refused))
+            .whole("GET", "/", Duration::from_secs(1))
+            .unwrap_err();
         assert_eq!(e, "connection refused");
     }
 }

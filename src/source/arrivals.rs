@@ -41,7 +41,7 @@ pub struct Read {
 /// The state kept from one read to the next.
 #[derive(Debug, Default)]
 pub struct Tracker {
-    rule: Rule,
+    pub rule: Rule,
     /// Every listener seen in the run (one closed since still tells its connections).
     listening: Vec<Endpoint>,
     last: Option<HashMap<Key, Seen>>,
@@ -57,10 +57,6 @@ pub struct Tracker {
 impl Tracker {
     pub fn new(rule: Rule) -> Tracker {
         Tracker { rule, ..Tracker::default() }
-    }
-
-    pub fn rule(&self) -> &Rule {
-        &self.rule
     }
 
     /// One read: the pod's addresses (`ours`), its sockets, and its `PassiveOpens` read before

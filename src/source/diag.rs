@@ -1,12 +1,13 @@
 //! The kernel's TCP sockets over netlink (NETLINK_SOCK_DIAG), the way `ss` asks for them: dumps
 //! of the listening sockets, then the open ones, each with the columns procnet's rule reads from
 //! `/proc/net/tcp`, filtered by the kernel and never written as text. Parsing is pure (`parse`,
-//! fuzzed); only `exchange` talks to the kernel. Layouts and the kernel's behaviour:
+//! fuzzed); only `dump` talks to the kernel. Layouts and the kernel's behaviour:
 //! docs/how-it-works.md ("Reading the socket table over netlink").
 
 use crate::error::{failed, io_cause};
-use crate::source::procnet::{Endpoint, Sink, Socket, Table};
+use crate::source::procnet::{Endpoint, Sink, Socket};
 use std::io;
+use std::net::UdpSocket;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Instant;
 
@@ -52,13 +53,16 @@ const INET_DIAG_INFO: u16 = 2;
 /// Where `tcpi_bytes_received` lies in `struct tcp_info` (linux/tcp.h; since Linux 4.1).
 const BYTES_RECEIVED: usize = 128;
 
-/// The dump request for `states`, sequence number `seq`; with `info`, with each `tcp_info`.
-pub fn request(seq: u32, states: u32, info: bool) -> [u8; HEADER + REQUEST] {
+/// The sequence number of every request: each dump has a socket of its own.
+pub const SEQ: u32 = 1;
+
+/// The dump request for `states`; with `info`, with each `tcp_info`.
+pub fn request(states: u32, info: bool) -> [u8; HEADER + REQUEST] {
     let mut b = [0u8; HEADER + REQUEST];
     b[0..4].copy_from_slice(&((HEADER + REQUEST) as u32).to_ne_bytes());
     b[4..6].copy_from_slice(&TCPDIAG_GETSOCK.to_ne_bytes());
     b[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    b[8..12].copy_from_slice(&seq.to_ne_bytes());
+    b[8..12].copy_from_slice(&SEQ.to_ne_bytes());
     // Family, lengths and the socket id stay zero: a dump of everything.
     if info {
         b[HEADER + 3] = INFO_EXT;
@@ -184,53 +188,30 @@ fn unread(cause: impl Into<String>) -> DumpError {
     DumpError::Failed(failed("read", "the sock_diag reply", cause.into()))
 }
 
-/// The listening TCP sockets of this network namespace, before `until`.
-pub fn listening(until: Instant) -> Result<Table, DumpError> {
-    let mut table = Table::default();
-    exchange(&request(1, LISTENING, false), 1, until, &mut table)?;
-    Ok(table)
-}
-
-/// The TCP sockets of this network namespace in `dump.0`'s states into `sink` as the kernel sends
-/// them, before `until`; with `dump.1`, each with the bytes it has received. Not deduplicated: a
-/// socket shows twice only when its hash chain gained one between two datagrams.
-pub fn open(until: Instant, dump: (u32, bool), sink: &mut impl Sink) -> Result<(), DumpError> {
-    exchange(&request(2, dump.0, dump.1), 2, until, sink)
-}
-
-/// Sends `req` to the kernel and reads the whole reply into `sink`.
-fn exchange(req: &[u8], seq: u32, until: Instant, sink: &mut impl Sink) -> Result<(), DumpError> {
-    let os = || io_cause(&io::Error::last_os_error());
+/// Sends `req` (`request`) to the kernel and reads the TCP sockets of this network namespace
+/// into `sink` as the kernel sends them, before `until`. Not deduplicated: a socket shows twice
+/// only when its hash chain gained one between two datagrams.
+pub fn dump(req: &[u8], until: Instant, sink: &mut impl Sink) -> Result<(), DumpError> {
     // SAFETY: socket() takes no pointers; the descriptor it returns is checked, then owned.
     let fd = unsafe {
         libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, NETLINK_SOCK_DIAG)
     };
     if fd < 0 {
-        return Err(DumpError::Unavailable(failed("open", "a NETLINK_SOCK_DIAG socket", os())));
+        let os = io_cause(&io::Error::last_os_error());
+        return Err(DumpError::Unavailable(failed("open", "a NETLINK_SOCK_DIAG socket", os)));
     }
-    // SAFETY: fd is a new descriptor that nothing else owns; OwnedFd closes it once.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: sockaddr_nl is plain data for which all zeroes is valid (the kernel's address).
-    let mut kernel: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-    kernel.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-    // SAFETY: req and kernel live across the call, with the lengths passed.
-    let sent = unsafe {
-        libc::sendto(
-            fd.as_raw_fd(),
-            req.as_ptr().cast(),
-            req.len(),
-            0,
-            (&raw const kernel).cast(),
-            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-        )
-    };
-    if sent != req.len() as isize {
-        return Err(DumpError::Unavailable(failed("send", "the sock_diag request", os())));
-    }
+    // std's UdpSocket makes the calls that take no address on any datagram socket: a send, which
+    // an unconnected netlink socket sends to the kernel (netlink_sendmsg,
+    // net/netlink/af_netlink.c), and the receive timeout.
+    // SAFETY: fd is a new descriptor that nothing else owns; the socket closes it once.
+    let socket = UdpSocket::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    socket.send(req).map_err(|e| {
+        DumpError::Unavailable(failed("send", "the sock_diag request", io_cause(&e)))
+    })?;
     let mut buf = vec![0u8; DATAGRAM];
     let mut total = 0usize;
     loop {
-        let n = receive(&fd, &mut buf, until)?;
+        let n = receive(&socket, &mut buf, until)?;
         if n > buf.len() {
             return Err(unread(format!("a datagram of {n} bytes does not fit {DATAGRAM}")));
         }
@@ -238,7 +219,7 @@ fn exchange(req: &[u8], seq: u32, until: Instant, sink: &mut impl Sink) -> Resul
         if total > MAX_DUMP {
             return Err(unread(format!("it is larger than {MAX_DUMP} bytes")));
         }
-        match parse(&buf[..n], seq, sink)? {
+        match parse(&buf[..n], SEQ, sink)? {
             true => break,
             false if n == 0 => return Err(unread("it ended early")),
             false => {}
@@ -248,33 +229,14 @@ fn exchange(req: &[u8], seq: u32, until: Instant, sink: &mut impl Sink) -> Resul
 }
 
 /// One datagram from the kernel within the time left, its whole length even when cut (MSG_TRUNC).
-fn receive(fd: &OwnedFd, buf: &mut [u8], until: Instant) -> Result<usize, DumpError> {
+fn receive(socket: &UdpSocket, buf: &mut [u8], until: Instant) -> Result<usize, DumpError> {
     loop {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(unread("no time left before the deadline"));
         }
-        // Never all zero, which would mean no timeout at all.
-        let timeout = libc::timeval {
-            tv_sec: left.as_secs().min(86_400).try_into().unwrap_or(86_400),
-            tv_usec: left.subsec_micros().max(1).into(),
-        };
-        // SAFETY: timeout lives across the call, with its size passed.
-        let set = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&raw const timeout).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if set != 0 {
-            return Err(unread(format!(
-                "setting its timeout: {}",
-                io_cause(&io::Error::last_os_error())
-            )));
-        }
+        let timeout = socket.set_read_timeout(Some(left));
+        timeout.map_err(|e| unread(format!("setting its timeout: {}", io_cause(&e))))?;
         // SAFETY: sockaddr_nl is plain data for which all zeroes is valid.
         let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         let mut from_len = std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t;
@@ -282,7 +244,7 @@ fn receive(fd: &OwnedFd, buf: &mut [u8], until: Instant) -> Result<usize, DumpEr
         // MSG_TRUNC makes the kernel return the datagram's length but copy at most buf.len().
         let n = unsafe {
             libc::recvfrom(
-                fd.as_raw_fd(),
+                socket.as_raw_fd(),
                 buf.as_mut_ptr().cast(),
                 buf.len(),
                 libc::MSG_TRUNC,
@@ -315,7 +277,7 @@ mod tests {
     use crate::count::Excluded;
     use crate::lists::PortSet;
     use crate::source::procnet::testing::count;
-    use crate::source::procnet::{DEFAULT_EPHEMERAL, Listeners, Rule};
+    use crate::source::procnet::{DEFAULT_EPHEMERAL, Listeners, Rule, Table};
 
     /// A message as the kernel lays it out: header, then `body`, padded to 4 bytes.
     fn message(kind: u16, flags: u16, seq: u32, body: &[u8]) -> Vec<u8> {
@@ -361,11 +323,11 @@ mod tests {
 
     #[test]
     fn the_request_asks_for_a_dump_of_the_rules_states() {
-        let r = request(7, LISTENING | OPEN, false);
+        let r = request(LISTENING | OPEN, false);
         assert_eq!(u32::from_ne_bytes(r[0..4].try_into().unwrap()), 76);
         assert_eq!(u16::from_ne_bytes(r[4..6].try_into().unwrap()), 18);
         assert_eq!(u16::from_ne_bytes(r[6..8].try_into().unwrap()), 0x301);
-        assert_eq!(u32::from_ne_bytes(r[8..12].try_into().unwrap()), 7);
+        assert_eq!(u32::from_ne_bytes(r[8..12].try_into().unwrap()), SEQ);
         assert_eq!(u32::from_ne_bytes(r[68..72].try_into().unwrap()), 0x50e);
     }
 
@@ -392,7 +354,7 @@ mod tests {
         // No inet_diag: an error message carrying -EOPNOTSUPP (TCPDIAG_GETSOCK) or -ENOENT
         // (SOCK_DIAG_BY_FAMILY), then the request's header.
         let mut error = (-libc::ENOENT).to_ne_bytes().to_vec();
-        error.extend_from_slice(&request(1, OPEN, false)[..HEADER]);
+        error.extend_from_slice(&request(OPEN, false)[..HEADER]);
         let refused = |e: Result<bool, DumpError>| match e {
             Err(DumpError::Unavailable(why)) => why.ends_with(&format!(
                 "the kernel refused: {}",
@@ -469,7 +431,7 @@ mod tests {
     fn the_real_kernels_refusals_make_netlink_unavailable() {
         let until = Instant::now() + std::time::Duration::from_secs(10);
         // Family 4 (IPX) has had no sock_diag handler since IPX left the kernel.
-        let no_family = exchange(&by_family(4, 0), 1, until, &mut Table::default()).unwrap_err();
+        let no_family = dump(&by_family(4, 0), until, &mut Table::default()).unwrap_err();
         assert_eq!(
             no_family,
             DumpError::Unavailable(failed(
@@ -479,8 +441,7 @@ mod tests {
             ))
         );
         // Protocol 253 is reserved for experiments: no inet_diag handler will ever exist.
-        let no_protocol =
-            exchange(&by_family(AF_INET, 253), 1, until, &mut Table::default()).unwrap_err();
+        let no_protocol = dump(&by_family(AF_INET, 253), until, &mut Table::default()).unwrap_err();
         assert_eq!(no_protocol, no_family);
     }
 
@@ -491,11 +452,12 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let until = Instant::now() + std::time::Duration::from_secs(10);
-        let l = listening(until).unwrap();
+        let mut l = Table::default();
+        dump(&request(LISTENING, false), until, &mut l).unwrap();
         assert!(l.sockets.iter().all(|s| s.state == 10), "{:?}", l.sockets);
         assert_eq!(l.sockets.iter().filter(|s| s.local.1 == port).count(), 1);
         let mut t = Table::default();
-        open(until, (OPEN, false), &mut t).unwrap();
+        dump(&request(OPEN, false), until, &mut t).unwrap();
         assert!(t.sockets.iter().all(|s| s.state != 10), "{:?}", t.sockets);
         let on_port: Vec<&Socket> = t.sockets.iter().filter(|s| s.local.1 == port).collect();
         assert_eq!(on_port.len(), 1, "the accepted end");
@@ -513,7 +475,7 @@ mod tests {
         let until = Instant::now() + std::time::Duration::from_secs(10);
         let received = || {
             let mut t = Table::default();
-            open(until, (OPEN, true), &mut t).unwrap();
+            dump(&request(OPEN, true), until, &mut t).unwrap();
             let accepted = t.sockets.iter().find(|s| s.local.1 == port).copied();
             accepted.and_then(|s| s.received)
         };

@@ -119,10 +119,6 @@ const MAX_STATS_TIMEOUT: Duration = Duration::from_secs(8);
 
 impl Sources {
     pub fn new(c: &Counting) -> Sources {
-        let mut table = SocketTable::new(c.proc_net.as_deref(), c.filter.clone(), c.admin.clone());
-        if let Some(rule) = &c.hold {
-            table.watch_arrivals(rule.clone());
-        }
         Sources {
             mode: c.mode,
             unit: c.unit,
@@ -134,7 +130,7 @@ impl Sources {
                 inbound: c.hold.is_some(),
             },
             arrived: clusters::Arrived::default(),
-            table,
+            table: SocketTable::new(c),
             admin_time: Duration::ZERO,
             envoy_cpu: None,
             clusters_first: None,
@@ -149,7 +145,7 @@ impl Sources {
 
     /// The socket table, told what the admin API's last answer said of who listens there.
     fn table(&mut self) -> &mut SocketTable {
-        self.table.not_envoy(self.admin.not_envoy());
+        self.table.not_envoy = self.admin.not_envoy();
         &mut self.table
     }
 
@@ -405,6 +401,7 @@ fn reading(count: &Count, why: &[String]) -> Reading {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Address;
     use crate::count::SourceKind;
     use std::net::{SocketAddr, TcpListener};
     use std::path::PathBuf;
@@ -427,7 +424,7 @@ mod tests {
     fn sources(mode: Mode, proc_net: PathBuf) -> Sources {
         Sources::new(&Counting {
             preset: crate::preset::ISTIO,
-            admin: refused().into(),
+            admin: Address::Tcp(refused()),
             mode,
             unit: Unit::Connections,
             filter: crate::config::Filter::default(),

@@ -121,9 +121,12 @@ impl Sink for Vec<Socket> {
     }
 }
 
+/// Keeps a socket in a state the rule looks at.
 impl Sink for Table {
     fn add(&mut self, s: Socket) {
-        Table::add(self, s);
+        if Table::keeps(&s) {
+            self.sockets.push(s);
+        }
     }
 }
 
@@ -148,13 +151,6 @@ impl Table {
                     self.first_bad = Some(crate::error::shorten(line.trim_end()));
                 }
             }
-        }
-    }
-
-    /// Keeps a socket in a state the rule looks at.
-    pub fn add(&mut self, s: Socket) {
-        if Table::keeps(&s) {
-            self.sockets.push(s);
         }
     }
 

@@ -1,7 +1,7 @@
 //! The socket-table source: the kernel's TCP sockets over netlink (diag), else the text tables;
 //! which are Envoy's (the holder of its admin listener, through `/proc/<pid>/fd`); procnet's rule.
 
-use crate::config::{Address, ArrivalRule, Filter};
+use crate::config::{Address, Counting, Filter};
 use crate::count::{Arrivals, Basis, Count, Part, SourceKind, Unit};
 use crate::error::{failed, io_cause};
 use crate::source::arrivals::{self, Tracker};
@@ -47,8 +47,9 @@ pub struct SocketTable {
     envoy_pid: Option<u32>,
     /// Whether `envoy_pid` has searched for Envoy's process already.
     searched: bool,
-    /// Why what holds the admin address is not taken as Envoy (`Client::not_envoy`).
-    not_envoy: Option<String>,
+    /// Why what holds the admin address is not taken as Envoy (`Client::not_envoy`): the admin API
+    /// answered as something else or refused to be opened.
+    pub not_envoy: Option<String>,
     /// What the last count's table said about the pod, until `pod` takes it.
     pod: Option<Pod>,
     /// With `hold`: what tells arrivals, and what it has seen.
@@ -60,40 +61,30 @@ pub struct SocketTable {
 pub type Pod = BTreeMap<u32, u64>;
 
 impl SocketTable {
-    /// Netlink, unless `proc_net` names the text tables to read.
-    pub fn new(proc_net: Option<&Path>, filter: Filter, admin: Address) -> SocketTable {
-        let reader = match proc_net {
+    /// Netlink, unless `--proc-net` names the text tables to read; with `hold`, each count tells
+    /// arrivals too, by its rule.
+    pub fn new(c: &Counting) -> SocketTable {
+        let reader = match &c.proc_net {
             None => Reader::Netlink,
             Some(dir) => Reader::Text { dir: dir.to_path_buf(), why: None },
         };
         SocketTable {
-            proc_root: match proc_net {
+            proc_root: match &c.proc_net {
                 Some(dir) if !dir.starts_with("/proc") => {
                     Err(format!("{} is not a live table", dir.display()))
                 }
                 _ => Ok(PathBuf::from("/proc")),
             },
             reader,
-            filter,
-            admin,
+            filter: c.filter.clone(),
+            admin: c.admin.clone(),
             listeners: Listeners::default(),
             envoy_pid: None,
             searched: false,
             not_envoy: None,
             pod: None,
-            tracker: None,
+            tracker: c.hold.clone().map(Tracker::new),
         }
-    }
-
-    /// Whether what holds the admin address may be taken as Envoy: `Some(why)` when the admin API
-    /// answered as something else or refused to be opened.
-    pub fn not_envoy(&mut self, why: Option<String>) {
-        self.not_envoy = why;
-    }
-
-    /// Makes each count tell arrivals too, by `rule`.
-    pub fn watch_arrivals(&mut self, rule: ArrivalRule) {
-        self.tracker = Some(Tracker::new(rule));
     }
 
     /// `hold`: the connections that count open now, by port, and what has arrived (`Tracker`),
@@ -111,7 +102,7 @@ impl SocketTable {
             return Ok(Count::new(SourceKind::Proc, Unit::Connections, Vec::new(), warnings));
         };
         let snmp = root.join("net/snmp");
-        let passive = match tracker.rule().passive_opens.then(|| fs::read_to_string(&snmp)) {
+        let passive = match tracker.rule.passive_opens.then(|| fs::read_to_string(&snmp)) {
             Some(Ok(text)) => arrivals::passive_opens(&text),
             Some(Err(e)) => {
                 let failed = failed("read", snmp.display(), io_cause(&e));
@@ -204,8 +195,9 @@ impl SocketTable {
     /// The listening sockets, before `until`; from the text tables, the open ones too.
     fn read_listening(&mut self, until: Instant) -> Result<(Table, Option<Table>), String> {
         if self.reader == Reader::Netlink {
-            match diag::listening(until) {
-                Ok(mut listening) => {
+            let mut listening = Table::default();
+            match diag::dump(&diag::request(diag::LISTENING, false), until, &mut listening) {
+                Ok(()) => {
                     listening.dedup();
                     return Ok((listening, None));
                 }
@@ -298,7 +290,7 @@ fn pod_of(admin_socket: Option<(u32, Option<u64>)>, mut owners: BTreeMap<u32, u6
 }
 
 /// The open sockets into `sink`: the text tables' as read with the listening ones, else a dump
-/// (`diag::open`).
+/// (`diag::dump`).
 fn read_open(
     open: Option<Table>,
     until: Instant,
@@ -306,7 +298,7 @@ fn read_open(
     sink: &mut impl Sink,
 ) -> Result<(), String> {
     let Some(table) = open else {
-        return diag::open(until, dump, sink)
+        return diag::dump(&diag::request(dump.0, dump.1), until, sink)
             .map_err(|(DumpError::Failed(f) | DumpError::Unavailable(f))| f);
     };
     table.sockets.into_iter().for_each(|s| sink.add(s));

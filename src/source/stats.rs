@@ -163,15 +163,9 @@ impl Lines {
                 if n == 1 { "" } else { " among them" }
             )
         });
-        Ok(Answer {
-            count: Count::new(
-                SourceKind::Stats,
-                Unit::Connections,
-                parts,
-                warning.into_iter().collect(),
-            ),
-            skipped,
-        })
+        let count =
+            Count::new(SourceKind::Stats, Unit::Connections, parts, warning.into_iter().collect());
+        Ok(Answer { count, skipped })
     }
 
     /// Counts requests: `http.<prefix>.downstream_rq_active` over the HTTP connection managers
@@ -193,12 +187,8 @@ impl Lines {
             name: NON_HTTP.to_string(),
             active: connections.count.total.saturating_sub(http_connections),
         });
-        let count = Count::new(
-            SourceKind::Stats,
-            Unit::Requests,
-            parts,
-            connections.count.warnings.clone(),
-        );
+        let warnings = connections.count.warnings.clone();
+        let count = Count::new(SourceKind::Stats, Unit::Requests, parts, warnings);
         Ok((Answer { count, skipped: connections.skipped.clone() }, hcms))
     }
 }

@@ -2,7 +2,6 @@
 //! where ureq would open a TCP connection, so everything goes through the same client. ureq's
 //! `unversioned` transport API may change in a minor release: Cargo.lock pins the version.
 
-use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -92,8 +91,9 @@ pub struct UnixTransport {
     buffers: LazyBuffers,
 }
 
-impl fmt::Debug for UnixTransport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+/// Not derived: the buffers' derived Debug would cost the binary 4 KB.
+impl std::fmt::Debug for UnixTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UnixTransport").finish()
     }
 }
