@@ -873,6 +873,51 @@ fn hold_counts_clients_that_reach_the_app_past_the_sidecar_and_warns() {
     });
 }
 
+/// One request on a connection of its own to Istio's passthrough listener (tests/envoy/
+/// passthrough.yaml), for the app's port; Envoy answers, then closes first, as `connection: close`
+/// asks, so the pod's end of the connection stays in the table in TIME_WAIT.
+fn passthrough_request() {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(from_outside(8443)).expect("the listener");
+    let request = "GET / HTTP/1.1\r\nHost: app\r\nx-envoy-original-dst-host: 127.0.0.1:8080\r\n\
+        connection: close\r\n\r\n";
+    conn.write_all(request.as_bytes()).unwrap();
+    conn.set_read_timeout(Some(5 * SECOND)).unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).expect("Envoy's answer, then its close");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+#[test]
+#[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
+fn hold_sees_each_request_to_a_host_that_envoy_removed_when_idle_and_made_again() {
+    // A request every 3 s to the passthrough cluster, each just before a read: Envoy removes the
+    // app's host between two (its cleanup interval is 1 s) and makes it again for the next, whose
+    // rq_total reads 1 again where the old host's read 1. /clusters alone sees no arrival after
+    // the first; the client's new connection to the sidecar is one.
+    scenario(|bin| {
+        let _app = App::start(APP, true);
+        let merge = vec!["tests/envoy/passthrough.yaml"];
+        let _envoy = Envoy::start(&bin, Options { merge, ..Options::default() });
+        let outside = support::netns::outside();
+        let args = ["--min", "12s", "--quiet", "1s", "--interval", "3s", "--deadline", "14s"];
+        let mut hold = spawn(command(&[&["hold", "--verbose"], &args[..]].concat()));
+        // Each read's line, until the minimum ends: `...; at least 9.0s more`.
+        let read = "s more";
+        hold.expect_line(read, 5 * SECOND);
+        for _ in 0..3 {
+            // Timed, not awaited: the request must land half a second before the next read.
+            std::thread::sleep(Duration::from_millis(2500));
+            outside.enter(passthrough_request);
+            let line = hold.expect_line(read, 5 * SECOND);
+            assert!(line.contains("and new requests still arriving"), "{line}");
+        }
+        let out = hold.finish();
+        assert_eq!(out.code, Some(1), "{out}");
+        assert!(out.last_line().contains("with arrivals every ~"), "{out}");
+    });
+}
+
 #[test]
 #[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
 fn hold_follows_the_messages_of_a_tcp_stream_not_only_its_start() {
