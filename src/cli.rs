@@ -8,6 +8,9 @@ use std::io::Write;
 
 /// The kill switch in the proxy container's environment: set and non-empty, `run` does nothing.
 pub const ENV_DISABLED: &str = "ENVOY_DRAIN_DISABLED";
+/// The node's addresses, comma-separated, where the kubelet's probes come from without a mesh:
+/// the admission policy sets it from the downward API's `status.hostIPs`.
+pub const ENV_NODE_IPS: &str = "ENVOY_DRAIN_NODE_IPS";
 /// A pod's settings: its annotations under this prefix, which the template passes as flags.
 pub const ANNOTATION_PREFIX: &str = "envoy-drain.io/";
 /// The one annotation the template acts on itself: `true` leaves the pod to Istio's own preStop.
@@ -252,10 +255,18 @@ pub struct HoldArgs {
     pub ports: Option<String>,
 
     /// comma-separated addresses whose connections (and their requests in /clusters) never
-    /// count: the kubelet's probes; gateway for the pod's default gateway (default: 169.254.7.127
-    /// with ambient, gateway with none)
+    /// count: the kubelet's probes; gateway for the pod's default gateway, node for the
+    /// addresses in $ENVOY_DRAIN_NODE_IPS (default: 169.254.7.127 with ambient, gateway,node
+    /// with none)
     #[argh(option)]
     pub probes_from: Option<String>,
+
+    /// comma-separated periods of the pod's readiness probes that connect (tcpSocket, httpGet,
+    /// grpc), e.g. 10s,1s, or none: only as many connections from --probes-from, and of those
+    /// that left no socket, as they make are theirs (default: every one from --probes-from,
+    /// none that left no socket)
+    #[argh(option)]
+    pub probe_periods: Option<String>,
 
     /// never return sooner (default: 5s)
     #[argh(option)]

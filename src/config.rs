@@ -1,6 +1,6 @@
 //! Turns the command line and the environment into a checked configuration; pure.
 
-use crate::cli::{ANNOTATION_PREFIX, HoldArgs, RunArgs};
+use crate::cli::{ANNOTATION_PREFIX, ENV_NODE_IPS, HoldArgs, RunArgs};
 use crate::count::Unit;
 use crate::drain::{self, Drain, Request};
 use crate::error::UsageError;
@@ -79,6 +79,10 @@ pub struct ArrivalRule {
     pub new_only: PortSet,
     /// Clients whose connections never count: the kubelet's probes.
     pub probes: Vec<[u8; 16]>,
+    /// The periods of the kubelet's readiness probes that connect (`--probe-periods`): no more
+    /// connections from `probes`, nor that left no socket, are theirs than they may have made;
+    /// `None`: every one from `probes`, none that left no socket.
+    pub probe_periods: Option<Vec<Duration>>,
     /// Also count the connections the namespace accepted that left no socket to see (a client
     /// that closed first, outside the pod), from its `PassiveOpens`.
     pub passive_opens: bool,
@@ -525,7 +529,10 @@ fn positive(
 /// `hold`: what arrives at the app. Behind a sidecar, read from /clusters (Istio's stats have no
 /// counter per app), else from the socket table; with `ambient` or `none`, where no Envoy is in
 /// the pod, from the socket table alone (`arrivals`). `run`'s pace and `Until::Quiet`.
-pub fn hold_config(a: &HoldArgs) -> Result<RunConfig, UsageError> {
+pub fn hold_config(
+    a: &HoldArgs,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<RunConfig, UsageError> {
     let preset = a.preset.as_deref().unwrap_or("istio");
     let kernel = ["ambient", "none"].contains(&preset);
     let mut counting = counting(&RunArgs {
@@ -547,9 +554,12 @@ pub fn hold_config(a: &HoldArgs) -> Result<RunConfig, UsageError> {
         _ => counting.preset.ignore_ports,
     };
     let ignore = ports("--ignore-ports", a.ignore_ports.as_deref().unwrap_or(own))?;
+    let names_node =
+        a.probes_from.as_deref().is_some_and(|v| v.split(',').any(|i| i.trim() == "node"));
+    let node = node_addresses(env, names_node, &mut counting.warnings);
     let mut probes = match (preset, &a.probes_from) {
-        (_, Some(v)) => probe_sources(v)?,
-        ("none", None) => default_gateway().into_iter().collect(),
+        (_, Some(v)) => probe_sources(v, &node)?,
+        ("none", None) => probe_sources("gateway,node", &node)?,
         _ => Vec::new(),
     };
     if preset == "ambient" {
@@ -561,6 +571,7 @@ pub fn hold_config(a: &HoldArgs) -> Result<RunConfig, UsageError> {
         new_only: PortSet::parse(if preset == "ambient" { "15008" } else { "" })
             .unwrap_or_default(),
         probes,
+        probe_periods: a.probe_periods.as_deref().map(probe_periods).transpose()?,
         passive_opens: preset == "none",
         outside_only: !kernel,
     });
@@ -606,23 +617,78 @@ const AMBIENT_OWN: &str = "15001,15053";
 /// Where istio-cni sends the kubelet's probes from in ambient mode (it SNATs them on the node).
 const AMBIENT_PROBES: Ipv4Addr = Ipv4Addr::new(169, 254, 7, 127);
 
-/// `--probes-from`: IP addresses, and `gateway` for the pod's default gateway.
-fn probe_sources(value: &str) -> Result<Vec<[u8; 16]>, UsageError> {
+/// `--probes-from`: IP addresses, `gateway` for the pod's default gateway and `node` for the
+/// node's addresses (`node`).
+fn probe_sources(value: &str, node: &[[u8; 16]]) -> Result<Vec<[u8; 16]>, UsageError> {
     let mut found = Vec::new();
     for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        // As the socket table keeps addresses: IPv4 as IPv4-mapped.
-        found.extend(match item.parse::<IpAddr>() {
-            _ if item == "gateway" => default_gateway(),
-            Ok(IpAddr::V4(v4)) => Some(v4.to_ipv6_mapped().octets()),
-            Ok(IpAddr::V6(v6)) => Some(v6.octets()),
-            Err(_) => {
-                let expected = "comma-separated IP addresses or gateway, like gateway,10.0.0.1";
-                let expected = format!("{expected} ('{item}' is not one)");
-                return Err(UsageError::new("--probes-from", value, expected));
-            }
-        });
+        match item {
+            "gateway" => found.extend(default_gateway()),
+            "node" => found.extend_from_slice(node),
+            _ => match item.parse::<IpAddr>() {
+                Ok(ip) => found.push(mapped(ip)),
+                Err(_) => {
+                    let expected =
+                        "comma-separated IP addresses, gateway or node, like gateway,node,10.0.0.1";
+                    let expected = format!("{expected} ('{item}' is not one)");
+                    return Err(UsageError::new("--probes-from", value, expected));
+                }
+            },
+        }
     }
     Ok(found)
+}
+
+/// As the socket table keeps addresses: IPv4 as IPv4-mapped.
+fn mapped(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// The node's addresses, where the kubelet's probes come from without a mesh: `ENV_NODE_IPS`,
+/// which the admission policy sets from the downward API's `status.hostIPs` (the kubelet expands
+/// no `$(VAR)` in a hook's command, but runs it with the container's environment). A bad item is
+/// a warning; so is the variable unset where `--probes-from` names `node`.
+fn node_addresses(
+    env: &dyn Fn(&str) -> Option<String>,
+    named: bool,
+    warnings: &mut Vec<String>,
+) -> Vec<[u8; 16]> {
+    let Some(value) = env(ENV_NODE_IPS) else {
+        if named {
+            warnings.push(format!(
+                "{ENV_NODE_IPS} is not set: node in --probes-from names no address (the admission \
+                 policy sets it from the downward API's status.hostIPs)"
+            ));
+        }
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        match item.parse::<IpAddr>() {
+            Ok(ip) => found.push(mapped(ip)),
+            Err(_) => warnings.push(format!(
+                "ignoring {item:?} in {ENV_NODE_IPS}={value:?}: expected IP addresses, like 10.0.0.1"
+            )),
+        }
+    }
+    found
+}
+
+/// `--probe-periods`: comma-separated durations above zero, or `none`.
+fn probe_periods(value: &str) -> Result<Vec<Duration>, UsageError> {
+    if value.trim() == "none" {
+        return Ok(Vec::new());
+    }
+    let expected = "comma-separated durations above zero, like 10s,5s, or none";
+    let bad = || UsageError::new("--probe-periods", value, expected);
+    let periods: Vec<Duration> = value
+        .split(',')
+        .map(|item| parse_duration("--probe-periods", item.trim()).map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    if periods.iter().any(Duration::is_zero) { Err(bad()) } else { Ok(periods) }
 }
 
 /// The pod's default gateway (IPv4, `/proc/net/route`), which a bridge CNI's node reaches the pod

@@ -54,6 +54,9 @@ pub struct Count {
     pub arrivals: Arrivals,
     /// Arrivals recounted so far (`source::arrivals::Both`).
     pub recounted: u64,
+    /// Of the arrivals, new connections so far, where the source tells them from requests on
+    /// connections open before (the socket table).
+    pub opened: Option<u64>,
 }
 
 /// Whether a request has arrived since an earlier count: the pod is then still in use.
@@ -109,6 +112,7 @@ impl Count {
             basis: None,
             arrivals: Arrivals::Unknown,
             recounted: 0,
+            opened: None,
         }
     }
 }

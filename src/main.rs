@@ -14,7 +14,7 @@ fn main() {
     let env = |k: &str| std::env::var(k).ok();
     let code = match cli::parse(&args, &|k| std::env::var_os(k)) {
         Parsed::Run(a) => run::command(config::run_config(&a, &env), start),
-        Parsed::Hold(a) => run::command(config::hold_config(&a), start),
+        Parsed::Hold(a) => run::command(config::hold_config(&a, &env), start),
         Parsed::Status(a) => status::command(&a, &env),
         Parsed::Install(a) => install::command(&a),
         Parsed::Disabled(setting) => run::disabled(&setting),

@@ -22,6 +22,9 @@ pub enum Outcome {
     AppExited,
     /// The deadline passed; at least one count succeeded on the way.
     Deadline,
+    /// `hold`: the deadline passed with requests arriving only on connections kept alive, no new
+    /// one for this long, their quiet time at least: the app's shutdown hands them over.
+    KeptAlive(std::time::Duration),
     /// The deadline passed and no source ever answered.
     NothingCounted,
     /// A signal arrived while waiting (SIGINT or SIGTERM).
@@ -31,7 +34,7 @@ pub enum Outcome {
 impl Outcome {
     pub fn exit_code(self) -> i32 {
         match self {
-            Outcome::Reached | Outcome::AppExited => EXIT_REACHED,
+            Outcome::Reached | Outcome::AppExited | Outcome::KeptAlive(_) => EXIT_REACHED,
             Outcome::Deadline => EXIT_DEADLINE,
             Outcome::NothingCounted => EXIT_NOTHING_COUNTED,
             Outcome::Interrupted(libc::SIGINT) => EXIT_SIGINT,

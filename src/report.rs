@@ -73,7 +73,7 @@ impl Report {
             return false;
         }
         let level = match outcome {
-            Outcome::Reached | Outcome::AppExited => Level::Info,
+            Outcome::Reached | Outcome::AppExited | Outcome::KeptAlive(_) => Level::Info,
             Outcome::NothingCounted => Level::Error,
             Outcome::Deadline | Outcome::Interrupted(_) => Level::Warn,
         };

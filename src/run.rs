@@ -161,6 +161,7 @@ impl Looks for Hook<'_> {
             count: count.map(|c| c.total),
             arrivals: count.map(|c| c.arrivals).unwrap_or_default(),
             recounted: count.map_or(0, |c| c.recounted),
+            opened: count.and_then(|c| c.opened),
             app: pod.as_ref().ok().map(|p| !p.is_empty()),
             cost,
         };

@@ -207,12 +207,24 @@ pub fn doors(rule: &crate::config::ArrivalRule) -> String {
         Some(ports) => format!("connections to ports {ports}"),
         None => "connections to every port that listens in the pod".to_string(),
     };
+    let probes = match &rule.probe_periods {
+        None => format!("; never from {} (the kubelet's probes)", from.join(", ")),
+        Some(periods) => {
+            let every: Vec<String> = periods.iter().map(|p| seconds(*p)).collect();
+            let every = if every.is_empty() { "none".to_string() } else { every.join(", ") };
+            format!(
+                "; from {} (the kubelet's probes), and of those that left no socket, none of as \
+                 many as the pod's readiness probes make (every {every})",
+                from.join(", ")
+            )
+        }
+    };
     for (when, clause) in [
         (!rule.ignore.is_empty(), format!(" but {}", rule.ignore)),
         (true, ", new or receiving bytes".to_string()),
         (!rule.new_only.is_empty(), format!(" (on {}, new only)", rule.new_only)),
-        (!from.is_empty(), format!("; never from {} (the kubelet's probes)", from.join(", "))),
         (rule.passive_opens, "; and those accepted that left no socket (PassiveOpens)".to_string()),
+        (!from.is_empty() || rule.probe_periods.is_some(), probes),
     ] {
         if when {
             said += &clause;
@@ -409,7 +421,7 @@ pub fn summary(
     let after = if hold { "; the app gets its SIGTERM now" } else { "; the proxy may stop now" };
     let mut line = match outcome {
         Outcome::Reached | Outcome::AppExited => format!("done after {took}"),
-        Outcome::Deadline | Outcome::NothingCounted => {
+        Outcome::Deadline | Outcome::NothingCounted | Outcome::KeptAlive(_) => {
             format!(
                 "deadline of {} passed after {took}",
                 humantime::format_duration(rules.deadline)
@@ -431,6 +443,12 @@ pub fn summary(
         Outcome::AppExited if p.last.is_none() => format!(": the app has exited{after}"),
         Outcome::AppExited => format!(
             ": the app has exited, which leaves nothing to answer the {counted} still open{stale}{after}"
+        ),
+        Outcome::KeptAlive(since) => format!(
+            " with requests arriving only on connections kept alive from before (no new \
+             connection for {}): their clients reconnect elsewhere once the app closes them, \
+             {counted}{after}",
+            seconds(since)
         ),
         Outcome::Deadline if hold => {
             let held =
@@ -806,6 +824,20 @@ mod tests {
         // Long ago: they stopped, and something else held the count.
         p.arrived_at = Some(Duration::from_secs(3));
         assert!(!at_deadline(&p).contains("arriving"), "{}", at_deadline(&p));
+    }
+
+    #[test]
+    fn a_hold_that_kept_alive_clients_held_to_its_deadline_says_so_in_one_line() {
+        let rules = Rules { until: Until::Quiet, ..RULES };
+        let open = vec![Part { name: "port 8080".to_string(), active: 2 }];
+        let p = progress(Some(Count::new(SourceKind::Proc, Unit::Connections, open, vec![])), None);
+        let kept = Outcome::KeptAlive(Duration::from_millis(14_240));
+        assert_eq!(
+            summary(kept, Duration::from_secs(25), &rules, &p, (0, None)),
+            "deadline of 25s passed after 25.0s with requests arriving only on connections kept \
+             alive from before (no new connection for 14.2s): their clients reconnect elsewhere \
+             once the app closes them, 2 active connections (proc); the app gets its SIGTERM now"
+        );
     }
 
     #[test]

@@ -75,6 +75,8 @@ pub struct Tick {
     /// Arrivals recounted so far: more than the counter said of a time it saw some (`hold` behind a
     /// sidecar: /clusters' requests on a connection the table showed once).
     pub recounted: u64,
+    /// Of the arrivals, new connections so far (`None`: the source cannot tell).
+    pub opened: Option<u64>,
     pub app: Option<bool>,
     pub cost: Cost,
 }
@@ -154,6 +156,39 @@ fn pace(reads: &[(Duration, u64, u64)], span: Duration, floor: Duration) -> Pace
     let secs = |s: f64| Duration::try_from_secs_f64(s).unwrap_or(WINDOW);
     let quiet = floor.max(secs(gap * GAPS)).max(pause.saturating_mul(2));
     Pace { gap: secs(gap), quiet }
+}
+
+/// `hold`: the new connections among the arrivals. At the deadline, none for the quiet time
+/// their own rate asks means that the requests still arriving come on connections kept alive from
+/// before: clients the mesh no longer sends here, which the app's shutdown hands over by closing
+/// their connections (docs/holding.md, "Exit codes").
+#[derive(Debug, Default)]
+struct Opened {
+    counter: Option<u64>,
+    /// Whether the last count that told arrivals told these too.
+    known: bool,
+    /// The end of the last count that saw one.
+    at: Option<Duration>,
+    rate: Rate,
+}
+
+impl Opened {
+    fn add(&mut self, now: Duration, counter: Option<u64>, floor: Duration) {
+        self.known = counter.is_some();
+        let Some(n) = counter else { return };
+        let new = self.counter.replace(n).map_or(0, |was| n.saturating_sub(was));
+        if new > 0 {
+            self.at = Some(now);
+        }
+        self.rate.add(now, &Seen { arrived: new, ..Seen::default() }, floor);
+    }
+
+    /// How long no new connection has come at `now`, where that is their quiet time at least.
+    fn stopped(&self, now: Duration, floor: Duration) -> Option<Duration> {
+        let quiet = self.rate.pace.map_or(floor, |p| p.quiet);
+        let since = now.saturating_sub(self.at.unwrap_or(Duration::ZERO));
+        (self.known && since >= quiet).then_some(since)
+    }
 }
 
 /// What the looks so far say of the app.
@@ -301,6 +336,7 @@ fn count<L: Looks>(
             counts.rate.add(now, &seen, rules.settle);
             seen.pace = counts.rate.pace;
             counts.after_arrival = seen.pace.map_or(rules.settle, |p| p.quiet);
+            counts.opened.add(now, tick.opened, rules.settle);
         }
         looks.seen(ask, seen, found);
         if seen.app == App::Gone && now >= counts.drain_done {
@@ -322,7 +358,12 @@ fn count<L: Looks>(
         }
         clock.sleep(next.clamp(now, rules.deadline) - now);
     }
-    if counts.counted { Outcome::Deadline } else { Outcome::NothingCounted }
+    let now = clock.now();
+    match counts.opened.stopped(now, rules.settle) {
+        _ if !counts.counted => Outcome::NothingCounted,
+        Some(since) if counts.low_since.is_some() => Outcome::KeptAlive(since),
+        _ => Outcome::Deadline,
+    }
 }
 
 /// The counts so far, and when the next one is due.
@@ -338,6 +379,7 @@ struct Counts {
     arrived_at: Option<Duration>,
     after_arrival: Duration,
     rate: Rate,
+    opened: Opened,
     /// The last count's time: a count meant to end at a given moment starts this long before it.
     lead: Duration,
     next: Duration,
@@ -966,6 +1008,32 @@ mod tests {
         // One request every 1.5 s, less than the quiet time apart: it holds to the deadline.
         let slow: Vec<u64> = (0..20).map(|i| i * 1500).collect();
         assert_eq!(hold_with(&r, &slow, (0, 0)).0, Outcome::Deadline);
+    }
+
+    #[test]
+    fn a_hold_held_by_kept_alive_clients_alone_ends_at_its_deadline_as_a_normal_end() {
+        // Requests every 100 ms to the deadline; new connections every 100 ms until `last_new`
+        // (ms), then only requests on connections open from before.
+        let r = hold(5000, 500, 20000);
+        let outcome = |last_new: u64| {
+            let now = Cell::new(ms(0));
+            let (end, _) = wait_with(&r, ms(0), &now, |_, _| {
+                let t = now.get();
+                now.set(t + ms(20));
+                let (n, opened) = (t.as_millis() as u64 / 100, t.min(ms(last_new)).as_millis());
+                let opened = Some(opened as u64 / 100);
+                Tick { count: Some(2), arrivals: Arrivals::Requests(n), opened, ..Tick::default() }
+            });
+            end.outcome
+        };
+        let Outcome::KeptAlive(since) = outcome(6000) else { panic!("{:?}", outcome(6000)) };
+        assert!(
+            since >= ms(13_500) && since <= ms(14_100),
+            "no new connection since 6 s: {since:?}"
+        );
+        // New connections still coming: clients the mesh still sends here.
+        assert_eq!(outcome(20_000), Outcome::Deadline);
+        assert_eq!(Outcome::KeptAlive(since).exit_code(), 0);
     }
 
     #[test]

@@ -55,7 +55,9 @@ const CASES: &[(&str, &str, &str, &str)] = &[
     ),
     ("hold", "--ports", "", "at least one port"),
     ("hold", "--ports", "http", "comma-separated ports"),
-    ("hold", "--probes-from", "10.0.0.300", "comma-separated IP addresses or gateway"),
+    ("hold", "--probes-from", "10.0.0.300", "comma-separated IP addresses, gateway or node"),
+    ("hold", "--probe-periods", "10", "comma-separated durations above zero, like 10s,5s, or none"),
+    ("hold", "--probe-periods", "10s,0s", "comma-separated durations above zero"),
 ];
 
 #[test]

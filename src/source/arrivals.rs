@@ -8,6 +8,7 @@
 use crate::config::ArrivalRule as Rule;
 use crate::source::procnet::{Endpoint, LISTEN, SYN_RECV, Socket, taking};
 use std::collections::HashMap;
+use std::time::Duration;
 
 /// One connection as the table shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -25,6 +26,8 @@ struct Seen {
     accepted: bool,
     /// The client that made it is in the pod.
     inside: bool,
+    /// Taken for one of the kubelet's probes when first seen: its bytes never count.
+    probe: bool,
 }
 
 /// What one read found.
@@ -32,6 +35,8 @@ struct Seen {
 pub struct Read {
     /// New connections, and open ones that received bytes, that count.
     pub arrived: u64,
+    /// Of those, new connections (the rest are requests on connections open before).
+    pub opened: u64,
     /// Of those, connections the pod accepted that left no socket (`Rule::passive_opens`).
     pub unseen: u64,
     /// Connections open now that count, by the server's port.
@@ -50,8 +55,13 @@ pub struct Tracker {
     accepted: u64,
     /// Arrivals so far: a counter, as /clusters' `rq_total` is.
     pub total: u64,
+    /// Of those, new connections.
+    pub opened: u64,
     /// The probes' connections so far, which /clusters counts among the app's requests.
     pub probes: u64,
+    /// When the first read was, and how many connections since were taken for probes.
+    first_at: Option<Duration>,
+    probed: u64,
 }
 
 impl Tracker {
@@ -59,9 +69,15 @@ impl Tracker {
         Tracker { rule, ..Tracker::default() }
     }
 
-    /// One read: the pod's addresses (`ours`), its sockets, and its `PassiveOpens` read before
-    /// them. The first read only sets what later ones are compared with.
-    pub fn read(&mut self, ours: &[[u8; 16]], sockets: &[Socket], passive: Option<u64>) -> Read {
+    /// One read at `at`: the pod's addresses (`ours`), its sockets, and its `PassiveOpens` read
+    /// before them. The first read only sets what later ones are compared with.
+    pub fn read(
+        &mut self,
+        at: Duration,
+        ours: &[[u8; 16]],
+        sockets: &[Socket],
+        passive: Option<u64>,
+    ) -> Read {
         for s in sockets.iter().filter(|s| s.state == LISTEN) {
             if !self.listening.contains(&s.local) {
                 self.listening.push(s.local);
@@ -72,8 +88,12 @@ impl Tracker {
             let Some((key, in_server)) = self.key(ours, s) else {
                 continue;
             };
-            let seen =
-                now.entry(key).or_insert(Seen { received: None, accepted: false, inside: false });
+            let seen = now.entry(key).or_insert(Seen {
+                received: None,
+                accepted: false,
+                inside: false,
+                probe: false,
+            });
             seen.accepted |= !in_server || s.state != SYN_RECV;
             // The client's end may have gone where the server's waits in TIME_WAIT.
             seen.inside |= !in_server || is_ours(ours, &key.client);
@@ -83,19 +103,25 @@ impl Tracker {
         }
         let first = self.last.is_none();
         let last = self.last.take().unwrap_or_default();
+        let since = at.saturating_sub(*self.first_at.get_or_insert(at));
         let mut read = Read::default();
-        for (key, seen) in &now {
+        for (key, seen) in &mut now {
             let before = last.get(key);
             if seen.accepted && !before.is_some_and(|b| b.accepted) {
                 self.accepted += 1;
             }
-            let probe = self.rule.probes.contains(&key.client.0);
+            seen.probe = match before {
+                Some(b) => b.probe,
+                None => {
+                    self.rule.probes.contains(&key.client.0) && (first || self.probe(since, true))
+                }
+            };
             // At the first read, only those still open: their requests may be yet to count.
             let new_probe = before.is_none() && (!first || seen.received.is_some());
-            if probe && new_probe && self.counts(key.server.1) {
+            if seen.probe && new_probe && self.counts(key.server.1) {
                 self.probes += 1;
             }
-            if !self.counts(key.server.1) || probe || (seen.inside && self.rule.outside_only) {
+            if !self.counts(key.server.1) || seen.probe || (seen.inside && self.rule.outside_only) {
                 continue;
             }
             let grew = match (before.and_then(|b| b.received), seen.received) {
@@ -103,6 +129,7 @@ impl Tracker {
                 _ => false,
             };
             read.arrived += u64::from(before.is_none() || grew);
+            read.opened += u64::from(before.is_none());
             if seen.received.is_some() {
                 match read.open.iter_mut().find(|(port, _)| *port == key.server.1) {
                     Some((_, n)) => *n += 1,
@@ -116,11 +143,35 @@ impl Tracker {
             read = Read { open: read.open, ..Read::default() };
         }
         if let Some(passive) = passive.filter(|_| self.rule.passive_opens) {
-            read.unseen = self.unseen(passive, first);
+            let unseen = self.unseen(passive, first);
+            let probes = (0..unseen).take_while(|_| self.probe(since, false)).count() as u64;
+            read.unseen = unseen - probes;
             read.arrived += read.unseen;
+            read.opened += read.unseen;
         }
         self.total = self.total.saturating_add(read.arrived);
+        self.opened = self.opened.saturating_add(read.opened);
         read
+    }
+
+    /// Whether one more connection `since` the first read can be one of the kubelet's probes,
+    /// taking it if so: one `seen` from their addresses, or one that left no socket. Without
+    /// `--probe-periods`, every one seen from their addresses and none that left no socket.
+    /// With them, as many as the probes may have made: a probe of period p makes at most
+    /// since / p + 1 connections in `since` (the kubelet's prober ticks every period, kubelet
+    /// pkg/kubelet/prober/worker.go `run`), a tenth of a period more for the time it takes to start.
+    fn probe(&mut self, since: Duration, seen: bool) -> bool {
+        let Some(periods) = &self.rule.probe_periods else {
+            return seen;
+        };
+        let made = |p: &Duration| {
+            let p = p.as_secs_f64().max(f64::MIN_POSITIVE);
+            ((since.as_secs_f64() + p / 10.0) / p).floor() as u64 + 1
+        };
+        let allowed: u64 = periods.iter().map(made).fold(0, u64::saturating_add);
+        let free = self.probed < allowed;
+        self.probed += u64::from(free);
+        free
     }
 
     /// The connection `s` belongs to, and whether `s` is its server's socket; `None` for one the
@@ -258,14 +309,15 @@ mod tests {
         vec![end(&format!("{POD}:0")).0]
     }
 
-    /// Reads `each` in turn with the listeners on `ports`; what each read found.
+    /// Reads `each` in turn, 500 ms apart, with the listeners on `ports`; what each read found.
     fn reads(rule: Rule, ports: &[u16], each: &[(&[Socket], Option<u64>)]) -> Vec<Read> {
         let mut tracker = Tracker::new(rule);
         let mut found = Vec::new();
-        for (sockets, passive) in each {
+        for (i, (sockets, passive)) in each.iter().enumerate() {
             let all: Vec<Socket> =
                 listening(ports).into_iter().chain(sockets.iter().copied()).collect();
-            found.push(tracker.read(&ours(), &all, *passive));
+            let at = Duration::from_millis(500 * i as u64);
+            found.push(tracker.read(at, &ours(), &all, *passive));
         }
         found
     }
@@ -388,6 +440,54 @@ mod tests {
         );
         assert_eq!(arrived(&found), [0, 3, 0, 1, 0]);
         assert_eq!(found[1].unseen, 2);
+    }
+
+    #[test]
+    fn probes_that_left_no_socket_are_left_out_only_as_often_as_their_period_allows() {
+        // A tcpSocket readiness probe every second (the kubelet closes first: PassiveOpens
+        // alone counts it), reads every 500 ms; then a client's connection that left no socket
+        // too, which the probes' share cannot hide.
+        let rule = Rule {
+            passive_opens: true,
+            probe_periods: Some(vec![Duration::from_secs(1)]),
+            ..Rule::default()
+        };
+        let each: Vec<(&[Socket], Option<u64>)> =
+            [10, 11, 11, 12, 12, 13, 15, 15].iter().map(|&n| (&[][..], Some(n))).collect();
+        let found = reads(rule.clone(), &[8080], &each);
+        assert_eq!(arrived(&found), [0, 0, 0, 0, 0, 0, 1, 0]);
+        assert_eq!(found[6].opened, 1, "a new connection, not a request on an open one");
+        // Without the periods, each counts.
+        let found = reads(Rule { probe_periods: None, ..rule }, &[8080], &each);
+        assert_eq!(arrived(&found), [0, 1, 0, 1, 0, 1, 2, 0]);
+    }
+
+    #[test]
+    fn connections_from_the_probes_address_beyond_what_the_probes_make_arrive() {
+        // The node's address: its probe every 10 s, and a client behind the node's own NAT (a
+        // NodePort's, or a host-network ingress) from the same address, kept alive.
+        let node = "10.90.0.3";
+        let rule = Rule {
+            probes: vec![end(&format!("{node}:0")).0],
+            probe_periods: Some(vec![Duration::from_secs(10)]),
+            ..Rule::default()
+        };
+        let probe = socket(&format!("{POD}:8080"), &format!("{node}:33000"), TIME_WAIT, None);
+        let client = |bytes| {
+            socket(&format!("{POD}:8080"), &format!("{node}:33001"), ESTABLISHED, Some(bytes))
+        };
+        let found = reads(
+            rule,
+            &[8080],
+            &[
+                (&[], None),
+                (&[probe], None),
+                (&[probe, client(90)], None),
+                (&[probe, client(180)], None),
+            ],
+        );
+        assert_eq!(arrived(&found), [0, 0, 1, 1], "the probe, then the client and its request");
+        assert_eq!(found.iter().map(|r| r.opened).collect::<Vec<_>>(), [0, 0, 1, 0]);
     }
 
     #[test]

@@ -296,6 +296,7 @@ impl Sources {
         self.table_tells = kernel.is_some();
         if let (Ok(count), Some(_)) = (&mut proc, kernel) {
             (count.arrivals, count.recounted) = (arrivals, recounted);
+            count.opened = count.opened.filter(|_| !blocked);
             if let Some(Err(why)) = &clusters {
                 count
                     .warnings

@@ -54,6 +54,8 @@ pub struct SocketTable {
     pod: Option<Pod>,
     /// With `hold`: what tells arrivals, and what it has seen.
     tracker: Option<Tracker>,
+    /// When the table was made: the tracker's reads are timed from it.
+    made: Instant,
 }
 
 /// What the socket table says besides the count: the sockets of other users than the proxy's, by
@@ -84,6 +86,7 @@ impl SocketTable {
             not_envoy: None,
             pod: None,
             tracker: c.hold.clone().map(Tracker::new),
+            made: Instant::now(),
         }
     }
 
@@ -111,14 +114,18 @@ impl SocketTable {
             }
             None => None,
         };
-        let read = tracker.read(&addresses(), &sockets, passive);
+        let read = tracker.read(self.made.elapsed(), &addresses(), &sockets, passive);
         if read.unseen > 0 {
             warnings.push(UNSEEN.to_string());
         }
         let parts =
             read.open.iter().map(|(port, n)| Part { name: format!("port {port}"), active: *n });
         let count = Count::new(SourceKind::Proc, Unit::Connections, parts.collect(), warnings);
-        Ok(Count { arrivals: Arrivals::Requests(tracker.total), ..count })
+        Ok(Count {
+            arrivals: Arrivals::Requests(tracker.total),
+            opened: Some(tracker.opened),
+            ..count
+        })
     }
 
     /// The probes' connections seen so far (`hold`).

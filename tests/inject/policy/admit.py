@@ -1,0 +1,562 @@
+"""What a Kubernetes API server (or Kyverno) makes of a new pod under an admission policy of
+examples/, for tests/inject/policy.rs. For each pod prints `=== ` and its file; `changed: true`
+or `false`; `qos: ` and its QoS class; `ignored: ` and the policy's error that failurePolicy
+Ignore swallowed, if any; a `refused: ` line for each reason validating admission refuses the
+pod; then `---` and the pod as stored, as JSON on one line, its keys sorted.
+
+  admit.py POLICY_FILE NAMESPACE_FILE CONFIGMAP_FILE|- POD_FILE...
+
+NAMESPACE_FILE holds the Namespace and any ResourceQuota of it; CONFIGMAP_FILE the ConfigMap
+envoy-drain/envoy-drain (`-`: there is none). No API server runs here (none reaches these machines),
+so this does what its code does, step by step, against Kubernetes 1.36's own schema
+(kubernetes-validate's v1.36.0-local/_definitions.json, with the x-kubernetes-* extensions):
+
+- Matching (k8s.io/apiserver pkg/admission/plugin/policy/generic/policy_dispatcher.go): the
+  policy's matchConstraints and a binding's matchResources (resource rules, namespace and object
+  label selectors); params per binding by `CollectParams`: none found and parameterNotFoundAction
+  Allow leaves the binding out. Kyverno's MutatingPolicy has one matchConstraints and no params.
+- CEL (mutating/compilation.go): every expression is type-checked by Google's CEL (PyPI
+  cel-expr-python, the C++ implementation) with `object`, `params` and `namespaceObject` typed by
+  the schema, stricter than the API server, whose `object` is dynamic; then evaluated with them
+  dynamic, as the API server does, object initializers (`Object.spec.containers{...}`) typed by
+  the schema. Kubernetes' `indexOf` (k8s.io/apiserver pkg/cel/library/lists.go) and Kyverno's
+  `resource.List` (kyverno/sdk cel/libs/resource) are given. A type name with dots is renamed to
+  one identifier (`Object_spec_containers`): proto message names cannot nest a type beside a field
+  of the same name; the expression is otherwise unchanged.
+- JSON patches (mutating/patch/json_patch.go): RFC 6902 over the pod's JSON, by the jsonpatch
+  library (PyPI); a failed `test` leaves the pod unchanged.
+- Apply configurations (mutating/patch/smd.go): refused when they set anything the schema marks
+  atomic (`validatePatch`/`findAtomics`), else merged as structured-merge-diff's typed Merge does
+  (sigs.k8s.io/structured-merge-diff typed/merge.go, `visitListItems` for the order of list items).
+- Errors with failurePolicy Ignore: the pod as it was (policy_dispatcher.go).
+- Then validating admission as far as these pods need it: the pod's own validation for what the
+  policies could break (unique names and mount paths, one source per volume, mounts of existing
+  volumes: pkg/apis/core/validation/validation.go), Pod Security's restricted level where the
+  namespace enforces it (k8s.io/pod-security-admission policy/check_*.go), and ResourceQuota's
+  "must specify" (pkg/quota/v1/evaluator/core/pods.go, `enforcePodContainerConstraints`).
+"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import jsonpatch
+import yaml
+from cel_expr_python import cel
+from cel_expr_python.ext import ext_strings
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format, struct_pb2
+
+SCHEMA = "kubernetes_validate/kubernetes-json-schema/v1.36.0-local/_definitions.json"
+F = descriptor_pb2.FieldDescriptorProto
+
+
+def definitions():
+    for path in sys.path:
+        candidate = Path(path) / SCHEMA
+        if candidate.exists():
+            return json.loads(candidate.read_text())["$defs"]
+    raise SystemExit(f"no {SCHEMA} on the path: install kubernetes-validate")
+
+
+DEFS = definitions()
+
+
+def deref(s):
+    """A schema with its $ref resolved (the definition, with the referring schema's own keys)."""
+    while "$ref" in s:
+        s = {**DEFS[s["$ref"].split("/")[-1]], **{k: v for k, v in s.items() if k != "$ref"}}
+    return s
+
+
+def kind(s):
+    t = s.get("type")
+    if isinstance(t, list):
+        t = next((x for x in t if x != "null"), None)
+    return t
+
+
+# --- Types: the schema as proto messages named by their path, as Kubernetes names its object
+# initializers (Object, Object.spec, Object.spec.containers, ...).
+
+
+class Types:
+    def __init__(self):
+        self.file = descriptor_pb2.FileDescriptorProto(
+            name="k8s.proto", syntax="proto2", dependency=["google/protobuf/struct.proto"]
+        )
+        self.made = set()
+        self.message("Object", DEFS["io.k8s.api.core.v1.Pod"])
+        self.message("Params", DEFS["io.k8s.api.core.v1.ConfigMap"])
+        self.message("NamespaceObject", DEFS["io.k8s.api.core.v1.Namespace"])
+        patch = self.file.message_type.add(name="JSONPatch")
+        for number, name in enumerate(["op", "path", "from"], start=1):
+            patch.field.add(name=name, number=number, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+        patch.field.add(
+            name="value", number=4, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
+            type_name=".google.protobuf.Value",
+        )
+        self.pool = descriptor_pool.DescriptorPool()
+        struct = descriptor_pb2.FileDescriptorProto()
+        struct_pb2.DESCRIPTOR.CopyToProto(struct)
+        self.pool.Add(struct)
+        self.pool.Add(self.file)
+
+    def message(self, name, schema):
+        if name in self.made:
+            return
+        self.made.add(name)
+        m = self.file.message_type.add(name=name)
+        for number, (field, s) in enumerate(sorted((schema.get("properties") or {}).items()), 1):
+            self.field(m, f"{name}_{field}", field, number, deref(s))
+
+    def field(self, m, name, field, number, s):
+        label = F.LABEL_OPTIONAL
+        if kind(s) == "array":
+            label, s = F.LABEL_REPEATED, deref(s.get("items") or {})
+        if kind(s) == "object" and not s.get("properties") and isinstance(s.get("additionalProperties"), dict):
+            entry = m.nested_type.add(name=field[0].upper() + field[1:] + "Entry")
+            entry.options.map_entry = True
+            entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+            t, type_name = self.scalar(name, deref(s["additionalProperties"]))
+            value = entry.field.add(name="value", number=2, type=t, label=F.LABEL_OPTIONAL)
+            if type_name:
+                value.type_name = type_name
+            m.field.add(
+                name=field, json_name=field, number=number, type=F.TYPE_MESSAGE,
+                label=F.LABEL_REPEATED, type_name=f".{m.name}.{entry.name}",
+            )
+            return
+        t, type_name = self.scalar(name, s)
+        f = m.field.add(name=field, json_name=field, number=number, type=t, label=label)
+        if type_name:
+            f.type_name = type_name
+
+    def scalar(self, name, s):
+        """A proto type for a schema that is not a map: int-or-string and quantities (oneOf) are
+        JSON values, as dynamic as they are to Kubernetes' CEL."""
+        simple = {"string": F.TYPE_STRING, "integer": F.TYPE_INT64, "number": F.TYPE_DOUBLE,
+                  "boolean": F.TYPE_BOOL}
+        if kind(s) in simple:
+            return simple[kind(s)], None
+        if kind(s) == "object" and s.get("properties"):
+            self.message(name, s)
+            return F.TYPE_MESSAGE, f".{name}"
+        if kind(s) == "object":
+            return F.TYPE_MESSAGE, ".google.protobuf.Struct"
+        return F.TYPE_MESSAGE, ".google.protobuf.Value"
+
+
+TYPES = Types()
+
+
+# --- CEL
+
+
+def index_of(items, item):
+    """Kubernetes' `<list>.indexOf(<T>)`: the first index, or -1."""
+    items = list(items)
+    return items.index(item) if item in items else -1
+
+
+def resource_list(configmaps):
+    """Kyverno's `resource.List(apiVersion, resource, namespace)`, over the ConfigMaps given."""
+
+    def listed(_context, api_version, resource, namespace):
+        assert (api_version, resource) == ("v1", "configmaps"), (api_version, resource)
+        items = [c for c in configmaps if c["metadata"].get("namespace") == namespace]
+        return {"apiVersion": "v1", "kind": "ConfigMapList", "metadata": {}, "items": items}
+
+    return listed
+
+
+def environment(typed, configmaps):
+    dyn, string = cel.Type.DYN, cel.Type.STRING
+    k8s = cel.CelExtension("k8s", [
+        cel.FunctionDecl("indexOf", [cel.Overload(
+            "list_indexOf", return_type=cel.Type.INT, parameters=[cel.Type.List(dyn), dyn],
+            is_member=True, impl=index_of)]),
+        cel.FunctionDecl("List", [cel.Overload(
+            "resource_list", return_type=dyn, parameters=[dyn, string, string, string],
+            is_member=True, impl=resource_list(configmaps))]),
+    ])
+    names = ["object", "oldObject", "params", "namespaceObject"]
+    types = ["Object", "Object", "Params", "NamespaceObject"]
+    variables = {n: (cel.Type(t) if typed else dyn) for n, t in zip(names, types)}
+    variables.update({n: dyn for n in ["request", "variables", "resource", "authorizer"]})
+    return cel.NewEnv(
+        descriptor_pool=TYPES.pool, variables=variables,
+        extensions=[ext_strings.ExtStrings(), k8s],
+    )
+
+
+class Policy:
+    """A policy's expressions, each type-checked when compiled and then evaluated."""
+
+    def __init__(self, configmaps):
+        self.typed = environment(True, configmaps)
+        self.dynamic = environment(False, configmaps)
+
+    def compile(self, expression, returns=None):
+        source = re.sub(
+            r"\b(Object(?:\.[A-Za-z]+)*)\s*\{", lambda m: m.group(1).replace(".", "_") + "{",
+            expression,
+        )
+        checked = self.typed.compile(source).return_type().name()
+        if returns and checked != returns:
+            raise ValueError(f"{expression!r} gives {checked}, not {returns}")
+        return self.dynamic.compile(source)
+
+    def evaluate(self, expression, activation, returns=None):
+        return plain(self.compile(expression, returns).eval(data=activation).plain_value())
+
+
+def plain(value):
+    """A CEL result as JSON: messages (JSONPatch, object initializers) by their JSON mapping, whole
+    numbers as integers, as Go's encoding/json writes a structpb number that is one."""
+    if hasattr(value, "DESCRIPTOR"):
+        value = json_format.MessageToDict(value, preserving_proto_field_name=True)
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# --- Matching
+
+
+def selected(selector, labels):
+    """A label selector (k8s.io/apimachinery pkg/apis/meta/v1 LabelSelectorAsSelector)."""
+    if selector is None:
+        return True
+    labels = labels or {}
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def matches(match, namespace, pod):
+    rules = match.get("resourceRules")
+    if rules is not None and not any(
+        "" in r["apiGroups"] and "v1" in r["apiVersions"] and "pods" in r["resources"]
+        and ("CREATE" in r["operations"] or "*" in r["operations"])
+        for r in rules
+    ):
+        return False
+    return selected(match.get("namespaceSelector"), namespace["metadata"].get("labels")) and \
+        selected(match.get("objectSelector"), pod["metadata"].get("labels"))
+
+
+def invocations(documents, namespace, pod, configmaps):
+    """The params each matching binding runs the policy with (`CollectParams`)."""
+    policy = next(d for d in documents if d["kind"] in ("MutatingAdmissionPolicy", "MutatingPolicy"))
+    if not matches(policy["spec"].get("matchConstraints") or {}, namespace, pod):
+        return policy, []
+    if policy["kind"] == "MutatingPolicy":
+        return policy, [None]
+    runs = []
+    for binding in documents:
+        if binding["kind"] != "MutatingAdmissionPolicyBinding" or not matches(
+            binding["spec"].get("matchResources") or {}, namespace, pod
+        ):
+            continue
+        ref = binding["spec"].get("paramRef")
+        if policy["spec"].get("paramKind") is None or ref is None:
+            runs.append(None)
+            continue
+        found = [c for c in configmaps if c["metadata"]["name"] == ref["name"]
+                 and c["metadata"].get("namespace") == ref.get("namespace", pod["metadata"].get("namespace"))]
+        if not found and ref["parameterNotFoundAction"] == "Deny":
+            raise ValueError("no params found for policy binding with `Deny` parameterNotFoundAction")
+        runs.extend(found)
+    return policy, runs
+
+
+# --- Apply configurations: structured-merge-diff over the schema
+
+
+def relationship(s):
+    """How structured-merge-diff treats a schema: ("list", atomic?, keys), ("map", atomic?) for a
+    map or a struct, ("scalar",)."""
+    s = deref(s)
+    if kind(s) == "array":
+        list_type = s.get("x-kubernetes-list-type", "atomic")
+        keys = s.get("x-kubernetes-list-map-keys") or []
+        return ("list", list_type == "atomic", keys)
+    if kind(s) == "object":
+        return ("map", s.get("x-kubernetes-map-type") == "atomic")
+    return ("scalar",)
+
+
+def field_schema(s, key):
+    s = deref(s)
+    if key in (s.get("properties") or {}):
+        return s["properties"][key]
+    extra = s.get("additionalProperties")
+    return extra if isinstance(extra, dict) else {}
+
+
+def atomics(s, value, path=""):
+    """`findAtomics`: every atomic list, map or struct the apply configuration sets."""
+    found = []
+    r = relationship(s)
+    if isinstance(value, dict) and r[0] == "map":
+        if r[1]:
+            found.append(path)
+        for key, v in value.items():
+            found += atomics(field_schema(s, key), v, f"{path}.{key}")
+    if isinstance(value, list) and r[0] == "list":
+        if r[1]:
+            found.append(path)
+        item = deref(s).get("items") or {}
+        for i, v in enumerate(value):
+            found += atomics(item, v, f"{path}[{i}]")
+    return found
+
+
+def merge(s, lhs, rhs):
+    """structured-merge-diff's typed Merge of rhs (the apply configuration) into lhs."""
+    if rhs is None:
+        return lhs
+    if lhs is None:
+        return rhs
+    r = relationship(s)
+    if r[0] == "map" and not r[1] and isinstance(lhs, dict) and isinstance(rhs, dict) and (lhs or rhs):
+        out = {k: merge(field_schema(s, k), v, rhs.get(k)) for k, v in lhs.items()}
+        out.update({k: v for k, v in rhs.items() if k not in lhs})
+        return out
+    if r[0] == "list" and not r[1] and (lhs or rhs):
+        return merge_list(deref(s).get("items") or {}, r[2], lhs, rhs)
+    return rhs
+
+
+def merge_list(item, keys, lhs, rhs):
+    """`visitListItems`: items matched by their keys (or by value in a set), in the order that
+    keeps the left's and the right's both where they can."""
+    key = (lambda v: tuple(json.dumps(v.get(k)) for k in keys)) if keys else json.dumps
+    lkeys, rkeys = [key(v) for v in lhs], [key(v) for v in rhs]
+    left, right = dict(zip(lkeys, lhs)), dict(zip(rkeys, rhs))
+    shared = [k for k in rkeys if k in left]
+    next_shared = shared.pop(0) if shared else None
+    out, done, li, ri = [], set(), 0, 0
+    while li < len(lkeys) or ri < len(rkeys):
+        if li < len(lkeys) and ri < len(rkeys):
+            k = lkeys[li]
+            if k == rkeys[ri]:
+                done.add(k)
+                out.append(merge(item, left[k], right[k]))
+                li, ri = li + 1, ri + 1
+                next_shared = shared.pop(0) if shared else None
+                continue
+            if k in right and next_shared is not None and next_shared != k:
+                li += 1
+                continue
+        if li < len(lkeys):
+            k = lkeys[li]
+            if k not in right:
+                out.append(lhs[li])
+                li += 1
+                continue
+            if k in done:
+                li += 1
+        if ri < len(rkeys):
+            k = rkeys[ri]
+            done.add(k)
+            out.append(merge(item, left.get(k), right[k]))
+            ri += 1
+            if next_shared is not None and next_shared == k:
+                next_shared = shared.pop(0) if shared else None
+    return out
+
+
+# --- The policy
+
+
+def admission(documents, namespace, pod, configmaps):
+    """The pod after the policy, and the error failurePolicy Ignore swallowed."""
+    policy, runs = invocations(documents, namespace, pod, configmaps)
+    cel_policy = Policy(configmaps)
+    spec = policy["spec"]
+    written = pod
+    for params in runs:
+        activation = {
+            "object": pod, "oldObject": None, "params": params, "namespaceObject": namespace,
+            "request": {"operation": "CREATE", "namespace": pod["metadata"].get("namespace")},
+            "resource": {},
+        }
+        try:
+            if not all(cel_policy.evaluate(c["expression"], activation, "BOOL")
+                       for c in spec.get("matchConditions") or []):
+                continue
+            variables = {}
+            for v in spec.get("variables") or []:
+                variables[v["name"]] = cel_policy.evaluate(
+                    v["expression"], {**activation, "variables": variables})
+            activation["variables"] = variables
+            for mutation in spec["mutations"]:
+                activation["object"] = pod = mutate(cel_policy, mutation, activation)
+        except Exception as e:  # noqa: BLE001 - any failure is the policy's, and Ignore swallows it
+            if spec.get("failurePolicy", "Fail") == "Ignore":
+                return written, str(e)
+            raise
+    return pod, None
+
+
+def mutate(cel_policy, mutation, activation):
+    pod = activation["object"]
+    if mutation["patchType"] == "JSONPatch":
+        ops = cel_policy.evaluate(mutation["jsonPatch"]["expression"], activation, "LIST<JSONPatch>")
+        try:
+            return jsonpatch.apply_patch(pod, ops)
+        except jsonpatch.JsonPatchTestFailed:
+            return pod
+    patch = cel_policy.evaluate(mutation["applyConfiguration"]["expression"], activation, "Object")
+    pod_schema = DEFS["io.k8s.api.core.v1.Pod"]
+    found = atomics(pod_schema, patch)
+    if found:
+        raise ValueError(
+            "invalid ApplyConfiguration: may not mutate atomic arrays, maps or structs: "
+            + ", ".join(found))
+    return merge(pod_schema, pod, patch)
+
+
+# --- Validating admission
+
+
+def containers(pod):
+    spec = pod["spec"]
+    return (spec.get("initContainers") or []) + spec["containers"]
+
+
+def invalid(pod):
+    """What the pod's own validation refuses that a policy could cause."""
+    why = []
+    spec = pod["spec"]
+    volumes = spec.get("volumes") or []
+    names = [v["name"] for v in volumes]
+    if len(set(names)) != len(names):
+        why.append(f"spec.volumes: Duplicate value: {names}")
+    for v in volumes:
+        sources = [k for k in v if k != "name"]
+        if len(sources) != 1:
+            why.append(f"spec.volumes[{v['name']}]: may not specify more than 1 volume type: {sources}")
+    cnames = [c["name"] for c in containers(pod)]
+    if len(set(cnames)) != len(cnames):
+        why.append(f"spec.containers: Duplicate value: {cnames}")
+    for c in containers(pod):
+        mounts = c.get("volumeMounts") or []
+        paths = [m["mountPath"] for m in mounts]
+        if len(set(paths)) != len(paths):
+            why.append(f"{c['name']}.volumeMounts: mountPath must be unique: {paths}")
+        why += [f"{c['name']}.volumeMounts[{m['name']}]: Not found" for m in mounts if m["name"] not in names]
+    return why
+
+
+def restricted(pod):
+    """Pod Security's restricted level (k8s.io/pod-security-admission policy), as far as a
+    container's security context and the pod's host namespaces go."""
+    why = []
+    spec = pod["spec"]
+    pod_sc = spec.get("securityContext") or {}
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(flag):
+            why.append(f"host namespaces ({flag}=true)")
+    for c in containers(pod) + (spec.get("ephemeralContainers") or []):
+        sc = c.get("securityContext") or {}
+        name = c["name"]
+        if sc.get("allowPrivilegeEscalation") is not False:
+            why.append(f"allowPrivilegeEscalation != false (container {name!r})")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or []):
+            why.append(f"unrestricted capabilities (container {name!r} must drop ALL)")
+        if any(a != "NET_BIND_SERVICE" for a in caps.get("add") or []):
+            why.append(f"unrestricted capabilities (container {name!r} adds {caps['add']})")
+        if not sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot", False)):
+            why.append(f"runAsNonRoot != true (container {name!r})")
+        if sc.get("runAsUser", pod_sc.get("runAsUser")) == 0:
+            why.append(f"runAsUser=0 (container {name!r})")
+        seccomp = (sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            why.append(f"seccompProfile (container {name!r} must set type RuntimeDefault or Localhost)")
+        if sc.get("privileged"):
+            why.append(f"privileged (container {name!r})")
+    allowed = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "image",
+               "persistentVolumeClaim", "projected", "secret"}
+    for v in spec.get("volumes") or []:
+        bad = [k for k in v if k != "name" and k not in allowed]
+        if bad:
+            why.append(f"restricted volume types (volume {v['name']!r} uses {bad})")
+    return why
+
+
+def over_quota(pod, quotas):
+    """ResourceQuota: each quota'd compute resource must be set on every container."""
+    why = []
+    for quota in quotas:
+        for resource in (quota["spec"].get("hard") or {}):
+            kind_, _, name = resource.rpartition(".")
+            if name not in ("cpu", "memory"):
+                continue
+            where = "limits" if kind_ == "limits" else "requests"
+            for c in containers(pod):
+                if name not in ((c.get("resources") or {}).get(where) or {}):
+                    why.append(f"must specify {where}.{name} for: {c['name']}")
+    return why
+
+
+def qos(pod):
+    """The pod's QoS class (pkg/apis/core/v1/helper/qos/qos.go, `GetPodQOS`): Guaranteed when
+    every container, init containers included, limits cpu and memory and requests no other
+    amount; BestEffort when none asks for either."""
+    guaranteed, any_set = True, False
+    for c in containers(pod):
+        r = c.get("resources") or {}
+        requests, limits = r.get("requests") or {}, r.get("limits") or {}
+        any_set |= any(k in requests or k in limits for k in ("cpu", "memory"))
+        for k in ("cpu", "memory"):
+            guaranteed &= k in limits and requests.get(k, limits[k]) == limits[k]
+    return "Guaranteed" if guaranteed else ("Burstable" if any_set else "BestEffort")
+
+
+def main():
+    policy_file, namespace_file, configmap_file = sys.argv[1:4]
+    configmaps = [] if configmap_file == "-" else list(yaml.safe_load_all(open(configmap_file)))
+    documents = [d for d in yaml.safe_load_all(open(policy_file)) if d]
+    in_namespace = [d for d in yaml.safe_load_all(open(namespace_file)) if d]
+    namespace = next(d for d in in_namespace if d["kind"] == "Namespace")
+    quotas = [d for d in in_namespace if d["kind"] == "ResourceQuota"]
+    enforce = (namespace["metadata"].get("labels") or {}).get("pod-security.kubernetes.io/enforce")
+    for pod_file in sys.argv[4:]:
+        pod = yaml.safe_load(open(pod_file))
+        pod["metadata"]["namespace"] = namespace["metadata"]["name"]
+        admitted, ignored = admission(documents, namespace, pod, configmaps)
+        refused = invalid(admitted) + over_quota(admitted, quotas)
+        if enforce == "restricted":
+            refused += restricted(admitted)
+        print(f"=== {pod_file}")
+        print(f"changed: {str(admitted != pod).lower()}")
+        print(f"qos: {qos(admitted)}")
+        if ignored:
+            print(f"ignored: {ignored}")
+        for why in refused:
+            print(f"refused: {why}")
+        print("---")
+        print(json.dumps(admitted, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
