@@ -6,8 +6,12 @@
 //! delay (`2s`, `10s`, `30s`, where the pod's grace period is 60 s), `http2` (h2load instead of
 //! hey), the app's preStop (`own`: none; `sleep<N>`, like `sleep5`; `hold`: `envoy-drain hold`;
 //! default `own`), the clients (`keep-alive`, `new-conn`: a connection per request; default
-//! `keep-alive`); several of one sort are all run. Without a sidecar there is no proxy container,
-//! so orderings and modes give one row. Run it with `bash examples/mesh.sh [ARG...]`, as root.
+//! `keep-alive`), without a sidecar the kubelet's readiness probe of pod A (`http-probes`,
+//! `tcp-probes`; default `http-probes`) and where it comes from (`gateway`: a bridge CNI's node,
+//! the pod's gateway; `node-ip`: Calico's or the AWS VPC CNI's, the node's own address, the
+//! gateway 169.254.1.1; default `gateway`); several of one sort are all run. Without a sidecar
+//! there is no proxy container, so orderings and modes give one row. Run it with
+//! `bash examples/mesh.sh [ARG...]`, as root.
 //!
 //! `demo` first: the demo (`bash examples/demo.sh`), the table's top rows (classic ordering,
 //! graceful app, 2 s) for Istio's default, EXIT_ON_ZERO and envoy-drain as the template sets it
@@ -30,9 +34,9 @@ mod support {
 
 use std::path::PathBuf;
 use std::time::Duration;
-use support::kubelet::Ordering;
+use support::kubelet::{Ordering, Probe};
 use support::mesh::{AppKind, Load, Mode, PreStop, Scenario};
-use support::pod::Mesh;
+use support::pod::{Gateway, Mesh};
 
 /// The propagation delays of the table: istiod's usual EDS push, and a slow one (large clusters,
 /// cloud load balancers) longer than any min-drain.
@@ -109,6 +113,7 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
     let (mut meshes, mut orderings, mut apps, mut modes) = (vec![], vec![], vec![], vec![]);
     let (mut propagations, mut pre_stops, mut clients) = (vec![], vec![], vec![]);
     let mut rates: Vec<f64> = vec![];
+    let (mut probes, mut gateways) = (vec![], vec![]);
     let mut http2 = false;
     for a in &args {
         match a.as_str() {
@@ -130,6 +135,10 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
             "hold" => pre_stops.push(PreStop::Hold),
             "keep-alive" => clients.push(true),
             "new-conn" => clients.push(false),
+            "http-probes" => probes.push(Probe::Http),
+            "tcp-probes" => probes.push(Probe::Tcp),
+            "gateway" => gateways.push(Gateway::Bridge),
+            "node-ip" => gateways.push(Gateway::LinkLocal),
             other => match (
                 other.strip_prefix("sleep").and_then(|n| n.parse::<u64>().ok()),
                 other.strip_suffix('s').and_then(|n| n.parse::<u64>().ok()),
@@ -142,7 +151,8 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
                     return Err(format!(
                         "unknown argument '{other}': expected sidecar, ambient, no-mesh, classic, \
                          native, graceful, nginx, flush, istio, exit-on-zero, envoy-drain, \
-                         requests, plain, <n>s, <rate>/s, http2, own, sleep<n>, hold, keep-alive or new-conn"
+                         requests, plain, <n>s, <rate>/s, http2, own, sleep<n>, hold, keep-alive, \
+                         new-conn, http-probes, tcp-probes, gateway or node-ip"
                     ));
                 }
             },
@@ -156,6 +166,8 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
     all(&mut pre_stops, &[PreStop::None]);
     all(&mut clients, &[true]);
     all(&mut rates, &[f64::from(support::mesh::RATE)]);
+    all(&mut probes, &[Probe::Http]);
+    all(&mut gateways, &[Gateway::Bridge]);
     let mut out = Vec::new();
     for &mesh in &meshes {
         // Without a sidecar, no proxy container: one ordering and one mode stand for all.
@@ -178,6 +190,8 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
                                     mesh,
                                     keep_alive,
                                     rate: rates[0],
+                                    probe: probes[0],
+                                    gateway: gateways[0],
                                 });
                             }
                         }
@@ -186,10 +200,18 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
             }
         }
     }
-    // Each row at each rate.
+    // Each row at each rate; without a sidecar, with each kind of probe from each place (ambient
+    // mode has one: istio-cni's address).
+    let out = out.into_iter().flat_map(|s| rates.iter().map(move |&rate| Scenario { rate, ..s }));
+    let out = out.flat_map(|s| {
+        let probes = if s.mesh == Mesh::Sidecar { &probes[..1] } else { &probes[..] };
+        probes.iter().map(move |&probe| Scenario { probe, ..s })
+    });
     Ok(out
-        .into_iter()
-        .flat_map(|s| rates.iter().map(move |&rate| Scenario { rate, ..s }))
+        .flat_map(|s| {
+            let gateways = if s.mesh == Mesh::None { &gateways[..] } else { &gateways[..1] };
+            gateways.iter().map(move |&gateway| Scenario { gateway, ..s })
+        })
         .collect())
 }
 

@@ -207,15 +207,16 @@ pub fn doors(rule: &crate::config::ArrivalRule) -> String {
         Some(ports) => format!("connections to ports {ports}"),
         None => "connections to every port that listens in the pod".to_string(),
     };
-    let probes = match &rule.probe_periods {
-        None => format!("; never from {} (the kubelet's probes)", from.join(", ")),
+    let from = from.join(", ");
+    let probes = match rule.probe_periods.as_deref() {
+        None => format!("; never from {from} (the kubelet's probes)"),
+        Some([]) => format!("; from {from} too (no readiness probe of the pod connects)"),
         Some(periods) => {
             let every: Vec<String> = periods.iter().map(|p| seconds(*p)).collect();
-            let every = if every.is_empty() { "none".to_string() } else { every.join(", ") };
             format!(
-                "; from {} (the kubelet's probes), and of those that left no socket, none of as \
-                 many as the pod's readiness probes make (every {every})",
-                from.join(", ")
+                "; not as many as the pod's readiness probes make (one every {}) from {from} \
+                 (the kubelet's probes) or that left no socket",
+                every.join(", ")
             )
         }
     };
@@ -224,7 +225,7 @@ pub fn doors(rule: &crate::config::ArrivalRule) -> String {
         (true, ", new or receiving bytes".to_string()),
         (!rule.new_only.is_empty(), format!(" (on {}, new only)", rule.new_only)),
         (rule.passive_opens, "; and those accepted that left no socket (PassiveOpens)".to_string()),
-        (!from.is_empty() || rule.probe_periods.is_some(), probes),
+        (!rule.probes.is_empty(), probes),
     ] {
         if when {
             said += &clause;

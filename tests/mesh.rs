@@ -5,15 +5,16 @@
 //! graceful app, under Istio's own shutdown and under envoy-drain as the injection template sets
 //! it up; an app that stops serving at SIGTERM runs behind `hold` at 10 s propagation, with a
 //! sidecar, in Istio's ambient mode and without a mesh (clients opening a connection per request,
-//! the kubelet's probes every second).
+//! the kubelet's tcpSocket probes every second, without a mesh from the node's own address on a
+//! Calico-like network).
 
 mod support;
 
 use std::path::Path;
 use std::time::Duration;
-use support::kubelet::Ordering;
+use support::kubelet::{Ordering, Probe};
 use support::mesh::{self, AppKind, LONG, Load, Mode, PreStop, RATE, Row, Scenario};
-use support::pod::Mesh;
+use support::pod::{Gateway, Mesh};
 
 /// A graceful app's pod deleted under load, with the proxy shutting down as `mode` says.
 fn deleted_under_load(ordering: Ordering, mode: Mode) -> Row {
@@ -27,6 +28,8 @@ fn deleted_under_load(ordering: Ordering, mode: Mode) -> Row {
         mesh: Mesh::Sidecar,
         keep_alive: true,
         rate: f64::from(RATE),
+        probe: Probe::Http,
+        gateway: Gateway::Bridge,
     })
 }
 
@@ -111,7 +114,8 @@ fn native_sidecar_with_istios_own_prestop_stops_the_proxy_as_the_app_exits() {
     assert!((0.0..1.0).contains(&after), "{}", shown(&row));
 }
 
-/// An nginx-style app behind `hold`, its pod deleted when the mesh learns of it 10 s late.
+/// An nginx-style app behind `hold`, its pod deleted when the mesh learns of it 10 s late; without
+/// a sidecar its readiness probe is a tcpSocket one, from the node's own address without a mesh.
 fn held(mesh: Mesh, keep_alive: bool) -> Row {
     run_scenario(Scenario {
         ordering: Ordering::Classic,
@@ -123,6 +127,8 @@ fn held(mesh: Mesh, keep_alive: bool) -> Row {
         mesh,
         keep_alive,
         rate: f64::from(RATE),
+        probe: Probe::Tcp,
+        gateway: Gateway::LinkLocal,
     })
 }
 

@@ -11,8 +11,10 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use support::http::{Conn, H2, Response, in_flight};
+use support::kubelet::{Probe, Probes};
 use support::pod::{
-    APP, APP_UID, CLIENT_IP, Capture, Mesh, OTHER_IP, Options, POD_IP, PROBE_IP, Pod, Stats,
+    APP, APP_UID, CLIENT_IP, Capture, Gateway, Mesh, OTHER_IP, Options, POD_IP, PROBE_IP, Pod,
+    Stats,
 };
 use support::{Finished, Running, spawn};
 
@@ -799,4 +801,108 @@ fn without_a_mesh_hold_sees_connections_that_left_no_socket_but_never_the_nodes_
             "{out}"
         );
     });
+}
+
+/// `hold` as examples/hold-policy.yaml writes it for a pod without a mesh whose readiness probes
+/// are a tcpSocket and an httpGet every second (tests/inject/policy.rs checks the policy writes
+/// that), without its log file.
+const POLICY_HOLD: [&str; 7] =
+    ["hold", "--preset", "none", "--deadline", "20s", "--probe-periods", "1s,1s"];
+
+/// A pod without a mesh on a Calico-like network (the AWS VPC CNI's too): its gateway is the
+/// link-local 169.254.1.1, and the kubelet probes it from the node's own address (10.90.0.3),
+/// which the downward API gives its containers as the policy asks.
+fn calico_like_pod() -> Pod {
+    let options = Options {
+        mesh: Mesh::None,
+        gateway: Gateway::LinkLocal,
+        node_ips: true,
+        ..Options::default()
+    };
+    Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options)
+}
+
+#[test]
+#[ignore = "needs root, iptables and setpriv: `bash scripts/test` runs it"]
+fn without_a_mesh_the_kubelets_probes_from_the_nodes_address_never_hold_a_quiet_pod() {
+    // An idle pod, its readiness probes every second from the node's address: a tcpSocket one
+    // (the kubelet closes first: nothing but PassiveOpens tells it) and an HTTP one. The hold
+    // the policy writes returns at its 5 s minimum, exit 0. The same pod with the hold as it was
+    // before (no probe periods, no node address; its gateway is not the node) is held to its
+    // deadline: exit 1.
+    let pod = calico_like_pod();
+    let probes =
+        Probes::start(pod.network(), OTHER_IP, APP.into(), &[Probe::Tcp, Probe::Http], SECOND);
+    let out = spawn(pod.hook_as(APP_UID, APP_UID, &POLICY_HOLD)).finish();
+    assert_eq!(out.code, Some(0), "{out}");
+    assert!(out.elapsed < 8 * SECOND, "held by the probes {out}");
+    assert!(out.last_line().contains(": no request arrived for "), "{out}");
+    assert!(
+        out.stderr
+            .contains("(one every 1.0s, 1.0s) from 169.254.1.1, 10.90.0.3 (the kubelet's probes)"),
+        "{out}"
+    );
+    let before = ["hold", "--preset", "none", "--deadline", "8s"];
+    let mut old = pod.hook_as(APP_UID, APP_UID, &before);
+    old.env_remove("ENVOY_DRAIN_NODE_IPS");
+    let held = spawn(old).finish();
+    assert!(probes.stop() > 20, "the probes went on");
+    assert_eq!(held.code, Some(1), "{held}");
+    assert!(held.elapsed >= 7 * SECOND, "{held}");
+}
+
+#[test]
+#[ignore = "needs root, iptables and setpriv: `bash scripts/test` runs it"]
+fn without_a_mesh_clients_among_the_probes_hold_it_until_they_stop() {
+    // The same pod and probes, and a client that opens a connection per request 10 times a
+    // second for 7 s and closes each before the answer (no socket of it stays in the pod): the
+    // probes' share of PassiveOpens cannot hide it; the hold returns within its quiet time and
+    // a read of the last request.
+    let pod = calico_like_pod();
+    let probes =
+        Probes::start(pod.network(), OTHER_IP, APP.into(), &[Probe::Tcp, Probe::Http], SECOND);
+    let hold = spawn(pod.hook_as(APP_UID, APP_UID, &POLICY_HOLD));
+    let last = pod.client(|| requests(CLIENT_IP, APP, SECOND / 10, 7 * SECOND, true));
+    let out = hold.finish();
+    assert!(probes.stop() > 10, "the probes went on");
+    assert_eq!(out.code, Some(0), "{out}");
+    let after = out.ended.saturating_duration_since(last);
+    assert!(out.ended > last + SECOND / 2 && after < 3 * SECOND, "{after:?} after the last {out}");
+}
+
+#[test]
+#[ignore = "needs root, iptables and setpriv: `bash scripts/test` runs it"]
+fn a_hold_that_only_kept_alive_clients_keep_up_ends_at_its_deadline_with_exit_0() {
+    // Without a mesh kube-proxy balances connections: a client that keeps its connection goes on
+    // sending to the pod after its endpoint is gone, until the app closes the connection at
+    // SIGTERM. A hold held to its deadline by such a client alone ends normally (exit 0, no
+    // FailedPreStopHook event); one that new connections still reach does not (exit 1).
+    let options = Options { mesh: Mesh::None, ..Options::default() };
+    let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
+    let args = ["hold", "--preset", "none", "--min", "1s", "--deadline", "6s"];
+    for new_connections in [false, true] {
+        let hold = spawn(pod.hook_as(APP_UID, APP_UID, &args));
+        pod.client(|| {
+            let client = support::pod::connect_from(CLIENT_IP, APP);
+            let mut kept = client.and_then(Conn::over).expect("a kept-alive connection");
+            for _ in 0..40 {
+                assert_eq!(kept.get("/local/0").expect("an answer").status, 200);
+                if new_connections {
+                    requests(CLIENT_IP, APP, Duration::ZERO, Duration::from_millis(1), false);
+                }
+                std::thread::sleep(SECOND / 5);
+            }
+        });
+        let out = hold.finish();
+        assert!(out.last_line().contains("deadline of 6s passed after 6."), "{out}");
+        if new_connections {
+            assert_eq!(out.code, Some(1), "{out}");
+        } else {
+            assert_eq!(out.code, Some(0), "{out}");
+            assert!(
+                out.last_line().contains("with requests arriving only on connections kept alive"),
+                "{out}"
+            );
+        }
+    }
 }

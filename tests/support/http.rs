@@ -35,7 +35,11 @@ pub struct Conn {
 
 impl Conn {
     pub fn open(addr: &str) -> io::Result<Conn> {
-        let stream = TcpStream::connect(addr)?;
+        Conn::over(TcpStream::connect(addr)?)
+    }
+
+    /// A connection made already (from an address of the caller's choice).
+    pub fn over(stream: TcpStream) -> io::Result<Conn> {
         stream.set_read_timeout(Some(READ_LIMIT))?;
         Ok(Conn { reader: BufReader::new(stream) })
     }

@@ -11,8 +11,10 @@
 //! At the end of the grace period whatever still runs is killed (SIGKILL), the hooks included.
 //! A pod without a sidecar (ambient mode, or no mesh) has only the app's container.
 
-use super::pod::{APP_UID, Mesh, Pod};
+use super::pod::{APP_UID, Mesh, Network, Pod};
 use super::running::{Finished, spawn};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering as Atomic};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -121,4 +123,101 @@ pub fn delete(
         let (app_exited, app_hook) = app_exited.join().expect("the app's container");
         Deletion { deleted, app_exited, proxy_stopped, hook, app_hook }
     })
+}
+
+/// A readiness probe as the kubelet sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// tcpSocket: connect, then close at once, the kubelet first (kubelet pkg/probe/tcp/tcp.go),
+    /// with SO_LINGER 1 s (pkg/probe/dialer_others.go): no socket of it stays in the pod.
+    Tcp,
+    /// httpGet: one GET with `Connection: close` (keep-alives off, pkg/probe/http/http.go), the
+    /// answer read to its end: the app closes first and its end waits in TIME_WAIT.
+    Http,
+}
+
+/// The kubelet's readiness probes of an app, from the node's network, until dropped.
+pub struct Probes {
+    stop: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<usize>>,
+}
+
+impl Probes {
+    /// Each of `kinds` from `from` to `target` every `period`, a new connection each.
+    pub fn start(
+        network: &Arc<Network>,
+        from: &'static str,
+        target: String,
+        kinds: &'static [Probe],
+        period: Duration,
+    ) -> Probes {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (network, stopped) = (Arc::clone(network), Arc::clone(&stop));
+        let thread = thread::spawn(move || {
+            network.client(|| {
+                let mut sent = 0;
+                // At most 10 minutes of probes, whatever happens to the test.
+                let rounds =
+                    (Duration::from_secs(600).as_millis() / period.as_millis().max(1)) as usize;
+                for _ in 0..rounds {
+                    if stopped.load(Atomic::SeqCst) {
+                        break;
+                    }
+                    let next = Instant::now() + period;
+                    for kind in kinds {
+                        sent += usize::from(probe(*kind, from, &target));
+                    }
+                    thread::sleep(next.saturating_duration_since(Instant::now()));
+                }
+                sent
+            })
+        });
+        Probes { stop, thread: Some(thread) }
+    }
+
+    /// Stops them; how many were answered.
+    pub fn stop(mut self) -> usize {
+        self.stop.store(true, Atomic::SeqCst);
+        self.thread.take().map_or(0, |t| t.join().expect("the probes"))
+    }
+}
+
+impl Drop for Probes {
+    fn drop(&mut self) {
+        self.stop.store(true, Atomic::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One probe; whether the app answered (a tcpSocket probe: whether it connected).
+fn probe(kind: Probe, from: &str, target: &str) -> bool {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    let Ok(mut c) = super::pod::connect_from(from, target) else {
+        return false;
+    };
+    let linger = libc::linger { l_onoff: 1, l_linger: 1 };
+    // SAFETY: a socket we own, and a linger value of the size given.
+    unsafe {
+        libc::setsockopt(
+            c.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw const linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+    match kind {
+        Probe::Tcp => true,
+        Probe::Http => {
+            let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
+            let request = b"GET /local/0?probe HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n";
+            let mut answer = Vec::new();
+            c.write_all(request).is_ok()
+                && c.read_to_end(&mut answer).is_ok()
+                && answer.starts_with(b"HTTP/1")
+        }
+    }
 }

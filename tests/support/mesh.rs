@@ -19,8 +19,8 @@
 
 use super::agent::SERVICE_CLUSTER;
 use super::http::Conn;
-use super::kubelet::{self, AppPreStop, Deletion, Ordering, ProxyPreStop};
-use super::pod::{self, Capture, Network, Options, Pod, Stats};
+use super::kubelet::{self, AppPreStop, Deletion, Ordering, Probe, Probes, ProxyPreStop};
+use super::pod::{self, Capture, Gateway, Network, Options, Pod, Stats};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -83,8 +83,10 @@ pub enum PreStop {
     None,
     /// `sleep N`, as Kubernetes' guides and ambient users' Kyverno policies add.
     Sleep(u64),
-    /// `envoy-drain hold` with the preset of the pod's mesh and the deadline the injection
-    /// template and examples/hold-policy.yaml give: 10 s of the grace period left to the app.
+    /// `envoy-drain hold` as the injection template (with a sidecar) and examples/hold-policy.yaml
+    /// (without one) write it for pod A: the preset of its mesh, 10 s of the grace period left to
+    /// the app; without a sidecar the period of its readiness probe (1 s), ztunnel's own ports
+    /// in ambient mode, and without a mesh the node's address in its environment (`Options`).
     Hold,
 }
 
@@ -94,13 +96,22 @@ impl PreStop {
             PreStop::None => AppPreStop::None,
             PreStop::Sleep(n) => AppPreStop::Sleep(Duration::from_secs(n)),
             PreStop::Hold => {
-                let preset = match mesh {
-                    pod::Mesh::Sidecar => "istio",
-                    pod::Mesh::Ambient => "ambient",
-                    pod::Mesh::None => "none",
-                };
                 let deadline = format!("--deadline={}s", grace.as_secs() - 10);
-                AppPreStop::Hook(["hold", "--preset", preset, &deadline].map(String::from).to_vec())
+                let probes = ["--probe-periods", "1s"];
+                let args: Vec<&str> = match mesh {
+                    pod::Mesh::Sidecar => vec!["hold", "--preset", "istio", &deadline],
+                    pod::Mesh::Ambient => {
+                        [&["hold", "--preset", "ambient", &deadline][..], &probes]
+                            .concat()
+                            .into_iter()
+                            .chain(["--ignore-ports", "15001,15053"])
+                            .collect()
+                    }
+                    pod::Mesh::None => {
+                        [&["hold", "--preset", "none", &deadline][..], &probes].concat()
+                    }
+                };
+                AppPreStop::Hook(args.into_iter().map(String::from).collect())
             }
         }
     }
@@ -208,9 +219,27 @@ pub struct Scenario {
     pub keep_alive: bool,
     /// Requests a second, all clients together (`RATE` unless a row says otherwise).
     pub rate: f64,
+    /// Without a sidecar, pod A's readiness probe, every second.
+    pub probe: Probe,
+    /// Without a sidecar, how the pods reach the node (the kubelet probes from the node's
+    /// address: the bridge's, or not the gateway).
+    pub gateway: Gateway,
 }
 
 impl Scenario {
+    /// The probes' column: their kind and where they come from.
+    fn probes(&self) -> &'static str {
+        match (self.mesh, self.probe, self.gateway) {
+            (pod::Mesh::Sidecar, ..) => "-",
+            (pod::Mesh::Ambient, Probe::Http, _) => "HTTP, from 169.254.7.127",
+            (pod::Mesh::Ambient, Probe::Tcp, _) => "tcpSocket, from 169.254.7.127",
+            (pod::Mesh::None, Probe::Http, Gateway::Bridge) => "HTTP, from the gateway",
+            (pod::Mesh::None, Probe::Tcp, Gateway::Bridge) => "tcpSocket, from the gateway",
+            (pod::Mesh::None, Probe::Http, Gateway::LinkLocal) => "HTTP, from the node's IP",
+            (pod::Mesh::None, Probe::Tcp, Gateway::LinkLocal) => "tcpSocket, from the node's IP",
+        }
+    }
+
     /// The pod's terminationGracePeriodSeconds: Kubernetes' default, or 60 s where the mesh is
     /// known to be slow (30 s propagation), as such users set it.
     pub fn grace(&self) -> Duration {
@@ -301,49 +330,6 @@ fn kube_proxy(hosts: &[&str]) -> String {
     rules + "COMMIT\n"
 }
 
-/// The kubelet's readiness probe of pod A's app: an HTTP GET every second from `from`, a new
-/// connection each (the kubelet's prober keeps none alive), until dropped.
-struct Probes {
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<thread::JoinHandle<()>>,
-}
-
-impl Probes {
-    fn start(network: &Arc<Network>, from: &'static str) -> Probes {
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (network, stopped) = (Arc::clone(network), Arc::clone(&stop));
-        let thread = thread::spawn(move || {
-            network.client(|| {
-                // At most 10 minutes of probes, whatever happens to the test.
-                for _ in 0..600 {
-                    if stopped.load(std::sync::atomic::Ordering::SeqCst) {
-                        return;
-                    }
-                    let next = Instant::now() + Duration::from_secs(1);
-                    if let Ok(mut c) = pod::connect_from(from, &format!("{A}:8080")) {
-                        use std::io::{Read, Write};
-                        let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
-                        let probe = b"GET /local/0?probe HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n";
-                        let _ = c.write_all(probe);
-                        let _ = c.read_to_end(&mut Vec::new());
-                    }
-                    thread::sleep(next.saturating_duration_since(Instant::now()));
-                }
-            });
-        });
-        Probes { stop, thread: Some(thread) }
-    }
-}
-
-impl Drop for Probes {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// The three pods on one network.
 pub struct Mesh {
     pub a: Pod,
@@ -356,13 +342,21 @@ pub struct Mesh {
 impl Mesh {
     /// Starts the mesh of `kind`, pod A's app and proxy set up by `app` and `stats`, and waits
     /// until the client's proxy has both endpoints.
-    pub fn start(envoy: &Path, hook: &Path, app: AppKind, stats: Stats, kind: pod::Mesh) -> Mesh {
+    pub fn start(
+        envoy: &Path,
+        hook: &Path,
+        (app, stats): (AppKind, Stats),
+        kind: pod::Mesh,
+        gateway: Gateway,
+    ) -> Mesh {
         let network = Network::new(false);
         let server = |on_sigterm, stats| Options {
             mesh: kind,
             capture: Capture::Redirect,
             stats,
             on_sigterm,
+            gateway,
+            node_ips: kind == pod::Mesh::None,
             ..Options::default()
         };
         let a = Pod::join(&network, A, envoy, hook, server(app.on_sigterm(), stats));
@@ -552,13 +546,20 @@ fn kinds_from_flags(log: &[Access]) -> Kinds {
 
 /// Runs one scenario in a mesh of its own, torn down after.
 pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
-    let mut mesh = Mesh::start(envoy, hook, s.app, s.mode.stats(), s.mesh);
+    let mut mesh = Mesh::start(envoy, hook, (s.app, s.mode.stats()), s.mesh, s.gateway);
+    let kinds: &'static [Probe] = match s.probe {
+        Probe::Tcp => &[Probe::Tcp],
+        Probe::Http => &[Probe::Http],
+    };
     let _probes = match s.mesh {
         pod::Mesh::Sidecar => None,
-        // istio-cni SNATs them on the node; a bridge CNI's node is the pod's gateway.
-        pod::Mesh::Ambient => Some(Probes::start(&mesh.network, pod::PROBE_IP)),
-        pod::Mesh::None => Some(Probes::start(&mesh.network, pod::OTHER_IP)),
-    };
+        // istio-cni SNATs them on the node; else they come from the node's address.
+        pod::Mesh::Ambient => Some(pod::PROBE_IP),
+        pod::Mesh::None => Some(pod::OTHER_IP),
+    }
+    .map(|from| {
+        Probes::start(&mesh.network, from, format!("{A}:8080"), kinds, Duration::from_secs(1))
+    });
     let started = Instant::now();
     let short_url = format!("{SERVICE}{SHORT}");
     // h2load cannot be stopped early and still report: its run covers the longest deletion.
@@ -769,8 +770,8 @@ impl Generator {
 /// The table, one row per scenario, in Markdown.
 pub fn table(rows: &[Row]) -> String {
     let mut t = String::from(
-        "| mesh | ordering | app | app preStop | proxy shutdown | propagation | load | clients | sent | failed | 5xx | reset | refused | timeout | long at A ok | deletion to pod gone | app exit to proxy stop | last request end to proxy stop | hold end after last arrival |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| mesh | ordering | app | app preStop | proxy shutdown | propagation | load | clients | sent | failed | 5xx | reset | refused | timeout | long at A ok | deletion to pod gone | app exit to proxy stop | last request end to proxy stop | hold end after last arrival | kubelet's probes |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let s = r.scenario;
@@ -792,7 +793,7 @@ pub fn table(rows: &[Row]) -> String {
         let clients = if s.keep_alive { "keep-alive" } else { "new connection" };
         let signed = |d: Option<f64>| d.map_or("-".to_string(), |d| format!("{d:+.1}s"));
         t.push_str(&format!(
-            "| {mesh} | {ordering} | {} | {} | {mode} | {}s | {load} | {clients} | {} | {} | {} | {} | {} | {} | {}/{} | {:.1}s | {} | {} | {} |\n",
+            "| {mesh} | {ordering} | {} | {} | {mode} | {}s | {load} | {clients} | {} | {} | {} | {} | {} | {} | {}/{} | {:.1}s | {} | {} | {} | {} |\n",
             s.app.name(),
             s.pre_stop.name(),
             s.propagation.as_secs(),
@@ -808,6 +809,7 @@ pub fn table(rows: &[Row]) -> String {
             signed(sidecar.then(|| r.app_exit_to_proxy_stop())),
             signed(r.last_request_to_proxy_stop().filter(|_| sidecar)),
             signed(r.hold_after_last_arrival()),
+            s.probes(),
         ));
     }
     t

@@ -42,6 +42,18 @@ pub const PROBE_IP: &str = "169.254.7.127";
 /// A client on the node's network that is not the node (whose address, the pod's gateway, a
 /// bridge CNI's probes come from).
 pub const CLIENT_IP: &str = "10.90.0.7";
+/// The gateway of a pod of Calico or the AWS VPC CNI: a link-local address the node answers for
+/// (proxy ARP), not the node's own, which the kubelet's probes come from.
+pub const LINK_LOCAL_GATEWAY: &str = "169.254.1.1";
+
+/// How the pod reaches the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gateway {
+    /// A bridge CNI's (flannel, kubenet): the node's bridge address, where probes come from.
+    Bridge,
+    /// Calico's and the AWS VPC CNI's: `LINK_LOCAL_GATEWAY`; probes come from `OTHER_IP`.
+    LinkLocal,
+}
 
 /// How the pod's inbound traffic reaches Envoy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +100,10 @@ pub struct Options {
     /// mode the sidecar's place holds the client's node ztunnel (tests/pod/client-hbone.yaml);
     /// without a mesh nothing does (`Pod::iptables` writes kube-proxy's part).
     pub client: bool,
+    pub gateway: Gateway,
+    /// The app's container has ENVOY_DRAIN_NODE_IPS from the downward API's status.hostIPs, as
+    /// examples/hold-policy.yaml adds it without a mesh: the node's address, `OTHER_IP`.
+    pub node_ips: bool,
 }
 
 impl Default for Options {
@@ -100,6 +116,8 @@ impl Default for Options {
             drain_time_s: 45,
             exporter: false,
             client: false,
+            gateway: Gateway::Bridge,
+            node_ips: false,
         }
     }
 }
@@ -188,6 +206,7 @@ impl Network {
         ip(&other, &["addr", "add", &format!("{OTHER_IP}/24"), "dev", "br0"]);
         ip(&other, &["addr", "add", &format!("{CLIENT_IP}/32"), "dev", "br0"]);
         ip(&other, &["addr", "add", &format!("{PROBE_IP}/32"), "dev", "br0"]);
+        ip(&other, &["addr", "add", &format!("{LINK_LOCAL_GATEWAY}/32"), "dev", "br0"]);
         ip(&other, &["link", "set", "br0", "up"]);
         let (service, database) =
             other.enter(|| (App::start("10.90.0.3:9080", false), Database::start()));
@@ -201,14 +220,20 @@ impl Network {
     }
 
     /// Joins `pod` to the bridge with address `addr`, its default route through the node.
-    fn attach(&self, pod: &Netns, addr: &str) {
+    fn attach(&self, pod: &Netns, addr: &str, gateway: Gateway) {
         let port = format!("veth{}", addr.rsplit('.').next().unwrap_or("0"));
         let node = self.other.path();
         ip(pod, &["link", "add", "eth0", "type", "veth", "peer", "name", &port, "netns", &node]);
         ip(&self.other, &["link", "set", &port, "master", "br0", "up"]);
         ip(pod, &["addr", "add", &format!("{addr}/24"), "dev", "eth0"]);
         ip(pod, &["link", "set", "eth0", "up"]);
-        ip(pod, &["route", "add", "default", "via", OTHER_IP]);
+        match gateway {
+            Gateway::Bridge => ip(pod, &["route", "add", "default", "via", OTHER_IP]),
+            Gateway::LinkLocal => {
+                ip(pod, &["route", "add", LINK_LOCAL_GATEWAY, "dev", "eth0", "scope", "link"]);
+                ip(pod, &["route", "add", "default", "via", LINK_LOCAL_GATEWAY, "dev", "eth0"]);
+            }
+        }
     }
 
     /// Runs `f` on the node, outside every pod.
@@ -415,7 +440,7 @@ impl Pod {
         set_mode(&dir, 0o755);
 
         let pod = Netns::new();
-        network.attach(&pod, addr);
+        network.attach(&pod, addr, options.gateway);
         // The client pod's node ztunnel, in ambient mode, is an Envoy in the sidecar's place.
         let proxy =
             options.mesh == Mesh::Sidecar || (options.client && options.mesh == Mesh::Ambient);
@@ -533,7 +558,7 @@ impl Pod {
     }
 
     /// The pod's network, where a client's node ztunnel runs (`Network::hbone_client`).
-    pub fn network(&self) -> &Network {
+    pub fn network(&self) -> &Arc<Network> {
         &self.network
     }
 
@@ -564,7 +589,11 @@ impl Pod {
             .args(args)
             .env_remove("ENVOY_DRAIN_DISABLED")
             .env_remove("MINIMUM_DRAIN_DURATION")
+            .env_remove("ENVOY_DRAIN_NODE_IPS")
             .stdin(Stdio::null());
+        if self.options.node_ips {
+            c.env("ENVOY_DRAIN_NODE_IPS", OTHER_IP);
+        }
         c
     }
 
