@@ -98,10 +98,11 @@ pub fn usage_error(message: &str) -> i32 {
 #[derive(FromArgs, Debug, PartialEq)]
 #[argh(note = "Exit codes:
   0    the count reached the threshold, or the app has exited; hold: no
-       request arrived for the quiet time (or a kill switch is set:
+       request arrived for the quiet time, or at the deadline only on
+       connections kept alive from before (or a kill switch is set:
        ENVOY_DRAIN_DISABLED, envoy-drain.io/disabled=true)
-  1    the deadline passed with connections still open; hold: with requests
-       still arriving, or arrivals unknown
+  1    the deadline passed with connections still open; hold: with new
+       connections still arriving, or arrivals unknown
   2    usage error: a flag has a bad value (never a --pod-annotation or an
        environment variable: a bad one is a warning)
   3    nothing could be counted at any point of the run
@@ -110,7 +111,9 @@ pub fn usage_error(message: &str) -> i32 {
 Environment:
   ENVOY_DRAIN_DISABLED    set and non-empty: `run` and `hold` log that and exit 0
   MINIMUM_DRAIN_DURATION  the min-drain when --min-drain is not given (Istio's variable,
-                          read as Go reads it: 5s, .5s, 1m30s)")]
+                          read as Go reads it: 5s, .5s, 1m30s)
+  ENVOY_DRAIN_NODE_IPS    hold: the node's addresses, comma-separated, for node in
+                          --probes-from (the admission policy sets it from status.hostIPs)")]
 pub struct Cli {
     /// print the version and exit
     #[argh(switch)]
