@@ -1176,4 +1176,35 @@ mod tests {
             proc.counting.warnings
         );
     }
+
+    #[test]
+    fn without_a_mesh_the_probes_come_from_the_nodes_addresses_in_the_environment() {
+        let hold = |probes_from: Option<&str>, env: Option<&str>| {
+            let a = HoldArgs {
+                preset: Some("none".into()),
+                probes_from: probes_from.map(String::from),
+                probe_periods: Some("10s,1s".into()),
+                ..HoldArgs::default()
+            };
+            let c =
+                hold_config(&a, &|k| (k == ENV_NODE_IPS).then(|| env.map(String::from))?).unwrap();
+            (c.counting.hold.unwrap(), c.counting.warnings)
+        };
+        let mapped = |ip: &str| mapped(ip.parse().unwrap());
+        let (rule, warnings) = hold(Some("node"), Some("10.0.0.7, fd00::7,node-1"));
+        assert_eq!(rule.probes, [mapped("10.0.0.7"), mapped("fd00::7")]);
+        assert_eq!(
+            warnings,
+            [
+                "ignoring \"node-1\" in ENVOY_DRAIN_NODE_IPS=\"10.0.0.7, fd00::7,node-1\": expected IP addresses, like 10.0.0.1"
+            ]
+        );
+        assert_eq!(rule.probe_periods, Some(vec![Duration::from_secs(10), Duration::from_secs(1)]));
+        // Named but unset: said; the default's `node` without it: nothing to say.
+        let (rule, warnings) = hold(Some("node,10.0.0.9"), None);
+        assert_eq!(rule.probes, [mapped("10.0.0.9")]);
+        assert!(warnings[0].starts_with("ENVOY_DRAIN_NODE_IPS is not set"), "{warnings:?}");
+        let (rule, warnings) = hold(None, Some("10.0.0.7"));
+        assert!(rule.probes.contains(&mapped("10.0.0.7")) && warnings.is_empty(), "{warnings:?}");
+    }
 }

@@ -811,28 +811,29 @@ const POLICY_HOLD: [&str; 7] =
 
 /// A pod without a mesh on a Calico-like network (the AWS VPC CNI's too): its gateway is the
 /// link-local 169.254.1.1, and the kubelet probes it from the node's own address (10.90.0.3),
-/// which the downward API gives its containers as the policy asks.
-fn calico_like_pod() -> Pod {
+/// which the downward API gives its containers as the policy asks; and its readiness probes
+/// every second from there, a tcpSocket one (the kubelet closes first: nothing but PassiveOpens
+/// tells it) and an HTTP one.
+fn calico_like_pod() -> (Pod, Probes) {
     let options = Options {
         mesh: Mesh::None,
         gateway: Gateway::LinkLocal,
         node_ips: true,
         ..Options::default()
     };
-    Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options)
+    let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
+    let probes =
+        Probes::start(pod.network(), OTHER_IP, APP.into(), &[Probe::Tcp, Probe::Http], SECOND);
+    (pod, probes)
 }
 
 #[test]
 #[ignore = "needs root, iptables and setpriv: `bash scripts/test` runs it"]
 fn without_a_mesh_the_kubelets_probes_from_the_nodes_address_never_hold_a_quiet_pod() {
-    // An idle pod, its readiness probes every second from the node's address: a tcpSocket one
-    // (the kubelet closes first: nothing but PassiveOpens tells it) and an HTTP one. The hold
-    // the policy writes returns at its 5 s minimum, exit 0. The same pod with the hold as it was
-    // before (no probe periods, no node address; its gateway is not the node) is held to its
-    // deadline: exit 1.
-    let pod = calico_like_pod();
-    let probes =
-        Probes::start(pod.network(), OTHER_IP, APP.into(), &[Probe::Tcp, Probe::Http], SECOND);
+    // An idle pod and its probes: the hold the policy writes returns at its 5 s minimum, exit 0.
+    // The same pod with the hold as it was before (no probe periods, no node address; its
+    // gateway is not the node) is held to its deadline: exit 1.
+    let (pod, probes) = calico_like_pod();
     let out = spawn(pod.hook_as(APP_UID, APP_UID, &POLICY_HOLD)).finish();
     assert_eq!(out.code, Some(0), "{out}");
     assert!(out.elapsed < 8 * SECOND, "held by the probes {out}");
@@ -858,9 +859,7 @@ fn without_a_mesh_clients_among_the_probes_hold_it_until_they_stop() {
     // second for 7 s and closes each before the answer (no socket of it stays in the pod): the
     // probes' share of PassiveOpens cannot hide it; the hold returns within its quiet time and
     // a read of the last request.
-    let pod = calico_like_pod();
-    let probes =
-        Probes::start(pod.network(), OTHER_IP, APP.into(), &[Probe::Tcp, Probe::Http], SECOND);
+    let (pod, probes) = calico_like_pod();
     let hold = spawn(pod.hook_as(APP_UID, APP_UID, &POLICY_HOLD));
     let last = pod.client(|| requests(CLIENT_IP, APP, SECOND / 10, 7 * SECOND, true));
     let out = hold.finish();

@@ -70,6 +70,8 @@ impl Script<'_> {
             arrivals: Arrivals::Requests(self.requests),
             // A recount that grows with the arrivals, as /clusters' beside the socket table's.
             recounted: self.requests.saturating_mul(u64::from(b >> 4)),
+            // New connections among the arrivals, where the source tells them.
+            opened: (b & 0x40 == 0).then_some(self.requests / 2),
             app: match b & 0x3 {
                 0 => None,
                 1 => Some(true),
@@ -135,6 +137,11 @@ fuzz_target!(|data: &[u8]| {
             let drain_done =
                 rules.min_drain.min(deadline.saturating_sub(rules.interval.min(LAST_COUNT)));
             assert!(now.get() >= drain_done, "app exit at {:?}", now.get());
+        }
+        Outcome::KeptAlive(since) => {
+            assert_eq!(rules.until, Until::Quiet, "kept alive on {last:?}");
+            assert!(now.get() >= deadline, "kept alive at {:?}", now.get());
+            assert!(since <= now.get(), "no new connection for {since:?} at {:?}", now.get());
         }
         _ => {}
     }
