@@ -557,6 +557,9 @@ pub fn hold_config(
     let names_node =
         a.probes_from.as_deref().is_some_and(|v| v.split(',').any(|i| i.trim() == "node"));
     let node = node_addresses(env, names_node, &mut counting.warnings);
+    if preset == "none" && a.probes_from.is_none() && node.is_empty() {
+        counting.warnings.extend(link_local_gateway());
+    }
     let mut probes = match (preset, &a.probes_from) {
         (_, Some(v)) => probe_sources(v, &node)?,
         ("none", None) => probe_sources("gateway,node", &node)?,
@@ -677,18 +680,34 @@ fn node_addresses(
     found
 }
 
-/// `--probe-periods`: comma-separated durations above zero, or `none`.
+/// Where the pod's gateway is link-local (Calico's and the AWS VPC CNI's 169.254.1.1) the
+/// kubelet's probes come from the node's own address, which only `ENV_NODE_IPS` tells.
+fn link_local_gateway() -> Option<String> {
+    let gateway = std::net::Ipv6Addr::from(default_gateway()?).to_ipv4_mapped()?;
+    gateway.is_link_local().then(|| {
+        format!(
+            "the pod's gateway is the link-local {gateway} (Calico, the AWS VPC CNI): the \
+             kubelet's probes come from the node's own address, which {ENV_NODE_IPS} (unset) \
+             would name; they count as arrivals"
+        )
+    })
+}
+
+/// `--probe-periods`: comma-separated whole seconds, as a probe's `periodSeconds` are (at least
+/// 1), or `none`.
 fn probe_periods(value: &str) -> Result<Vec<Duration>, UsageError> {
     if value.trim() == "none" {
         return Ok(Vec::new());
     }
-    let expected = "comma-separated durations above zero, like 10s,5s, or none";
+    let expected = "comma-separated whole seconds from 1s, like 10s,5s, or none";
     let bad = || UsageError::new("--probe-periods", value, expected);
-    let periods: Vec<Duration> = value
-        .split(',')
-        .map(|item| parse_duration("--probe-periods", item.trim()).map_err(|_| bad()))
-        .collect::<Result<_, _>>()?;
-    if periods.iter().any(Duration::is_zero) { Err(bad()) } else { Ok(periods) }
+    let period = |item: &str| {
+        let d = parse_duration("--probe-periods", item.trim()).map_err(|_| bad())?;
+        let whole = d >= Duration::from_secs(1) && d.subsec_nanos() == 0;
+        // humantime adds up "10s 1s": one period each.
+        if whole && !item.trim().contains(char::is_whitespace) { Ok(d) } else { Err(bad()) }
+    };
+    value.split(',').map(period).collect()
 }
 
 /// The pod's default gateway (IPv4, `/proc/net/route`), which a bridge CNI's node reaches the pod

@@ -56,8 +56,15 @@ const CASES: &[(&str, &str, &str, &str)] = &[
     ("hold", "--ports", "", "at least one port"),
     ("hold", "--ports", "http", "comma-separated ports"),
     ("hold", "--probes-from", "10.0.0.300", "comma-separated IP addresses, gateway or node"),
-    ("hold", "--probe-periods", "10", "comma-separated durations above zero, like 10s,5s, or none"),
-    ("hold", "--probe-periods", "10s,0s", "comma-separated durations above zero"),
+    (
+        "hold",
+        "--probe-periods",
+        "10",
+        "comma-separated whole seconds from 1s, like 10s,5s, or none",
+    ),
+    ("hold", "--probe-periods", "10s,0s", "comma-separated whole seconds from 1s"),
+    ("hold", "--probe-periods", "10s 1s", "comma-separated whole seconds from 1s"),
+    ("hold", "--probe-periods", "500ms", "comma-separated whole seconds from 1s"),
 ];
 
 #[test]

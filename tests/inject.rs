@@ -357,9 +357,12 @@ fn check(pod: &str, mesh: Mesh, variant: Variant) -> String {
     match variant {
         Variant::Install => {
             assert!(volume.contains("emptyDir"), "{volume}\n{merged}");
+            // Not at /envoy-drain, the image's own binary: a volume there would be a directory
+            // mounted over a file, which the runtime refuses.
             assert!(
                 install.contains(r#""image":"envoy-drain:0.1.0""#)
-                    && install.contains(r#""mountPath":"/envoy-drain""#),
+                    && install.contains(r#""args":["install","/envoy-drain-volume"]"#)
+                    && install.contains(r#""mountPath":"/envoy-drain-volume""#),
                 "the install init container fills the volume: {install}\n{merged}"
             );
         }

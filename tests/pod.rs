@@ -847,6 +847,7 @@ fn without_a_mesh_the_kubelets_probes_from_the_nodes_address_never_hold_a_quiet_
     let mut old = pod.hook_as(APP_UID, APP_UID, &before);
     old.env_remove("ENVOY_DRAIN_NODE_IPS");
     let held = spawn(old).finish();
+    assert!(held.stderr.contains("the pod's gateway is the link-local 169.254.1.1"), "{held}");
     assert!(probes.stop() > 20, "the probes went on");
     assert_eq!(held.code, Some(1), "{held}");
     assert!(held.elapsed >= 7 * SECOND, "{held}");

@@ -110,10 +110,18 @@ impl Tracker {
             if seen.accepted && !before.is_some_and(|b| b.accepted) {
                 self.accepted += 1;
             }
+            // A probe sends one request on a connection of its own (kubelet pkg/probe): more
+            // bytes after some make it a client's, which gives its share back.
+            let again = matches!((before.and_then(|b| b.received), seen.received),
+                (Some(was), Some(is)) if was > 0 && is > was);
+            let client = before.is_some_and(|b| b.probe) && again;
+            self.probed = self.probed.saturating_sub(u64::from(client));
             seen.probe = match before {
-                Some(b) => b.probe,
+                Some(b) => b.probe && !client,
                 None => {
-                    self.rule.probes.contains(&key.client.0) && (first || self.probe(since, true))
+                    self.rule.probes.contains(&key.client.0)
+                        && self.counts(key.server.1)
+                        && self.probe(since, true)
                 }
             };
             // At the first read, only those still open: their requests may be yet to count.
@@ -129,7 +137,7 @@ impl Tracker {
                 _ => false,
             };
             read.arrived += u64::from(before.is_none() || grew);
-            read.opened += u64::from(before.is_none());
+            read.opened += u64::from(before.is_none() || client);
             if seen.received.is_some() {
                 match read.open.iter_mut().find(|(port, _)| *port == key.server.1) {
                     Some((_, n)) => *n += 1,
@@ -159,7 +167,8 @@ impl Tracker {
     /// `--probe-periods`, every one seen from their addresses and none that left no socket.
     /// With them, as many as the probes may have made: a probe of period p makes at most
     /// since / p + 1 connections in `since` (the kubelet's prober ticks every period, kubelet
-    /// pkg/kubelet/prober/worker.go `run`), a tenth of a period more for the time it takes to start.
+    /// pkg/kubelet/prober/worker.go `run`), a tenth of a period more for the time it takes to
+    /// start.
     fn probe(&mut self, since: Duration, seen: bool) -> bool {
         let Some(periods) = &self.rule.probe_periods else {
             return seen;
@@ -169,6 +178,10 @@ impl Tracker {
             ((since.as_secs_f64() + p / 10.0) / p).floor() as u64 + 1
         };
         let allowed: u64 = periods.iter().map(made).fold(0, u64::saturating_add);
+        // A share not taken for long is gone: at most two a probe wait (a probe that came late,
+        // and the next), not every one of a probe that stopped or never ran.
+        let kept = allowed.saturating_sub(2 * periods.len() as u64);
+        self.probed = self.probed.max(kept);
         let free = self.probed < allowed;
         self.probed += u64::from(free);
         free
@@ -488,6 +501,58 @@ mod tests {
         );
         assert_eq!(arrived(&found), [0, 0, 1, 1], "the probe, then the client and its request");
         assert_eq!(found.iter().map(|r| r.opened).collect::<Vec<_>>(), [0, 0, 1, 0]);
+    }
+
+    #[test]
+    fn a_kept_alive_client_from_the_probes_address_is_no_probe_once_it_sends_again() {
+        // A NodePort client SNATed to the node's address, open at the first read and sending,
+        // taken for a probe at first sight (a probe's one request): its next request tells.
+        let node = "10.90.0.3";
+        let rule = Rule {
+            probes: vec![end(&format!("{node}:0")).0],
+            probe_periods: Some(vec![Duration::from_secs(10)]),
+            ..Rule::default()
+        };
+        let client = |bytes| {
+            [socket(&format!("{POD}:8080"), &format!("{node}:40000"), ESTABLISHED, Some(bytes))]
+        };
+        let (a, b, c) = (client(100), client(200), client(300));
+        let found = reads(rule, &[8080], &[(&a, None), (&b, None), (&c, None)]);
+        assert_eq!(arrived(&found), [0, 1, 1]);
+        assert_eq!(found[1].opened, 1, "a client's connection, new to the count");
+    }
+
+    #[test]
+    fn the_share_of_a_probe_that_never_comes_does_not_pile_up() {
+        // A 1 s readiness probe listed, but the kubelet sends none (its container exited, or the
+        // kubelet stopped probing); after 8 s a burst of 5 connections that left no socket: at
+        // most two are taken for that probe's.
+        let rule = Rule {
+            passive_opens: true,
+            probe_periods: Some(vec![Duration::from_secs(1)]),
+            ..Rule::default()
+        };
+        let mut each: Vec<(&[Socket], Option<u64>)> = vec![(&[][..], Some(10)); 16];
+        each.push((&[], Some(15)));
+        let found = reads(rule, &[8080], &each);
+        assert_eq!(found[16].arrived, 3, "{found:?}");
+    }
+
+    #[test]
+    fn a_connection_from_the_probes_address_to_an_ignored_port_takes_no_probes_share() {
+        // A host-network scrape of the ignored 9090 from the node, then the HTTP probe of 8080.
+        let node = "10.90.0.3";
+        let rule = Rule {
+            probes: vec![end(&format!("{node}:0")).0],
+            probe_periods: Some(vec![Duration::from_secs(10)]),
+            ignore: PortSet::parse("9090").unwrap(),
+            ..Rule::default()
+        };
+        let scrape = socket(&format!("{POD}:9090"), &format!("{node}:33000"), TIME_WAIT, None);
+        let probe = socket(&format!("{POD}:8080"), &format!("{node}:33001"), TIME_WAIT, None);
+        let found =
+            reads(rule, &[8080, 9090], &[(&[], None), (&[scrape], None), (&[scrape, probe], None)]);
+        assert_eq!(arrived(&found), [0, 0, 0]);
     }
 
     #[test]

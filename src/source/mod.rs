@@ -295,8 +295,9 @@ impl Sources {
         };
         self.table_tells = kernel.is_some();
         if let (Ok(count), Some(_)) = (&mut proc, kernel) {
-            (count.arrivals, count.recounted) = (arrivals, recounted);
-            count.opened = count.opened.filter(|_| !blocked);
+            // Behind a sidecar the clients are other sidecars, which pool their connections and
+            // choose this pod per request: a request on an old connection is a new choice.
+            (count.arrivals, count.recounted, count.opened) = (arrivals, recounted, None);
             if let Some(Err(why)) = &clusters {
                 count
                     .warnings

@@ -93,26 +93,29 @@ impl SocketTable {
     /// `hold`: the connections that count open now, by port, and what has arrived (`Tracker`),
     /// before `until`; unknown from the text tables (`NO_BYTES`).
     pub fn arrivals(&mut self, until: Instant) -> Result<Count, String> {
-        let (listening, open) = self.read_listening(until)?;
-        let mut sockets = listening.sockets;
-        read_open(open, until, (diag::ALL, true), &mut sockets)?;
         let mut warnings = Vec::new();
-        self.reader_warning(&mut warnings);
-        let (Some(tracker), Reader::Netlink, Ok(root)) =
-            (&mut self.tracker, &self.reader, &self.proc_root)
-        else {
-            warnings.push(format!("arrivals unknown: {NO_BYTES}"));
-            return Ok(Count::new(SourceKind::Proc, Unit::Connections, Vec::new(), warnings));
-        };
-        let snmp = root.join("net/snmp");
-        let passive = match tracker.rule.passive_opens.then(|| fs::read_to_string(&snmp)) {
-            Some(Ok(text)) => arrivals::passive_opens(&text),
-            Some(Err(e)) => {
+        // Read before the sockets (Tracker::read): a connection accepted in between is seen
+        // before it is counted, never counted before it is seen.
+        let snmp = self.proc_root.as_ref().ok().map(|root| root.join("net/snmp"));
+        let passive_opens = self.tracker.as_ref().is_some_and(|t| t.rule.passive_opens);
+        let passive = match snmp.filter(|_| passive_opens).map(|f| (fs::read_to_string(&f), f)) {
+            Some((Ok(text), _)) => arrivals::passive_opens(&text),
+            Some((Err(e), snmp)) => {
                 let failed = failed("read", snmp.display(), io_cause(&e));
                 warnings.push(format!("{failed}; connections that leave no socket are not seen"));
                 None
             }
             None => None,
+        };
+        let (listening, open) = self.read_listening(until)?;
+        let mut sockets = listening.sockets;
+        read_open(open, until, (diag::ALL, true), &mut sockets)?;
+        self.reader_warning(&mut warnings);
+        let (Some(tracker), Reader::Netlink, Ok(_)) =
+            (&mut self.tracker, &self.reader, &self.proc_root)
+        else {
+            warnings.push(format!("arrivals unknown: {NO_BYTES}"));
+            return Ok(Count::new(SourceKind::Proc, Unit::Connections, Vec::new(), warnings));
         };
         let read = tracker.read(self.made.elapsed(), &addresses(), &sockets, passive);
         if read.unseen > 0 {

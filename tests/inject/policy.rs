@@ -241,15 +241,16 @@ fn each_container_without_a_prestop_gets_the_hold_of_its_namespace_and_a_deadlin
 #[test]
 #[ignore = "needs kubectl, cel-expr-python and jsonpatch (`bash scripts/test-tools`): `bash scripts/test` runs it"]
 fn the_readiness_probes_the_kubelet_keeps_sending_and_the_ports_the_pod_names_reach_the_command() {
-    // Readiness probes of the containers and of the native sidecar (1 s, the default 10 s, 3 s);
-    // no liveness probe (the kubelet stops those before the preStop). The port named for
-    // metrics and the annotation's port are left out, after ztunnel's own in ambient mode.
+    // Readiness probes of the containers and of the native sidecar (1 s, the default 10 s, 3 s)
+    // and the sidecar's liveness probe (2 s); not the containers' liveness probes (the kubelet
+    // stops those before the preStop). The port named for metrics and the annotation's port are
+    // left out, after ztunnel's own in ambient mode.
     for (namespace, preset, ignore) in
         [("ambient", "ambient", "15001,15053,9091,9090"), ("no-mesh", "none", "9091,9090")]
     {
         let got = admit(Form::AdmissionPolicy, namespace, Some("image"), "probes");
         let f = fields(&got.pod, &[of("catalog", "lifecycle.preStop.exec.command")]);
-        assert_eq!(f[0], hold(preset, 20, "1s,10s,3s", Some(ignore)), "{namespace}");
+        assert_eq!(f[0], hold(preset, 20, "1s,10s,3s,2s", Some(ignore)), "{namespace}");
         // An annotation that is not a list of ports is left out, never passed to exit 2.
         let got = admit(Form::AdmissionPolicy, namespace, Some("image"), "bad-annotation");
         let f = fields(&got.pod, &[of("cart", "lifecycle.preStop.exec.command")]);
@@ -382,4 +383,22 @@ fn consuls_policy_gives_the_injected_dataplane_its_prestop_and_leaves_other_pods
     );
     assert_eq!(f, [command, String::new()]);
     assert!(!got[1].changed && got[1].ignored.is_none(), "{:?}", got[1]);
+}
+
+#[test]
+#[ignore = "needs kubectl, cel-expr-python and jsonpatch (`bash scripts/test-tools`): `bash scripts/test` runs it"]
+fn the_stand_in_refuses_the_cel_the_api_server_and_kyverno_refuse() {
+    // A list literal mixing a string and a value of the (dynamic) pod; Kyverno's resource
+    // library's Any-typed results iterated; namespaceObject in a Kyverno 1.17 variable.
+    let dir = "tests/inject/policy/policies";
+    for (policy, error) in [
+        ("mixed", "elements of more than one type in list literal"),
+        ("kyverno-any", "google.protobuf.Any as a comprehension's range"),
+        ("kyverno-namespace", "undeclared reference to 'namespaceObject"),
+    ] {
+        let got = admit_all(&format!("{dir}/{policy}.yaml"), "plain", None, &["web"]).remove(0);
+        assert!(!got.changed, "{policy}: {got:?}");
+        let said = got.ignored.unwrap_or_default();
+        assert!(said.contains(error), "{policy}: {said}");
+    }
 }

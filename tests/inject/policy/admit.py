@@ -45,7 +45,9 @@ import jsonpatch
 import yaml
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_strings
-from google.protobuf import descriptor_pb2, descriptor_pool, json_format, struct_pb2
+from google.protobuf import (
+    any_pb2, descriptor_pb2, descriptor_pool, json_format, message_factory, struct_pb2,
+)
 
 SCHEMA = "kubernetes_validate/kubernetes-json-schema/v1.36.0-local/_definitions.json"
 F = descriptor_pb2.FieldDescriptorProto
@@ -97,6 +99,7 @@ class Types:
             type_name=".google.protobuf.Value",
         )
         self.pool = descriptor_pool.DescriptorPool()
+        self.variables = {}
         struct = descriptor_pb2.FileDescriptorProto()
         struct_pb2.DESCRIPTOR.CopyToProto(struct)
         self.pool.Add(struct)
@@ -159,56 +162,308 @@ def index_of(items, item):
     return items.index(item) if item in items else -1
 
 
-def resource_list(configmaps):
-    """Kyverno's `resource.List(apiVersion, resource, namespace)`, over the ConfigMaps given."""
+def kyverno_resource(cluster):
+    """Kyverno's `resource.List(apiVersion, resource, namespace)` and `resource.Get(apiVersion,
+    resource, namespace, name)` (kyverno/sdk cel/libs/resource), over the objects given; Get
+    fails on a missing one as Kyverno's does."""
+
+    def of(api_version, resource):
+        assert api_version == "v1" and resource in cluster, (api_version, resource)
+        return cluster[resource]
 
     def listed(_context, api_version, resource, namespace):
-        assert (api_version, resource) == ("v1", "configmaps"), (api_version, resource)
-        items = [c for c in configmaps if c["metadata"].get("namespace") == namespace]
-        return {"apiVersion": "v1", "kind": "ConfigMapList", "metadata": {}, "items": items}
+        items = [o for o in of(api_version, resource)
+                 if o["metadata"].get("namespace", "") == namespace]
+        return {"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items}
 
-    return listed
+    def got(_context, api_version, resource, namespace, name):
+        for o in of(api_version, resource):
+            if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) == (namespace, name):
+                return o
+        raise ValueError(f"failed to get resource: {resource} \"{name}\" not found")
+
+    return listed, got
 
 
-def environment(typed, configmaps):
+def environment(typed, cluster, names, variables="DYN"):
+    """A CEL environment as the API server's or Kyverno's, declaring `names`: the pod, params and
+    namespace typed by the schema (`typed`) or dynamic as the API server has them, `variables`
+    as declared; and Kyverno's resource library over `cluster`."""
     dyn, string = cel.Type.DYN, cel.Type.STRING
+    listed, got = kyverno_resource(cluster)
     k8s = cel.CelExtension("k8s", [
         cel.FunctionDecl("indexOf", [cel.Overload(
             "list_indexOf", return_type=cel.Type.INT, parameters=[cel.Type.List(dyn), dyn],
             is_member=True, impl=index_of)]),
         cel.FunctionDecl("List", [cel.Overload(
             "resource_list", return_type=dyn, parameters=[dyn, string, string, string],
-            is_member=True, impl=resource_list(configmaps))]),
+            is_member=True, impl=listed)]),
+        cel.FunctionDecl("Get", [cel.Overload(
+            "resource_get", return_type=dyn, parameters=[dyn, string, string, string, string],
+            is_member=True, impl=got)]),
     ])
-    names = ["object", "oldObject", "params", "namespaceObject"]
-    types = ["Object", "Object", "Params", "NamespaceObject"]
-    variables = {n: (cel.Type(t) if typed else dyn) for n, t in zip(names, types)}
-    variables.update({n: dyn for n in ["request", "variables", "resource", "authorizer"]})
+    schema = {"object": "Object", "oldObject": "Object", "params": "Params",
+              "namespaceObject": "NamespaceObject"}
+    declared = {n: cel.Type(schema[n]) if typed and n in schema else dyn for n in names}
+    declared["variables"] = dyn if variables == "DYN" else cel.Type(variables)
     return cel.NewEnv(
-        descriptor_pool=TYPES.pool, variables=variables,
+        descriptor_pool=TYPES.pool, variables=declared,
         extensions=[ext_strings.ExtStrings(), k8s],
     )
+
+
+# The variables' types, as the API server declares each from its expression's (composition.go,
+# `AddField`): as proto fields, the way CEL reads them back.
+FIELDS = {
+    "STRING": (F.TYPE_STRING, F.LABEL_OPTIONAL), "INT": (F.TYPE_INT64, F.LABEL_OPTIONAL),
+    "BOOL": (F.TYPE_BOOL, F.LABEL_OPTIONAL), "DOUBLE": (F.TYPE_DOUBLE, F.LABEL_OPTIONAL),
+    "LIST<STRING>": (F.TYPE_STRING, F.LABEL_REPEATED), "LIST<INT>": (F.TYPE_INT64, F.LABEL_REPEATED),
+}
+
+
+def variables_type(declared):
+    """A message whose fields are the variables declared so far, each of its type (dynamic
+    where no proto field says it); its name."""
+    key = tuple(declared.items())
+    if key in TYPES.variables:
+        return TYPES.variables[key]
+    name = f"Variables{len(TYPES.variables)}"
+    f = descriptor_pb2.FileDescriptorProto(
+        name=f"{name}.proto", syntax="proto3", dependency=["google/protobuf/struct.proto"])
+    m = f.message_type.add(name=name)
+    for number, (variable, returns) in enumerate(declared.items(), start=1):
+        t, label = FIELDS.get(returns, (F.TYPE_MESSAGE, F.LABEL_OPTIONAL))
+        field = m.field.add(name=variable, number=number, type=t, label=label)
+        if t == F.TYPE_MESSAGE:
+            field.type_name = ".google.protobuf.Value"
+    TYPES.pool.Add(f)
+    TYPES.variables[key] = name
+    return name
+
+
+def checked_expressions():
+    """cel.expr.CheckedExpr (cel-spec proto/cel/expr/checked.proto, syntax.proto), as far as the
+    aggregate literal check reads it: the expression tree and each node's type."""
+    f = descriptor_pb2.FileDescriptorProto(name="cel_checked.proto", package="cel.expr", syntax="proto3")
+    f.message_type.add(name="Type")
+    expr = f.message_type.add(name="Expr")
+    E = ".cel.expr.Expr"
+
+    def add(m, name, number, type_name=None, repeated=False, kind=F.TYPE_MESSAGE):
+        field = m.field.add(name=name, number=number, type=kind,
+                            label=F.LABEL_REPEATED if repeated else F.LABEL_OPTIONAL)
+        if type_name:
+            field.type_name = type_name
+
+    add(expr, "id", 2, kind=F.TYPE_INT64)
+    select = expr.nested_type.add(name="Select")
+    add(select, "operand", 1, E)
+    call = expr.nested_type.add(name="Call")
+    add(call, "target", 1, E)
+    add(call, "function", 2, kind=F.TYPE_STRING)
+    add(call, "args", 3, E, repeated=True)
+    create_list = expr.nested_type.add(name="CreateList")
+    add(create_list, "elements", 1, E, repeated=True)
+    add(create_list, "optional_indices", 2, repeated=True, kind=F.TYPE_INT32)
+    create_struct = expr.nested_type.add(name="CreateStruct")
+    add(create_struct, "message_name", 1, kind=F.TYPE_STRING)
+    entry = create_struct.nested_type.add(name="Entry")
+    add(entry, "map_key", 3, E)
+    add(entry, "value", 4, E)
+    add(create_struct, "entries", 2, ".cel.expr.Expr.CreateStruct.Entry", repeated=True)
+    comprehension = expr.nested_type.add(name="Comprehension")
+    for name, number in [("iter_range", 2), ("accu_init", 4), ("loop_condition", 5),
+                         ("loop_step", 6), ("result", 7)]:
+        add(comprehension, name, number, E)
+    for name, number, kind in [("select_expr", 5, "Select"), ("call_expr", 6, "Call"),
+                               ("list_expr", 7, "CreateList"), ("struct_expr", 8, "CreateStruct"),
+                               ("comprehension_expr", 9, "Comprehension")]:
+        add(expr, name, number, f".cel.expr.Expr.{kind}")
+    checked = f.message_type.add(name="CheckedExpr")
+    entry = checked.nested_type.add(name="TypeMapEntry")
+    entry.options.map_entry = True
+    add(entry, "key", 1, kind=F.TYPE_INT64)
+    add(entry, "value", 2, ".cel.expr.Type")
+    add(checked, "type_map", 3, ".cel.expr.CheckedExpr.TypeMapEntry", repeated=True)
+    add(checked, "expr", 4, E)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(f)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("cel.expr.CheckedExpr"))
+
+
+CHECKED = checked_expressions()
+
+
+DYN = b"\n\x00"  # cel.expr.Type{dyn: {}}, as the checker writes it
+
+
+def go_types(checked):
+    """Each node's type as cel-go's checker gives it where it differs from the C++ one, which
+    binds a dynamic value to the type beside it: an index into something dynamic is dynamic,
+    and a conditional is of its branches' most general type (cel-go `checker/types.go`,
+    `mostGeneral`), so `c ? object.a["b"] : ""` is dyn, where the C++ checker says string."""
+    types = {k: v.SerializeToString() for k, v in checked.type_map.items()}
+
+    def of(e):
+        call = e.call_expr if e.HasField("call_expr") else None
+        if call and call.function == "_?_:_":
+            branches = {of(call.args[1]), of(call.args[2])}
+            return branches.pop() if len(branches) == 1 else DYN
+        if call and call.function == "_[_]" and of(call.args[0]) == DYN:
+            return DYN
+        return types.get(e.id)
+
+    return of
+
+
+def literals(compiled):
+    """The expression as checked, and a node's type as cel-go has it."""
+    wrapper = any_pb2.Any.FromString(compiled.serialize())
+    checked = CHECKED.FromString(wrapper.value)
+    return checked, go_types(checked)
+
+
+def mixed_literals(compiled):
+    """cel-go's homogeneous aggregate literal check, which the API server's environment turns on
+    (k8s.io/apiserver pkg/cel/environment/base.go, `HomogeneousAggregateLiterals`; cel-go
+    `cel/validator.go`): a list or map literal whose elements are not all of one type."""
+    checked, of = literals(compiled)
+    found = []
+
+    def walk(e):
+        if e.HasField("list_expr"):
+            if len({of(x) for x in e.list_expr.elements}) > 1:
+                found.append(f"list literal {e.id}")
+            for x in e.list_expr.elements:
+                walk(x)
+        if e.HasField("struct_expr"):
+            entries = e.struct_expr.entries
+            if not e.struct_expr.message_name:
+                for part in ("map_key", "value"):
+                    if len({of(getattr(x, part)) for x in entries}) > 1:
+                        found.append(f"map literal {e.id}")
+            for x in entries:
+                walk(x.map_key)
+                walk(x.value)
+        for child in ("select_expr", "call_expr", "comprehension_expr"):
+            if e.HasField(child):
+                part = getattr(e, child)
+                for name in ("operand", "target", "iter_range", "accu_init", "loop_condition",
+                             "loop_step", "result"):
+                    if name in part.DESCRIPTOR.fields_by_name and part.HasField(name):
+                        walk(getattr(part, name))
+                for x in getattr(part, "args", []):
+                    walk(x)
+
+    walk(checked.expr)
+    return found
+
+
+def kyverno_any(compiled):
+    """What cel-go refuses of Kyverno's resource library, whose List and Get give
+    `map(string, google.protobuf.Any)` (kyverno/sdk cel/libs/resource/lib.go): a field of the
+    result is an Any, which can be neither selected from nor iterated (cel-go
+    `checker/checker.go`, comprehension ranges) unless made `dyn()` first."""
+    checked, _ = literals(compiled)
+    found = []
+
+    def kind(e):
+        call = e.call_expr if e.HasField("call_expr") else None
+        if call and call.function in ("List", "Get") and call.HasField("target"):
+            return "map"
+        operand = None
+        if e.HasField("select_expr"):
+            operand = e.select_expr.operand
+        elif call and call.function == "_[_]":
+            operand = call.args[0]
+        if operand is not None:
+            inner = kind(operand)
+            if inner == "any":
+                found.append(f"a field of google.protobuf.Any at {e.id}")
+            return "any" if inner == "map" else None
+        return None
+
+    def walk(e):
+        kind(e)
+        if e.HasField("comprehension_expr") and kind(e.comprehension_expr.iter_range) == "any":
+            found.append(f"google.protobuf.Any as a comprehension's range at {e.id}")
+        for child in ("select_expr", "call_expr", "comprehension_expr", "list_expr", "struct_expr"):
+            if not e.HasField(child):
+                continue
+            part = getattr(e, child)
+            for name in ("operand", "target", "iter_range", "accu_init", "loop_condition",
+                         "loop_step", "result"):
+                if name in part.DESCRIPTOR.fields_by_name and part.HasField(name):
+                    walk(getattr(part, name))
+            for x in list(getattr(part, "args", [])) + list(getattr(part, "elements", [])):
+                walk(x)
+            for x in getattr(part, "entries", []):
+                walk(x.value)
+
+    walk(checked.expr)
+    return sorted(set(found))
+
+
+# What each kind of policy's expressions see (k8s.io/apiserver pkg/admission/plugin/cel
+# compile.go; Kyverno pkg/cel/policies/mpol/compiler, whose 1.17 gives variables neither the
+# namespace nor the request).
+SEEN = {
+    ("MutatingAdmissionPolicy", "variable"): ["object", "oldObject", "params", "namespaceObject",
+                                              "request", "authorizer"],
+    ("MutatingPolicy", "variable"): ["object", "oldObject", "resource"],
+    ("MutatingPolicy", "other"): ["object", "oldObject", "namespaceObject", "request",
+                                  "resource"],
+}
 
 
 class Policy:
     """A policy's expressions, each type-checked when compiled and then evaluated."""
 
-    def __init__(self, configmaps):
-        self.typed = environment(True, configmaps)
-        self.dynamic = environment(False, configmaps)
+    def __init__(self, kind, cluster):
+        self.kind, self.cluster = kind, cluster
+        # The variables so far and their types, as the API server checks them.
+        self.declared = {}
+        self.environments = {}
 
-    def compile(self, expression, returns=None):
+    def environment(self, typed, scope, variables="DYN"):
+        names = SEEN.get((self.kind, scope)) or SEEN[(self.kind, "variable")]
+        key = (typed, scope, variables)
+        if key not in self.environments:
+            self.environments[key] = environment(typed, self.cluster, names, variables)
+        return self.environments[key]
+
+    def compile(self, expression, scope, returns=None):
+        """Type-checked with the pod typed (a misspelt field fails), then as the API server has
+        it (the pod dynamic, each variable of its type) with its aggregate literal check; the
+        program evaluates with the variables as data."""
         source = re.sub(
             r"\b(Object(?:\.[A-Za-z]+)*)\s*\{", lambda m: m.group(1).replace(".", "_") + "{",
             expression,
         )
-        checked = self.typed.compile(source).return_type().name()
+        checked = self.environment(True, scope).compile(source).return_type().name()
         if returns and checked != returns:
             raise ValueError(f"{expression!r} gives {checked}, not {returns}")
-        return self.dynamic.compile(source)
+        declared = variables_type(self.declared) if self.declared else "DYN"
+        server = self.environment(False, scope, declared).compile(source)
+        mixed = mixed_literals(server)
+        if mixed:
+            raise ValueError(f"{expression!r}: elements of more than one type in {', '.join(mixed)}")
+        misused = kyverno_any(server)
+        if misused:
+            raise ValueError(f"{expression!r}: {', '.join(misused)}")
+        checked, of = literals(server)
+        returns = "DYN" if of(checked.expr) == DYN else server.return_type().name()
+        return self.environment(False, scope).compile(source), returns
 
     def evaluate(self, expression, activation, returns=None):
-        return plain(self.compile(expression, returns).eval(data=activation).plain_value())
+        program, _ = self.compile(expression, "other", returns)
+        return plain(program.eval(data=activation).plain_value())
+
+    def variable(self, name, expression, activation):
+        """A variable's value; from then on it is declared of its type."""
+        program, returns = self.compile(expression, "variable")
+        self.declared[name] = returns
+        return plain(program.eval(data=activation).plain_value())
 
 
 def plain(value):
@@ -389,7 +644,7 @@ def merge_list(item, keys, lhs, rhs):
 def admission(documents, namespace, pod, configmaps):
     """The pod after the policy, and the error failurePolicy Ignore swallowed."""
     policy, runs = invocations(documents, namespace, pod, configmaps)
-    cel_policy = Policy(configmaps)
+    cel_policy = Policy(policy["kind"], {"configmaps": configmaps, "namespaces": [namespace]})
     spec = policy["spec"]
     written = pod
     for params in runs:
@@ -399,13 +654,14 @@ def admission(documents, namespace, pod, configmaps):
             "resource": {},
         }
         try:
+            # Match conditions see the request and the objects, not variables.
             if not all(cel_policy.evaluate(c["expression"], activation, "BOOL")
                        for c in spec.get("matchConditions") or []):
                 continue
             variables = {}
             for v in spec.get("variables") or []:
-                variables[v["name"]] = cel_policy.evaluate(
-                    v["expression"], {**activation, "variables": variables})
+                variables[v["name"]] = cel_policy.variable(
+                    v["name"], v["expression"], {**activation, "variables": variables})
             activation["variables"] = variables
             for mutation in spec["mutations"]:
                 activation["object"] = pod = mutate(cel_policy, mutation, activation)
