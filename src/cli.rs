@@ -264,10 +264,11 @@ pub struct HoldArgs {
     #[argh(option)]
     pub probes_from: Option<String>,
 
-    /// comma-separated periods of the pod's readiness probes that connect (tcpSocket, httpGet,
-    /// grpc), e.g. 10s,1s, or none: only as many connections from --probes-from, and of those
-    /// that left no socket, as they make are theirs (default: every one from --probes-from,
-    /// none that left no socket)
+    /// comma-separated periods of the probes the kubelet sends while the pod terminates and
+    /// that connect (tcpSocket, httpGet, grpc: its readiness probes, its sidecars' liveness
+    /// probes), e.g. 10s,1s, or none: only as many connections from --probes-from, and of those
+    /// that left no socket, as they make are theirs (default: every one from --probes-from, none
+    /// that left no socket)
     #[argh(option)]
     pub probe_periods: Option<String>,
 

@@ -26,7 +26,8 @@ struct Seen {
     accepted: bool,
     /// The client that made it is in the pod.
     inside: bool,
-    /// Taken for one of the kubelet's probes when first seen: its bytes never count.
+    /// Taken for one of the kubelet's probes when first seen: its bytes count only once it
+    /// receives a second request (a probe sends one).
     probe: bool,
 }
 
