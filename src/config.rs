@@ -84,8 +84,11 @@ pub struct ArrivalRule {
     /// `None`: every one from `probes`, none that left no socket.
     pub probe_periods: Option<Vec<Duration>>,
     /// Also count the connections the namespace accepted that left no socket to see (a client
-    /// that closed first, outside the pod), from its `PassiveOpens`.
+    /// that closed first, outside the pod, or a reset), from its `PassiveOpens`.
     pub passive_opens: bool,
+    /// The ports of the pod's listeners that its calls out are captured to (ambient mode's
+    /// ztunnel): each call out is one of their accepts, and none is an arrival.
+    pub outbound: PortSet,
     /// A sidecar's: connections whose client is in the pod never count (the proxy's own hop to
     /// the app, the app's calls to the pod's other containers): a client's own connection to the
     /// proxy shows each of its requests.
@@ -575,8 +578,10 @@ pub fn hold_config(
             .unwrap_or_default(),
         probes,
         probe_periods: a.probe_periods.as_deref().map(probe_periods).transpose()?,
-        passive_opens: preset == "none",
-        outside_only: !kernel,
+        passive_opens: kernel,
+        outbound: PortSet::parse(if preset == "ambient" { AMBIENT_OWN } else { "" })
+            .unwrap_or_default(),
+        outside_only: preset != "ambient",
     });
     counting.filter.ignore = ignore;
     counting.mode = if kernel { Mode::Proc } else { Mode::Stats };
@@ -626,7 +631,7 @@ fn probe_sources(value: &str, node: &[[u8; 16]]) -> Result<Vec<[u8; 16]>, UsageE
     let mut found = Vec::new();
     for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         match item {
-            "gateway" => found.extend(default_gateway()),
+            "gateway" => found.extend(default_gateways()),
             "node" => found.extend_from_slice(node),
             _ => match item.parse::<IpAddr>() {
                 Ok(ip) => found.push(mapped(ip)),
@@ -683,7 +688,9 @@ fn node_addresses(
 /// Where the pod's gateway is link-local (Calico's and the AWS VPC CNI's 169.254.1.1) the
 /// kubelet's probes come from the node's own address, which only `ENV_NODE_IPS` tells.
 fn link_local_gateway() -> Option<String> {
-    let gateway = std::net::Ipv6Addr::from(default_gateway()?).to_ipv4_mapped()?;
+    let gateway = default_gateways()
+        .into_iter()
+        .find_map(|g| std::net::Ipv6Addr::from(g).to_ipv4_mapped())?;
     gateway.is_link_local().then(|| {
         format!(
             "the pod's gateway is the link-local {gateway} (Calico, the AWS VPC CNI): the \
@@ -710,17 +717,34 @@ fn probe_periods(value: &str) -> Result<Vec<Duration>, UsageError> {
     value.split(',').map(period).collect()
 }
 
-/// The pod's default gateway (IPv4, `/proc/net/route`), which a bridge CNI's node reaches the pod
-/// from: where the kubelet's probes come from.
-fn default_gateway() -> Option<[u8; 16]> {
-    let routes = std::fs::read_to_string("/proc/net/route").ok()?;
-    routes.lines().skip(1).find_map(|line| {
+/// The pod's default gateways, which a bridge CNI's node reaches the pod from: where the
+/// kubelet's probes come from. IPv4's from `/proc/net/route`, IPv6's from `/proc/net/ipv6_route`
+/// (an IPv6-only or IPv6-primary pod has only the latter).
+fn default_gateways() -> Vec<[u8; 16]> {
+    let read = |path| std::fs::read_to_string(path).unwrap_or_default();
+    gateways(&read("/proc/net/route"), &read("/proc/net/ipv6_route"))
+}
+
+/// The default routes' gateways in the two tables' text: IPv4's `Iface Destination Gateway ...`
+/// (hex, in the host's byte order), IPv6's `dest plen src plen next_hop ...` (hex, network order).
+fn gateways(route: &str, ipv6_route: &str) -> Vec<[u8; 16]> {
+    let v4 = route.lines().skip(1).filter_map(|line| {
         let fields: Vec<&str> = line.split_ascii_whitespace().collect();
         let (destination, gateway) = (fields.get(1)?, fields.get(2)?);
         let gateway = u32::from_str_radix(gateway, 16).ok().filter(|g| *g != 0)?;
         let ip = Ipv4Addr::from(gateway.to_ne_bytes());
         (*destination == "00000000").then(|| ip.to_ipv6_mapped().octets())
-    })
+    });
+    let v6 = ipv6_route.lines().filter_map(|line| {
+        let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+        let (destination, length, hop) = (fields.first()?, fields.get(1)?, fields.get(4)?);
+        let hop = u128::from_str_radix(hop, 16).ok().filter(|h| *h != 0)?;
+        let default = destination.bytes().all(|b| b == b'0') && *length == "00";
+        default.then(|| hop.to_be_bytes())
+    });
+    let mut found: Vec<[u8; 16]> = v4.chain(v6).collect();
+    found.dedup();
+    found
 }
 
 /// What a pod's annotations set, each value checked.
@@ -1197,6 +1221,18 @@ mod tests {
     }
 
     #[test]
+    fn without_a_sidecar_connections_that_left_no_socket_count_and_ambient_knows_its_capture() {
+        let rule = |preset: &str| {
+            let a = HoldArgs { preset: Some(preset.into()), ..HoldArgs::default() };
+            hold_config(&a, &|_| None).unwrap().counting.hold.unwrap()
+        };
+        let (ambient, none, istio) = (rule("ambient"), rule("none"), rule("istio"));
+        assert!(ambient.passive_opens && none.passive_opens && !istio.passive_opens);
+        assert!(ambient.outbound.contains(15001) && ambient.outbound.contains(15053));
+        assert!(none.outbound.is_empty() && istio.outbound.is_empty());
+    }
+
+    #[test]
     fn without_a_mesh_the_probes_come_from_the_nodes_addresses_in_the_environment() {
         let hold = |probes_from: Option<&str>, env: Option<&str>| {
             let a = HoldArgs {
@@ -1225,5 +1261,25 @@ mod tests {
         assert!(warnings[0].starts_with("ENVOY_DRAIN_NODE_IPS is not set"), "{warnings:?}");
         let (rule, warnings) = hold(None, Some("10.0.0.7"));
         assert!(rule.probes.contains(&mapped("10.0.0.7")) && warnings.is_empty(), "{warnings:?}");
+    }
+
+    #[test]
+    fn the_default_gateways_are_read_from_both_route_tables() {
+        // As the kernel writes them: 10.90.0.3 via eth0 (host byte order, little-endian here),
+        // and fd98::1 for ::/0.
+        let route = "Iface\tDestination\tGateway\tFlags\n\
+                     eth0\t00000000\t03005A0A\t0003\n\
+                     eth0\t00005A0A\t00000000\t0001\n";
+        let ipv6_route = "fd980000000000000000000000000000 40 00000000000000000000000000000000 00 \
+                          00000000000000000000000000000000 00000100 00000001 00000000 00000001 eth0\n\
+                          00000000000000000000000000000000 00 00000000000000000000000000000000 00 \
+                          fd980000000000000000000000000001 00000400 00000001 00000000 00000003 eth0\n";
+        let found: Vec<IpAddr> = gateways(route, ipv6_route)
+            .into_iter()
+            .map(|g| std::net::Ipv6Addr::from(g).to_canonical())
+            .collect();
+        assert_eq!(found, ["10.90.0.3".parse::<IpAddr>().unwrap(), "fd98::1".parse().unwrap()]);
+        // An IPv6-only pod.
+        assert_eq!(gateways("", ipv6_route).len(), 1);
     }
 }

@@ -57,6 +57,29 @@ pub struct Count {
     /// Of the arrivals, new connections so far, where the source tells them from requests on
     /// connections open before (the socket table).
     pub opened: Option<u64>,
+    /// What `hold` reads from the socket table cannot see (`Blind`).
+    pub blind: Blind,
+    /// At the first read, what the kernel remembers of arrivals before it.
+    pub before: Option<Before>,
+}
+
+/// What arrives that `hold` cannot see, from the socket table: datagrams to the UDP ports the
+/// pod serves (the kernel counts none per socket), and where listeners of the pod that take
+/// clients from outside do not count (`hiding`), connections to the ports that do which leave
+/// no socket (their clients close them between two reads) unless they are reset.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Blind {
+    pub udp: Vec<u16>,
+    pub hiding: Vec<u16>,
+}
+
+/// The arrivals before `hold`'s first read that the kernel remembers (connections closed since
+/// less than 60 s ago wait in TIME_WAIT): how long ago the newest came, and the longest pause
+/// between two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Before {
+    pub newest: std::time::Duration,
+    pub pause: std::time::Duration,
 }
 
 /// Whether a request has arrived since an earlier count: the pod is then still in use.
@@ -113,6 +136,8 @@ impl Count {
             arrivals: Arrivals::Unknown,
             recounted: 0,
             opened: None,
+            blind: Blind::default(),
+            before: None,
         }
     }
 }

@@ -162,6 +162,7 @@ impl Looks for Hook<'_> {
             arrivals: count.map(|c| c.arrivals).unwrap_or_default(),
             recounted: count.map_or(0, |c| c.recounted),
             opened: count.and_then(|c| c.opened),
+            before: count.and_then(|c| c.before),
             app: pod.as_ref().ok().map(|p| !p.is_empty()),
             cost,
         };

@@ -1,7 +1,7 @@
 //! Every sentence of a run and of `status` shown to a person: the rest of the code hands data here.
 
 use crate::config::{Mode, Rules, RunConfig, Until};
-use crate::count::{Arrivals, Basis, Count, NON_HTTP, SourceKind, Unit};
+use crate::count::{Arrivals, Basis, Blind, Count, NON_HTTP, SourceKind, Unit};
 use crate::drain::Request;
 use crate::log::Level;
 use crate::outcome::{Outcome, Progress};
@@ -397,6 +397,23 @@ fn held(p: &Progress, rules: &Rules, elapsed: Duration) -> String {
     }
 }
 
+/// What a hold could not see arrive, for its summary (`Blind`).
+fn unseen(blind: &Blind) -> String {
+    let list = |ports: &[u16]| ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
+    let mut parts = Vec::new();
+    if !blind.udp.is_empty() {
+        parts.push(format!("UDP to port {} is not seen", list(&blind.udp)));
+    }
+    if !blind.hiding.is_empty() {
+        parts.push(format!(
+            "a connection its client closes between two reads is not seen unless reset, as port \
+             {} listens without counting",
+            list(&blind.hiding)
+        ));
+    }
+    parts.join("; ")
+}
+
 /// The final line: how the wait ended and when, what was counted, what is still open where that
 /// matters, whether the count is stale, and how many earlier lines could not be written.
 pub fn summary(
@@ -437,8 +454,13 @@ pub fn summary(
     };
     line += &match outcome {
         Outcome::Reached if hold => {
-            let quiet = p.pace.map_or(rules.settle, |pace| pace.quiet);
-            format!(": no request arrived for {}, {counted}{after}", seconds(quiet))
+            let quiet = seconds(p.pace.map_or(rules.settle, |pace| pace.quiet));
+            match p.last.as_ref().map(|c| unseen(&c.blind)).filter(|u| !u.is_empty()) {
+                None => format!(": no request arrived for {quiet}, {counted}{after}"),
+                Some(unseen) => {
+                    format!(": no request seen for {quiet} ({unseen}), {counted}{after}")
+                }
+            }
         }
         Outcome::Reached => format!(": {counted}{after}"),
         Outcome::AppExited if p.last.is_none() => format!(": the app has exited{after}"),
@@ -806,6 +828,27 @@ mod tests {
             nothing,
             "deadline of 25s passed after 25.0s and nothing could be counted: no source \
              answered; 2 earlier log lines were not written: no space left on device"
+        );
+    }
+
+    #[test]
+    fn a_quiet_hold_says_what_it_could_not_see() {
+        let hold = Rules { until: Until::Quiet, settle: Duration::from_millis(500), ..RULES };
+        let mut zero = Count::new(SourceKind::Proc, Unit::Connections, vec![], vec![]);
+        zero.blind = Blind { udp: vec![53, 5353], hiding: vec![9090] };
+        let line = summary(
+            Outcome::Reached,
+            Duration::from_secs(5),
+            &hold,
+            &progress(Some(zero), None),
+            (0, None),
+        );
+        assert_eq!(
+            line,
+            "done after 5.0s: no request seen for 0.5s (UDP to port 53, 5353 is not seen; a \
+             connection its client closes between two reads is not seen unless reset, as port \
+             9090 listens without counting), 0 active connections (proc); the app gets its \
+             SIGTERM now"
         );
     }
 

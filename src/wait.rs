@@ -2,7 +2,7 @@
 //! the looks are injected, so the rules are tested with a fake clock and scripted looks.
 
 use crate::config::{Rules, Until};
-use crate::count::Arrivals;
+use crate::count::{Arrivals, Before};
 use crate::outcome::{Outcome, Pace};
 use crate::source::admin::PACE;
 use std::time::Duration;
@@ -77,6 +77,8 @@ pub struct Tick {
     pub recounted: u64,
     /// Of the arrivals, new connections so far (`None`: the source cannot tell).
     pub opened: Option<u64>,
+    /// What the source remembers of arrivals before its first read.
+    pub before: Option<Before>,
     pub app: Option<bool>,
     pub cost: Cost,
 }
@@ -105,6 +107,8 @@ const GAPS: f64 = 6.9;
 struct Rate {
     /// When counts could first tell arrivals.
     since: Option<Duration>,
+    /// What the first count told of arrivals before it.
+    before: Option<Before>,
     /// Every count since: when it ended, how many it saw arrive, and how many more it recounted.
     reads: Vec<(Duration, u64, u64)>,
     /// As of the last count that saw any.
@@ -112,10 +116,13 @@ struct Rate {
 }
 
 impl Rate {
-    fn add(&mut self, now: Duration, seen: &Seen, floor: Duration) {
+    fn add(&mut self, now: Duration, seen: &Seen, before: Option<Before>, floor: Duration) {
         let (arrived, recounted) = (seen.arrived, seen.recounted);
         let Some(since) = self.since else {
             self.since = Some(now);
+            self.before = before;
+            // Bursts with pauses before the hold began are not taken for the end either.
+            self.pace = before.map(|b| Pace { gap: b.pause, quiet: floor.max(b.pause * 2) });
             return;
         };
         self.reads.push((now, arrived, recounted));
@@ -123,7 +130,9 @@ impl Rate {
             // Measured up to this count: the silence that follows must not lengthen it.
             let from = since.max(now.saturating_sub(WINDOW));
             self.reads.retain(|r| r.0 > from);
-            self.pace = Some(pace(&self.reads, now - from, floor));
+            // While the window reaches back to the first count, so do the arrivals before it.
+            let before = self.before.filter(|_| from == since).map(|b| (since, b));
+            self.pace = Some(pace(&self.reads, now - from, floor, before));
         }
     }
 }
@@ -132,8 +141,14 @@ impl Rate {
 /// bytes is one arrival however many requests it carried), so the mean gap is also told from how
 /// many counts saw none: with a share f of counts L apart seeing some, arrivals at rate r give
 /// f = 1 - e^(-rL). The quiet time is at least `floor`, `GAPS` mean gaps, and twice the longest
-/// pause (counts between saw none), so that bursts with pauses between them are not the end.
-fn pace(reads: &[(Duration, u64, u64)], span: Duration, floor: Duration) -> Pace {
+/// pause (counts between saw none), so that bursts with pauses between them are not the end;
+/// pauses before the first count (`before`, at `since`) among them.
+fn pace(
+    reads: &[(Duration, u64, u64)],
+    span: Duration,
+    floor: Duration,
+    before: Option<(Duration, Before)>,
+) -> Pace {
     let n: u64 = reads.iter().map(|r| r.1.saturating_add(r.2)).fold(0, u64::saturating_add);
     let busy = reads.iter().filter(|r| r.1 > 0).count() as f64;
     let all = reads.len() as f64;
@@ -141,16 +156,21 @@ fn pace(reads: &[(Duration, u64, u64)], span: Duration, floor: Duration) -> Pace
     // Half a count more than seen, so that counts that all saw some still give a rate.
     let by_share = span.as_secs_f64() / all / ((all + 0.5) / (all + 0.5 - busy)).ln();
     let gap = by_count.min(by_share);
-    let (mut pause, mut last, mut silent) = (Duration::ZERO, None, false);
+    let mut pause = before.map_or(Duration::ZERO, |(_, b)| b.pause);
+    let (mut last, mut silent) = (None, false);
     for &(t, arrived, _) in reads {
-        match (arrived, last) {
-            (0, _) => silent = true,
-            (_, Some(before)) if silent => pause = pause.max(t - before),
-            _ => {}
+        if arrived == 0 {
+            silent = true;
+            continue;
         }
-        if arrived > 0 {
-            (last, silent) = (Some(t), false);
-        }
+        let gap = match (last, before) {
+            (Some(was), _) if silent => t - was,
+            // The newest arrival before the first count came `newest` before it.
+            (None, Some((since, b))) if silent => (t - since).saturating_add(b.newest),
+            _ => Duration::ZERO,
+        };
+        pause = pause.max(gap);
+        (last, silent) = (Some(t), false);
     }
     // Finite and positive: a span of at most the window, at least one count that saw some.
     let secs = |s: f64| Duration::try_from_secs_f64(s).unwrap_or(WINDOW);
@@ -180,7 +200,7 @@ impl Opened {
         if new > 0 {
             self.at = Some(now);
         }
-        self.rate.add(now, &Seen { arrived: new, ..Seen::default() }, floor);
+        self.rate.add(now, &Seen { arrived: new, ..Seen::default() }, None, floor);
     }
 
     /// How long no new connection has come at `now`, where that is their quiet time at least.
@@ -333,7 +353,11 @@ fn count<L: Looks>(
         let now = clock.now();
         let mut seen = follow.see(&tick, started, now);
         if ask == Ask::Count && rules.until == Until::Quiet && tick.arrivals != Arrivals::Unknown {
-            counts.rate.add(now, &seen, rules.settle);
+            // The newest arrival before the first count starts the quiet time as one seen.
+            if let (None, Some(b)) = (counts.rate.since, tick.before) {
+                counts.arrived_at = Some(now.saturating_sub(b.newest));
+            }
+            counts.rate.add(now, &seen, tick.before, rules.settle);
             seen.pace = counts.rate.pace;
             counts.after_arrival = seen.pace.map_or(rules.settle, |p| p.quiet);
             counts.opened.add(now, tick.opened, rules.settle);
@@ -1104,18 +1128,43 @@ mod tests {
         let mut rate = Rate::default();
         // 50 requests in each of the counts at 0.5 s and 1 s, then none until 4 s, 50 again.
         for (t, n) in [(0, 0), (500, 50), (1000, 50), (1500, 0), (2000, 0), (4000, 50)] {
-            rate.add(ms(t), &saw(n, 0), ms(500));
+            rate.add(ms(t), &saw(n, 0), None, ms(500));
         }
         let pace = rate.pace.expect("arrivals seen");
         assert_eq!(pace.gap.as_millis(), 4000 / 150, "150 requests in 4 s");
         assert_eq!(pace.quiet, ms(6000), "twice the 3 s pause, more than 7 mean gaps");
         // Only the window counts: a burst long gone no longer asks for anything.
-        rate.add(ms(20_000), &saw(1, 0), ms(500));
+        rate.add(ms(20_000), &saw(1, 0), None, ms(500));
         let quiet = rate.pace.map(|p| p.quiet);
         assert!(
             quiet.is_some_and(|q| q > ms(60_000) && q < ms(69_100)),
             "7 gaps of about 10 s: {quiet:?}"
         );
+    }
+
+    #[test]
+    fn pauses_before_the_first_count_are_not_taken_for_the_end_either() {
+        // Bursts 3.5 s apart before the hold, the last 200 ms before its first count; nothing
+        // after: the quiet time is twice that pause from the newest arrival.
+        let r = hold(1000, 500, 20000);
+        let before = Before { newest: ms(200), pause: ms(3500) };
+        let (end, stopped, _) = ticking(&r, 20, |t| Tick {
+            count: Some(0),
+            arrivals: Arrivals::Requests(0),
+            before: (t == ms(0)).then_some(before),
+            ..Tick::default()
+        });
+        assert_eq!(end.outcome, Outcome::Reached);
+        assert!(stopped >= ms(6800) && stopped < ms(7400), "{stopped:?}");
+        // The next burst 4 s after the first count: the pause up to it, from the newest arrival
+        // before, is 4.2 s.
+        let mut rate = Rate::default();
+        rate.add(ms(0), &saw(0, 0), Some(before), ms(500));
+        for t in (500..4000).step_by(500) {
+            rate.add(ms(t), &saw(0, 0), None, ms(500));
+        }
+        rate.add(ms(4000), &saw(10, 0), None, ms(500));
+        assert_eq!(rate.pace.map(|p| p.quiet), Some(ms(8400)));
     }
 
     #[test]
@@ -1125,7 +1174,7 @@ mod tests {
         // missed says less than 200 ms.
         let mut rate = Rate::default();
         for i in 0..=20 {
-            rate.add(ms(i * 500), &saw(u64::from(i > 0), 0), ms(500));
+            rate.add(ms(i * 500), &saw(u64::from(i > 0), 0), None, ms(500));
         }
         let pace = rate.pace.expect("arrivals seen");
         assert!(pace.gap < ms(200) && pace.quiet < ms(1200), "{pace:?}");
@@ -1142,12 +1191,17 @@ mod tests {
         // table saw: the mean gap is 25 ms, the quiet time its floor.
         let mut rate = Rate::default();
         for i in 0..=20 {
-            rate.add(ms(i * 500), &saw(u64::from(i > 0), if i % 4 == 0 { 76 } else { 0 }), ms(500));
+            rate.add(
+                ms(i * 500),
+                &saw(u64::from(i > 0), if i % 4 == 0 { 76 } else { 0 }),
+                None,
+                ms(500),
+            );
         }
         let pace = rate.pace.expect("arrivals seen");
         assert!(pace.gap < ms(30) && pace.quiet == ms(500), "{pace:?}");
         // A recount after the arrivals stopped changes no quiet time already running.
-        rate.add(ms(10_500), &saw(0, 80), ms(500));
+        rate.add(ms(10_500), &saw(0, 80), None, ms(500));
         assert_eq!(rate.pace, Some(pace));
     }
 

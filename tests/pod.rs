@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use support::http::{Conn, H2, Response, in_flight};
 use support::kubelet::{Probe, Probes};
 use support::pod::{
-    APP, APP_UID, CLIENT_IP, Capture, Gateway, Mesh, OTHER_IP, Options, POD_IP, PROBE_IP, Pod,
-    Stats,
+    APP, APP_UID, CLIENT_IP, Capture, GATEWAY_IP6, Gateway, Mesh, OTHER_IP, Options, POD_IP,
+    POD_IP6, PROBE_IP, Pod, Stats,
 };
 use support::{Finished, Running, spawn};
 
@@ -669,6 +669,24 @@ fn requests(
     how_long: Duration,
     close_first: bool,
 ) -> Instant {
+    let path = if close_first { Asked::CloseFirst } else { Asked::Answer("/local/0") };
+    send(source, target, path, every, how_long)
+}
+
+/// What a client of `send` asks for, and how the connection ends.
+#[derive(Clone, Copy)]
+enum Asked {
+    /// It reads the answer to this path, which must be 200, and the app closes first (or resets,
+    /// for a path asking it to).
+    Answer(&'static str),
+    /// It closes before the answer comes.
+    CloseFirst,
+    /// It reads the answer (`ok\n`) to `GET /` and closes first, as a scraper that does not keep
+    /// its connection does: no socket of it stays in the pod, and nothing is reset.
+    Scrape,
+}
+
+fn send(source: &str, target: &str, path: Asked, every: Duration, how_long: Duration) -> Instant {
     use std::io::{Read, Write};
     let until = Instant::now() + how_long;
     let mut last = Instant::now();
@@ -678,14 +696,32 @@ fn requests(
         }
         let mut c = support::pod::connect_from(source, target).expect("a connection to the pod");
         last = Instant::now();
+        let (asked, close) = match path {
+            Asked::Answer(p) => (p, "connection: close\r\n"),
+            Asked::CloseFirst => ("/local/0", "connection: close\r\n"),
+            Asked::Scrape => ("/", ""),
+        };
         // HTTP/1.1: a sidecar refuses HTTP/1.0 (426).
-        c.write_all(b"GET /local/0 HTTP/1.1\r\nhost: app\r\nconnection: close\r\n\r\n").unwrap();
-        if !close_first {
-            c.set_read_timeout(Some(5 * SECOND)).unwrap();
-            let mut answer = Vec::new();
-            let _ = c.read_to_end(&mut answer);
-            assert!(answer.starts_with(b"HTTP/1.0 200") || answer.starts_with(b"HTTP/1.1 200"));
+        let request = format!("GET {asked} HTTP/1.1\r\nhost: app\r\n{close}\r\n");
+        c.write_all(request.as_bytes()).unwrap();
+        c.set_read_timeout(Some(5 * SECOND)).unwrap();
+        let mut answer = Vec::new();
+        match path {
+            Asked::Answer(_) => {
+                let _ = c.read_to_end(&mut answer);
+            }
+            Asked::Scrape => {
+                let mut buf = [0u8; 512];
+                while !answer.ends_with(b"ok\n") {
+                    match c.read(&mut buf) {
+                        Ok(n) if n > 0 => answer.extend_from_slice(&buf[..n]),
+                        _ => break,
+                    }
+                }
+            }
+            Asked::CloseFirst => answer.extend_from_slice(b"HTTP/1.1 200"),
         }
+        assert!(answer.starts_with(b"HTTP/1.0 200") || answer.starts_with(b"HTTP/1.1 200"));
         drop(c);
         std::thread::sleep(every);
     }
@@ -905,4 +941,243 @@ fn a_hold_that_only_kept_alive_clients_keep_up_ends_at_its_deadline_with_exit_0(
             );
         }
     }
+}
+
+/// An HTTP server of the pod at argv[1]:argv[2] (IPv4 or IPv6) answering `ok` to every GET and
+/// keeping the connection unless asked to close it, as another process of the pod: an exporter,
+/// a second app. It says `listening` on stderr.
+const SERVER: &str = "
+import http.server, socket, sys
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = 'HTTP/1.1'
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header('Content-Length', '3')
+        self.end_headers()
+        self.wfile.write(b'ok\\n')
+    def log_message(self, *args):
+        pass
+class Server(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET
+server = Server((sys.argv[1], int(sys.argv[2])), Handler)
+print('listening', file=sys.stderr, flush=True)
+server.serve_forever()
+";
+
+/// A process of the pod running `code` as the app's user, once it says `listening`; killed
+/// when dropped.
+fn beside_app(pod: &Pod, code: &str, args: &[&str]) -> Running {
+    let mut c = pod.as_app("/usr/bin/python3");
+    c.args(["-c", code]).args(args);
+    let mut running = spawn(c);
+    running.expect_line("listening", 10 * SECOND);
+    running
+}
+
+/// The hold a policy writes for a pod without a mesh with no probes, its deadline 20 s.
+const NONE_HOLD: [&str; 5] = ["hold", "--preset", "none", "--deadline", "20s"];
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
+fn in_ambient_mode_connections_the_app_resets_still_arrive() {
+    // An app that ends each connection with a reset (SO_LINGER 0, as servers do on errors):
+    // ztunnel's hop to it then leaves no socket at either end, not even in TIME_WAIT, and the
+    // namespace's PassiveOpens alone tells it. Clients over HBONE, 10 a second for 3 s: the hold
+    // returns its quiet time after the last one, not before.
+    let envoy = support::envoy::required();
+    let options = Options { mesh: Mesh::Ambient, ..Options::default() };
+    let pod = Pod::start(&envoy, Path::new(support::BIN), options);
+    let _hbone = pod.network().hbone_client(&envoy, "10.90.0.3:18080", POD_IP);
+    let hold = hold_in(&pod, "ambient");
+    let reset = Asked::Answer("/local/0?reset");
+    let last = pod.client(|| send(CLIENT_IP, "10.90.0.3:18080", reset, SECOND / 10, 3 * SECOND));
+    returned_after_quiet(&hold.finish(), last);
+}
+
+#[test]
+#[ignore = "needs root, iptables and setpriv: `bash scripts/test` runs it"]
+fn bursts_with_pauses_before_the_hold_began_are_not_taken_for_the_end() {
+    // A batch client: half-second bursts of 20 a second every 4 s, a connection per request that
+    // the app closes (its ends wait in TIME_WAIT, which the kernel keeps for 60 s). A hold that
+    // begins right after the second burst takes the pause before it from those and returns
+    // only after the third, twice that pause after it.
+    let options = Options { mesh: Mesh::None, ..Options::default() };
+    let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
+    let burst = || pod.client(|| requests(CLIENT_IP, APP, SECOND / 20, SECOND / 2, false));
+    burst();
+    // The batch client's own pause.
+    std::thread::sleep(3500 * SECOND / 1000);
+    burst();
+    let args = ["hold", "--preset", "none", "--min", "1s", "--deadline", "30s"];
+    let hold = spawn(pod.hook_as(APP_UID, APP_UID, &args));
+    std::thread::sleep(3500 * SECOND / 1000);
+    let last = burst();
+    let out = hold.finish();
+    assert_eq!(out.code, Some(0), "{out}");
+    let after = out.ended.saturating_duration_since(last);
+    assert!(out.ended > last + SECOND && after < 10 * SECOND, "{after:?} after the last {out}");
+}
+
+#[test]
+#[ignore = "needs root, iptables and setpriv: `bash scripts/test` runs it"]
+fn a_udp_server_of_the_pod_is_named_as_what_the_hold_cannot_see() {
+    // A UDP server in the pod (DNS, QUIC, statsd): the kernel counts no datagrams per socket, so
+    // the hold cannot tell its requests, and says so in its start and its summary.
+    let options = Options { mesh: Mesh::None, ..Options::default() };
+    let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
+    let udp = "
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(('0.0.0.0', 5353))
+print('listening', file=sys.stderr, flush=True)
+while True:
+    data, peer = s.recvfrom(512)
+    s.sendto(data, peer)
+";
+    let _udp = beside_app(&pod, udp, &[]);
+    let args = ["hold", "--preset", "none", "--min", "1s", "--deadline", "10s"];
+    let out = spawn(pod.hook_as(APP_UID, APP_UID, &args)).finish();
+    assert_eq!(out.code, Some(0), "{out}");
+    assert!(out.stderr.contains("UDP is served on port 5353"), "{out}");
+    assert!(out.last_line().contains("no request seen for 0.5s (UDP to port 5353 is not"), "{out}");
+}
+
+#[test]
+#[ignore = "needs root, iptables and setpriv: `bash scripts/test` runs it"]
+fn scrapes_of_a_port_that_does_not_count_never_hold_a_quiet_pod() {
+    // An exporter on 9090 scraped twice a second by a client that closes first once it has the
+    // answer (no socket of it stays in the pod: only PassiveOpens counts it, for the whole
+    // namespace), and the app's 8080 alone counting: the hold returns at its 5 s minimum and names what it cannot see.
+    // Connections to 8080 that the app resets, also leaving no socket, still arrive.
+    let options = Options { mesh: Mesh::None, ..Options::default() };
+    let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
+    let _exporter = beside_app(&pod, SERVER, &["0.0.0.0", "9090"]);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..100 {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let exporter = "10.90.0.2:9090";
+                pod.client(|| send(CLIENT_IP, exporter, Asked::Scrape, SECOND / 2, SECOND));
+            }
+        });
+        let quiet = [&NONE_HOLD[..], &["--ports", "8080"]].concat();
+        let out = spawn(pod.hook_as(APP_UID, APP_UID, &quiet)).finish();
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(out.elapsed < 8 * SECOND, "held by the scrapes {out}");
+        assert!(out.stderr.contains("port 9090 listens and does not count"), "{out}");
+        assert!(out.last_line().contains(": no request seen for 0.5s (a connection "), "{out}");
+        let args = ["hold", "--preset", "none", "--ports", "8080", "--min", "1s", "--quiet", "2s"];
+        let hold = spawn(pod.hook_as(APP_UID, APP_UID, &args));
+        let reset = Asked::Answer("/local/0?reset");
+        let last = pod.client(|| send(CLIENT_IP, APP, reset, SECOND / 10, 3 * SECOND));
+        let out = hold.finish();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(out.code, Some(0), "{out}");
+        let after = out.ended.saturating_duration_since(last);
+        assert!(out.ended > last + SECOND && after < 4 * SECOND, "{after:?} after the last {out}");
+    });
+}
+
+#[test]
+#[ignore = "needs root, iptables and setpriv: `bash scripts/test` runs it"]
+fn a_kept_alive_poll_never_holds_a_quiet_pod() {
+    // A scraper that keeps its connection to the app's port and asks every 10 s; the hold, as a
+    // policy writes it, begins 2.5 s before a scrape (the red-team's worst case: a scrape 2.5 s
+    // in and another 10 s later held it to its deadline). It returns at its 5 s minimum.
+    let options = Options { mesh: Mesh::None, ..Options::default() };
+    let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
+    std::thread::scope(|s| {
+        let scraper = s.spawn(|| {
+            pod.client(|| {
+                let client = support::pod::connect_from(CLIENT_IP, APP);
+                let mut kept = client.and_then(Conn::over).expect("a kept-alive connection");
+                for wait in [Duration::ZERO, 10 * SECOND, 10 * SECOND] {
+                    // The scraper's own interval.
+                    std::thread::sleep(wait);
+                    assert_eq!(kept.get("/local/0").expect("an answer").status, 200);
+                }
+            })
+        });
+        // The hold begins 7.5 s after the first scrape.
+        std::thread::sleep(7500 * SECOND / 1000);
+        let out = spawn(pod.hook_as(APP_UID, APP_UID, &NONE_HOLD)).finish();
+        scraper.join().expect("the scrapes were answered");
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(out.elapsed < 8 * SECOND, "held by the scrapes {out}");
+    });
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
+fn the_pods_calls_to_itself_over_loopback_never_hold_it() {
+    // A cache of the pod on 127.0.0.1:6379 that the app pings three times a second, a connection
+    // each (the cache closes first: its ends wait in TIME_WAIT); no client otherwise. Without a
+    // mesh and in ambient mode the hold returns at its minimum.
+    let pings = "
+import socket, sys, threading, time
+server = socket.create_server(('127.0.0.1', 6379))
+def serve():
+    while True:
+        c, _ = server.accept()
+        c.recv(16)
+        c.sendall(b'+PONG\\r\\n')
+        c.close()
+threading.Thread(target=serve, daemon=True).start()
+print('listening', file=sys.stderr, flush=True)
+for _ in range(200):
+    c = socket.create_connection(('127.0.0.1', 6379), timeout=5)
+    c.sendall(b'PING\\r\\n')
+    c.recv(16)
+    c.close()
+    time.sleep(0.3)
+";
+    let envoy = support::envoy::required();
+    for (mesh, preset) in [(Mesh::None, "none"), (Mesh::Ambient, "ambient")] {
+        let pod =
+            Pod::start(&envoy, Path::new(support::BIN), Options { mesh, ..Options::default() });
+        let _pings = beside_app(&pod, pings, &[]);
+        let args = ["hold", "--preset", preset, "--min", "1s", "--deadline", "10s"];
+        let out = spawn(pod.hook_as(APP_UID, APP_UID, &args)).finish();
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(out.elapsed < 5 * SECOND, "held by the pod's own calls {out}");
+    }
+}
+
+#[test]
+#[ignore = "needs root, iptables and setpriv: `bash scripts/test` runs it"]
+fn probes_from_the_pods_ipv6_gateway_never_hold_a_quiet_pod() {
+    // An IPv6-primary pod: the kubelet's probes come from its IPv6 gateway (the node), to an app
+    // on [::]:8081 that closes first (its ends wait in TIME_WAIT). The hold without a mesh
+    // leaves out probes from the pod's gateways, IPv6's too, and returns at its minimum.
+    let options = Options { mesh: Mesh::None, ipv6: true, ..Options::default() };
+    let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
+    let _app = beside_app(&pod, SERVER, &["::", "8081"]);
+    let probes = format!(
+        "
+import socket, time
+for _ in range(60):
+    c = socket.socket(socket.AF_INET6)
+    c.bind(('{GATEWAY_IP6}', 0))
+    c.settimeout(2)
+    c.connect(('{POD_IP6}', 8081))
+    c.sendall(b'GET /probe HTTP/1.1\\r\\nHost: app\\r\\nConnection: close\\r\\n\\r\\n')
+    while c.recv(4096):
+        pass
+    c.close()
+    time.sleep(0.3)
+"
+    );
+    let _probes = pod.client(|| {
+        let mut c = std::process::Command::new("/usr/bin/python3");
+        c.args(["-c", &probes]);
+        spawn(c)
+    });
+    let args = ["hold", "--preset", "none", "--min", "1s", "--deadline", "10s"];
+    let out = spawn(pod.hook_as(APP_UID, APP_UID, &args)).finish();
+    assert_eq!(out.code, Some(0), "{out}");
+    assert!(out.elapsed < 5 * SECOND, "held by the probes {out}");
+    assert!(out.stderr.contains("fd98::1"), "{out}");
 }

@@ -6,7 +6,7 @@
 #![no_main]
 
 use envoy_drain::config::{Rules, Until};
-use envoy_drain::count::Arrivals;
+use envoy_drain::count::{Arrivals, Before};
 use envoy_drain::outcome::Outcome;
 use envoy_drain::wait::{App, Ask, Clock, Cost, LAST_COUNT, Looks, Quit, Seen, Tick, wait};
 use libfuzzer_sys::fuzz_target;
@@ -72,6 +72,11 @@ impl Script<'_> {
             recounted: self.requests.saturating_mul(u64::from(b >> 4)),
             // New connections among the arrivals, where the source tells them.
             opened: (b & 0x40 == 0).then_some(self.requests / 2),
+            // What the kernel remembers of arrivals before the first look.
+            before: (self.looks == 1).then(|| Before {
+                newest: Duration::from_millis(u64::from(b & 0xf) * 700),
+                pause: Duration::from_millis(u64::from(b >> 4) * 900),
+            }),
             app: match b & 0x3 {
                 0 => None,
                 1 => Some(true),

@@ -6,7 +6,8 @@
 //! pod connecting to the app). The facts: docs/how-it-works.md ("Arrivals from the kernel").
 
 use crate::config::ArrivalRule as Rule;
-use crate::source::procnet::{Endpoint, LISTEN, SYN_RECV, Socket, taking};
+use crate::count::Before;
+use crate::source::procnet::{Endpoint, LISTEN, SYN_RECV, Socket, TIME_WAIT, taking};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -17,10 +18,35 @@ struct Key {
     client: Endpoint,
 }
 
+/// The server end every call out of the pod is keyed by where ambient mode's capture hands it to
+/// a listener of the pod (`Rule::outbound`): the call's own end and the listener's accept of it
+/// are then one connection, whichever of the two the table shows.
+const OUT: Endpoint = ([0; 16], 0);
+
+/// ztunnel's HBONE port: its own connections to other pods' ztunnels, not the app's calls out.
+const HBONE: u16 = 15008;
+
+/// A kept-alive connection that had received nothing for this long before its next bytes is a
+/// poll (a metrics scrape, a health check, a gRPC keepalive), not a client in use: its bytes do
+/// not count. Its client keeps the connection to this pod whatever the mesh says, so holding
+/// the app for it gains nothing.
+const POLL: Duration = Duration::from_secs(5);
+
+/// How far back before the first read the kernel's memory of closed connections is taken, as
+/// far as the quiet time looks back during the hold (wait.rs, `WINDOW`).
+const HISTORY: Duration = Duration::from_secs(10);
+
 #[derive(Debug, Clone, Copy)]
 struct Seen {
     /// The bytes the server's socket has received, where it is in the pod and shows them.
     received: Option<u64>,
+    /// How long its ends have received nothing: the least of its sockets' (TIME_WAIT's since it
+    /// closed).
+    idle: Option<Duration>,
+    /// One of its ends waits in TIME_WAIT.
+    closed: bool,
+    /// Its bytes this read began a poll (`POLL`): the next read's, if any, are the poll's rest.
+    polled: bool,
     /// Counted as accepted by the pod (its accepted socket was seen past SYN_RECV, or the client
     /// that made it is in the pod).
     accepted: bool,
@@ -29,6 +55,16 @@ struct Seen {
     /// Taken for one of the kubelet's probes when first seen: its bytes count only once it
     /// receives a second request (a probe sends one).
     probe: bool,
+}
+
+/// The namespace's TCP counters (`/proc/net/snmp`) a read takes, read before the sockets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Connections accepted.
+    pub passive_opens: u64,
+    /// Connections reset while established (`EstabResets`): one the app closes with SO_LINGER 0
+    /// leaves no socket anywhere, and is counted here.
+    pub resets: u64,
 }
 
 /// What one read found.
@@ -42,6 +78,11 @@ pub struct Read {
     pub unseen: u64,
     /// Connections open now that count, by the server's port.
     pub open: Vec<(u16, u64)>,
+    /// At the first read: what the kernel remembers of arrivals before it.
+    pub before: Option<Before>,
+    /// Ports listened on outside the pod that do not count: connections that leave no socket
+    /// cannot be told from theirs, and count only where reset.
+    pub hiding: Vec<u16>,
 }
 
 /// The state kept from one read to the next.
@@ -51,8 +92,10 @@ pub struct Tracker {
     /// Every listener seen in the run (one closed since still tells its connections).
     listening: Vec<Endpoint>,
     last: Option<HashMap<Key, Seen>>,
-    /// `PassiveOpens` less the connections seen accepted, at its highest so far.
+    /// `PassiveOpens` less the connections seen accepted, at its highest so far, and the
+    /// counters of the read before.
     unexplained: Option<i128>,
+    counters: Option<Counters>,
     accepted: u64,
     /// Arrivals so far: a counter, as /clusters' `rq_total` is.
     pub total: u64,
@@ -70,14 +113,15 @@ impl Tracker {
         Tracker { rule, ..Tracker::default() }
     }
 
-    /// One read at `at`: the pod's addresses (`ours`), its sockets, and its `PassiveOpens` read
-    /// before them. The first read only sets what later ones are compared with.
+    /// One read at `at`: the pod's addresses (`ours`), its sockets, and its TCP counters read
+    /// before them. The first read only sets what later ones are compared with, and tells what
+    /// the kernel remembers of earlier arrivals.
     pub fn read(
         &mut self,
         at: Duration,
         ours: &[[u8; 16]],
         sockets: &[Socket],
-        passive: Option<u64>,
+        counters: Option<Counters>,
     ) -> Read {
         for s in sockets.iter().filter(|s| s.state == LISTEN) {
             if !self.listening.contains(&s.local) {
@@ -91,6 +135,9 @@ impl Tracker {
             };
             let seen = now.entry(key).or_insert(Seen {
                 received: None,
+                idle: None,
+                closed: false,
+                polled: false,
                 accepted: false,
                 inside: false,
                 probe: false,
@@ -98,6 +145,11 @@ impl Tracker {
             seen.accepted |= !in_server || s.state != SYN_RECV;
             // The client's end may have gone where the server's waits in TIME_WAIT.
             seen.inside |= !in_server || is_ours(ours, &key.client);
+            seen.closed |= s.state == TIME_WAIT;
+            seen.idle = match (seen.idle, s.idle) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             if in_server && s.received.is_some() {
                 seen.received = s.received;
             }
@@ -105,7 +157,9 @@ impl Tracker {
         let first = self.last.is_none();
         let last = self.last.take().unwrap_or_default();
         let since = at.saturating_sub(*self.first_at.get_or_insert(at));
+        let accepted_before = self.accepted;
         let mut read = Read::default();
+        let mut ages = Vec::new();
         for (key, seen) in &mut now {
             let before = last.get(key);
             if seen.accepted && !before.is_some_and(|b| b.accepted) {
@@ -130,13 +184,29 @@ impl Tracker {
             if seen.probe && new_probe && self.counts(key.server.1) {
                 self.probes += 1;
             }
-            if !self.counts(key.server.1) || seen.probe || (seen.inside && self.rule.outside_only) {
+            // A client on loopback is the pod calling itself, in ambient mode too (ztunnel's hop
+            // to the app comes from the client's address, or the pod's).
+            let local = std::net::Ipv6Addr::from(key.client.0).to_canonical().is_loopback();
+            if key.server == OUT
+                || !self.counts(key.server.1)
+                || seen.probe
+                || local
+                || (seen.inside && self.rule.outside_only)
+            {
                 continue;
             }
-            let grew = match (before.and_then(|b| b.received), seen.received) {
+            // Before the first read, the probes' addresses had their share without count.
+            if first && seen.closed && !self.rule.probes.contains(&key.client.0) {
+                ages.extend(seen.idle.filter(|age| *age <= HISTORY));
+            }
+            let more = match (before.and_then(|b| b.received), seen.received) {
                 (Some(was), Some(is)) => is > was && !self.rule.new_only.contains(key.server.1),
                 _ => false,
             };
+            // A request may span two reads: a poll's rest is the poll's.
+            let rest = before.is_some_and(|b| b.polled);
+            seen.polled = more && !rest && before.and_then(|b| b.idle).is_some_and(|i| i >= POLL);
+            let grew = more && !seen.polled && !rest;
             read.arrived += u64::from(before.is_none() || grew);
             read.opened += u64::from(before.is_none() || client);
             if seen.received.is_some() {
@@ -147,12 +217,22 @@ impl Tracker {
             }
         }
         read.open.sort_unstable();
+        read.hiding = self.hiding();
         self.last = Some(now);
         if first {
-            read = Read { open: read.open, ..Read::default() };
+            read = Read { open: read.open, hiding: read.hiding, ..Read::default() };
+            read.before = before(ages);
         }
-        if let Some(passive) = passive.filter(|_| self.rule.passive_opens) {
-            let unseen = self.unseen(passive, first);
+        if let Some(counters) = counters.filter(|_| self.rule.passive_opens) {
+            let explained = self.accepted - accepted_before;
+            let mut unseen = self.unseen(counters, explained, first);
+            // Where a listener that does not count may have taken them, only resets are known
+            // to be the app's.
+            if !read.hiding.is_empty() {
+                let was = self.counters.map_or(counters.resets, |c| c.resets);
+                unseen = unseen.min(counters.resets.saturating_sub(was));
+            }
+            self.counters = Some(counters);
             let probes = (0..unseen).take_while(|_| self.probe(since, false)).count() as u64;
             read.unseen = unseen - probes;
             read.arrived += read.unseen;
@@ -191,12 +271,27 @@ impl Tracker {
     /// The connection `s` belongs to, and whether `s` is its server's socket; `None` for one the
     /// pod opened to elsewhere. The server is the end a listener of the pod serves: `s`'s own
     /// local end when it was accepted, else its remote end when that is the pod's (`ours`).
+    /// Where the pod's calls out are captured (`Rule::outbound`), a call out and the capture's
+    /// accept of it are keyed by the call's own end.
     fn key(&self, ours: &[[u8; 16]], s: &Socket) -> Option<(Key, bool)> {
         if taking(&self.listening, &s.local, |l| l).is_some() {
+            if self.rule.outbound.contains(s.local.1) {
+                return Some((Key { server: OUT, client: s.remote }, true));
+            }
             return Some((Key { server: s.local, client: s.remote }, true));
         }
-        (is_ours(ours, &s.remote) && taking(&self.listening, &s.remote, |l| l).is_some())
-            .then_some((Key { server: s.remote, client: s.local }, false))
+        if is_ours(ours, &s.remote) && taking(&self.listening, &s.remote, |l| l).is_some() {
+            return Some((Key { server: s.remote, client: s.local }, false));
+        }
+        // The app's end (the capture's accept under REDIRECT shows its listener's port), or,
+        // under TPROXY, the capture's accept, whose local end is the destination.
+        let (pods, other, accept) = match (is_ours(ours, &s.local), is_ours(ours, &s.remote)) {
+            (true, false) => (s.local, s.remote, false),
+            (false, true) => (s.remote, s.local, true),
+            _ => return None,
+        };
+        let captured = !self.rule.outbound.is_empty() && other.1 != HBONE;
+        captured.then_some((Key { server: OUT, client: pods }, accept))
     }
 
     /// Whether connections to the server's `port` count.
@@ -205,18 +300,43 @@ impl Tracker {
             && self.rule.ports.as_ref().is_none_or(|p| p.contains(port))
     }
 
+    /// The ports of listeners that take connections from outside the pod and do not count,
+    /// other than the capture's own.
+    fn hiding(&self) -> Vec<u16> {
+        let mut ports: Vec<u16> = (self.listening.iter())
+            .filter(|l| !std::net::Ipv6Addr::from(l.0).to_canonical().is_loopback())
+            .map(|l| l.1)
+            .filter(|&p| !self.counts(p) && !self.rule.outbound.contains(p))
+            .collect();
+        ports.sort_unstable();
+        ports.dedup();
+        ports
+    }
+
     /// Connections the pod accepted since the last read that no read saw: `PassiveOpens`, which
     /// counts every accepted connection, less those seen, beyond the most this has been. Read
     /// before the sockets, a connection accepted in between is seen before it is counted, which
-    /// the highest so far absorbs.
-    fn unseen(&mut self, passive: u64, first: bool) -> u64 {
-        let now = i128::from(passive) - i128::from(self.accepted);
-        let before = self.unexplained.replace(now.max(self.unexplained.unwrap_or(now)));
+    /// the highest so far absorbs; a read's surplus is kept for the next read only (`explained`:
+    /// those this read saw), so that a call out taken for the capture's (ztunnel's own to
+    /// outside the mesh) does not hide what comes later.
+    fn unseen(&mut self, counters: Counters, explained: u64, first: bool) -> u64 {
+        let now = i128::from(counters.passive_opens) - i128::from(self.accepted);
+        let high = self.unexplained.map_or(now, |was| was.max(now));
+        let before = self.unexplained.replace(high.min(now + i128::from(explained)));
         match before {
             Some(was) if !first && now > was => u64::try_from(now - was).unwrap_or(u64::MAX),
             _ => 0,
         }
     }
+}
+
+/// What the ages of the arrivals before the first read tell: the newest, and the longest pause
+/// between two.
+fn before(mut ages: Vec<Duration>) -> Option<Before> {
+    ages.sort_unstable();
+    let newest = *ages.first()?;
+    let pause = ages.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
+    Some(Before { newest, pause })
 }
 
 /// Whether `end` is an address of the pod (`ours`): 127.0.0.0/8 and ::1 always are.
@@ -287,13 +407,17 @@ impl Both {
     }
 }
 
-/// `Tcp: ... PassiveOpens ...` of `/proc/net/snmp`: the header line names the columns, the next
-/// gives the values.
-pub fn passive_opens(snmp: &str) -> Option<u64> {
+/// `Tcp: ... PassiveOpens ... EstabResets ...` of `/proc/net/snmp`: the header line names the
+/// columns, the next gives the values.
+pub fn counters(snmp: &str) -> Option<Counters> {
     let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
-    let mut names = tcp.next()?.split_ascii_whitespace();
-    let at = names.position(|n| n == "PassiveOpens")?;
-    tcp.next()?.split_ascii_whitespace().nth(at)?.parse().ok()
+    let names: Vec<&str> = tcp.next()?.split_ascii_whitespace().collect();
+    let values: Vec<&str> = tcp.next()?.split_ascii_whitespace().collect();
+    let value = |name| -> Option<u64> {
+        let at = names.iter().position(|n| *n == name)?;
+        values.get(at)?.parse().ok()
+    };
+    Some(Counters { passive_opens: value("PassiveOpens")?, resets: value("EstabResets")? })
 }
 
 #[cfg(test)]
@@ -311,7 +435,15 @@ mod tests {
     }
 
     fn socket(local: &str, remote: &str, state: u8, received: Option<u64>) -> Socket {
-        Socket { local: end(local), remote: end(remote), state, uid: 0, inode: 0, received }
+        Socket {
+            local: end(local),
+            remote: end(remote),
+            state,
+            uid: 0,
+            inode: 0,
+            received,
+            idle: None,
+        }
     }
 
     fn listening(ports: &[u16]) -> Vec<Socket> {
@@ -325,13 +457,25 @@ mod tests {
 
     /// Reads `each` in turn, 500 ms apart, with the listeners on `ports`; what each read found.
     fn reads(rule: Rule, ports: &[u16], each: &[(&[Socket], Option<u64>)]) -> Vec<Read> {
+        let tcp = |passive: Option<u64>| passive.map(|n| Counters { passive_opens: n, resets: 0 });
+        let each: Vec<_> =
+            each.iter().map(|(sockets, passive)| (*sockets, tcp(*passive))).collect();
+        reads_counting(rule, ports, &each)
+    }
+
+    /// As `reads`, with the namespace's counters.
+    fn reads_counting(
+        rule: Rule,
+        ports: &[u16],
+        each: &[(&[Socket], Option<Counters>)],
+    ) -> Vec<Read> {
         let mut tracker = Tracker::new(rule);
         let mut found = Vec::new();
-        for (i, (sockets, passive)) in each.iter().enumerate() {
+        for (i, (sockets, counters)) in each.iter().enumerate() {
             let all: Vec<Socket> =
                 listening(ports).into_iter().chain(sockets.iter().copied()).collect();
             let at = Duration::from_millis(500 * i as u64);
-            found.push(tracker.read(at, &ours(), &all, *passive));
+            found.push(tracker.read(at, &ours(), &all, *counters));
         }
         found
     }
@@ -353,8 +497,9 @@ mod tests {
             socket(&format!("{POD}:41000"), "10.90.0.3:9080", ESTABLISHED, Some(70)),
         ];
         let found = reads(rule, &[15006, 15001, 15021, 8080], &[(&[], None), (&later, None)]);
-        assert_eq!(arrived(&found), [0, 3]);
-        assert_eq!(found[1].open, [(8080, 1), (15006, 1)], "the SYN_RECV one shows no bytes yet");
+        // The one to 8080 is from loopback: the pod calling itself.
+        assert_eq!(arrived(&found), [0, 2]);
+        assert_eq!(found[1].open, [(15006, 1)], "the SYN_RECV one shows no bytes yet");
     }
 
     #[test]
@@ -557,11 +702,151 @@ mod tests {
     }
 
     #[test]
-    fn passive_opens_is_read_from_the_snmp_table_by_its_header() {
+    fn the_pods_calls_to_itself_never_arrive_without_a_sidecar_either() {
+        // An app pinging a cache of the pod on loopback and on the pod's own address, every read;
+        // a client from outside once. Without a mesh (clients outside the pod only) and in
+        // ambient mode (ztunnel's hop to the app is in the pod: loopback alone is left out).
+        let ping = |port, bytes| {
+            let from = format!("127.0.0.1:{port}");
+            [
+                socket("127.0.0.1:6379", &from, ESTABLISHED, Some(bytes)),
+                socket(&from, "127.0.0.1:6379", ESTABLISHED, Some(bytes)),
+            ]
+        };
+        let own = |bytes| {
+            let (pod, from) = (format!("{POD}:6379"), format!("{POD}:42000"));
+            [
+                socket(&pod, &from, ESTABLISHED, Some(bytes)),
+                socket(&from, &pod, ESTABLISHED, Some(bytes)),
+            ]
+        };
+        let client = socket(&format!("{POD}:8080"), "10.90.0.9:50000", TIME_WAIT, None);
+        let first = [&ping(41000, 10)[..], &own(10)].concat();
+        let later = [&ping(41000, 20)[..], &ping(41001, 5), &own(20), &[client]].concat();
+        let none = Rule { outside_only: true, passive_opens: true, ..Rule::default() };
+        let found = reads(none, &[6379, 8080], &[(&first, Some(3)), (&later, Some(5))]);
+        assert_eq!(arrived(&found), [0, 1]);
+        let ambient = Rule::default();
+        let found = reads(ambient, &[6379, 8080], &[(&first, None), (&later, None)]);
+        assert_eq!(arrived(&found), [0, 2], "the pod's own address: the stand-in's hop's");
+    }
+
+    fn idle(mut s: Socket, ms: u64) -> Socket {
+        s.idle = Some(Duration::from_millis(ms));
+        s
+    }
+
+    fn tcp(passive_opens: u64, resets: u64) -> Option<Counters> {
+        Some(Counters { passive_opens, resets })
+    }
+
+    #[test]
+    fn in_ambient_mode_the_pods_calls_out_explain_the_captures_accepts() {
+        // istio-cni sends the app's calls out to ztunnel's 15001 in the pod: each is an accept.
+        // One the app closed first (its end waits in TIME_WAIT, the accept is gone), one still
+        // open (both ends, the accept's under REDIRECT on 15001), and ztunnel's own HBONE
+        // connection to another pod's 15008, which nothing accepted: two accepts explained.
+        // Then a connection the app reset, which left nothing: an arrival.
+        let rule = Rule {
+            passive_opens: true,
+            outbound: PortSet::parse("15001,15053").unwrap(),
+            ignore: PortSet::parse("15001,15053").unwrap(),
+            ..Rule::default()
+        };
+        let app = format!("{POD}:41000");
+        let calls = [
+            socket(&app, "10.90.0.3:9080", TIME_WAIT, None),
+            socket(&format!("{POD}:41001"), "10.90.0.3:9080", ESTABLISHED, Some(70)),
+            socket("127.0.0.1:15001", &format!("{POD}:41001"), ESTABLISHED, Some(70)),
+            socket(&format!("{POD}:41002"), "10.90.0.5:15008", ESTABLISHED, Some(900)),
+        ];
+        let ports = [8080, 15001, 15006, 15008, 15053];
+        let each: [(&[Socket], _); 3] =
+            [(&[], tcp(10, 0)), (&calls, tcp(12, 0)), (&calls, tcp(13, 2))];
+        let found = reads_counting(rule, &ports, &each);
+        assert_eq!(arrived(&found), [0, 0, 1]);
+        assert!(found.iter().all(|r| r.hiding.is_empty()), "15001 and 15053 are the capture's");
+    }
+
+    #[test]
+    fn where_a_listener_that_does_not_count_may_have_taken_them_only_resets_arrive_unseen() {
+        // Only 8080 counts; 9090 listens: three connections that left no socket, none reset,
+        // may all be 9090's; then two, both reset.
+        let rule = Rule {
+            passive_opens: true,
+            ports: Some(PortSet::parse("8080").unwrap()),
+            ..Rule::default()
+        };
+        let each: [(&[Socket], _); 3] = [(&[], tcp(10, 4)), (&[], tcp(13, 4)), (&[], tcp(15, 6))];
+        let found = reads_counting(rule.clone(), &[8080, 9090], &each);
+        assert_eq!(arrived(&found), [0, 0, 2]);
+        assert_eq!(found[0].hiding, [9090]);
+        // A listener on loopback takes no client from outside the pod.
+        let found = reads_counting(rule, &[8080], &each);
+        assert_eq!(arrived(&found), [0, 3, 2]);
+        assert!(found[0].hiding.is_empty());
+    }
+
+    #[test]
+    fn a_surplus_of_explained_accepts_hides_nothing_past_the_next_read() {
+        // Four connections seen that PassiveOpens never counted (calls out taken for the
+        // capture's), then one that left no socket two reads later: it arrives.
+        let rule = Rule {
+            passive_opens: true,
+            outbound: PortSet::parse("15001").unwrap(),
+            ..Rule::default()
+        };
+        let out = |port: u16| socket(&format!("{POD}:{port}"), "1.1.1.1:443", TIME_WAIT, None);
+        let calls = [out(41000), out(41001), out(41002), out(41003)];
+        let each: [(&[Socket], _); 4] =
+            [(&[], tcp(10, 0)), (&calls, tcp(10, 0)), (&calls, tcp(10, 0)), (&calls, tcp(11, 0))];
+        let found = reads_counting(rule, &[8080, 15001], &each);
+        assert_eq!(arrived(&found), [0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn bytes_after_a_long_silence_on_a_kept_alive_connection_are_a_poll() {
+        // A scrape every 10 s on a kept-alive connection, its request spanning two reads; then
+        // a client that sends every read: its bytes arrive.
+        let conn = |bytes, ms| {
+            [idle(socket(&format!("{POD}:8080"), "10.90.0.9:50000", ESTABLISHED, Some(bytes)), ms)]
+        };
+        let each = [conn(55, 9000), conn(55, 9500), conn(58, 4), conn(110, 400), conn(110, 900)];
+        let each: Vec<(&[Socket], _)> = each.iter().map(|s| (&s[..], None)).collect();
+        let found = reads(Rule::default(), &[8080], &each);
+        assert_eq!(arrived(&found), [0, 0, 0, 0, 0]);
+        let busy = [conn(55, 9000), conn(58, 4), conn(110, 4), conn(160, 4), conn(210, 4)];
+        let busy: Vec<(&[Socket], _)> = busy.iter().map(|s| (&s[..], None)).collect();
+        assert_eq!(arrived(&reads(Rule::default(), &[8080], &busy)), [0, 0, 0, 1, 1]);
+    }
+
+    #[test]
+    fn the_first_read_tells_the_arrivals_the_kernel_remembers() {
+        // Connections the app closed 0.2, 4.2 and 4.7 s ago, one 30 s ago, a probe's 1 s ago,
+        // and an open one: the newest 200 ms ago, the longest pause 4 s.
+        let rule = Rule { probes: vec![end("10.90.0.1:0").0], ..Rule::default() };
+        let closed = |port: u16, ms| {
+            idle(socket(&format!("{POD}:8080"), &format!("10.90.0.9:{port}"), TIME_WAIT, None), ms)
+        };
+        let probe = idle(socket(&format!("{POD}:8080"), "10.90.0.1:33000", TIME_WAIT, None), 1000);
+        let open =
+            idle(socket(&format!("{POD}:8080"), "10.90.0.9:50004", ESTABLISHED, Some(90)), 100);
+        let first = [closed(50000, 200), closed(50001, 4200), closed(50002, 4700)];
+        let first = [&first[..], &[closed(50003, 30_000), probe, open]].concat();
+        let found = reads(rule, &[8080], &[(&first, None), (&first, None)]);
+        let pause = Duration::from_millis(4000);
+        assert_eq!(found[0].before, Some(Before { newest: Duration::from_millis(200), pause }));
+        assert_eq!(found[1].before, None, "the first read's alone");
+        assert_eq!(arrived(&found), [0, 0]);
+    }
+
+    #[test]
+    fn the_tcp_counters_are_read_from_the_snmp_table_by_its_header() {
         let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\nTcp: RtoAlgorithm RtoMin RtoMax MaxConn \
-                    ActiveOpens PassiveOpens AttemptFails\nTcp: 1 200 120000 -1 12 34 0\n";
-        assert_eq!(passive_opens(snmp), Some(34));
-        assert_eq!(passive_opens("Tcp: ActiveOpens\nTcp: 3\n"), None);
+                    ActiveOpens PassiveOpens AttemptFails EstabResets\n\
+                    Tcp: 1 200 120000 -1 12 34 0 2\n";
+        assert_eq!(counters(snmp), Some(Counters { passive_opens: 34, resets: 2 }));
+        assert_eq!(counters("Tcp: ActiveOpens PassiveOpens\nTcp: 3 4\n"), None);
     }
 
     #[test]

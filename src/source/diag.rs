@@ -5,11 +5,11 @@
 //! docs/how-it-works.md ("Reading the socket table over netlink").
 
 use crate::error::{failed, io_cause};
-use crate::source::procnet::{Endpoint, Sink, Socket};
+use crate::source::procnet::{Endpoint, Sink, Socket, TIME_WAIT};
 use std::io;
 use std::net::UdpSocket;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// `NETLINK_SOCK_DIAG` (linux/netlink.h).
 const NETLINK_SOCK_DIAG: i32 = 4;
@@ -52,6 +52,12 @@ const INFO_EXT: u8 = 1 << (INET_DIAG_INFO - 1);
 const INET_DIAG_INFO: u16 = 2;
 /// Where `tcpi_bytes_received` lies in `struct tcp_info` (linux/tcp.h; since Linux 4.1).
 const BYTES_RECEIVED: usize = 128;
+/// Where `tcpi_last_data_recv` lies in `struct tcp_info`: milliseconds since data last arrived.
+const LAST_DATA_RECV: usize = 52;
+
+/// How long a closed connection's end waits in TIME_WAIT (`TCP_TIMEWAIT_LEN`, include/net/tcp.h);
+/// a dump gives the milliseconds it has left (`inet_twsk_diag_fill`).
+const TIME_WAIT_LEN: Duration = Duration::from_secs(60);
 
 /// The sequence number of every request: each dump has a socket of its own.
 pub const SEQ: u32 = 1;
@@ -148,25 +154,38 @@ fn socket(body: &[u8]) -> Result<Socket, DumpError> {
     };
     let local: Endpoint = (address(8)?, u16::from_be_bytes([m[4], m[5]]));
     let remote: Endpoint = (address(24)?, u16::from_be_bytes([m[6], m[7]]));
+    let u32_at = |at: usize| u32::from_ne_bytes([m[at], m[at + 1], m[at + 2], m[at + 3]]);
+    let info = info(&body[MESSAGE..]);
+    let idle = match (m[1], info) {
+        (TIME_WAIT, _) => {
+            Some(TIME_WAIT_LEN.saturating_sub(Duration::from_millis(u32_at(52).into())))
+        }
+        (_, Some((_, last))) => Some(Duration::from_millis(last.into())),
+        _ => None,
+    };
     Ok(Socket {
         local,
         remote,
         state: m[1],
-        uid: u32::from_ne_bytes([m[64], m[65], m[66], m[67]]),
-        inode: u64::from(u32::from_ne_bytes([m[68], m[69], m[70], m[71]])),
-        received: bytes_received(&body[MESSAGE..]),
+        uid: u32_at(64),
+        inode: u64::from(u32_at(68)),
+        received: info.map(|i| i.0),
+        idle,
     })
 }
 
-/// `tcpi_bytes_received` from the `rtattr`s after an `inet_diag_msg`, when there.
-fn bytes_received(mut attrs: &[u8]) -> Option<u64> {
+/// `tcpi_bytes_received` and `tcpi_last_data_recv` from the `rtattr`s after an
+/// `inet_diag_msg`, when there.
+fn info(mut attrs: &[u8]) -> Option<(u64, u32)> {
     while attrs.len() >= 4 {
         let len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
         let kind = u16::from_ne_bytes([attrs[2], attrs[3]]);
         let payload = attrs.get(4..len)?;
         if kind == INET_DIAG_INFO {
             let b = payload.get(BYTES_RECEIVED..BYTES_RECEIVED + 8)?;
-            return Some(u64::from_ne_bytes(b.try_into().ok()?));
+            let last = payload.get(LAST_DATA_RECV..LAST_DATA_RECV + 4)?;
+            let last = u32::from_ne_bytes(last.try_into().ok()?);
+            return Some((u64::from_ne_bytes(b.try_into().ok()?), last));
         }
         attrs = attrs.get((len + 3) & !3..).unwrap_or_default();
     }
@@ -484,5 +503,42 @@ mod tests {
         // Loopback delivers before the write returns; a few dumps at most, bounded in time.
         let seen = (0..100).find_map(|_| received().filter(|&n| n > 0));
         assert_eq!(seen, Some(16));
+    }
+
+    /// Over netlink a socket tells how long it has received nothing: an open one since its last
+    /// bytes, one in TIME_WAIT since it closed.
+    #[test]
+    fn real_dumps_tell_how_long_a_socket_has_been_idle_or_closed() {
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        client.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+        // Read, or the close would reset the connection.
+        std::io::Read::read(&mut server, &mut [0u8; 64]).unwrap();
+        // The time to measure.
+        std::thread::sleep(Duration::from_millis(300));
+        drop(server);
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut all: Vec<Socket> = Vec::new();
+        dump(&request(ALL, true), until, &mut all).unwrap();
+        let client_end = all.iter().find(|s| s.remote.1 == port).copied();
+        let idle = client_end.and_then(|s| s.idle);
+        // The client has received nothing since it connected, 300 ms ago at least.
+        assert!(
+            idle.is_some_and(|i| i >= Duration::from_millis(300) && i < Duration::from_secs(5)),
+            "{client_end:?}"
+        );
+        let closed = all.iter().find(|s| s.local.1 == port && s.state == TIME_WAIT);
+        assert!(closed.is_none(), "the server closed first but its peer has not: FIN_WAIT2");
+        drop(client);
+        let closed = (0..100).find_map(|_| {
+            let mut all: Vec<Socket> = Vec::new();
+            dump(&request(ALL, true), until, &mut all).unwrap();
+            all.into_iter().find(|s| s.local.1 == port && s.state == TIME_WAIT)
+        });
+        let idle = closed.and_then(|s| s.idle);
+        assert!(idle.is_some_and(|i| i < Duration::from_secs(2)), "{closed:?}");
     }
 }

@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 const ESTABLISHED: u8 = 0x01;
 const SYN_SENT: u8 = 0x02;
 pub const SYN_RECV: u8 = 0x03;
+pub const TIME_WAIT: u8 = 0x06;
 const CLOSE_WAIT: u8 = 0x08;
 pub const LISTEN: u8 = 0x0A;
 
@@ -35,6 +36,9 @@ pub struct Socket {
     pub inode: u64,
     /// The bytes it has received, where netlink was asked for them (`tcpi_bytes_received`).
     pub received: Option<u64>,
+    /// Over netlink, how long it has received nothing: since its last data (`tcp_info`, where
+    /// asked for), or since it closed (TIME_WAIT).
+    pub idle: Option<std::time::Duration>,
 }
 
 /// Parses one line of either table; `None` for the header and for anything malformed.
@@ -51,7 +55,8 @@ pub fn parse_line(line: &str) -> Option<Socket> {
     let mut fields = fields.skip(3);
     let uid = decimal(fields.next()?)?;
     let inode = decimal(fields.nth(1)?)?;
-    Some(Socket { local, remote, state, uid: u32::try_from(uid).ok()?, inode, received: None })
+    let uid = u32::try_from(uid).ok()?;
+    Some(Socket { local, remote, state, uid, inode, received: None, idle: None })
 }
 
 fn decimal(field: &str) -> Option<u64> {

@@ -2,12 +2,15 @@
 //! which are Envoy's (the holder of its admin listener, through `/proc/<pid>/fd`); procnet's rule.
 
 use crate::config::{Address, Counting, Filter};
-use crate::count::{Arrivals, Basis, Count, Part, SourceKind, Unit};
+use crate::count::{Arrivals, Basis, Blind, Count, Part, SourceKind, Unit};
 use crate::error::{failed, io_cause};
+use crate::lists::PortSet;
 use crate::source::arrivals::{self, Tracker};
 use crate::source::diag::{self, DumpError};
 use crate::source::lines::each_line;
-use crate::source::procnet::{DEFAULT_EPHEMERAL, LISTEN, Listeners, Rule, Sink, Table, Tally};
+use crate::source::procnet::{
+    self, DEFAULT_EPHEMERAL, LISTEN, Listeners, Rule, Sink, Table, Tally,
+};
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 use std::io::Read;
@@ -98,8 +101,8 @@ impl SocketTable {
         // before it is counted, never counted before it is seen.
         let snmp = self.proc_root.as_ref().ok().map(|root| root.join("net/snmp"));
         let passive_opens = self.tracker.as_ref().is_some_and(|t| t.rule.passive_opens);
-        let passive = match snmp.filter(|_| passive_opens).map(|f| (fs::read_to_string(&f), f)) {
-            Some((Ok(text), _)) => arrivals::passive_opens(&text),
+        let counters = match snmp.filter(|_| passive_opens).map(|f| (fs::read_to_string(&f), f)) {
+            Some((Ok(text), _)) => arrivals::counters(&text),
             Some((Err(e), snmp)) => {
                 let failed = failed("read", snmp.display(), io_cause(&e));
                 warnings.push(format!("{failed}; connections that leave no socket are not seen"));
@@ -111,13 +114,19 @@ impl SocketTable {
         let mut sockets = listening.sockets;
         read_open(open, until, (diag::ALL, true), &mut sockets)?;
         self.reader_warning(&mut warnings);
-        let (Some(tracker), Reader::Netlink, Ok(_)) =
+        let ephemeral = self.ephemeral().0;
+        let (Some(tracker), Reader::Netlink, Ok(root)) =
             (&mut self.tracker, &self.reader, &self.proc_root)
         else {
             warnings.push(format!("arrivals unknown: {NO_BYTES}"));
             return Ok(Count::new(SourceKind::Proc, Unit::Connections, Vec::new(), warnings));
         };
-        let read = tracker.read(self.made.elapsed(), &addresses(), &sockets, passive);
+        let read = tracker.read(self.made.elapsed(), &addresses(), &sockets, counters);
+        let blind = Blind {
+            udp: udp_servers(root, &tracker.rule.ignore, ephemeral),
+            hiding: if tracker.rule.passive_opens { read.hiding } else { Vec::new() },
+        };
+        warnings.extend(blind_warnings(&blind));
         if read.unseen > 0 {
             warnings.push(UNSEEN.to_string());
         }
@@ -127,6 +136,8 @@ impl SocketTable {
         Ok(Count {
             arrivals: Arrivals::Requests(tracker.total),
             opened: Some(tracker.opened),
+            blind,
+            before: read.before,
             ..count
         })
     }
@@ -408,6 +419,55 @@ fn read_table(path: &Path, table: &mut Table, until: Instant) -> Result<bool, St
     }
     Ok(true)
 }
+
+/// What `hold` cannot see, worth a warning each (`Blind`).
+fn blind_warnings(blind: &Blind) -> Vec<String> {
+    let list = |ports: &[u16]| ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
+    let mut found = Vec::new();
+    if !blind.udp.is_empty() {
+        found.push(format!(
+            "UDP is served on port {}: the kernel counts no datagrams per socket, so what \
+             arrives over UDP is not seen, only over TCP",
+            list(&blind.udp)
+        ));
+    }
+    if !blind.hiding.is_empty() {
+        found.push(format!(
+            "port {} listens and does not count: a connection that its client closes between \
+             two reads leaves no socket and may be that port's, so it counts only when reset",
+            list(&blind.hiding)
+        ));
+    }
+    found
+}
+
+/// The UDP ports served in the pod: sockets bound and unconnected (state 07 and no peer in
+/// `/proc/net/udp` and `udp6`, `udp4_format_sock`) on a port below the ephemeral range, from
+/// which a client's own sockets take theirs. The kernel counts no datagrams per socket (`Udp:
+/// InDatagrams` is the namespace's, replies to the pod's own queries among them), so `hold`
+/// cannot see what they receive, and says so.
+fn udp_servers(root: &Path, ignore: &PortSet, ephemeral: u16) -> Vec<u16> {
+    let mut ports = Vec::new();
+    for table in ["net/udp", "net/udp6"] {
+        let mut text = String::new();
+        let file = fs::File::open(root.join(table));
+        if file.and_then(|f| f.take(MAX_UNIX_TABLE).read_to_string(&mut text)).is_err() {
+            continue;
+        }
+        for s in text.lines().filter_map(procnet::parse_line) {
+            let port = s.local.1;
+            let serves = s.state == UDP_UNCONNECTED && s.remote.1 == 0 && port < ephemeral;
+            if serves && !ignore.contains(port) && !ports.contains(&port) {
+                ports.push(port);
+            }
+        }
+    }
+    ports.sort_unstable();
+    ports
+}
+
+/// A UDP socket's state with no peer: TCP_CLOSE, as `/proc/net/udp` prints it.
+const UDP_UNCONNECTED: u8 = 0x07;
 
 /// `/proc/net/unix` is a few hundred lines in a pod; more than this is not the kernel's.
 const MAX_UNIX_TABLE: u64 = 16 << 20;

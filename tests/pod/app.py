@@ -7,7 +7,8 @@ unprivileged user, its outgoing connections are captured by the sidecar's iptabl
   GET /local/<seconds>  answers 200 after <seconds>, calling nothing
 
 A query string (`/local/10?long=1`) only tells requests apart; one that holds `probe` is the
-kubelet's, which a graceful shutdown does not take for traffic.
+kubelet's, which a graceful shutdown does not take for traffic; one that holds `reset` has the
+app close the connection after its answer with a reset (SO_LINGER 0), as servers do on errors.
 
 On SIGTERM it does what the first argument says, then exits once its requests are done:
   serve     go on serving until killed
@@ -29,6 +30,7 @@ import http.client
 import http.server
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -105,6 +107,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
         self.wfile.flush()
         say("answered %s %d" % (self.path, status))
+        if "reset" in self.path:
+            self.close_connection = True
+
+    def finish(self):
+        super().finish()
+        # Closed here, before the server's shutdown(SHUT_WR) could send a FIN: a reset straight
+        # from ESTABLISHED, which leaves no socket at either end.
+        if self.close_connection and "reset" in getattr(self, "path", ""):
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
 
     def log_message(self, *args):
         pass

@@ -45,6 +45,9 @@ pub const CLIENT_IP: &str = "10.90.0.7";
 /// The gateway of a pod of Calico or the AWS VPC CNI: a link-local address the node answers for
 /// (proxy ARP), not the node's own, which the kubelet's probes come from.
 pub const LINK_LOCAL_GATEWAY: &str = "169.254.1.1";
+/// The node's bridge over IPv6, and the pod's address there (`Options::ipv6`).
+pub const GATEWAY_IP6: &str = "fd98::1";
+pub const POD_IP6: &str = "fd98::2";
 
 /// How the pod reaches the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +107,9 @@ pub struct Options {
     /// The app's container has ENVOY_DRAIN_NODE_IPS from the downward API's status.hostIPs, as
     /// examples/hold-policy.yaml adds it without a mesh: the node's address, `OTHER_IP`.
     pub node_ips: bool,
+    /// The pod also has an IPv6 address (`POD_IP6`), its IPv6 default route through the node's
+    /// bridge (`GATEWAY_IP6`), as a dual-stack or IPv6-primary cluster gives it.
+    pub ipv6: bool,
 }
 
 impl Default for Options {
@@ -118,6 +124,7 @@ impl Default for Options {
             client: false,
             gateway: Gateway::Bridge,
             node_ips: false,
+            ipv6: false,
         }
     }
 }
@@ -207,6 +214,7 @@ impl Network {
         ip(&other, &["addr", "add", &format!("{CLIENT_IP}/32"), "dev", "br0"]);
         ip(&other, &["addr", "add", &format!("{PROBE_IP}/32"), "dev", "br0"]);
         ip(&other, &["addr", "add", &format!("{LINK_LOCAL_GATEWAY}/32"), "dev", "br0"]);
+        ip(&other, &["-6", "addr", "add", &format!("{GATEWAY_IP6}/64"), "dev", "br0", "nodad"]);
         ip(&other, &["link", "set", "br0", "up"]);
         let (service, database) =
             other.enter(|| (App::start("10.90.0.3:9080", false), Database::start()));
@@ -220,7 +228,7 @@ impl Network {
     }
 
     /// Joins `pod` to the bridge with address `addr`, its default route through the node.
-    fn attach(&self, pod: &Netns, addr: &str, gateway: Gateway) {
+    fn attach(&self, pod: &Netns, addr: &str, gateway: Gateway, ipv6: bool) {
         let port = format!("veth{}", addr.rsplit('.').next().unwrap_or("0"));
         let node = self.other.path();
         ip(pod, &["link", "add", "eth0", "type", "veth", "peer", "name", &port, "netns", &node]);
@@ -233,6 +241,10 @@ impl Network {
                 ip(pod, &["route", "add", LINK_LOCAL_GATEWAY, "dev", "eth0", "scope", "link"]);
                 ip(pod, &["route", "add", "default", "via", LINK_LOCAL_GATEWAY, "dev", "eth0"]);
             }
+        }
+        if ipv6 {
+            ip(pod, &["-6", "addr", "add", &format!("{POD_IP6}/64"), "dev", "eth0", "nodad"]);
+            ip(pod, &["-6", "route", "add", "default", "via", GATEWAY_IP6, "dev", "eth0"]);
         }
     }
 
@@ -440,7 +452,7 @@ impl Pod {
         set_mode(&dir, 0o755);
 
         let pod = Netns::new();
-        network.attach(&pod, addr, options.gateway);
+        network.attach(&pod, addr, options.gateway, options.ipv6);
         // The client pod's node ztunnel, in ambient mode, is an Envoy in the sidecar's place.
         let proxy =
             options.mesh == Mesh::Sidecar || (options.client && options.mesh == Mesh::Ambient);
