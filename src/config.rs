@@ -73,10 +73,6 @@ pub struct ArrivalRule {
     pub ports: Option<PortSet>,
     /// Ports whose connections never count: the proxy's own, its outbound capture.
     pub ignore: PortSet,
-    /// Ports where only a new connection counts, not bytes on an open one: ztunnel's HBONE
-    /// connections carry an HTTP/2 PING every 10 s (istio/ztunnel src/proxy/h2.rs,
-    /// `do_ping_pong`), and every stream they carry reaches the app over a connection of its own.
-    pub new_only: PortSet,
     /// Clients whose connections never count: the kubelet's probes.
     pub probes: Vec<[u8; 16]>,
     /// The periods of the kubelet's readiness probes that connect (`--probe-periods`): no more
@@ -86,9 +82,6 @@ pub struct ArrivalRule {
     /// Also count the connections the namespace accepted that left no socket to see (a client
     /// that closed first, outside the pod, or a reset), from its `PassiveOpens`.
     pub passive_opens: bool,
-    /// The ports of the pod's listeners that its calls out are captured to (ambient mode's
-    /// ztunnel): each call out is one of their accepts, and none is an arrival.
-    pub outbound: PortSet,
     /// A sidecar's: connections whose client is in the pod never count (the proxy's own hop to
     /// the app, the app's calls to the pod's other containers): a client's own connection to the
     /// proxy shows each of its requests.
@@ -574,13 +567,10 @@ pub fn hold_config(
     counting.hold = Some(ArrivalRule {
         ports: a.ports.as_deref().map(|v| some_ports("--ports", v)).transpose()?,
         ignore: if kernel { ignore.clone() } else { ignore.clone().with(preset::OUTBOUND_CAPTURE) },
-        new_only: PortSet::parse(if preset == "ambient" { "15008" } else { "" })
-            .unwrap_or_default(),
         probes,
         probe_periods: a.probe_periods.as_deref().map(probe_periods).transpose()?,
-        passive_opens: kernel,
-        outbound: PortSet::parse(if preset == "ambient" { AMBIENT_OWN } else { "" })
-            .unwrap_or_default(),
+        // In ambient mode every client connection reaches the app over a hop in the pod.
+        passive_opens: preset == "none",
         outside_only: preset != "ambient",
     });
     counting.filter.ignore = ignore;
@@ -685,19 +675,25 @@ fn node_addresses(
     found
 }
 
-/// Where the pod's gateway is link-local (Calico's and the AWS VPC CNI's 169.254.1.1) the
-/// kubelet's probes come from the node's own address, which only `ENV_NODE_IPS` tells.
+/// Where the pod's gateway is link-local (Calico's and the AWS VPC CNI's 169.254.1.1, or an IPv6
+/// fe80::) the kubelet's probes come from the node's own address, which only `ENV_NODE_IPS` tells.
 fn link_local_gateway() -> Option<String> {
-    let gateway = default_gateways()
-        .into_iter()
-        .find_map(|g| std::net::Ipv6Addr::from(g).to_ipv4_mapped())?;
-    gateway.is_link_local().then(|| {
-        format!(
-            "the pod's gateway is the link-local {gateway} (Calico, the AWS VPC CNI): the \
-             kubelet's probes come from the node's own address, which {ENV_NODE_IPS} (unset) \
-             would name; they count as arrivals"
-        )
-    })
+    let gateway = default_gateways().into_iter().find(link_local)?;
+    let gateway = std::net::Ipv6Addr::from(gateway).to_canonical();
+    Some(format!(
+        "the pod's gateway is the link-local {gateway} (Calico, the AWS VPC CNI): the kubelet's \
+         probes come from the node's own address, which {ENV_NODE_IPS} (unset) would name; they \
+         count as arrivals"
+    ))
+}
+
+/// 169.254.0.0/16, or fe80::/10.
+fn link_local(address: &[u8; 16]) -> bool {
+    let ip = std::net::Ipv6Addr::from(*address);
+    match ip.to_ipv4_mapped() {
+        Some(v4) => v4.is_link_local(),
+        None => ip.segments()[0] & 0xffc0 == 0xfe80,
+    }
 }
 
 /// `--probe-periods`: comma-separated whole seconds, as a probe's `periodSeconds` are (at least
@@ -1221,18 +1217,6 @@ mod tests {
     }
 
     #[test]
-    fn without_a_sidecar_connections_that_left_no_socket_count_and_ambient_knows_its_capture() {
-        let rule = |preset: &str| {
-            let a = HoldArgs { preset: Some(preset.into()), ..HoldArgs::default() };
-            hold_config(&a, &|_| None).unwrap().counting.hold.unwrap()
-        };
-        let (ambient, none, istio) = (rule("ambient"), rule("none"), rule("istio"));
-        assert!(ambient.passive_opens && none.passive_opens && !istio.passive_opens);
-        assert!(ambient.outbound.contains(15001) && ambient.outbound.contains(15053));
-        assert!(none.outbound.is_empty() && istio.outbound.is_empty());
-    }
-
-    #[test]
     fn without_a_mesh_the_probes_come_from_the_nodes_addresses_in_the_environment() {
         let hold = |probes_from: Option<&str>, env: Option<&str>| {
             let a = HoldArgs {
@@ -1281,5 +1265,9 @@ mod tests {
         assert_eq!(found, ["10.90.0.3".parse::<IpAddr>().unwrap(), "fd98::1".parse().unwrap()]);
         // An IPv6-only pod.
         assert_eq!(gateways("", ipv6_route).len(), 1);
+        // Calico's gateways, which the probes do not come from.
+        let link = |ip: &str| link_local(&mapped(ip.parse().unwrap()));
+        assert!(link("169.254.1.1") && link("fe80::ecee:eeff:feee:eeee"));
+        assert!(!link("10.90.0.3") && !link("fd98::1"));
     }
 }

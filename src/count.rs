@@ -59,6 +59,8 @@ pub struct Count {
     pub opened: Option<u64>,
     /// What `hold` reads from the socket table cannot see (`Blind`).
     pub blind: Blind,
+    /// Polls on kept-alive connections left out so far (`hold`, the socket table).
+    pub polls: u64,
     /// At the first read, what the kernel remembers of arrivals before it.
     pub before: Option<Before>,
 }
@@ -137,6 +139,7 @@ impl Count {
             recounted: 0,
             opened: None,
             blind: Blind::default(),
+            polls: 0,
             before: None,
         }
     }

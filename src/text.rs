@@ -222,8 +222,7 @@ pub fn doors(rule: &crate::config::ArrivalRule) -> String {
     };
     for (when, clause) in [
         (!rule.ignore.is_empty(), format!(" but {}", rule.ignore)),
-        (true, ", new or receiving bytes".to_string()),
-        (!rule.new_only.is_empty(), format!(" (on {}, new only)", rule.new_only)),
+        (true, ", new or receiving bytes (not a poll's, after 5s of silence)".to_string()),
         (rule.passive_opens, "; and those accepted that left no socket (PassiveOpens)".to_string()),
         (!rule.probes.is_empty(), probes),
     ] {
@@ -455,12 +454,19 @@ pub fn summary(
     line += &match outcome {
         Outcome::Reached if hold => {
             let quiet = seconds(p.pace.map_or(rules.settle, |pace| pace.quiet));
-            match p.last.as_ref().map(|c| unseen(&c.blind)).filter(|u| !u.is_empty()) {
-                None => format!(": no request arrived for {quiet}, {counted}{after}"),
-                Some(unseen) => {
-                    format!(": no request seen for {quiet} ({unseen}), {counted}{after}")
-                }
-            }
+            let (blind, polls) =
+                p.last.as_ref().map_or((String::new(), 0), |c| (unseen(&c.blind), c.polls));
+            let verb = if blind.is_empty() { "arrived" } else { "seen" };
+            let polled = match polls {
+                0 => String::new(),
+                1 => "1 poll on a kept-alive connection, after 5s of silence, left out".to_string(),
+                n => format!("{n} polls on kept-alive connections, after 5s of silence, left out"),
+            };
+            let notes: Vec<&str> =
+                [blind.as_str(), &polled].into_iter().filter(|s| !s.is_empty()).collect();
+            let notes =
+                if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) };
+            format!(": no request {verb} for {quiet}{notes}, {counted}{after}")
         }
         Outcome::Reached => format!(": {counted}{after}"),
         Outcome::AppExited if p.last.is_none() => format!(": the app has exited{after}"),
@@ -836,6 +842,7 @@ mod tests {
         let hold = Rules { until: Until::Quiet, settle: Duration::from_millis(500), ..RULES };
         let mut zero = Count::new(SourceKind::Proc, Unit::Connections, vec![], vec![]);
         zero.blind = Blind { udp: vec![53, 5353], hiding: vec![9090] };
+        zero.polls = 2;
         let line = summary(
             Outcome::Reached,
             Duration::from_secs(5),
@@ -847,8 +854,8 @@ mod tests {
             line,
             "done after 5.0s: no request seen for 0.5s (UDP to port 53, 5353 is not seen; a \
              connection its client closes between two reads is not seen unless reset, as port \
-             9090 listens without counting), 0 active connections (proc); the app gets its \
-             SIGTERM now"
+             9090 listens without counting; 2 polls on kept-alive connections, after 5s of \
+             silence, left out), 0 active connections (proc); the app gets its SIGTERM now"
         );
     }
 

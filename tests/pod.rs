@@ -16,6 +16,7 @@ use support::pod::{
     APP, APP_UID, CLIENT_IP, Capture, GATEWAY_IP6, Gateway, Mesh, OTHER_IP, Options, POD_IP,
     POD_IP6, PROBE_IP, Pod, Stats,
 };
+use support::ztunnel::{Control, Node, Served};
 use support::{Finished, Running, spawn};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -756,28 +757,52 @@ fn returned_after_quiet(out: &Finished, last: Instant) {
     assert!(out.last_line().contains(": no request arrived for 2.0s, "), "{out}");
 }
 
+/// Istio's ambient mode with ztunnel itself (support/ztunnel.rs): the app's pod on one node, a
+/// client pod (`MESH_CLIENT`) on another, each node's ztunnel taking its pods; the app's pod is
+/// among the service's endpoints. The nodes go first when dropped.
+struct Ambient {
+    _nodes: [Node; 2],
+    pod: Pod,
+    client: Pod,
+}
+
+/// The mesh's client pod in `Ambient`.
+const MESH_CLIENT: &str = "10.90.0.5";
+
+fn ambient() -> Ambient {
+    let network = support::pod::Network::new(false);
+    let (none, bin) = (Path::new("/nonexistent"), Path::new(support::BIN));
+    let options = Options { mesh: Mesh::Ambient, ..Options::default() };
+    let pod = Pod::join(&network, POD_IP, none, bin, options);
+    let client = Pod::join(&network, MESH_CLIENT, none, bin, Options { client: true, ..options });
+    let control = Control::default();
+    let app = Served { ns: pod.netns(), name: "app-a", ip: POD_IP };
+    let caller = Served { ns: client.netns(), name: "client", ip: MESH_CLIENT };
+    let nodes =
+        [Node::start("node-a", &control, &[app]), Node::start("node-c", &control, &[caller])];
+    control.set_serving(&["app-a"]);
+    Ambient { _nodes: nodes, pod, client }
+}
+
 #[test]
-#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
+#[ignore = "needs root, iptables, setpriv and ztunnel: `bash scripts/test` runs it"]
 fn in_ambient_mode_hold_sees_each_client_connection_but_never_the_probes_or_the_pods_calls_out() {
-    // Istio's ambient mode: no sidecar; the node's ztunnel (a stand-in) holds 15008, 15006, 15001
-    // and 15053 in the pod's namespace as another user. Clients reach the app over HBONE (a
-    // client node's ztunnel pooling HTTP/2 CONNECT streams to 15008), then in plaintext (to
+    // Istio's ambient mode: no sidecar; the node's ztunnel holds 15008, 15006, 15001 and 15053
+    // in the pod's namespace. Clients in the mesh reach the app over HBONE (their own node's
+    // ztunnel pooling HTTP/2 CONNECT streams to 15008), then clients outside it in plaintext (to
     // 15006), one connection per request, each opened and closed between two reads; the
     // kubelet's probes (from 169.254.7.127, straight to the app) and the app's own calls out (to
     // 15001, and TCP DNS to 15053) go on all along and never count.
-    let envoy = support::envoy::required();
-    let options = Options { mesh: Mesh::Ambient, ..Options::default() };
-    let pod = Pod::start(&envoy, Path::new(support::BIN), options);
-    let _hbone = pod.network().hbone_client(&envoy, "10.90.0.3:18080", POD_IP);
+    let Ambient { pod, client, .. } = &ambient();
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         let probed = s.spawn(|| pod.client(|| probes(PROBE_IP, &stop)));
         let mut calls = pod.as_app("/usr/bin/python3");
         calls.args(["-c", CALLS_OUT]);
         let calls = spawn(calls);
-        let hold = hold_in(&pod, "ambient");
+        let hold = hold_in(pod, "ambient");
         let every = SECOND / 10;
-        pod.client(|| requests(CLIENT_IP, "10.90.0.3:18080", every, 2 * SECOND, false));
+        client.inside(|| requests(MESH_CLIENT, APP, every, 2 * SECOND, false));
         let last = pod.client(|| requests(CLIENT_IP, APP, every, 2 * SECOND, false));
         let out = hold.finish();
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -794,9 +819,19 @@ fn in_ambient_mode_hold_sees_each_client_connection_but_never_the_probes_or_the_
 }
 
 /// The app's own calls out, as its user, every 200 ms for 8 s: HTTP to the other service (which
-/// ambient mode sends to ztunnel's 15001) and a TCP DNS exchange (to its 15053).
+/// ambient mode sends to ztunnel's 15001) and a DNS query over TCP for the mesh's service (to
+/// its 15053, which ztunnel answers itself: 10.96.0.10).
 const CALLS_OUT: &str = "
-import http.client, socket, time
+import http.client, socket, struct, time
+def exactly(s, n):
+    data = b''
+    while len(data) < n:
+        more = s.recv(n - len(data))
+        assert more, 'the DNS answer ended early'
+        data += more
+    return data
+name = b''.join(bytes([len(p)]) + p for p in b'app.default.svc.cluster.local'.split(b'.'))
+query = struct.pack('>6H', 7, 0x0100, 1, 0, 0, 0) + name + b'\\0' + struct.pack('>2H', 1, 1)
 end = time.monotonic() + 8
 while time.monotonic() < end:
     c = http.client.HTTPConnection('10.90.0.3', 9080, timeout=5)
@@ -804,8 +839,9 @@ while time.monotonic() < end:
     assert c.getresponse().status == 200
     c.close()
     s = socket.create_connection(('10.90.0.3', 53), timeout=5)
-    s.sendall(b'wait 0\\n')
-    assert s.recv(16) == b'done\\n'
+    s.sendall(struct.pack('>H', len(query)) + query)
+    answer = exactly(s, struct.unpack('>H', exactly(s, 2))[0])
+    assert bytes([10, 96, 0, 10]) in answer, answer
     s.close()
     time.sleep(0.2)
 ";
@@ -978,19 +1014,16 @@ fn beside_app(pod: &Pod, code: &str, args: &[&str]) -> Running {
 const NONE_HOLD: [&str; 5] = ["hold", "--preset", "none", "--deadline", "20s"];
 
 #[test]
-#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
+#[ignore = "needs root, iptables, setpriv and ztunnel: `bash scripts/test` runs it"]
 fn in_ambient_mode_connections_the_app_resets_still_arrive() {
     // An app that ends each connection with a reset (SO_LINGER 0, as servers do on errors):
     // ztunnel's hop to it then leaves no socket at either end, not even in TIME_WAIT, and the
     // namespace's PassiveOpens alone tells it. Clients over HBONE, 10 a second for 3 s: the hold
     // returns its quiet time after the last one, not before.
-    let envoy = support::envoy::required();
-    let options = Options { mesh: Mesh::Ambient, ..Options::default() };
-    let pod = Pod::start(&envoy, Path::new(support::BIN), options);
-    let _hbone = pod.network().hbone_client(&envoy, "10.90.0.3:18080", POD_IP);
-    let hold = hold_in(&pod, "ambient");
+    let Ambient { pod, client, .. } = &ambient();
+    let hold = hold_in(pod, "ambient");
     let reset = Asked::Answer("/local/0?reset");
-    let last = pod.client(|| send(CLIENT_IP, "10.90.0.3:18080", reset, SECOND / 10, 3 * SECOND));
+    let last = client.inside(|| send(MESH_CLIENT, APP, reset, SECOND / 10, 3 * SECOND));
     returned_after_quiet(&hold.finish(), last);
 }
 
@@ -1111,7 +1144,7 @@ fn a_kept_alive_poll_never_holds_a_quiet_pod() {
 }
 
 #[test]
-#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
+#[ignore = "needs root, iptables, setpriv and ztunnel: `bash scripts/test` runs it"]
 fn the_pods_calls_to_itself_over_loopback_never_hold_it() {
     // A cache of the pod on 127.0.0.1:6379 that the app pings three times a second, a connection
     // each (the cache closes first: its ends wait in TIME_WAIT); no client otherwise. Without a
@@ -1134,11 +1167,11 @@ for _ in range(200):
     c.close()
     time.sleep(0.3)
 ";
-    let envoy = support::envoy::required();
-    for (mesh, preset) in [(Mesh::None, "none"), (Mesh::Ambient, "ambient")] {
-        let pod =
-            Pod::start(&envoy, Path::new(support::BIN), Options { mesh, ..Options::default() });
-        let _pings = beside_app(&pod, pings, &[]);
+    let none = Options { mesh: Mesh::None, ..Options::default() };
+    let none = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), none);
+    let ambient = ambient();
+    for (pod, preset) in [(&none, "none"), (&ambient.pod, "ambient")] {
+        let _pings = beside_app(pod, pings, &[]);
         let args = ["hold", "--preset", preset, "--min", "1s", "--deadline", "10s"];
         let out = spawn(pod.hook_as(APP_UID, APP_UID, &args)).finish();
         assert_eq!(out.code, Some(0), "{out}");

@@ -18,18 +18,10 @@ struct Key {
     client: Endpoint,
 }
 
-/// The server end every call out of the pod is keyed by where ambient mode's capture hands it to
-/// a listener of the pod (`Rule::outbound`): the call's own end and the listener's accept of it
-/// are then one connection, whichever of the two the table shows.
-const OUT: Endpoint = ([0; 16], 0);
-
-/// ztunnel's HBONE port: its own connections to other pods' ztunnels, not the app's calls out.
-const HBONE: u16 = 15008;
-
-/// A kept-alive connection that had received nothing for this long before its next bytes is a
-/// poll (a metrics scrape, a health check, a gRPC keepalive), not a client in use: its bytes do
-/// not count. Its client keeps the connection to this pod whatever the mesh says, so holding
-/// the app for it gains nothing.
+/// A kept-alive connection that had received nothing for this long before its next bytes, from
+/// a client that sent nothing else meanwhile, is polled (a metrics scrape, a health check,
+/// ztunnel's HBONE PINGs, a gRPC keepalive): its bytes do not count. Its client keeps the
+/// connection to this pod whatever the mesh says, so holding the app for it gains nothing.
 const POLL: Duration = Duration::from_secs(5);
 
 /// How far back before the first read the kernel's memory of closed connections is taken, as
@@ -76,6 +68,8 @@ pub struct Read {
     pub opened: u64,
     /// Of those, connections the pod accepted that left no socket (`Rule::passive_opens`).
     pub unseen: u64,
+    /// Polls (`POLL`) left out.
+    pub polls: u64,
     /// Connections open now that count, by the server's port.
     pub open: Vec<(u16, u64)>,
     /// At the first read: what the kernel remembers of arrivals before it.
@@ -96,6 +90,8 @@ pub struct Tracker {
     /// counters of the read before.
     unexplained: Option<i128>,
     counters: Option<Counters>,
+    /// When each client address last sent anything that counts.
+    sent: HashMap<[u8; 16], Duration>,
     accepted: u64,
     /// Arrivals so far: a counter, as /clusters' `rq_total` is.
     pub total: u64,
@@ -103,6 +99,8 @@ pub struct Tracker {
     pub opened: u64,
     /// The probes' connections so far, which /clusters counts among the app's requests.
     pub probes: u64,
+    /// Polls left out so far.
+    pub polls: u64,
     /// When the first read was, and how many connections since were taken for probes.
     first_at: Option<Duration>,
     probed: u64,
@@ -157,7 +155,6 @@ impl Tracker {
         let first = self.last.is_none();
         let last = self.last.take().unwrap_or_default();
         let since = at.saturating_sub(*self.first_at.get_or_insert(at));
-        let accepted_before = self.accepted;
         let mut read = Read::default();
         let mut ages = Vec::new();
         for (key, seen) in &mut now {
@@ -187,8 +184,7 @@ impl Tracker {
             // A client on loopback is the pod calling itself, in ambient mode too (ztunnel's hop
             // to the app comes from the client's address, or the pod's).
             let local = std::net::Ipv6Addr::from(key.client.0).to_canonical().is_loopback();
-            if key.server == OUT
-                || !self.counts(key.server.1)
+            if !self.counts(key.server.1)
                 || seen.probe
                 || local
                 || (seen.inside && self.rule.outside_only)
@@ -199,14 +195,21 @@ impl Tracker {
             if first && seen.closed && !self.rule.probes.contains(&key.client.0) {
                 ages.extend(seen.idle.filter(|age| *age <= HISTORY));
             }
-            let more = match (before.and_then(|b| b.received), seen.received) {
-                (Some(was), Some(is)) => is > was && !self.rule.new_only.contains(key.server.1),
-                _ => false,
-            };
+            let more = matches!((before.and_then(|b| b.received), seen.received),
+                (Some(was), Some(is)) if is > was);
             // A request may span two reads: a poll's rest is the poll's.
             let rest = before.is_some_and(|b| b.polled);
-            seen.polled = more && !rest && before.and_then(|b| b.idle).is_some_and(|i| i >= POLL);
+            let quiet_client =
+                self.sent.get(&key.client.0).is_none_or(|t| at.saturating_sub(*t) >= POLL);
+            let idle = before.and_then(|b| b.idle).is_some_and(|i| i >= POLL);
+            seen.polled = more && !rest && idle && quiet_client;
+            read.polls += u64::from(seen.polled);
             let grew = more && !seen.polled && !rest;
+            // At the first read, a connection's last bytes are as old as it has been idle.
+            let recent = !first || seen.idle.is_none_or(|i| i < POLL);
+            if (before.is_none() || more) && recent {
+                self.sent.insert(key.client.0, at);
+            }
             read.arrived += u64::from(before.is_none() || grew);
             read.opened += u64::from(before.is_none() || client);
             if seen.received.is_some() {
@@ -224,8 +227,7 @@ impl Tracker {
             read.before = before(ages);
         }
         if let Some(counters) = counters.filter(|_| self.rule.passive_opens) {
-            let explained = self.accepted - accepted_before;
-            let mut unseen = self.unseen(counters, explained, first);
+            let mut unseen = self.unseen(counters.passive_opens, first);
             // Where a listener that does not count may have taken them, only resets are known
             // to be the app's.
             if !read.hiding.is_empty() {
@@ -240,6 +242,7 @@ impl Tracker {
         }
         self.total = self.total.saturating_add(read.arrived);
         self.opened = self.opened.saturating_add(read.opened);
+        self.polls = self.polls.saturating_add(read.polls);
         read
     }
 
@@ -271,27 +274,12 @@ impl Tracker {
     /// The connection `s` belongs to, and whether `s` is its server's socket; `None` for one the
     /// pod opened to elsewhere. The server is the end a listener of the pod serves: `s`'s own
     /// local end when it was accepted, else its remote end when that is the pod's (`ours`).
-    /// Where the pod's calls out are captured (`Rule::outbound`), a call out and the capture's
-    /// accept of it are keyed by the call's own end.
     fn key(&self, ours: &[[u8; 16]], s: &Socket) -> Option<(Key, bool)> {
         if taking(&self.listening, &s.local, |l| l).is_some() {
-            if self.rule.outbound.contains(s.local.1) {
-                return Some((Key { server: OUT, client: s.remote }, true));
-            }
             return Some((Key { server: s.local, client: s.remote }, true));
         }
-        if is_ours(ours, &s.remote) && taking(&self.listening, &s.remote, |l| l).is_some() {
-            return Some((Key { server: s.remote, client: s.local }, false));
-        }
-        // The app's end (the capture's accept under REDIRECT shows its listener's port), or,
-        // under TPROXY, the capture's accept, whose local end is the destination.
-        let (pods, other, accept) = match (is_ours(ours, &s.local), is_ours(ours, &s.remote)) {
-            (true, false) => (s.local, s.remote, false),
-            (false, true) => (s.remote, s.local, true),
-            _ => return None,
-        };
-        let captured = !self.rule.outbound.is_empty() && other.1 != HBONE;
-        captured.then_some((Key { server: OUT, client: pods }, accept))
+        (is_ours(ours, &s.remote) && taking(&self.listening, &s.remote, |l| l).is_some())
+            .then_some((Key { server: s.remote, client: s.local }, false))
     }
 
     /// Whether connections to the server's `port` count.
@@ -300,13 +288,12 @@ impl Tracker {
             && self.rule.ports.as_ref().is_none_or(|p| p.contains(port))
     }
 
-    /// The ports of listeners that take connections from outside the pod and do not count,
-    /// other than the capture's own.
+    /// The ports of listeners that take connections from outside the pod and do not count.
     fn hiding(&self) -> Vec<u16> {
         let mut ports: Vec<u16> = (self.listening.iter())
             .filter(|l| !std::net::Ipv6Addr::from(l.0).to_canonical().is_loopback())
             .map(|l| l.1)
-            .filter(|&p| !self.counts(p) && !self.rule.outbound.contains(p))
+            .filter(|&p| !self.counts(p))
             .collect();
         ports.sort_unstable();
         ports.dedup();
@@ -316,13 +303,10 @@ impl Tracker {
     /// Connections the pod accepted since the last read that no read saw: `PassiveOpens`, which
     /// counts every accepted connection, less those seen, beyond the most this has been. Read
     /// before the sockets, a connection accepted in between is seen before it is counted, which
-    /// the highest so far absorbs; a read's surplus is kept for the next read only (`explained`:
-    /// those this read saw), so that a call out taken for the capture's (ztunnel's own to
-    /// outside the mesh) does not hide what comes later.
-    fn unseen(&mut self, counters: Counters, explained: u64, first: bool) -> u64 {
-        let now = i128::from(counters.passive_opens) - i128::from(self.accepted);
-        let high = self.unexplained.map_or(now, |was| was.max(now));
-        let before = self.unexplained.replace(high.min(now + i128::from(explained)));
+    /// the highest so far absorbs.
+    fn unseen(&mut self, passive: u64, first: bool) -> u64 {
+        let now = i128::from(passive) - i128::from(self.accepted);
+        let before = self.unexplained.replace(now.max(self.unexplained.unwrap_or(now)));
         match before {
             Some(was) if !first && now > was => u64::try_from(now - was).unwrap_or(u64::MAX),
             _ => 0,
@@ -556,24 +540,26 @@ mod tests {
     }
 
     #[test]
-    fn the_kubelets_probes_and_a_new_only_ports_bytes_never_arrive() {
-        let rule = Rule {
-            probes: vec![end("169.254.7.127:0").0],
-            new_only: PortSet::parse("15008").unwrap(),
-            ..Rule::default()
+    fn the_kubelets_probes_and_hbones_pings_never_arrive_and_its_streams_do() {
+        // ztunnel's HBONE connection to 15008 pings every 10 s when idle; the streams it carries
+        // are bytes too. A probe from 169.254.7.127 closes between two reads.
+        let rule = Rule { probes: vec![end("169.254.7.127:0").0], ..Rule::default() };
+        let hbone = |bytes, ms| {
+            idle(socket(&format!("{POD}:15008"), "10.90.0.5:40000", ESTABLISHED, Some(bytes)), ms)
         };
-        let hbone =
-            |bytes| socket(&format!("{POD}:15008"), "10.90.0.5:40000", ESTABLISHED, Some(bytes));
         let probe = socket(&format!("{POD}:8080"), "169.254.7.127:33000", TIME_WAIT, None);
-        let first = [hbone(100)];
-        let pinged = [hbone(139), probe];
-        let new = [
-            hbone(139),
-            probe,
-            socket(&format!("{POD}:15008"), "10.90.0.5:40001", ESTABLISHED, Some(0)),
+        let each = [
+            (vec![hbone(100, 9000)], None),
+            (vec![hbone(100, 9500)], None),
+            (vec![hbone(117, 10), probe], None),
+            (vec![hbone(117, 510), probe], None),
+            (vec![hbone(900, 5), probe], None),
+            (vec![hbone(1700, 5), probe], None),
         ];
-        let found = reads(rule, &[8080, 15008], &[(&first, None), (&pinged, None), (&new, None)]);
-        assert_eq!(arrived(&found), [0, 0, 1]);
+        let each: Vec<(&[Socket], _)> = each.iter().map(|(s, p)| (&s[..], *p)).collect();
+        let found = reads(rule, &[8080, 15008], &each);
+        assert_eq!(arrived(&found), [0, 0, 0, 0, 1, 1], "the ping, then a stream's bytes");
+        assert_eq!(found[2].polls, 1);
     }
 
     #[test]
@@ -741,34 +727,6 @@ mod tests {
     }
 
     #[test]
-    fn in_ambient_mode_the_pods_calls_out_explain_the_captures_accepts() {
-        // istio-cni sends the app's calls out to ztunnel's 15001 in the pod: each is an accept.
-        // One the app closed first (its end waits in TIME_WAIT, the accept is gone), one still
-        // open (both ends, the accept's under REDIRECT on 15001), and ztunnel's own HBONE
-        // connection to another pod's 15008, which nothing accepted: two accepts explained.
-        // Then a connection the app reset, which left nothing: an arrival.
-        let rule = Rule {
-            passive_opens: true,
-            outbound: PortSet::parse("15001,15053").unwrap(),
-            ignore: PortSet::parse("15001,15053").unwrap(),
-            ..Rule::default()
-        };
-        let app = format!("{POD}:41000");
-        let calls = [
-            socket(&app, "10.90.0.3:9080", TIME_WAIT, None),
-            socket(&format!("{POD}:41001"), "10.90.0.3:9080", ESTABLISHED, Some(70)),
-            socket("127.0.0.1:15001", &format!("{POD}:41001"), ESTABLISHED, Some(70)),
-            socket(&format!("{POD}:41002"), "10.90.0.5:15008", ESTABLISHED, Some(900)),
-        ];
-        let ports = [8080, 15001, 15006, 15008, 15053];
-        let each: [(&[Socket], _); 3] =
-            [(&[], tcp(10, 0)), (&calls, tcp(12, 0)), (&calls, tcp(13, 2))];
-        let found = reads_counting(rule, &ports, &each);
-        assert_eq!(arrived(&found), [0, 0, 1]);
-        assert!(found.iter().all(|r| r.hiding.is_empty()), "15001 and 15053 are the capture's");
-    }
-
-    #[test]
     fn where_a_listener_that_does_not_count_may_have_taken_them_only_resets_arrive_unseen() {
         // Only 8080 counts; 9090 listens: three connections that left no socket, none reset,
         // may all be 9090's; then two, both reset.
@@ -788,23 +746,6 @@ mod tests {
     }
 
     #[test]
-    fn a_surplus_of_explained_accepts_hides_nothing_past_the_next_read() {
-        // Four connections seen that PassiveOpens never counted (calls out taken for the
-        // capture's), then one that left no socket two reads later: it arrives.
-        let rule = Rule {
-            passive_opens: true,
-            outbound: PortSet::parse("15001").unwrap(),
-            ..Rule::default()
-        };
-        let out = |port: u16| socket(&format!("{POD}:{port}"), "1.1.1.1:443", TIME_WAIT, None);
-        let calls = [out(41000), out(41001), out(41002), out(41003)];
-        let each: [(&[Socket], _); 4] =
-            [(&[], tcp(10, 0)), (&calls, tcp(10, 0)), (&calls, tcp(10, 0)), (&calls, tcp(11, 0))];
-        let found = reads_counting(rule, &[8080, 15001], &each);
-        assert_eq!(arrived(&found), [0, 0, 0, 1]);
-    }
-
-    #[test]
     fn bytes_after_a_long_silence_on_a_kept_alive_connection_are_a_poll() {
         // A scrape every 10 s on a kept-alive connection, its request spanning two reads; then
         // a client that sends every read: its bytes arrive.
@@ -815,9 +756,29 @@ mod tests {
         let each: Vec<(&[Socket], _)> = each.iter().map(|s| (&s[..], None)).collect();
         let found = reads(Rule::default(), &[8080], &each);
         assert_eq!(arrived(&found), [0, 0, 0, 0, 0]);
+        assert_eq!(found.iter().map(|r| r.polls).sum::<u64>(), 1);
         let busy = [conn(55, 9000), conn(58, 4), conn(110, 4), conn(160, 4), conn(210, 4)];
         let busy: Vec<(&[Socket], _)> = busy.iter().map(|s| (&s[..], None)).collect();
         assert_eq!(arrived(&reads(Rule::default(), &[8080], &busy)), [0, 0, 0, 1, 1]);
+    }
+
+    #[test]
+    fn a_pool_of_kept_alive_connections_used_in_turn_is_no_poll() {
+        // One client, three kept-alive connections, a request every read on the next one: each
+        // connection is idle for longer than a poll's silence, but its client is not.
+        let conn = |port: u16, bytes, ms| {
+            let from = format!("10.90.0.9:{port}");
+            idle(socket(&format!("{POD}:8080"), &from, ESTABLISHED, Some(bytes)), ms)
+        };
+        let each = [
+            [conn(50000, 50, 6000), conn(50001, 50, 6500), conn(50002, 50, 7000)],
+            [conn(50000, 100, 4), conn(50001, 50, 7000), conn(50002, 50, 7500)],
+            [conn(50000, 100, 500), conn(50001, 100, 4), conn(50002, 50, 8000)],
+            [conn(50000, 100, 1000), conn(50001, 100, 500), conn(50002, 100, 4)],
+        ];
+        let each: Vec<(&[Socket], _)> = each.iter().map(|s| (&s[..], None)).collect();
+        let found = reads(Rule::default(), &[8080], &each);
+        assert_eq!(arrived(&found), [0, 0, 1, 1], "the first after the silence is a poll");
     }
 
     #[test]

@@ -137,6 +137,7 @@ impl SocketTable {
             arrivals: Arrivals::Requests(tracker.total),
             opened: Some(tracker.opened),
             blind,
+            polls: tracker.polls,
             before: read.before,
             ..count
         })
@@ -456,7 +457,10 @@ fn udp_servers(root: &Path, ignore: &PortSet, ephemeral: u16) -> Vec<u16> {
         }
         for s in text.lines().filter_map(procnet::parse_line) {
             let port = s.local.1;
-            let serves = s.state == UDP_UNCONNECTED && s.remote.1 == 0 && port < ephemeral;
+            // Bound to loopback, it serves the pod alone (ztunnel's DNS on 127.0.0.1:15053).
+            let outside = !std::net::Ipv6Addr::from(s.local.0).to_canonical().is_loopback();
+            let serves =
+                s.state == UDP_UNCONNECTED && s.remote.1 == 0 && port < ephemeral && outside;
             if serves && !ignore.contains(port) && !ports.contains(&port) {
                 ports.push(port);
             }
@@ -572,6 +576,39 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
     use std::os::fd::AsRawFd;
+
+    /// As the kernel prints them: a server on 0.0.0.0:5353 and on [::]:443 (QUIC), a DNS stub on
+    /// 127.0.0.1:53, a client's socket connected to 10.96.0.10:53 and an unconnected one on an
+    /// ephemeral port; and 9125, ignored.
+    #[test]
+    fn udp_servers_are_bound_unconnected_below_the_ephemeral_range_and_not_on_loopback() {
+        let root = std::env::temp_dir().join(format!("envoy-drain-udp-{}", std::process::id()));
+        fs::create_dir_all(root.join("net")).unwrap();
+        let line = |local: &str, remote: &str, state: &str| {
+            format!(
+                "  1: {local} {remote} {state} 00000000:00000000 00:00000000 00000000  1000        0 4242 2 0000000000000000 0\n"
+            )
+        };
+        let head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n";
+        let any = "00000000:0000";
+        let udp = [
+            line("00000000:14E9", any, "07"),
+            line("0100007F:0035", any, "07"),
+            line("0200000A:A000", "0A00600A:0035", "01"),
+            line("00000000:9C40", any, "07"),
+            line("00000000:23A5", any, "07"),
+        ];
+        fs::write(root.join("net/udp"), [head.to_string(), udp.concat()].concat()).unwrap();
+        let quic = line(
+            "00000000000000000000000000000000:01BB",
+            "00000000000000000000000000000000:0000",
+            "07",
+        );
+        fs::write(root.join("net/udp6"), [head, &quic].concat()).unwrap();
+        let found = udp_servers(&root, &PortSet::parse("9125").unwrap(), 32768);
+        fs::remove_dir_all(&root).unwrap();
+        assert_eq!(found, [443, 5353]);
+    }
 
     /// The kernel shows a socket's path as it was bound, spaces and all; the flag names it also
     /// through a symlink.

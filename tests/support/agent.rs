@@ -376,7 +376,7 @@ fn grpc_message(buf: &mut Vec<u8>) -> Option<Vec<u8>> {
     Some(message)
 }
 
-fn grpc_frame(message: &[u8]) -> Vec<u8> {
+pub fn grpc_frame(message: &[u8]) -> Vec<u8> {
     let mut f = vec![0];
     f.extend_from_slice(&(message.len() as u32).to_be_bytes());
     f.extend_from_slice(message);
@@ -397,7 +397,7 @@ fn varint(buf: &[u8], at: &mut usize) -> Option<u64> {
 }
 
 /// The type_url (field 2) and response_nonce (field 6) of a DeltaDiscoveryRequest.
-fn delta_request(message: &[u8]) -> (String, String) {
+pub fn delta_request(message: &[u8]) -> (String, String) {
     let (mut type_url, mut nonce) = (String::new(), String::new());
     let mut at = 0;
     while at < message.len() {
@@ -432,7 +432,7 @@ fn delta_request(message: &[u8]) -> (String, String) {
     (type_url, nonce)
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push(v as u8 | 0x80);
         v >>= 7;
@@ -441,8 +441,8 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
 }
 
 /// A length-delimited protobuf field.
-fn field(out: &mut Vec<u8>, number: u8, bytes: &[u8]) {
-    out.push(number << 3 | 2);
+pub fn field(out: &mut Vec<u8>, number: u64, bytes: &[u8]) {
+    put_varint(out, number << 3 | 2);
     put_varint(out, bytes.len() as u64);
     out.extend_from_slice(bytes);
 }

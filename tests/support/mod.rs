@@ -14,6 +14,7 @@ pub mod mesh;
 pub mod netns;
 pub mod pod;
 pub mod running;
+pub mod ztunnel;
 
 #[allow(unused_imports)] // as above
 pub use running::{Finished, Running, run, spawn};

@@ -14,8 +14,8 @@
 //!   (tests/pod/client.yaml).
 //!
 //! Or a pod without a sidecar (`Mesh`): in Istio's ambient mode, istio-cni's rules in the pod
-//! (tests/pod/ambient.rules) and a ztunnel stand-in holding its listeners in the pod's namespace
-//! as another user (tests/pod/ztunnel.yaml); with no mesh, the app alone.
+//! (tests/pod/ztunnel.rules), for the node's real ztunnel to take it (support/ztunnel.rs,
+//! `Node`); with no mesh, the app alone.
 //!
 //! The hook runs as the proxy's user inside the pod, as a preStop exec does. Everything is gone
 //! when the `Pod` is dropped, also when a test fails.
@@ -100,8 +100,8 @@ pub struct Options {
     pub exporter: bool,
     /// The mesh's client pod: no app; its sidecar also routes to the mesh's service
     /// (tests/pod/client.yaml), whose endpoints come from the control plane over EDS. In ambient
-    /// mode the sidecar's place holds the client's node ztunnel (tests/pod/client-hbone.yaml);
-    /// without a mesh nothing does (`Pod::iptables` writes kube-proxy's part).
+    /// mode its node's ztunnel carries its connections (support/ztunnel.rs); without a mesh
+    /// nothing does (`Pod::iptables` writes kube-proxy's part).
     pub client: bool,
     pub gateway: Gateway,
     /// The app's container has ENVOY_DRAIN_NODE_IPS from the downward API's status.hostIPs, as
@@ -140,7 +140,7 @@ pub struct Process {
 impl Process {
     /// Starts `cmd`. It must be spawned by a thread that outlives it: the pod's commands die with
     /// the thread that started them (`Netns::command`).
-    fn spawn(mut cmd: Command) -> (Arc<Process>, Option<std::process::ChildStdout>) {
+    pub fn spawn(mut cmd: Command) -> (Arc<Process>, Option<std::process::ChildStdout>) {
         let shown = format!("{cmd:?}");
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{shown}: {e}"));
         let process = Arc::new(Process {
@@ -251,46 +251,6 @@ impl Network {
     /// Runs `f` on the node, outside every pod.
     pub fn client<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         self.other.enter(f)
-    }
-
-    /// A client's node ztunnel on the node, played by Envoy as uid 1337 (tests/pod/hbone-client.yaml):
-    /// every connection to `listen` is carried to `pod_ip`'s 15008 as an HTTP/2 CONNECT stream to
-    /// its app's port 8080, on pooled connections. Gone when the returned process is dropped.
-    pub fn hbone_client(&self, envoy: &Path, listen: &str, pod_ip: &str) -> HboneClient {
-        let dir = std::env::temp_dir().join(format!(
-            "envoy-drain-hbone-{}-{:?}",
-            std::process::id(),
-            thread::current().id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::os::unix::fs::chown(&dir, Some(1337), Some(1337)).unwrap();
-        let (ip, port) = listen.rsplit_once(':').expect("host:port");
-        let config = std::fs::read_to_string(repo("tests/pod/hbone-client.yaml"))
-            .unwrap()
-            .replace("ADMIN_SOCKET", &dir.join("admin.sock").display().to_string())
-            .replace("LISTEN_IP", ip)
-            .replace("LISTEN_PORT", port)
-            .replace("POD_IP", pod_ip);
-        let process = run_envoy(&self.other, envoy, &dir, &config, (1337, 1337), &[]);
-        let listening = super::envoy::until(Duration::from_secs(30), || {
-            self.client(|| TcpStream::connect(listen).is_ok())
-        });
-        assert!(listening, "the HBONE client took no connection on {listen}");
-        HboneClient { process, dir }
-    }
-}
-
-/// The client's node ztunnel of `Network::hbone_client`.
-pub struct HboneClient {
-    process: Arc<Process>,
-    dir: PathBuf,
-}
-
-impl Drop for HboneClient {
-    fn drop(&mut self) {
-        self.process.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -453,15 +413,16 @@ impl Pod {
 
         let pod = Netns::new();
         network.attach(&pod, addr, options.gateway, options.ipv6);
-        // The client pod's node ztunnel, in ambient mode, is an Envoy in the sidecar's place.
-        let proxy =
-            options.mesh == Mesh::Sidecar || (options.client && options.mesh == Mesh::Ambient);
+        let proxy = options.mesh == Mesh::Sidecar;
         let (envoy, agent) = match options.mesh {
             _ if proxy => {
                 let (envoy, agent) = start_sidecar(&pod, network, envoy, &dir, options);
                 (Some(envoy), Some(agent))
             }
-            Mesh::Ambient => (Some(start_ztunnel(&pod, envoy, &dir, addr)), None),
+            Mesh::Ambient => {
+                capture_for_ztunnel(&pod);
+                (None, None)
+            }
             _ => (None, None),
         };
         let (app, app_events) = if options.client {
@@ -484,7 +445,6 @@ impl Pod {
         };
         match options.mesh {
             _ if proxy => p.wait_live(),
-            Mesh::Ambient => p.wait_listening(addr, 15008),
             _ => {}
         }
         if !options.client {
@@ -497,15 +457,6 @@ impl Pod {
         let limit = Duration::from_secs(30);
         if !super::envoy::until(limit, || self.inside(super::envoy::live)) {
             panic!("Envoy was not LIVE within {limit:?}; its log:\n{}", self.envoy_log());
-        }
-    }
-
-    /// Waits until something of the pod takes connections to `addr`:`port`.
-    fn wait_listening(&self, addr: &str, port: u16) {
-        let limit = Duration::from_secs(30);
-        let target = format!("{addr}:{port}");
-        if !super::envoy::until(limit, || self.inside(|| TcpStream::connect(&target).is_ok())) {
-            panic!("nothing took {target} within {limit:?}; Envoy's log:\n{}", self.envoy_log());
         }
     }
 
@@ -557,6 +508,11 @@ impl Pod {
 
     pub fn envoy_log(&self) -> String {
         std::fs::read_to_string(self.dir.join("envoy.log")).unwrap_or_default()
+    }
+
+    /// The pod's network namespace, for the node's ztunnel to take it.
+    pub fn netns(&self) -> &Netns {
+        &self.pod
     }
 
     /// Runs `f` inside the pod (as root: for looking, not for traffic).
@@ -727,20 +683,14 @@ fn start_sidecar(
     (envoy, agent)
 }
 
-/// Ambient mode in the pod: istio-cni's rules, and the ztunnel stand-in as uid 1337 holding its
-/// listeners in the pod's namespace, its admin API on a socket of the harness.
-fn start_ztunnel(pod: &Netns, envoy: &Path, dir: &Path, addr: &str) -> Arc<Process> {
+/// Ambient mode in the pod: istio-cni's rules and policy route (tests/pod/ztunnel.rules); the
+/// node's ztunnel then takes the pod (support/ztunnel.rs, `Node`).
+fn capture_for_ztunnel(pod: &Netns) {
     let mut restore = pod.command("iptables-restore");
-    restore.arg(repo("tests/pod/ambient.rules"));
+    restore.arg(repo("tests/pod/ztunnel.rules"));
     check(restore);
-    let admin = dir.join("ztunnel");
-    std::fs::create_dir_all(&admin).unwrap();
-    std::os::unix::fs::chown(&admin, Some(1337), Some(1337)).unwrap();
-    let config = std::fs::read_to_string(repo("tests/pod/ztunnel.yaml"))
-        .unwrap()
-        .replace("ADMIN_SOCKET", &admin.join("admin.sock").display().to_string())
-        .replace("POD_IP", addr);
-    run_envoy(pod, envoy, dir, &config, (1337, 1337), &[])
+    ip(pod, &["rule", "add", "fwmark", "0x111/0xfff", "pref", "32764", "lookup", "100"]);
+    ip(pod, &["route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "100"]);
 }
 
 /// Envoy with `config`, as `user`, logging to the pod's envoy.log.
@@ -786,7 +736,6 @@ fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: Options) -> Arc<P
         (options.stats == Stats::ExitOnZero, "tests/pod/exit-on-zero-stats.yaml"),
         (options.exporter, "tests/pod/exporter.yaml"),
         (options.client && options.mesh == Mesh::Sidecar, "tests/pod/client.yaml"),
-        (options.client && options.mesh == Mesh::Ambient, "tests/pod/client-hbone.yaml"),
     ];
     let merge: String = merges
         .iter()
