@@ -30,6 +30,7 @@ mod support {
     pub mod netns;
     pub mod pod;
     pub mod running;
+    pub mod ztunnel;
 }
 
 use std::path::PathBuf;
@@ -113,7 +114,7 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
     let (mut meshes, mut orderings, mut apps, mut modes) = (vec![], vec![], vec![], vec![]);
     let (mut propagations, mut pre_stops, mut clients) = (vec![], vec![], vec![]);
     let mut rates: Vec<f64> = vec![];
-    let (mut probes, mut gateways) = (vec![], vec![]);
+    let (mut probes, mut gateways, mut outside) = (vec![], vec![], vec![]);
     let mut http2 = false;
     for a in &args {
         match a.as_str() {
@@ -139,6 +140,8 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
             "tcp-probes" => probes.push(Probe::Tcp),
             "gateway" => gateways.push(Gateway::Bridge),
             "node-ip" => gateways.push(Gateway::LinkLocal),
+            "meshed" => outside.push(false),
+            "outside" => outside.push(true),
             other => match (
                 other.strip_prefix("sleep").and_then(|n| n.parse::<u64>().ok()),
                 other.strip_suffix('s').and_then(|n| n.parse::<u64>().ok()),
@@ -152,7 +155,7 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
                         "unknown argument '{other}': expected sidecar, ambient, no-mesh, classic, \
                          native, graceful, nginx, flush, istio, exit-on-zero, envoy-drain, \
                          requests, plain, <n>s, <rate>/s, http2, own, sleep<n>, hold, keep-alive, \
-                         new-conn, http-probes, tcp-probes, gateway or node-ip"
+                         new-conn, http-probes, tcp-probes, gateway, node-ip, meshed or outside"
                     ));
                 }
             },
@@ -168,6 +171,7 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
     all(&mut rates, &[f64::from(support::mesh::RATE)]);
     all(&mut probes, &[Probe::Http]);
     all(&mut gateways, &[Gateway::Bridge]);
+    all(&mut outside, &[false]);
     let mut out = Vec::new();
     for &mesh in &meshes {
         // Without a sidecar, no proxy container: one ordering and one mode stand for all.
@@ -192,6 +196,7 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
                                     rate: rates[0],
                                     probe: probes[0],
                                     gateway: gateways[0],
+                                    outside: false,
                                 });
                             }
                         }
@@ -206,6 +211,11 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
     let out = out.flat_map(|s| {
         let probes = if s.mesh == Mesh::Sidecar { &probes[..1] } else { &probes[..] };
         probes.iter().map(move |&probe| Scenario { probe, ..s })
+    });
+    // In ambient mode, with clients in the mesh and outside it.
+    let out = out.flat_map(|s| {
+        let outside = if s.mesh == Mesh::Ambient { &outside[..] } else { &[false][..] };
+        outside.iter().map(move |&outside| Scenario { outside, ..s })
     });
     Ok(out
         .flat_map(|s| {

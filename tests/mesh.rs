@@ -30,6 +30,7 @@ fn deleted_under_load(ordering: Ordering, mode: Mode) -> Row {
         rate: f64::from(RATE),
         probe: Probe::Http,
         gateway: Gateway::Bridge,
+        outside: false,
     })
 }
 
@@ -129,6 +130,7 @@ fn held(mesh: Mesh, keep_alive: bool) -> Row {
         rate: f64::from(RATE),
         probe: Probe::Tcp,
         gateway: Gateway::LinkLocal,
+        outside: false,
     })
 }
 

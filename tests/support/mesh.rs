@@ -2,11 +2,12 @@
 //! deleted under live traffic. Three pod replicas (support/pod.rs) on one network:
 //! - pods A (10.90.0.2) and B (10.90.0.4) serve the service `app` on 8080, the app
 //!   (tests/pod/app.py) as uid 1000; with a sidecar, Istio's capture rules and Envoy as uid 1337;
-//!   in ambient mode, istio-cni's rules and the node's ztunnel stand-in (Envoy as uid 1337) holding
-//!   its listeners in the pod's namespace; without a mesh, the app alone;
+//!   in ambient mode, istio-cni's rules, and their node's ztunnel itself (support/ztunnel.rs)
+//!   holding its listeners in their namespaces; without a mesh, the app alone;
 //! - a client pod (10.90.0.5) that reaches the service's address (10.96.0.10:8080) through its
-//!   sidecar (tests/pod/client.yaml), through its node's ztunnel stand-in over HBONE
-//!   (tests/pod/client-hbone.yaml), whose endpoints the control plane stand-in sends over EDS; or
+//!   sidecar (tests/pod/client.yaml), whose endpoints the control plane stand-in sends over EDS;
+//!   in ambient mode through its own node's ztunnel over HBONE, which follows the workload
+//!   discovery stand-in, or from outside the mesh through kube-proxy's rules to ztunnel's 15006;
 //!   without a mesh through kube-proxy's iptables rules; and where real load generators run as
 //!   uid 1000: `hey` for HTTP/1.1, `h2load` for HTTP/2 (Debian's packages hey and nghttp2-client).
 //!
@@ -21,6 +22,7 @@ use super::agent::SERVICE_CLUSTER;
 use super::http::Conn;
 use super::kubelet::{self, AppPreStop, Deletion, Ordering, Probe, Probes, ProxyPreStop};
 use super::pod::{self, Capture, Gateway, Network, Options, Pod, Stats};
+use super::ztunnel::{Control, Node, Served};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -224,6 +226,9 @@ pub struct Scenario {
     /// Without a sidecar, how the pods reach the node (the kubelet probes from the node's
     /// address: the bridge's, or not the gateway).
     pub gateway: Gateway,
+    /// In ambient mode, the clients are outside the mesh: they reach the pods through
+    /// kube-proxy, in plaintext to ztunnel's 15006.
+    pub outside: bool,
 }
 
 impl Scenario {
@@ -330,13 +335,18 @@ fn kube_proxy(hosts: &[&str]) -> String {
     rules + "COMMIT\n"
 }
 
-/// The three pods on one network.
+/// The three pods on one network; in ambient mode two nodes' ztunnels (dropped first): A's and
+/// B's, and the client's, and the workload discovery they both follow.
 pub struct Mesh {
+    nodes: Vec<Node>,
     pub a: Pod,
     pub b: Pod,
     pub client: Pod,
     network: Arc<Network>,
     kind: pod::Mesh,
+    workloads: Control,
+    /// The client reaches the service through kube-proxy's rules.
+    kube_proxy: bool,
 }
 
 impl Mesh {
@@ -346,7 +356,7 @@ impl Mesh {
         envoy: &Path,
         hook: &Path,
         (app, stats): (AppKind, Stats),
-        kind: pod::Mesh,
+        (kind, outside): (pod::Mesh, bool),
         gateway: Gateway,
     ) -> Mesh {
         let network = Network::new(false);
@@ -361,9 +371,24 @@ impl Mesh {
         };
         let a = Pod::join(&network, A, envoy, hook, server(app.on_sigterm(), stats));
         let b = Pod::join(&network, B, envoy, hook, server("serve", Stats::IstioDefault));
-        let client_options = Options { mesh: kind, client: true, ..Options::default() };
+        let client_mesh = if outside { pod::Mesh::None } else { kind };
+        let client_options = Options { mesh: client_mesh, client: true, ..Options::default() };
         let client = Pod::join(&network, CLIENT, envoy, hook, client_options);
-        let mesh = Mesh { a, b, client, network, kind };
+        let workloads = Control::default();
+        let mut nodes = Vec::new();
+        if kind == pod::Mesh::Ambient {
+            let pods = [
+                Served { ns: a.netns(), name: "app-a", ip: A },
+                Served { ns: b.netns(), name: "app-b", ip: B },
+            ];
+            nodes.push(Node::start("node-a", &workloads, &pods));
+            if !outside {
+                let caller = Served { ns: client.netns(), name: "client", ip: CLIENT };
+                nodes.push(Node::start("node-c", &workloads, &[caller]));
+            }
+        }
+        let kube_proxy = client_mesh == pod::Mesh::None;
+        let mesh = Mesh { nodes, a, b, client, network, kind, workloads, kube_proxy };
         mesh.route(&[A, B]);
         mesh
     }
@@ -371,13 +396,19 @@ impl Mesh {
     /// Sends the service's new connections to `hosts` from now on: the control plane's push to
     /// the client's proxy, or kube-proxy's rules; returns once the client's proxy has them.
     fn route(&self, hosts: &[&str]) {
-        if self.kind == pod::Mesh::None {
+        if self.kind == pod::Mesh::Ambient {
+            let names = [(A, "app-a"), (B, "app-b")];
+            let serving: Vec<&str> =
+                names.iter().filter(|(ip, _)| hosts.contains(ip)).map(|(_, n)| *n).collect();
+            self.workloads.set_serving(&serving);
+        }
+        if self.kube_proxy {
             self.client.iptables(&kube_proxy(hosts));
+        }
+        if self.kind != pod::Mesh::Sidecar {
             return;
         }
-        // ztunnel reaches a pod's 15008; a sidecar, the app's port.
-        let port = if self.kind == pod::Mesh::Ambient { 15008 } else { 8080 };
-        let endpoints: Vec<String> = hosts.iter().map(|h| format!("{h}:{port}")).collect();
+        let endpoints: Vec<String> = hosts.iter().map(|h| format!("{h}:8080")).collect();
         let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
         self.network.control.set_endpoints(&endpoints);
         let pushed = super::envoy::until(Duration::from_secs(10), || {
@@ -546,7 +577,8 @@ fn kinds_from_flags(log: &[Access]) -> Kinds {
 
 /// Runs one scenario in a mesh of its own, torn down after.
 pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
-    let mut mesh = Mesh::start(envoy, hook, (s.app, s.mode.stats()), s.mesh, s.gateway);
+    let mut mesh =
+        Mesh::start(envoy, hook, (s.app, s.mode.stats()), (s.mesh, s.outside), s.gateway);
     let kinds: &'static [Probe] = match s.probe {
         Probe::Tcp => &[Probe::Tcp],
         Probe::Http => &[Probe::Http],
@@ -790,7 +822,12 @@ pub fn table(rows: &[Row]) -> String {
             Load::Http1 => format!("HTTP/1.1 {}/s", s.rate),
             Load::Http2 => format!("HTTP/2 {}/s", s.rate),
         };
-        let clients = if s.keep_alive { "keep-alive" } else { "new connection" };
+        let clients = match (s.keep_alive, s.outside) {
+            (true, false) => "keep-alive",
+            (false, false) => "new connection",
+            (true, true) => "keep-alive, outside the mesh",
+            (false, true) => "new connection, outside the mesh",
+        };
         let signed = |d: Option<f64>| d.map_or("-".to_string(), |d| format!("{d:+.1}s"));
         t.push_str(&format!(
             "| {mesh} | {ordering} | {} | {} | {mode} | {}s | {load} | {clients} | {} | {} | {} | {} | {} | {} | {}/{} | {:.1}s | {} | {} | {} | {} |\n",

@@ -28,7 +28,7 @@ use std::io::Write;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::Duration;
@@ -170,7 +170,14 @@ pub struct Control {
 struct State {
     workloads: Vec<Workload>,
     nonce: u64,
-    streams: Vec<(Arc<Mutex<UnixStream>>, u32)>,
+    streams: Vec<Subscription>,
+}
+
+/// An Address stream: where to push, and the last push the ztunnel acknowledged.
+struct Subscription {
+    conn: Arc<Mutex<UnixStream>>,
+    stream: u32,
+    acked: Arc<AtomicU64>,
 }
 
 impl Control {
@@ -189,30 +196,49 @@ impl Control {
         });
     }
 
+    /// A new pod, pushed to the ztunnels already subscribed.
     fn add(&self, name: &str, ip: &str, node: &str) {
         let ip = ip.parse::<std::net::Ipv4Addr>().expect("an IPv4 address").octets();
         let w = Workload { name: name.into(), ip, node: node.into(), serving: false };
-        self.state.lock().unwrap().workloads.push(w);
+        let mut state = self.state.lock().unwrap();
+        state.nonce += 1;
+        let message = grpc_frame(&response(ADDRESS, &[(w.uid(), w.resource())], state.nonce));
+        state.streams.retain(|s| {
+            s.conn.lock().unwrap().write_all(&h2::frame(h2::DATA, 0, s.stream, &message)).is_ok()
+        });
+        state.workloads.push(w);
     }
 
     /// Puts the pods named in `serving` among the service's endpoints and takes the rest out,
-    /// and pushes the pods that changed to every ztunnel, as istiod pushes a workload whose
-    /// readiness changed.
+    /// pushes the pods that changed to every ztunnel, as istiod pushes a workload whose readiness
+    /// changed, and returns once each has acknowledged the push.
     pub fn set_serving(&self, serving: &[&str]) {
-        let mut state = self.state.lock().unwrap();
-        let mut changed = Vec::new();
-        for w in &mut state.workloads {
-            let now = serving.contains(&w.name.as_str());
-            if w.serving != now {
-                w.serving = now;
-                changed.push((w.uid(), w.resource()));
+        let (nonce, acked) = {
+            let mut state = self.state.lock().unwrap();
+            let mut changed = Vec::new();
+            for w in &mut state.workloads {
+                let now = serving.contains(&w.name.as_str());
+                if w.serving != now {
+                    w.serving = now;
+                    changed.push((w.uid(), w.resource()));
+                }
             }
-        }
-        state.nonce += 1;
-        let message = grpc_frame(&response(ADDRESS, &changed, state.nonce));
-        state.streams.retain(|(conn, stream)| {
-            conn.lock().unwrap().write_all(&h2::frame(h2::DATA, 0, *stream, &message)).is_ok()
+            state.nonce += 1;
+            let nonce = state.nonce;
+            let message = grpc_frame(&response(ADDRESS, &changed, nonce));
+            state.streams.retain(|s| {
+                s.conn
+                    .lock()
+                    .unwrap()
+                    .write_all(&h2::frame(h2::DATA, 0, s.stream, &message))
+                    .is_ok()
+            });
+            (nonce, state.streams.iter().map(|s| Arc::clone(&s.acked)).collect::<Vec<_>>())
+        };
+        let all = super::envoy::until(Duration::from_secs(10), || {
+            acked.iter().all(|a| a.load(Ordering::SeqCst) >= nonce)
         });
+        assert!(all, "every ztunnel acknowledged the push of {serving:?}");
     }
 
     /// One ztunnel's connection: its Address subscription gets every resource and later pushes;
@@ -220,8 +246,14 @@ impl Control {
     fn stream(&self, conn: UnixStream) -> std::io::Result<()> {
         let writer = Arc::new(Mutex::new(conn.try_clone()?));
         let mut answered: HashSet<String> = HashSet::new();
+        let acked = Arc::new(AtomicU64::new(0));
         serve_grpc(conn, &writer, &AtomicUsize::new(0), |stream, message| {
             let (type_url, nonce) = delta_request(message);
+            if type_url == ADDRESS
+                && let Ok(n) = nonce.parse::<u64>()
+            {
+                acked.fetch_max(n, Ordering::SeqCst);
+            }
             if !nonce.is_empty() || type_url.is_empty() || !answered.insert(type_url.clone()) {
                 return Ok(());
             }
@@ -237,7 +269,8 @@ impl Control {
             let message = grpc_frame(&response(&type_url, &resources, state.nonce));
             writer.lock().unwrap().write_all(&h2::frame(h2::DATA, 0, stream, &message))?;
             if type_url == ADDRESS {
-                state.streams.push((Arc::clone(&writer), stream));
+                let acked = Arc::clone(&acked);
+                state.streams.push(Subscription { conn: Arc::clone(&writer), stream, acked });
             }
             Ok(())
         })
@@ -371,7 +404,7 @@ impl Node {
         }
         let bins = binaries();
         let ns = Netns::new();
-        let dir = &shared.dir;
+        let dir = &shared.dir.clone();
         let log = dir.join(format!("{name}.log"));
         let zds = dir.join(format!("{name}-zds.sock"));
         let file = |name: &str| std::fs::File::create(dir.join(name)).unwrap();
@@ -419,7 +452,14 @@ impl Node {
         };
         for pod in pods {
             let ready = super::envoy::until(Duration::from_secs(30), || listening(pod));
-            assert!(ready, "ztunnel took no pod {}; its log:\n{}", pod.name, node.log());
+            let agent = std::fs::read_to_string(dir.join(format!("{name}-zds.log")));
+            let agent = agent.unwrap_or_default();
+            assert!(
+                ready,
+                "ztunnel took no pod {}; the node agent's log:\n{agent}\nztunnel's:\n{}",
+                pod.name,
+                node.log()
+            );
         }
         node
     }
