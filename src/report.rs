@@ -8,7 +8,7 @@ use crate::outcome::{Outcome, Progress};
 use crate::source::Reading;
 use crate::source::sockets::{Pod, Reader};
 use crate::text;
-use crate::wait::{self, App, Cost, Seen};
+use crate::wait::{App, Cost, Seen};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -110,18 +110,11 @@ impl Report {
 
     /// A count at `now` and what the wait made of it: the pace when it changed by half or more,
     /// the count's warnings once, a change of source or basis, and the count itself when it is
-    /// news, verbose or a heartbeat. The min-drain began at `drained_at`.
-    pub fn counted(
-        &self,
-        reading: &Reading,
-        seen: Seen,
-        proc: &Reader,
-        (now, drained_at): (Duration, Duration),
-        cost: Cost,
-    ) {
+    /// news, verbose or a heartbeat.
+    pub fn counted(&self, reading: &Reading, seen: Seen, proc: &Reader, now: Duration, cost: Cost) {
         let rules = &self.cfg.rules;
         let mut said = self.said();
-        let pace = wait::pause(rules.interval, cost.paced());
+        let pace = seen.every;
         let (low, high) = (said.pace.saturating_mul(2) / 3, said.pace.saturating_mul(3) / 2);
         if pace != said.pace && (pace <= low || pace >= high || pace == rules.interval) {
             said.log.info(&text::pace(pace, rules.interval, cost));
@@ -175,8 +168,7 @@ impl Report {
             || news
             || self.cfg.verbose
             || now.saturating_sub(said.line_at) >= HEARTBEAT;
-        let min_drain_end = wait::drain_done(rules, drained_at);
-        let line = text::count_line(count, arriving, now, min_drain_end, &self.cfg);
+        let line = text::count_line(count, arriving, now, seen.drain_done, &self.cfg);
         said.log.waiting(&line, worth_a_line);
         if worth_a_line {
             said.line_at = now;
@@ -191,6 +183,7 @@ mod tests {
     use crate::count::{Count, Part};
     use crate::log::Out;
     use crate::log::testing::Sink;
+    use crate::source::admin::PACE;
 
     fn count(source: SourceKind, n: u64) -> Count {
         let name = match source {
@@ -224,7 +217,11 @@ mod tests {
         let proc = Reader::Text { dir: "/proc/net".into(), why: None };
         for (i, (r, cost)) in looks.into_iter().enumerate() {
             let now = Duration::from_secs(i as u64);
-            report.counted(&r, Seen::default(), &proc, (now, Duration::ZERO), cost);
+            // What the wait says of each count: its pace, the min-drain's end.
+            let every = cfg.rules.interval.max(cost.paced().saturating_mul(PACE));
+            let drain_done = crate::wait::drain_done(&cfg.rules, Duration::ZERO);
+            let seen = Seen { every, drain_done, ..Seen::default() };
+            report.counted(&r, seen, &proc, now, cost);
         }
         let p = report.said().progress.clone();
         (sink.text(), p)

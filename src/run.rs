@@ -14,7 +14,7 @@ use crate::source::admin::{Client, REQUEST_TIMEOUT};
 use crate::source::sockets::Pod;
 use crate::source::{Sources, process_cpu};
 use crate::text;
-use crate::wait::{self, Ask, Clock, Cost, Looks, Quit, Seen, Tick};
+use crate::wait::{Ask, Cost, Quit, Step, Tick, Wait};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,7 +26,6 @@ pub fn command(cfg: Result<RunConfig, UsageError>, start: Instant) -> i32 {
         Err(e) => return usage_error(&e.to_string()),
     };
     let report = report(cfg, start);
-    let mut clock = RealClock(start);
     let mut sources = Sources::new(&cfg.counting);
     // Through the sources' client: an answer that is not Envoy's tells the socket table too.
     let agent = Client::new(Address::Tcp(cfg.agent));
@@ -46,10 +45,30 @@ pub fn command(cfg: Result<RunConfig, UsageError>, start: Instant) -> i32 {
         cfg.before.iter().map(|&r| (r, to(r, &sources, &agent).url(r.path()))).collect();
     report.line(Level::Info, &text::start_line(cfg, &sources, &urls));
     let unsent = cfg.before.iter().copied().filter(|&r| !send(&sources, r, false)).collect();
-    let drained_at = clock.now();
-    let mut hook =
-        Hook { unsent, resend: &resend, sources: &mut sources, report: &report, start, drained_at };
-    let end = wait::wait(&cfg.rules, drained_at, &mut clock, &mut hook);
+    let drained_at = start.elapsed();
+    let mut looks = Looks { unsent, resend: &resend, sources: &mut sources };
+    // The wait's loop, as Istio's agent drains: sleep, look, say what was seen, until it ends.
+    let mut wait = Wait::new(&cfg.rules, drained_at);
+    let end = loop {
+        let now = start.elapsed();
+        match wait.next(now) {
+            Step::Sleep(until) => std::thread::sleep(until.saturating_sub(now)),
+            Step::Look(ask) => {
+                let (tick, (reading, pod, cost)) =
+                    looks.look(cfg.rules.deadline.saturating_sub(now), ask);
+                let seen = wait.saw(ask, (now, start.elapsed()), &tick);
+                match (ask, reading) {
+                    (Ask::Count, Some(reading)) => {
+                        let (proc, now) = (looks.sources.reader(), start.elapsed());
+                        report.counted(&reading, seen, proc, now, cost);
+                    }
+                    (Ask::Exit, _) => report.app(seen.app, &pod),
+                    _ => {}
+                }
+            }
+            Step::End(end) => break end,
+        }
+    };
     if end.outcome == Outcome::AppExited || end.quit == Quit::Yes {
         report.line(Level::Info, &text::app_exited());
     }
@@ -100,35 +119,19 @@ pub fn disabled(setting: &str) -> i32 {
     EXIT_REACHED
 }
 
-struct RealClock(Instant);
-
-impl Clock for RealClock {
-    fn now(&self) -> Duration {
-        self.0.elapsed()
-    }
-    fn sleep(&mut self, d: Duration) {
-        std::thread::sleep(d);
-    }
-}
-
-/// The wait's eyes and voice: looks go to the sources, and what the wait made of them to the report.
-struct Hook<'a> {
+/// The wait's eyes: each look goes to the sources.
+struct Looks<'a> {
     /// Requests before the wait that got no answer (Envoy stalled, restarting): sent again before
     /// each count until one comes, so that keep-alive clients still get `connection: close`.
     unsent: Vec<Request>,
     resend: &'a dyn Fn(&Sources, Request) -> bool,
     sources: &'a mut Sources,
-    report: &'a Report,
-    start: Instant,
-    drained_at: Duration,
 }
 
 /// What a look found: the count (when asked for), the pod's sockets, and what the look cost.
 type Found = (Option<Reading>, Result<Pod, String>, Cost);
 
-impl Looks for Hook<'_> {
-    type Found = Found;
-
+impl Looks<'_> {
     fn look(&mut self, left: Duration, ask: Ask) -> (Tick, Found) {
         let resent = Instant::now();
         // Never at the cost of the count's own time before the deadline.
@@ -167,17 +170,5 @@ impl Looks for Hook<'_> {
             cost,
         };
         (tick, (reading, pod, cost))
-    }
-
-    fn seen(&mut self, ask: Ask, seen: Seen, (reading, pod, cost): Found) {
-        let now = self.start.elapsed();
-        match (ask, reading) {
-            (Ask::Count, Some(reading)) => {
-                let proc = self.sources.reader();
-                self.report.counted(&reading, seen, proc, (now, self.drained_at), cost);
-            }
-            (Ask::Exit, _) => self.report.app(seen.app, &pod),
-            _ => {}
-        }
     }
 }

@@ -1,25 +1,12 @@
-//! The wait: turns looks and time into an outcome. Every rule that ends a wait is here; time and
-//! the looks are injected, so the rules are tested with a fake clock and scripted looks.
+//! The wait: turns looks and time into an outcome, as plain data with no I/O (`Wait`): asked what
+//! to do next at a time, it says sleep, look, or end, and takes what each look saw. Every rule
+//! that ends a wait is here; run.rs drives it with real time and looks, the tests with fake ones.
 
 use crate::config::{Rules, Until};
 use crate::count::{Arrivals, Before};
 use crate::outcome::{Outcome, Pace};
 use crate::source::admin::PACE;
 use std::time::Duration;
-
-/// Time since the run started, and a way to let it pass.
-pub trait Clock {
-    fn now(&self) -> Duration;
-    fn sleep(&mut self, d: Duration);
-}
-
-/// The pod as the wait sees it: a look within `left`, and what the wait made of it (for the log).
-pub trait Looks {
-    /// What a look found besides its tick, handed back with what the wait made of it.
-    type Found;
-    fn look(&mut self, left: Duration, ask: Ask) -> (Tick, Self::Found);
-    fn seen(&mut self, ask: Ask, seen: Seen, found: Self::Found);
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ask {
@@ -62,7 +49,7 @@ impl Cost {
 }
 
 /// The time from one count's start to the next: the interval, or more when a count cost more.
-pub fn pause(interval: Duration, cost: Duration) -> Duration {
+fn pause(interval: Duration, cost: Duration) -> Duration {
     interval.max(cost.saturating_mul(PACE))
 }
 
@@ -92,6 +79,9 @@ pub struct Seen {
     /// More that arrived earlier than this look, which a later read recounted.
     pub recounted: u64,
     pub pace: Option<Pace>,
+    /// The time from this count's start to the next (`pause`), and when the min-drain ends.
+    pub every: Duration,
+    pub drain_done: Duration,
 }
 
 /// How far back `Rate` looks: long enough for a few arrivals of a slow stream, short enough to
@@ -294,7 +284,7 @@ impl Follow {
                 .saturating_sub(std::mem::replace(&mut self.recounted, tick.recounted)),
             Arrivals::Unknown => 0,
         };
-        Seen { app, arrived, recounted, pace: None }
+        Seen { app, arrived, recounted, ..Seen::default() }
     }
 }
 
@@ -305,6 +295,16 @@ pub fn drain_done(rules: &Rules, drained_at: Duration) -> Duration {
         .min(rules.deadline.saturating_sub(rules.interval.min(LAST_COUNT)))
 }
 
+/// What the wait does next (`Wait::next`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing until then.
+    Sleep(Duration),
+    /// A look now, whose tick goes to `Wait::saw`.
+    Look(Ask),
+    End(End),
+}
+
 /// Counts at once, then every interval, until the count has stayed at or below the threshold
 /// at counts that saw no request arrive (`hold`: until no request has arrived, at counts that
 /// could tell) for the settle time after the min-drain; or until the app has exited (nothing can
@@ -313,45 +313,62 @@ pub fn drain_done(rules: &Rules, drained_at: Duration) -> Duration {
 /// `LAST_COUNT` (or an interval) before the deadline at the latest, so a quiet pod still ends in
 /// time; a count that may end the wait starts one look's time early, so its answer is in when
 /// the min-drain ends. With `then_quit`, the wait then looks at the app until it has exited.
-pub fn wait(
-    rules: &Rules,
-    drained_at: Duration,
-    clock: &mut impl Clock,
-    looks: &mut impl Looks,
-) -> End {
-    let mut follow = Follow::default();
-    let outcome = count(rules, drained_at, clock, looks, &mut follow);
-    let quit = match outcome {
-        _ if !rules.then_quit => Quit::No,
-        Outcome::AppExited => Quit::Yes,
-        Outcome::Reached => app_exit(rules, clock, looks, &mut follow),
-        _ => Quit::No,
-    };
-    End { outcome, quit }
+pub struct Wait<'r> {
+    rules: &'r Rules,
+    follow: Follow,
+    counts: Counts,
+    /// No look before then.
+    due: Duration,
+    /// The count is reached: with `then_quit`, the looks are at the app's exit.
+    reached: bool,
+    end: Option<End>,
 }
 
-fn count<L: Looks>(
-    rules: &Rules,
-    drained_at: Duration,
-    clock: &mut impl Clock,
-    looks: &mut L,
-    follow: &mut Follow,
-) -> Outcome {
-    let after_arrival = match rules.until {
-        Until::AtMost(_) => ARRIVALS_QUIET,
-        Until::Quiet => rules.settle,
-    };
-    let drain_done = drain_done(rules, drained_at);
-    let mut counts = Counts { drain_done, after_arrival, ..Counts::default() };
-    loop {
-        let started = clock.now();
-        if started >= rules.deadline {
-            break;
+impl<'r> Wait<'r> {
+    /// The wait of `rules`, the min-drain counted from `drained_at`.
+    pub fn new(rules: &'r Rules, drained_at: Duration) -> Wait<'r> {
+        let after_arrival = match rules.until {
+            Until::AtMost(_) => ARRIVALS_QUIET,
+            Until::Quiet => rules.settle,
+        };
+        let drain_done = drain_done(rules, drained_at);
+        let counts = Counts { drain_done, after_arrival, ..Counts::default() };
+        let follow = Follow::default();
+        Wait { rules, follow, counts, due: Duration::ZERO, reached: false, end: None }
+    }
+
+    /// What to do at `now`.
+    pub fn next(&mut self, now: Duration) -> Step {
+        if now < self.due {
+            return Step::Sleep(self.due);
         }
-        let ask = if started >= counts.next { Ask::Count } else { Ask::App };
-        let (tick, found) = looks.look(rules.deadline - started, ask);
-        let now = clock.now();
-        let mut seen = follow.see(&tick, started, now);
+        if let Some(end) = self.end {
+            return Step::End(end);
+        }
+        if self.reached {
+            return Step::Look(Ask::Exit);
+        }
+        if now >= self.rules.deadline {
+            let outcome = match self.counts.opened.stopped(now, self.rules.settle) {
+                _ if !self.counts.counted => Outcome::NothingCounted,
+                Some(since) if self.counts.low_since.is_some() => Outcome::KeptAlive(since),
+                _ => Outcome::Deadline,
+            };
+            return Step::End(*self.end.insert(End { outcome, quit: Quit::No }));
+        }
+        Step::Look(if now >= self.counts.next { Ask::Count } else { Ask::App })
+    }
+
+    /// What a look asked for `ask` from `started` to `now` saw, and what the wait made of it.
+    pub fn saw(&mut self, ask: Ask, (started, now): (Duration, Duration), tick: &Tick) -> Seen {
+        let rules = self.rules;
+        if self.reached {
+            return self.saw_exit((started, now), tick);
+        }
+        let counts = &mut self.counts;
+        let mut seen = self.follow.see(tick, started, now);
+        seen.every = pause(rules.interval, tick.cost.paced());
+        seen.drain_done = counts.drain_done;
         if ask == Ask::Count && rules.until == Until::Quiet && tick.arrivals != Arrivals::Unknown {
             // The newest arrival before the first count starts the quiet time as one seen.
             if let (None, Some(b)) = (counts.rate.since, tick.before) {
@@ -362,31 +379,51 @@ fn count<L: Looks>(
             counts.after_arrival = seen.pace.map_or(rules.settle, |p| p.quiet);
             counts.opened.add(now, tick.opened, rules.settle);
         }
-        looks.seen(ask, seen, found);
         if seen.app == App::Gone && now >= counts.drain_done {
-            return Outcome::AppExited;
+            let quit = if rules.then_quit { Quit::Yes } else { Quit::No };
+            self.end = Some(End { outcome: Outcome::AppExited, quit });
+            return seen;
         }
         if ask == Ask::Count
-            && let Some(end) = counts.add(rules, &tick, seen.arrived > 0, (started, now))
+            && let Some(end) = counts.add(rules, tick, seen.arrived > 0, (started, now))
         {
-            clock.sleep(end - now);
-            return Outcome::Reached;
+            self.due = end;
+            self.reached = rules.then_quit;
+            if !rules.then_quit {
+                self.end = Some(End { outcome: Outcome::Reached, quit: Quit::No });
+            }
+            return seen;
         }
         // Sockets gone, and the next count too late to tell by the min-drain's end: look closer.
         let mut next = counts.next;
-        if follow.gone_since.is_some() && counts.next.saturating_add(APP_GONE) > counts.drain_done {
+        if self.follow.gone_since.is_some()
+            && counts.next.saturating_add(APP_GONE) > counts.drain_done
+        {
             next = next.min(now.saturating_add(RECHECK));
         }
-        if now >= rules.deadline {
-            break;
-        }
-        clock.sleep(next.clamp(now, rules.deadline) - now);
+        self.due = next.clamp(now, rules.deadline);
+        seen
     }
-    let now = clock.now();
-    match counts.opened.stopped(now, rules.settle) {
-        _ if !counts.counted => Outcome::NothingCounted,
-        Some(since) if counts.low_since.is_some() => Outcome::KeptAlive(since),
-        _ => Outcome::Deadline,
+
+    /// `--then-quit` once the count is reached: the app may still call out through the proxy,
+    /// so it is stopped only once the app has exited. Looks every interval (every `RECHECK`
+    /// while its sockets are gone) until the deadline; an app never seen is not waited for.
+    fn saw_exit(&mut self, (started, now): (Duration, Duration), tick: &Tick) -> Seen {
+        let app = self.follow.app(tick.app, started, now);
+        let quit = match app {
+            App::Gone => Some(Quit::Yes),
+            App::NotSeen => Some(Quit::AppNotSeen),
+            App::Leaving | App::Running | App::Unknown => {
+                let pause = if app == App::Leaving { RECHECK } else { self.rules.interval };
+                let late = self.rules.deadline.saturating_sub(now) <= pause;
+                if !late {
+                    self.due = now.saturating_add(pause);
+                }
+                late.then_some(Quit::AppStillThere)
+            }
+        };
+        self.end = quit.map(|quit| End { outcome: Outcome::Reached, quit });
+        Seen { app, ..Seen::default() }
     }
 }
 
@@ -469,50 +506,11 @@ impl Counts {
     }
 }
 
-/// `--then-quit` once the count is reached: the app may still call out through the proxy, so it
-/// is stopped only once the app has exited. Looks every interval (every `RECHECK` while its
-/// sockets are gone) until the deadline; an app never seen is not waited for.
-fn app_exit(
-    rules: &Rules,
-    clock: &mut impl Clock,
-    looks: &mut impl Looks,
-    follow: &mut Follow,
-) -> Quit {
-    loop {
-        let started = clock.now();
-        let (tick, found) = looks.look(rules.deadline.saturating_sub(started), Ask::Exit);
-        let app = follow.app(tick.app, started, clock.now());
-        looks.seen(Ask::Exit, Seen { app, ..Seen::default() }, found);
-        let pause = match app {
-            App::Gone => return Quit::Yes,
-            App::NotSeen => return Quit::AppNotSeen,
-            App::Leaving => RECHECK,
-            App::Running | App::Unknown => rules.interval,
-        };
-        if rules.deadline.saturating_sub(clock.now()) <= pause {
-            return Quit::AppStillThere;
-        }
-        clock.sleep(pause);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     use std::cell::Cell;
-
-    /// Fake time, shared with the scripted counter so that a count can take time too.
-    struct FakeClock<'a>(&'a Cell<Duration>);
-
-    impl Clock for FakeClock<'_> {
-        fn now(&self) -> Duration {
-            self.0.get()
-        }
-        fn sleep(&mut self, d: Duration) {
-            self.0.set(self.0.get() + d);
-        }
-    }
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -537,32 +535,28 @@ mod tests {
         Cost { look: ms(n), ..Cost::default() }
     }
 
-    /// Looks answered by a closure; what the wait made of each is kept.
-    struct Script<F: FnMut(Duration, Ask) -> Tick> {
-        look: F,
-        seen: Vec<(Ask, Seen)>,
-    }
-
-    impl<F: FnMut(Duration, Ask) -> Tick> Looks for Script<F> {
-        type Found = ();
-        fn look(&mut self, left: Duration, ask: Ask) -> (Tick, ()) {
-            ((self.look)(left, ask), ())
-        }
-        fn seen(&mut self, ask: Ask, seen: Seen, (): ()) {
-            self.seen.push((ask, seen));
-        }
-    }
-
-    /// The wait from `drained_at` on the fake clock `now`, with looks from `look`.
+    /// The wait from `drained_at` on the fake clock `now`, with looks from `look` (given the
+    /// time left and what is asked); what the wait made of each.
     fn wait_with(
         r: &Rules,
         drained_at: Duration,
         now: &Cell<Duration>,
-        look: impl FnMut(Duration, Ask) -> Tick,
+        mut look: impl FnMut(Duration, Ask) -> Tick,
     ) -> (End, Vec<(Ask, Seen)>) {
-        let mut script = Script { look, seen: Vec::new() };
-        let end = wait(r, drained_at, &mut FakeClock(now), &mut script);
-        (end, script.seen)
+        let mut wait = Wait::new(r, drained_at);
+        let mut seen = Vec::new();
+        for _ in 0..100_000 {
+            match wait.next(now.get()) {
+                Step::Sleep(until) => now.set(until),
+                Step::Look(ask) => {
+                    let started = now.get();
+                    let tick = look(r.deadline.saturating_sub(started), ask);
+                    seen.push((ask, wait.saw(ask, (started, now.get()), &tick)));
+                }
+                Step::End(end) => return (end, seen),
+            }
+        }
+        panic!("the wait never ended");
     }
 
     /// The wait on a fake clock from 0, each look taking `step` ms and answered by `look` from

@@ -8,21 +8,10 @@
 use envoy_drain::config::{Rules, Until};
 use envoy_drain::count::{Arrivals, Before};
 use envoy_drain::outcome::Outcome;
-use envoy_drain::wait::{App, Ask, Clock, Cost, LAST_COUNT, Looks, Quit, Seen, Tick, wait};
+use envoy_drain::wait::{App, Ask, Cost, LAST_COUNT, Quit, Seen, Step, Tick, Wait};
 use libfuzzer_sys::fuzz_target;
 use std::cell::Cell;
 use std::time::Duration;
-
-struct Fake<'a>(&'a Cell<Duration>);
-
-impl Clock for Fake<'_> {
-    fn now(&self) -> Duration {
-        self.0.get()
-    }
-    fn sleep(&mut self, d: Duration) {
-        self.0.set(self.0.get().saturating_add(d));
-    }
-}
 
 /// Looks a script may make before the fake clock jumps to the deadline.
 const MAX_LOOKS: usize = 1000;
@@ -38,18 +27,6 @@ struct Script<'a> {
     requests: u64,
     last: Tick,
     seen: Seen,
-}
-
-impl Looks for Script<'_> {
-    type Found = ();
-
-    fn look(&mut self, left: Duration, ask: Ask) -> (Tick, ()) {
-        (self.tick(left, ask), ())
-    }
-
-    fn seen(&mut self, _: Ask, seen: Seen, (): ()) {
-        self.seen = seen;
-    }
 }
 
 impl Script<'_> {
@@ -125,7 +102,23 @@ fuzz_target!(|data: &[u8]| {
         last: Tick::default(),
         seen: Seen::default(),
     };
-    let end = wait(&rules, Duration::ZERO, &mut Fake(&now), &mut script);
+    let mut wait = Wait::new(&rules, Duration::ZERO);
+    // Every step sleeps to a later time, looks (at most MAX_LOOKS before the clock jumps to the
+    // deadline) or ends: bounded.
+    let end = loop {
+        match wait.next(now.get()) {
+            Step::Sleep(until) => {
+                assert!(until > now.get(), "a sleep to {until:?} at {:?}", now.get());
+                now.set(until);
+            }
+            Step::Look(ask) => {
+                let started = now.get();
+                let tick = script.tick(deadline.saturating_sub(started), ask);
+                script.seen = wait.saw(ask, (started, now.get()), &tick);
+            }
+            Step::End(end) => break end,
+        }
+    };
     let (last, seen) = (script.last, script.seen);
     match end.outcome {
         Outcome::Reached if end.quit == Quit::No => assert!(
