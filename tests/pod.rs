@@ -778,8 +778,7 @@ fn ambient() -> Ambient {
     let control = Control::default();
     let app = Served { ns: pod.netns(), name: "app-a", ip: POD_IP };
     let caller = Served { ns: client.netns(), name: "client", ip: MESH_CLIENT };
-    let nodes =
-        [Node::start("node-a", &control, &[app]), Node::start("node-c", &control, &[caller])];
+    let nodes = [Node::start("node-a", &control, &app), Node::start("node-c", &control, &caller)];
     control.set_serving(&["app-a"]);
     Ambient { _nodes: nodes, pod, client }
 }

@@ -335,8 +335,8 @@ fn kube_proxy(hosts: &[&str]) -> String {
     rules + "COMMIT\n"
 }
 
-/// The three pods on one network; in ambient mode two nodes' ztunnels (dropped first): A's and
-/// B's, and the client's, and the workload discovery they both follow.
+/// The three pods on one network; in ambient mode a node's ztunnel for each (dropped first), and
+/// the workload discovery they follow.
 pub struct Mesh {
     nodes: Vec<Node>,
     pub a: Pod,
@@ -377,14 +377,13 @@ impl Mesh {
         let workloads = Control::default();
         let mut nodes = Vec::new();
         if kind == pod::Mesh::Ambient {
-            let pods = [
-                Served { ns: a.netns(), name: "app-a", ip: A },
-                Served { ns: b.netns(), name: "app-b", ip: B },
-            ];
-            nodes.push(Node::start("node-a", &workloads, &pods));
+            let a_pod = Served { ns: a.netns(), name: "app-a", ip: A };
+            nodes.push(Node::start("node-a", &workloads, &a_pod));
+            let b_pod = Served { ns: b.netns(), name: "app-b", ip: B };
+            nodes.push(Node::start("node-b", &workloads, &b_pod));
             if !outside {
                 let caller = Served { ns: client.netns(), name: "client", ip: CLIENT };
-                nodes.push(Node::start("node-c", &workloads, &[caller]));
+                nodes.push(Node::start("node-c", &workloads, &caller));
             }
         }
         let kube_proxy = client_mesh == pod::Mesh::None;

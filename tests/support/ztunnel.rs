@@ -367,8 +367,11 @@ impl Drop for Shared {
     }
 }
 
-/// A node: its namespace, its ztunnel serving `pods`, the node agent stand-in that hands them to
-/// it, and the TLS terminator to the xDS stand-in. Everything is gone when dropped.
+/// A node of one pod: its namespace, its ztunnel, the node agent stand-in that hands it the pod,
+/// and the TLS terminator to the xDS stand-in. Everything is gone when dropped. One pod a node:
+/// `inpodmulti` waits for ztunnel's acknowledgement of its first pod only, then exits (its
+/// `wait_forever` returns at the first), which may cut a second pod's start off; ztunnel keeps
+/// the pods it took when the agent goes.
 pub struct Node {
     processes: Vec<Arc<Process>>,
     _ns: Netns,
@@ -384,9 +387,9 @@ pub struct Served<'a> {
 }
 
 impl Node {
-    /// Starts node `name`'s ztunnel for `pods`, telling `control` of them (none serving yet), and
-    /// waits until it takes HBONE connections in each.
-    pub fn start(name: &str, control: &Control, pods: &[Served<'_>]) -> Node {
+    /// Starts node `name`'s ztunnel for `pod`, telling `control` of it (not serving yet), and
+    /// waits until it takes HBONE connections there.
+    pub fn start(name: &str, control: &Control, pod: &Served<'_>) -> Node {
         static SHARED: Mutex<Option<std::sync::Weak<Shared>>> = Mutex::new(None);
         let shared = {
             let mut s = SHARED.lock().unwrap();
@@ -399,9 +402,7 @@ impl Node {
                 }
             }
         };
-        for pod in pods {
-            control.add(pod.name, pod.ip, name);
-        }
+        control.add(pod.name, pod.ip, name);
         let bins = binaries();
         let ns = Netns::new();
         let dir = &shared.dir.clone();
@@ -421,9 +422,7 @@ impl Node {
         // inpodmulti opens /var/run/netns/<name>: climbing from there to / reaches the pod's own
         // handle, with nothing to mount or clean up.
         std::fs::create_dir_all("/var/run/netns").unwrap();
-        for pod in pods {
-            agent.arg(format!("../../..{}=default/{}/default", pod.ns.path(), pod.name));
-        }
+        agent.arg(format!("../../..{}=default/{}/default", pod.ns.path(), pod.name));
         let mut ztunnel = ns.command(&bins.join("ztunnel").display().to_string());
         ztunnel
             .envs([
@@ -443,24 +442,20 @@ impl Node {
             vec![Process::spawn(terminator).0, Process::spawn(agent).0, Process::spawn(ztunnel).0];
         let node = Node { processes, _ns: ns, _shared: shared, log };
         // Connecting from inside would be captured (to 15001): the pod's own table tells.
-        let listening = |pod: &Served<'_>| {
+        let listening = || {
             let table = pod.ns.enter(|| std::fs::read_to_string("/proc/thread-self/net/tcp6"));
-            table
-                .unwrap_or_default()
-                .lines()
-                .any(|l| l.contains(&format!(":{:04X} ", 15008)) && l.contains(" 0A "))
+            let hbone = format!(":{:04X} ", 15008);
+            table.unwrap_or_default().lines().any(|l| l.contains(&hbone) && l.contains(" 0A "))
         };
-        for pod in pods {
-            let ready = super::envoy::until(Duration::from_secs(30), || listening(pod));
-            let agent = std::fs::read_to_string(dir.join(format!("{name}-zds.log")));
-            let agent = agent.unwrap_or_default();
-            assert!(
-                ready,
-                "ztunnel took no pod {}; the node agent's log:\n{agent}\nztunnel's:\n{}",
-                pod.name,
-                node.log()
-            );
-        }
+        let ready = super::envoy::until(Duration::from_secs(30), listening);
+        let agent = std::fs::read_to_string(dir.join(format!("{name}-zds.log")));
+        let agent = agent.unwrap_or_default();
+        assert!(
+            ready,
+            "ztunnel took no pod {}; the node agent's log:\n{agent}\nztunnel's:\n{}",
+            pod.name,
+            node.log()
+        );
         node
     }
 
