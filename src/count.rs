@@ -1,5 +1,7 @@
 //! What a source reports: a total, its parts, and where it came from (data; text.rs words it).
 
+use std::time::Duration;
+
 /// Where a count came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SourceKind {
@@ -80,8 +82,8 @@ pub struct Blind {
 /// between two.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Before {
-    pub newest: std::time::Duration,
-    pub pause: std::time::Duration,
+    pub newest: Duration,
+    pub pause: Duration,
 }
 
 /// Whether a request has arrived since an earlier count: the pod is then still in use.
@@ -142,6 +144,22 @@ impl Count {
             polls: 0,
             before: None,
         }
+    }
+}
+
+/// What one look took, the part spent waiting on Envoy, and where measured the CPU it cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cost {
+    pub look: Duration,
+    pub admin: Duration,
+    pub cpu: Option<Duration>,
+}
+
+impl Cost {
+    /// What paces the next count: the CPU the look cost, else its time (waiting on a stopped
+    /// Envoy costs nothing).
+    pub fn paced(&self) -> Duration {
+        self.cpu.unwrap_or(self.look)
     }
 }
 

@@ -2,13 +2,13 @@
 //! line, also when a signal cuts the wait short. Every sentence comes from text.rs.
 
 use crate::config::{RunConfig, Until};
-use crate::count::{Basis, SourceKind, Unit};
+use crate::count::{Basis, Cost, SourceKind, Unit};
 use crate::log::{Level, Logger};
 use crate::outcome::{Outcome, Progress};
 use crate::source::Reading;
 use crate::source::sockets::{Pod, Reader};
 use crate::text;
-use crate::wait::{App, Cost, Seen};
+use crate::wait::{App, Seen};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};

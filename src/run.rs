@@ -4,17 +4,18 @@
 
 use crate::cli::usage_error;
 use crate::config::{Address, RunConfig};
+use crate::count::Cost;
 use crate::drain::Request;
 use crate::error::UsageError;
 use crate::log::{Level, Logger};
 use crate::outcome::{EXIT_REACHED, Outcome};
 use crate::report::Report;
 use crate::source::Reading;
+use crate::source::Sources;
 use crate::source::admin::{Client, REQUEST_TIMEOUT};
 use crate::source::sockets::Pod;
-use crate::source::{Sources, process_cpu};
 use crate::text;
-use crate::wait::{Ask, Cost, Quit, Step, Tick, Wait};
+use crate::wait::{Ask, Quit, Step, Tick, Wait};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -139,25 +140,14 @@ impl Looks<'_> {
             let (resend, sources) = (self.resend, &*self.sources);
             self.unsent.retain(|&r| !resend(sources, r));
         }
+        // A request sent again is not part of what the count costs Envoy.
         let left = left.saturating_sub(resent.elapsed());
-        // Timed after those: a request sent again is not part of what the count costs Envoy.
-        let (asked, own) = (Instant::now(), process_cpu());
-        let (reading, pod) = match ask {
+        let (reading, pod, cost) = match ask {
             Ask::Count => {
-                let (reading, pod) = self.sources.tick(left);
-                (Some(reading), pod)
+                let (reading, pod, cost) = self.sources.tick(left);
+                (Some(reading), pod, cost)
             }
-            Ask::App | Ask::Exit => (None, self.sources.pod(left)),
-        };
-        let spent = own.zip(process_cpu()).map(|(before, after)| after.saturating_sub(before));
-        // A read paced on its own is not part of what paces the looks.
-        let (aside, aside_cpu) = self.sources.aside;
-        let cost = Cost {
-            look: asked.elapsed().saturating_sub(aside),
-            admin: self.sources.admin_time,
-            cpu: spent
-                .zip(self.sources.envoy_cpu)
-                .map(|(own, envoy)| own.saturating_sub(aside_cpu) + envoy),
+            Ask::App | Ask::Exit => (None, self.sources.pod(left), Cost::default()),
         };
         let count = reading.as_ref().and_then(|r| r.result.as_ref().ok());
         let tick = Tick {

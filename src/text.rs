@@ -1,7 +1,7 @@
 //! Every sentence of a run and of `status` shown to a person: the rest of the code hands data here.
 
 use crate::config::{Mode, Rules, RunConfig, Until};
-use crate::count::{Arrivals, Basis, Blind, Count, NON_HTTP, SourceKind, Unit};
+use crate::count::{Arrivals, Basis, Blind, Cost, Count, NON_HTTP, SourceKind, Unit};
 use crate::drain::Request;
 use crate::log::Level;
 use crate::outcome::{Outcome, Progress};
@@ -10,7 +10,7 @@ use crate::source::clusters::{self, CLUSTERS_PATH};
 use crate::source::sockets::Reader;
 use crate::source::stats::{Answer, Hcm};
 use crate::source::{Look, Reading, Sources};
-use crate::wait::{APP_GONE, ARRIVALS_QUIET, Cost, RECHECK};
+use crate::wait::{APP_GONE, ARRIVALS_QUIET, RECHECK};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::Duration;

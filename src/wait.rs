@@ -3,7 +3,7 @@
 //! that ends a wait is here; run.rs drives it with real time and looks, the tests with fake ones.
 
 use crate::config::{Rules, Until};
-use crate::count::{Arrivals, Before};
+use crate::count::{Arrivals, Before, Cost};
 use crate::outcome::{Outcome, Pace};
 use crate::source::admin::PACE;
 use std::time::Duration;
@@ -31,22 +31,6 @@ pub const RECHECK: Duration = Duration::from_millis(100);
 
 /// How long after the last arrival seen `run` waits at least, whatever the count.
 pub const ARRIVALS_QUIET: Duration = Duration::from_secs(2);
-
-/// What one look took, the part spent waiting on Envoy, and where measured the CPU it cost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Cost {
-    pub look: Duration,
-    pub admin: Duration,
-    pub cpu: Option<Duration>,
-}
-
-impl Cost {
-    /// What paces the next count: the CPU the look cost, else its time (waiting on a stopped
-    /// Envoy costs nothing).
-    pub fn paced(&self) -> Duration {
-        self.cpu.unwrap_or(self.look)
-    }
-}
 
 /// The time from one count's start to the next: the interval, or more when a count cost more.
 fn pause(interval: Duration, cost: Duration) -> Duration {

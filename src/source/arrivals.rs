@@ -6,10 +6,12 @@
 //! pod connecting to the app). The facts: docs/how-it-works.md ("Arrivals from the kernel").
 
 use crate::config::ArrivalRule as Rule;
-use crate::count::Before;
+use crate::count::{Arrivals, Before, Count};
+use crate::source::admin::{PACE, REQUEST_TIMEOUT};
+use crate::source::clusters;
 use crate::source::procnet::{Endpoint, LISTEN, SYN_RECV, Socket, TIME_WAIT, taking};
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// One connection as the table shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -334,7 +336,7 @@ fn is_ours(ours: &[[u8; 16]], end: &Endpoint) -> bool {
 /// since the answer before recounts them (they arrived then, not now), and one that saw some where
 /// the table saw none adds them as arrivals; the requests of the probes the table saw are none.
 #[derive(Debug, Default)]
-pub struct Both {
+struct Both {
     fresh: u64,
     recounted: u64,
     kernel: Option<u64>,
@@ -388,6 +390,101 @@ impl Both {
             self.since = 0;
         }
         (kernel.or(clusters).map(|_| (self.fresh, self.recounted)), past_envoy)
+    }
+}
+
+/// A /clusters read longer than this and than 4 times the cheapest waited on a stalled Envoy.
+const STALL: Duration = Duration::from_millis(100);
+
+/// Where the socket table sees arrivals on the app's ports and /clusters does not.
+const PAST_ENVOY: &str = "the socket table sees arrivals that Envoy's /clusters does not (clients \
+    that reach the app past the sidecar, as excludeInboundPorts lets them, or a TCP stream's \
+    bytes): counting them";
+
+/// `hold` behind a sidecar: both sources' arrivals (`Both`), whether the table told them at the
+/// last look (until the first says otherwise, it does), when /clusters is next due, and the least
+/// time it took (what it costs Envoy where its CPU cannot be read: a read that waited on a
+/// stopped Envoy took longer and cost nothing).
+#[derive(Debug)]
+pub struct Hold {
+    both: Both,
+    pub table_tells: bool,
+    due: Option<Instant>,
+    least: Option<Duration>,
+}
+
+impl Default for Hold {
+    fn default() -> Hold {
+        Hold { both: Both::default(), table_tells: true, due: None, least: None }
+    }
+}
+
+impl Hold {
+    /// Whether a look at `now` reads /clusters, and then within how long of the `left` it has:
+    /// while the table tells, a stalled Envoy must not stop it (a few of the cheapest reads).
+    pub fn clusters_limit(&self, now: Instant, left: Duration) -> Option<Duration> {
+        let due = !self.table_tells || self.due.is_none_or(|t| now >= t);
+        let few = |l: Duration| l.saturating_mul(4);
+        due.then(|| match self.least {
+            _ if !self.table_tells => left,
+            Some(least) => REQUEST_TIMEOUT.max(few(least)).min(left),
+            None => few(REQUEST_TIMEOUT).min(left),
+        })
+    }
+
+    /// A /clusters read asked at `asked` that took `took` and cost Envoy's main thread `cpu`
+    /// (where known): the next one is due 20 times that later; whether it waited on a stall,
+    /// through which the table was not read and connections may have come and gone.
+    pub fn clusters_read(&mut self, asked: Instant, took: Duration, cpu: Option<Duration>) -> bool {
+        let least = self.least.map_or(took, |l| l.min(took));
+        self.least = Some(least);
+        // Envoy's main thread's CPU, but not less than the cheapest read took (what else its
+        // answer costs it, writing and freeing it, falls outside that CPU).
+        self.due = asked.checked_add(cpu.map_or(least, |cpu| cpu.max(least)).saturating_mul(PACE));
+        took > least.saturating_mul(4).max(STALL)
+    }
+
+    /// Both sources' arrivals into the look: the table's count when it told them, with
+    /// /clusters' recounts; else /clusters' answer; unknown after a stall.
+    pub fn merge(
+        &mut self,
+        mut clusters: Option<Result<clusters::Answer, String>>,
+        mut proc: Result<Count, String>,
+        probes: u64,
+        blocked: bool,
+    ) -> (Option<Result<clusters::Answer, String>>, Result<Count, String>) {
+        let kernel = proc.as_ref().ok().and_then(|c| c.arrivals.known());
+        let answered = clusters.as_ref().and_then(|c| c.as_ref().ok());
+        let (total, past_envoy) =
+            self.both.add((kernel, probes), answered.and_then(|a| a.count.arrivals.known()));
+        let (arrivals, recounted) = match total {
+            Some((fresh, again)) if !blocked => (Arrivals::Requests(fresh), again),
+            _ => (Arrivals::Unknown, 0),
+        };
+        self.table_tells = kernel.is_some();
+        if let (Ok(count), Some(_)) = (&mut proc, kernel) {
+            // Behind a sidecar the clients are other sidecars, which pool their connections and
+            // choose this pod per request: a request on an old connection is a new choice.
+            (count.arrivals, count.recounted, count.opened) = (arrivals, recounted, None);
+            if let Some(Err(why)) = &clusters {
+                count
+                    .warnings
+                    .push(format!("/clusters: {why}; arrivals from the socket table alone"));
+            }
+            if past_envoy {
+                count.warnings.push(PAST_ENVOY.to_string());
+            }
+            return (None, proc);
+        }
+        if let Some(Ok(answer)) = &mut clusters {
+            (answer.count.arrivals, answer.count.recounted) = (arrivals, recounted);
+            let why = match &proc {
+                Ok(c) => c.warnings.join("; "),
+                Err(why) => why.clone(),
+            };
+            answer.count.warnings.push(format!("arrivals from Envoy's /clusters alone: {why}"));
+        }
+        (clusters, proc)
     }
 }
 

@@ -12,10 +12,10 @@ pub mod stats;
 pub mod uds;
 
 use crate::config::{Counting, Mode};
-use crate::count::{Arrivals, Count, Unit};
+use crate::count::{Cost, Count, Unit};
 use crate::error::failed;
-use admin::{Client, PACE, REQUEST_TIMEOUT};
-use arrivals::Both;
+use admin::{Client, REQUEST_TIMEOUT};
+use arrivals::Hold;
 use clusters::CLUSTERS_PATH;
 use sockets::{Pod, SocketTable};
 use stats::{Answer, Hcm, REQUESTS_PATH, STATS_PATH};
@@ -63,14 +63,6 @@ pub fn process_cpu() -> Option<Duration> {
     (r == 0).then(|| Duration::new(t.tv_sec as u64, t.tv_nsec as u32))
 }
 
-/// A /clusters read longer than this and than 4 times the cheapest waited on a stalled Envoy.
-const STALL: Duration = Duration::from_millis(100);
-
-/// Where the socket table sees arrivals on the app's ports and /clusters does not.
-const PAST_ENVOY: &str = "the socket table sees arrivals that Envoy's /clusters does not (clients \
-    that reach the app past the sidecar, as excludeInboundPorts lets them, or a TCP stream's \
-    bytes): counting them";
-
 /// The least time the socket table is given, even at the deadline.
 const PROC_GRACE: Duration = Duration::from_millis(100);
 
@@ -91,10 +83,8 @@ pub struct Sources {
     /// What /clusters' answers so far say has arrived.
     arrived: clusters::Arrived,
     table: SocketTable,
-    /// How long the last look waited on Envoy's admin API, and what its requests cost Envoy's
-    /// main thread in CPU where its process is known (a stalled Envoy costs nothing).
-    pub admin_time: Duration,
-    pub envoy_cpu: Option<Duration>,
+    /// What the look under way has spent (`Spent`).
+    spent: Spent,
     /// Why the stats gave no requests at the last count, whose requests came from /clusters: the
     /// next count asks /clusters first (Envoy's stats matcher never changes, and a filtered
     /// /stats answer costs Envoy almost half of what /clusters costs).
@@ -102,16 +92,20 @@ pub struct Sources {
     /// The time the next stats request is given: a second, doubled after each one that ran out of
     /// it, up to `MAX_STATS_TIMEOUT`.
     stats_timeout: Duration,
-    /// `hold` behind a sidecar: both sources' arrivals, whether the table told them at the last
-    /// look (until the first says otherwise, it does), when /clusters is next due, and the least
-    /// time it took (what it costs Envoy where its CPU cannot be read: a read that waited on a
-    /// stopped Envoy took longer and cost nothing).
-    both: Both,
-    table_tells: bool,
-    clusters_due: Option<Instant>,
-    least: Option<Duration>,
-    /// Of the last look, the time and own CPU of a /clusters read paced on its own.
-    pub aside: (Duration, Duration),
+    /// `hold` behind a sidecar: both sources' state.
+    hold: Option<Hold>,
+}
+
+/// What a look spends beyond its own time: how long it waited on Envoy's admin API, what its
+/// requests cost Envoy's main thread in CPU where its process is known (a stalled Envoy costs
+/// nothing), and the time and own CPU of a /clusters read paced on its own, which does not pace
+/// the looks.
+#[derive(Debug, Clone, Copy, Default)]
+struct Spent {
+    admin: Duration,
+    envoy_cpu: Option<Duration>,
+    aside: Duration,
+    aside_cpu: Duration,
 }
 
 /// The longest a stats request may be given, however slow Envoy has been.
@@ -131,15 +125,10 @@ impl Sources {
             },
             arrived: clusters::Arrived::default(),
             table: SocketTable::new(c),
-            admin_time: Duration::ZERO,
-            envoy_cpu: None,
+            spent: Spent::default(),
             clusters_first: None,
             stats_timeout: REQUEST_TIMEOUT,
-            both: Both::default(),
-            table_tells: true,
-            clusters_due: None,
-            least: None,
-            aside: (Duration::ZERO, Duration::ZERO),
+            hold: c.hold.as_ref().map(|_| Hold::default()),
         }
     }
 
@@ -166,16 +155,26 @@ impl Sources {
         self.admin.url(self.stats_path())
     }
 
-    /// One count, and what the socket table says about the pod, within `left`.
-    pub fn tick(&mut self, left: Duration) -> (Reading, Result<Pod, String>) {
+    /// One count, what the socket table says about the pod, and what the count cost, within
+    /// `left`.
+    pub fn tick(&mut self, left: Duration) -> (Reading, Result<Pod, String>, Cost) {
         let until = within(left.max(PROC_GRACE));
+        let (asked, own) = (Instant::now(), process_cpu());
         self.table.forget();
         let reading = self.count(left);
-        if self.clusters.inbound {
-            // `hold` runs before the app's SIGTERM: its sockets tell nothing then.
-            return (reading, Err("not read while holding".to_string()));
-        }
-        (reading, self.table().pod(until))
+        // `hold` runs before the app's SIGTERM: its sockets tell nothing then.
+        let pod = match self.clusters.inbound {
+            true => Err("not read while holding".to_string()),
+            false => self.table().pod(until),
+        };
+        let own = own.zip(process_cpu()).map(|(before, after)| after.saturating_sub(before));
+        let s = self.spent;
+        let cost = Cost {
+            look: asked.elapsed().saturating_sub(s.aside),
+            admin: s.admin,
+            cpu: own.zip(s.envoy_cpu).map(|(own, envoy)| own.saturating_sub(s.aside_cpu) + envoy),
+        };
+        (reading, pod, cost)
     }
 
     /// What the socket table says about the pod now, read within `left`.
@@ -193,6 +192,7 @@ impl Sources {
     /// `every`, all of them (`status` shows each).
     pub fn look(&mut self, left: Duration, every: bool) -> Look {
         let until = within(left);
+        self.spent = Spent::default();
         let admin = self.mode != Mode::Proc;
         // Found once, before the requests are timed: Envoy's main thread is its process's first.
         let envoy = admin.then(|| self.table().envoy_pid(until)).flatten();
@@ -232,8 +232,8 @@ impl Sources {
             }
             _ => None,
         };
-        self.admin_time = asked.elapsed();
-        self.envoy_cpu = spent();
+        self.spent.admin = asked.elapsed();
+        self.spent.envoy_cpu = spent();
         if self.mode != Mode::Stats && (every || decide(&look).result.is_err()) {
             // A hung admin API may have used up the time: the socket table still gets its moment.
             let proc_until = until.max(Instant::now() + PROC_GRACE);
@@ -250,72 +250,26 @@ impl Sources {
         asked: Instant,
         spent: impl Fn() -> Option<Duration>,
     ) -> Look {
-        self.aside = (Duration::ZERO, Duration::ZERO);
-        let due = !self.table_tells || self.clusters_due.is_none_or(|t| asked >= t);
-        let mut clusters = None;
+        let mut hold = self.hold.take().unwrap_or_default();
+        let left = until.saturating_duration_since(asked).saturating_sub(PROC_GRACE);
         let mut blocked = false;
-        if due {
+        let clusters = hold.clusters_limit(asked, left).map(|limit| {
             let own = process_cpu();
-            // While the table tells, a stalled Envoy must not stop it: a few of the cheapest reads.
-            let left = until.saturating_duration_since(asked).saturating_sub(PROC_GRACE);
-            let few = |l: Duration| l.saturating_mul(4);
-            let limit = match self.least {
-                _ if !self.table_tells => left,
-                Some(least) => REQUEST_TIMEOUT.max(few(least)).min(left),
-                None => few(REQUEST_TIMEOUT).min(left),
-            };
             let answer = self.clusters(within(limit));
             let took = asked.elapsed();
-            let least = self.least.map_or(took, |l| l.min(took));
-            (self.least, self.admin_time, self.envoy_cpu) = (Some(least), took, spent());
-            // Far longer than the cheapest: it waited on a stall, through which the table was not
-            // read and connections may have come and gone: unknown, and a fresh read follows.
-            blocked = took > few(least).max(STALL);
-            // Envoy's main thread's CPU, but not less than the cheapest read took (what else its
-            // answer costs it, writing and freeing it, falls outside that CPU).
-            let cost = self.envoy_cpu.map_or(least, |cpu| cpu.max(least)).saturating_mul(PACE);
-            self.clusters_due = asked.checked_add(cost);
-            if self.table_tells {
+            (self.spent.admin, self.spent.envoy_cpu) = (took, spent());
+            blocked = hold.clusters_read(asked, took, self.spent.envoy_cpu);
+            if hold.table_tells {
                 let own =
                     own.zip(process_cpu()).map_or(Duration::ZERO, |(b, a)| a.saturating_sub(b));
-                self.aside = (took, own);
-                self.envoy_cpu = Some(Duration::ZERO);
+                (self.spent.aside, self.spent.aside_cpu) = (took, own);
+                self.spent.envoy_cpu = Some(Duration::ZERO);
             }
-            clusters = Some(answer);
-        }
-        let mut proc = self.table.arrivals(until.max(Instant::now() + PROC_GRACE));
-        let kernel = proc.as_ref().ok().and_then(|c| c.arrivals.known());
-        let answered = clusters.as_ref().and_then(|c| c.as_ref().ok());
-        let seen = (kernel, self.table.probes());
-        let (total, past_envoy) =
-            self.both.add(seen, answered.and_then(|a| a.count.arrivals.known()));
-        let (arrivals, recounted) = match total {
-            Some((fresh, again)) if !blocked => (Arrivals::Requests(fresh), again),
-            _ => (Arrivals::Unknown, 0),
-        };
-        self.table_tells = kernel.is_some();
-        if let (Ok(count), Some(_)) = (&mut proc, kernel) {
-            // Behind a sidecar the clients are other sidecars, which pool their connections and
-            // choose this pod per request: a request on an old connection is a new choice.
-            (count.arrivals, count.recounted, count.opened) = (arrivals, recounted, None);
-            if let Some(Err(why)) = &clusters {
-                count
-                    .warnings
-                    .push(format!("/clusters: {why}; arrivals from the socket table alone"));
-            }
-            if past_envoy {
-                count.warnings.push(PAST_ENVOY.to_string());
-            }
-            return Look { stats: None, clusters: None, proc: Some(proc) };
-        }
-        if let Some(Ok(answer)) = &mut clusters {
-            (answer.count.arrivals, answer.count.recounted) = (arrivals, recounted);
-            let why = match &proc {
-                Ok(c) => c.warnings.join("; "),
-                Err(why) => why.clone(),
-            };
-            answer.count.warnings.push(format!("arrivals from Envoy's /clusters alone: {why}"));
-        }
+            answer
+        });
+        let proc = self.table.arrivals(until.max(Instant::now() + PROC_GRACE));
+        let (clusters, proc) = hold.merge(clusters, proc, self.table.probes(), blocked);
+        self.hold = Some(hold);
         Look { stats: None, clusters, proc: Some(proc) }
     }
 
