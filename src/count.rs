@@ -53,7 +53,7 @@ pub struct Count {
     /// How the count told what counts (whose sockets are Envoy's), worth a line when it changes.
     pub basis: Option<Basis>,
     /// What tells a new connection or request from those counted before.
-    pub arrivals: Arrivals,
+    pub arrivals: Option<u64>,
     /// Arrivals recounted so far (`source::arrivals::Both`).
     pub recounted: u64,
     /// Of the arrivals, new connections so far, where the source tells them from requests on
@@ -84,25 +84,6 @@ pub struct Blind {
 pub struct Before {
     pub newest: Duration,
     pub pause: Duration,
-}
-
-/// Whether a request has arrived since an earlier count: the pod is then still in use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Arrivals {
-    /// The source cannot tell.
-    #[default]
-    Unknown,
-    /// Requests (or connections) so far, a counter.
-    Requests(u64),
-}
-
-impl Arrivals {
-    pub fn known(self) -> Option<u64> {
-        match self {
-            Arrivals::Requests(n) => Some(n),
-            Arrivals::Unknown => None,
-        }
-    }
 }
 
 /// How a socket-table count told Envoy's sockets from the rest.
@@ -137,7 +118,7 @@ impl Count {
             warnings,
             excluded: Vec::new(),
             basis: None,
-            arrivals: Arrivals::Unknown,
+            arrivals: None,
             recounted: 0,
             opened: None,
             blind: Blind::default(),

@@ -152,7 +152,7 @@ impl Looks<'_> {
         let count = reading.as_ref().and_then(|r| r.result.as_ref().ok());
         let tick = Tick {
             count: count.map(|c| c.total),
-            arrivals: count.map(|c| c.arrivals).unwrap_or_default(),
+            arrivals: count.and_then(|c| c.arrivals),
             recounted: count.map_or(0, |c| c.recounted),
             opened: count.and_then(|c| c.opened),
             before: count.and_then(|c| c.before),

@@ -1,7 +1,7 @@
 //! Every sentence of a run and of `status` shown to a person: the rest of the code hands data here.
 
 use crate::config::{Mode, Rules, RunConfig, Until};
-use crate::count::{Arrivals, Basis, Blind, Cost, Count, NON_HTTP, SourceKind, Unit};
+use crate::count::{Basis, Blind, Cost, Count, NON_HTTP, SourceKind, Unit};
 use crate::drain::Request;
 use crate::log::Level;
 use crate::outcome::{Outcome, Progress};
@@ -252,7 +252,7 @@ pub fn count_line(
     };
     let arriving = match (arriving, hold) {
         (true, _) => ", and new requests still arriving",
-        (false, true) if count.arrivals == Arrivals::Unknown => ", and arrivals unknown",
+        (false, true) if count.arrivals == None => ", and arrivals unknown",
         (false, true) => ", and no new request",
         (false, false) => "",
     };

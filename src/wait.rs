@@ -3,7 +3,7 @@
 //! that ends a wait is here; run.rs drives it with real time and looks, the tests with fake ones.
 
 use crate::config::{Rules, Until};
-use crate::count::{Arrivals, Before, Cost};
+use crate::count::{Before, Cost};
 use crate::outcome::{Outcome, Pace};
 use crate::source::admin::PACE;
 use std::time::Duration;
@@ -42,7 +42,7 @@ fn pause(interval: Duration, cost: Duration) -> Duration {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Tick {
     pub count: Option<u64>,
-    pub arrivals: Arrivals,
+    pub arrivals: Option<u64>,
     /// Arrivals recounted so far: more than the counter said of a time it saw some (`hold` behind a
     /// sidecar: /clusters' requests on a connection the table showed once).
     pub recounted: u64,
@@ -225,7 +225,7 @@ struct Follow {
     app_seen: bool,
     gone_since: Option<Duration>,
     last_look: Duration,
-    requests: Arrivals,
+    requests: Option<u64>,
     recounted: u64,
 }
 
@@ -253,9 +253,9 @@ impl Follow {
 
     /// How many requests arrived since the last look that could tell: what the counter moved
     /// by (one that went back belongs to a restarted Envoy: at least one).
-    fn arrived(&mut self, now: Arrivals) -> u64 {
-        let Some(now) = now.known() else { return 0 };
-        let before = std::mem::replace(&mut self.requests, Arrivals::Requests(now)).known();
+    fn arrived(&mut self, now: Option<u64>) -> u64 {
+        let Some(now) = now else { return 0 };
+        let before = self.requests.replace(now);
         before.map_or(0, |b| now.checked_sub(b).unwrap_or(1))
     }
 
@@ -263,10 +263,10 @@ impl Follow {
         let (app, arrived) = (self.app(tick.app, started, ended), self.arrived(tick.arrivals));
         // Only a look that could tell recounts.
         let recounted = match tick.arrivals {
-            Arrivals::Requests(_) => tick
+            Some(_) => tick
                 .recounted
                 .saturating_sub(std::mem::replace(&mut self.recounted, tick.recounted)),
-            Arrivals::Unknown => 0,
+            None => 0,
         };
         Seen { app, arrived, recounted, ..Seen::default() }
     }
@@ -353,7 +353,7 @@ impl<'r> Wait<'r> {
         let mut seen = self.follow.see(tick, started, now);
         seen.every = pause(rules.interval, tick.cost.paced());
         seen.drain_done = counts.drain_done;
-        if ask == Ask::Count && rules.until == Until::Quiet && tick.arrivals != Arrivals::Unknown {
+        if ask == Ask::Count && rules.until == Until::Quiet && tick.arrivals != None {
             // The newest arrival before the first count starts the quiet time as one seen.
             if let (None, Some(b)) = (counts.rate.since, tick.before) {
                 counts.arrived_at = Some(now.saturating_sub(b.newest));
@@ -442,7 +442,7 @@ impl Counts {
     ) -> Option<Duration> {
         let known = match rules.until {
             Until::AtMost(_) => tick.count.is_some(),
-            Until::Quiet => tick.arrivals != Arrivals::Unknown,
+            Until::Quiet => tick.arrivals != None,
         };
         self.counted |= known;
         let low = match rules.until {
@@ -815,7 +815,7 @@ mod tests {
         // left the clients' lists.
         let script: Vec<(u64, Tick)> = (0..19)
             .map(|i| {
-                let tick = Tick { arrivals: Arrivals::Requests(40 + i), ..counted(0) };
+                let tick = Tick { arrivals: Some(40 + i), ..counted(0) };
                 (i * 500, tick)
             })
             .collect();
@@ -909,11 +909,11 @@ mod tests {
     #[test]
     fn a_request_counter_that_moved_is_an_arrival() {
         let mut f = Follow::default();
-        let requests = Arrivals::Requests;
+        let requests = Some;
         assert_eq!(f.arrived(requests(40)), 0, "the first count has nothing to compare");
         assert_eq!(f.arrived(requests(40)), 0, "no new request");
         assert_eq!(f.arrived(requests(41)), 1, "a request, on a kept connection or a new one");
-        assert_eq!(f.arrived(Arrivals::Unknown), 0, "an unknown count or the stats tell nothing");
+        assert_eq!(f.arrived(None), 0, "an unknown count or the stats tell nothing");
         assert_eq!(f.arrived(requests(45)), 4, "compared with the last counter");
         assert_eq!(f.arrived(requests(3)), 1, "a restarted Envoy's counter: at least one");
     }
@@ -985,7 +985,7 @@ mod tests {
             Tick {
                 // In flight: what the hold does not wait for.
                 count: Some(3),
-                arrivals: if known { Arrivals::Requests(arrived) } else { Arrivals::Unknown },
+                arrivals: if known { Some(arrived) } else { None },
                 ..Tick::default()
             }
         });
@@ -1024,7 +1024,7 @@ mod tests {
                 now.set(t + ms(20));
                 let (n, opened) = (t.as_millis() as u64 / 100, t.min(ms(last_new)).as_millis());
                 let opened = Some(opened as u64 / 100);
-                Tick { count: Some(2), arrivals: Arrivals::Requests(n), opened, ..Tick::default() }
+                Tick { count: Some(2), arrivals: Some(n), opened, ..Tick::default() }
             });
             end.outcome
         };
@@ -1091,7 +1091,7 @@ mod tests {
             // The table is read at the look's end.
             let read = now.get().min(ms(30_000));
             Tick {
-                arrivals: Arrivals::Requests(read.as_millis() as u64 / 100),
+                arrivals: Some(read.as_millis() as u64 / 100),
                 cost: cost(if t.is_zero() { 2700 } else { 1 }),
                 ..Tick::default()
             }
@@ -1128,7 +1128,7 @@ mod tests {
         let before = Before { newest: ms(200), pause: ms(3500) };
         let (end, stopped, _) = ticking(&r, 20, |t| Tick {
             count: Some(0),
-            arrivals: Arrivals::Requests(0),
+            arrivals: Some(0),
             before: (t == ms(0)).then_some(before),
             ..Tick::default()
         });
@@ -1190,7 +1190,7 @@ mod tests {
         let r = hold(0, 3000, 60000);
         let (end, stopped, at) = ticking(&r, 250, |t| Tick {
             count: Some(0),
-            arrivals: Arrivals::Requests(t.min(ms(30000)).as_millis() as u64 / 100),
+            arrivals: Some(t.min(ms(30000)).as_millis() as u64 / 100),
             cost: cost(250),
             ..Tick::default()
         });
@@ -1212,7 +1212,7 @@ mod tests {
         // at every count, and one count in two sees none arrive.
         let r = Rules { min_drain: ms(2000), ..rules() };
         let (end, stopped, _) = ticking(&r, 10, |t| Tick {
-            arrivals: Arrivals::Requests(t.min(ms(12_000)).as_millis() as u64 / 1200),
+            arrivals: Some(t.min(ms(12_000)).as_millis() as u64 / 1200),
             ..counted(0)
         });
         assert_eq!(end.outcome, Outcome::Reached);
@@ -1226,7 +1226,7 @@ mod tests {
         // Short requests until 2 s, long ones in flight until 8.3 s: the quiet time after the
         // last arrival was over long before, and the count at zero ends the wait at once.
         let (end, stopped, _) = ticking(&rules(), 10, |t| Tick {
-            arrivals: Arrivals::Requests(t.min(ms(2000)).as_millis() as u64 / 100),
+            arrivals: Some(t.min(ms(2000)).as_millis() as u64 / 100),
             ..counted(if t < ms(8300) { 3 } else { 0 })
         });
         assert_eq!(end.outcome, Outcome::Reached);

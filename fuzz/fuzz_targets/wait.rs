@@ -6,9 +6,9 @@
 #![no_main]
 
 use envoy_drain::config::{Rules, Until};
-use envoy_drain::count::{Arrivals, Before};
+use envoy_drain::count::{Before, Cost};
 use envoy_drain::outcome::Outcome;
-use envoy_drain::wait::{App, Ask, Cost, LAST_COUNT, Quit, Seen, Step, Tick, Wait};
+use envoy_drain::wait::{App, Ask, LAST_COUNT, Quit, Seen, Step, Tick, Wait};
 use libfuzzer_sys::fuzz_target;
 use std::cell::Cell;
 use std::time::Duration;
@@ -44,7 +44,7 @@ impl Script<'_> {
         self.requests += u64::from(b & 0x8 != 0);
         self.last = Tick {
             count: (b & 0xf != 0xf).then_some(u64::from(b & 0x7)),
-            arrivals: Arrivals::Requests(self.requests),
+            arrivals: Some(self.requests),
             // A recount that grows with the arrivals, as /clusters' beside the socket table's.
             recounted: self.requests.saturating_mul(u64::from(b >> 4)),
             // New connections among the arrivals, where the source tells them.
@@ -125,8 +125,7 @@ fuzz_target!(|data: &[u8]| {
             match rules.until {
                 Until::AtMost(most) => last.count.is_some_and(|n| n <= most) && seen.arrived == 0,
                 Until::Quiet =>
-                    last.arrivals != Arrivals::Unknown
-                        && (seen.arrived == 0 || rules.settle.is_zero()),
+                    last.arrivals != None && (seen.arrived == 0 || rules.settle.is_zero()),
             },
             "reached on {last:?}, {seen:?}"
         ),

@@ -6,7 +6,7 @@
 //! pod connecting to the app). The facts: docs/how-it-works.md ("Arrivals from the kernel").
 
 use crate::config::ArrivalRule as Rule;
-use crate::count::{Arrivals, Before, Count};
+use crate::count::{Before, Count};
 use crate::source::admin::{PACE, REQUEST_TIMEOUT};
 use crate::source::clusters;
 use crate::source::procnet::{Endpoint, LISTEN, SYN_RECV, Socket, TIME_WAIT, taking};
@@ -453,13 +453,13 @@ impl Hold {
         probes: u64,
         blocked: bool,
     ) -> (Option<Result<clusters::Answer, String>>, Result<Count, String>) {
-        let kernel = proc.as_ref().ok().and_then(|c| c.arrivals.known());
+        let kernel = proc.as_ref().ok().and_then(|c| c.arrivals);
         let answered = clusters.as_ref().and_then(|c| c.as_ref().ok());
         let (total, past_envoy) =
-            self.both.add((kernel, probes), answered.and_then(|a| a.count.arrivals.known()));
+            self.both.add((kernel, probes), answered.and_then(|a| a.count.arrivals));
         let (arrivals, recounted) = match total {
-            Some((fresh, again)) if !blocked => (Arrivals::Requests(fresh), again),
-            _ => (Arrivals::Unknown, 0),
+            Some((fresh, again)) if !blocked => (Some(fresh), again),
+            _ => (None, 0),
         };
         self.table_tells = kernel.is_some();
         if let (Ok(count), Some(_)) = (&mut proc, kernel) {

@@ -3,7 +3,7 @@
 //! pooled connection none. Per-host counters are not stats, so a default Istio proxy has them.
 //! See docs/how-it-works.md.
 
-use crate::count::{Arrivals, Capped, Count, KEPT, Part, SourceKind, Unit};
+use crate::count::{Capped, Count, KEPT, Part, SourceKind, Unit};
 use crate::lists::{Names, PortSet, any};
 use crate::preset::Preset;
 use std::collections::BTreeMap;
@@ -218,7 +218,7 @@ pub struct Arrived {
 
 impl Arrived {
     /// Takes an answer's counters, and tells what has arrived so far.
-    pub fn add(&mut self, mut now: Vec<(u64, u64)>) -> Arrivals {
+    pub fn add(&mut self, mut now: Vec<(u64, u64)>) -> Option<u64> {
         now.sort_unstable();
         if let Some(last) = &self.last {
             for hosts in now.chunk_by(|a, b| a.0 == b.0) {
@@ -236,7 +236,7 @@ impl Arrived {
             }
         }
         self.last = Some(now);
-        Arrivals::Requests(self.total)
+        Some(self.total)
     }
 }
 
@@ -436,10 +436,10 @@ inbound|15090||::127.0.0.1:15090::rq_total::5
         let a = tally(body, &istio()).unwrap();
         assert_eq!(a.count.total, 0);
         assert_eq!(a.counters.len(), 2, "{:?}", a.counters);
-        assert_eq!(arrived.add(a.counters), Arrivals::Requests(0));
+        assert_eq!(arrived.add(a.counters), Some(0));
         let later = body.replace("::40", "::43").replace("::2\n", "::3\n");
         let a = tally(&later, &istio()).unwrap();
-        assert_eq!(arrived.add(a.counters), Arrivals::Requests(4));
+        assert_eq!(arrived.add(a.counters), Some(4));
     }
 
     #[test]
@@ -457,12 +457,12 @@ outbound|9080||svc::10.90.0.3:9080::rq_total::{rq}
         };
         let mut arrived = Arrived::default();
         let first = host(2, 40, 10) + &host(4, 7, 7);
-        assert_eq!(arrived.add(counters(&first, &rule)), Arrivals::Requests(0));
+        assert_eq!(arrived.add(counters(&first, &rule)), Some(0));
         // The host with 47 requests is gone; nothing arrived.
-        assert_eq!(arrived.add(counters(&host(2, 40, 10), &rule)), Arrivals::Requests(0));
+        assert_eq!(arrived.add(counters(&host(2, 40, 10), &rule)), Some(0));
         // Re-created with its counters from 0: its 2 requests are new, on 1 new connection.
         let again = host(2, 40, 10) + &host(4, 2, 1);
-        assert_eq!(arrived.add(counters(&again, &rule)), Arrivals::Requests(3));
+        assert_eq!(arrived.add(counters(&again, &rule)), Some(3));
         // Hosts of one address in an ORIGINAL_DST cluster, under one name: one more request at
         // the busy one is one arrival, whichever order they are listed in, and one that vanished
         // takes nothing back.
@@ -481,13 +481,13 @@ inbound|8080||::10.90.0.2:8080::rq_total::{n}
         for (rq, total) in
             [(&[726, 1, 1][..], 0), (&[1, 1, 726], 0), (&[1, 727], 1), (&[1, 727, 1], 2)]
         {
-            assert_eq!(dups.add(counters(&dup(rq), &rule)), Arrivals::Requests(total));
+            assert_eq!(dups.add(counters(&dup(rq), &rule)), Some(total));
         }
         // The outbound cluster's requests and the app's own calls out never arrive at it.
         let out = host(2, 40, 10).replace(
             "outbound|9080||svc::10.90.0.3:9080::rq_total::40",
             "outbound|9080||svc::10.90.0.3:9080::rq_total::90",
         );
-        assert_eq!(arrived.add(counters(&(out + &host(4, 2, 1)), &rule)), Arrivals::Requests(3));
+        assert_eq!(arrived.add(counters(&(out + &host(4, 2, 1)), &rule)), Some(3));
     }
 }

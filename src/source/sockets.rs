@@ -2,7 +2,7 @@
 //! which are Envoy's (the holder of its admin listener, through `/proc/<pid>/fd`); procnet's rule.
 
 use crate::config::{Address, Counting, Filter};
-use crate::count::{Arrivals, Basis, Blind, Count, Part, SourceKind, Unit};
+use crate::count::{Basis, Blind, Count, Part, SourceKind, Unit};
 use crate::error::{failed, io_cause};
 use crate::lists::PortSet;
 use crate::source::arrivals::{self, Tracker};
@@ -134,7 +134,7 @@ impl SocketTable {
             read.open.iter().map(|(port, n)| Part { name: format!("port {port}"), active: *n });
         let count = Count::new(SourceKind::Proc, Unit::Connections, parts.collect(), warnings);
         Ok(Count {
-            arrivals: Arrivals::Requests(tracker.total),
+            arrivals: Some(tracker.total),
             opened: Some(tracker.opened),
             blind,
             polls: tracker.polls,
