@@ -252,7 +252,7 @@ pub fn count_line(
     };
     let arriving = match (arriving, hold) {
         (true, _) => ", and new requests still arriving",
-        (false, true) if count.arrivals == None => ", and arrivals unknown",
+        (false, true) if count.arrivals.is_none() => ", and arrivals unknown",
         (false, true) => ", and no new request",
         (false, false) => "",
     };

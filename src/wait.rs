@@ -353,7 +353,7 @@ impl<'r> Wait<'r> {
         let mut seen = self.follow.see(tick, started, now);
         seen.every = pause(rules.interval, tick.cost.paced());
         seen.drain_done = counts.drain_done;
-        if ask == Ask::Count && rules.until == Until::Quiet && tick.arrivals != None {
+        if ask == Ask::Count && rules.until == Until::Quiet && tick.arrivals.is_some() {
             // The newest arrival before the first count starts the quiet time as one seen.
             if let (None, Some(b)) = (counts.rate.since, tick.before) {
                 counts.arrived_at = Some(now.saturating_sub(b.newest));
@@ -442,7 +442,7 @@ impl Counts {
     ) -> Option<Duration> {
         let known = match rules.until {
             Until::AtMost(_) => tick.count.is_some(),
-            Until::Quiet => tick.arrivals != None,
+            Until::Quiet => tick.arrivals.is_some(),
         };
         self.counted |= known;
         let low = match rules.until {
