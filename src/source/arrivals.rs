@@ -30,7 +30,7 @@ const POLL: Duration = Duration::from_secs(5);
 /// far as the quiet time looks back during the hold (wait.rs, `WINDOW`).
 const HISTORY: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Seen {
     /// The bytes the server's socket has received, where it is in the pod and shows them.
     received: Option<u64>,
@@ -123,37 +123,7 @@ impl Tracker {
         sockets: &[Socket],
         counters: Option<Counters>,
     ) -> Read {
-        for s in sockets.iter().filter(|s| s.state == LISTEN) {
-            if !self.listening.contains(&s.local) {
-                self.listening.push(s.local);
-            }
-        }
-        let mut now: HashMap<Key, Seen> = HashMap::new();
-        for s in sockets.iter().filter(|s| s.state != LISTEN) {
-            let Some((key, in_server)) = self.key(ours, s) else {
-                continue;
-            };
-            let seen = now.entry(key).or_insert(Seen {
-                received: None,
-                idle: None,
-                closed: false,
-                polled: false,
-                accepted: false,
-                inside: false,
-                probe: false,
-            });
-            seen.accepted |= !in_server || s.state != SYN_RECV;
-            // The client's end may have gone where the server's waits in TIME_WAIT.
-            seen.inside |= !in_server || is_ours(ours, &key.client);
-            seen.closed |= s.state == TIME_WAIT;
-            seen.idle = match (seen.idle, s.idle) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            if in_server && s.received.is_some() {
-                seen.received = s.received;
-            }
-        }
+        let mut now = self.connections(ours, sockets);
         let first = self.last.is_none();
         let last = self.last.take().unwrap_or_default();
         let since = at.saturating_sub(*self.first_at.get_or_insert(at));
@@ -161,57 +131,20 @@ impl Tracker {
         let mut ages = Vec::new();
         for (key, seen) in &mut now {
             let before = last.get(key);
-            if seen.accepted && !before.is_some_and(|b| b.accepted) {
-                self.accepted += 1;
-            }
-            // A probe sends one request on a connection of its own (kubelet pkg/probe): more
-            // bytes after some make it a client's, which gives its share back.
-            let again = matches!((before.and_then(|b| b.received), seen.received),
-                (Some(was), Some(is)) if was > 0 && is > was);
-            let client = before.is_some_and(|b| b.probe) && again;
-            self.probed = self.probed.saturating_sub(u64::from(client));
-            seen.probe = match before {
-                Some(b) => b.probe && !client,
-                None => {
-                    self.rule.probes.contains(&key.client.0)
-                        && self.counts(key.server.1)
-                        && self.probe(since, true)
-                }
-            };
-            // At the first read, only those still open: their requests may be yet to count.
-            let new_probe = before.is_none() && (!first || seen.received.is_some());
-            if seen.probe && new_probe && self.counts(key.server.1) {
-                self.probes += 1;
-            }
+            let client = self.probed_or_client(key, seen, before, (since, first));
             // A client on loopback is the pod calling itself, in ambient mode too (ztunnel's hop
             // to the app comes from the client's address, or the pod's).
             let local = std::net::Ipv6Addr::from(key.client.0).to_canonical().is_loopback();
-            if !self.counts(key.server.1)
-                || seen.probe
-                || local
-                || (seen.inside && self.rule.outside_only)
-            {
+            let inside = seen.inside && self.rule.outside_only;
+            if !self.counts(key.server.1) || seen.probe || local || inside {
                 continue;
             }
             // Before the first read, the probes' addresses had their share without count.
             if first && seen.closed && !self.rule.probes.contains(&key.client.0) {
                 ages.extend(seen.idle.filter(|age| *age <= HISTORY));
             }
-            let more = matches!((before.and_then(|b| b.received), seen.received),
-                (Some(was), Some(is)) if is > was);
-            // A request may span two reads: a poll's rest is the poll's.
-            let rest = before.is_some_and(|b| b.polled);
-            let quiet_client =
-                self.sent.get(&key.client.0).is_none_or(|t| at.saturating_sub(*t) >= POLL);
-            let idle = before.and_then(|b| b.idle).is_some_and(|i| i >= POLL);
-            seen.polled = more && !rest && idle && quiet_client;
+            let grew = self.grew(key, seen, before, (at, first));
             read.polls += u64::from(seen.polled);
-            let grew = more && !seen.polled && !rest;
-            // At the first read, a connection's last bytes are as old as it has been idle.
-            let recent = !first || seen.idle.is_none_or(|i| i < POLL);
-            if (before.is_none() || more) && recent {
-                self.sent.insert(key.client.0, at);
-            }
             read.arrived += u64::from(before.is_none() || grew);
             read.opened += u64::from(before.is_none() || client);
             if seen.received.is_some() {
@@ -229,16 +162,7 @@ impl Tracker {
             read.before = before(ages);
         }
         if let Some(counters) = counters.filter(|_| self.rule.passive_opens) {
-            let mut unseen = self.unseen(counters.passive_opens, first);
-            // Where a listener that does not count may have taken them, only resets are known
-            // to be the app's.
-            if !read.hiding.is_empty() {
-                let was = self.counters.map_or(counters.resets, |c| c.resets);
-                unseen = unseen.min(counters.resets.saturating_sub(was));
-            }
-            self.counters = Some(counters);
-            let probes = (0..unseen).take_while(|_| self.probe(since, false)).count() as u64;
-            read.unseen = unseen - probes;
+            read.unseen = self.unseen(counters, first, !read.hiding.is_empty(), since);
             read.arrived += read.unseen;
             read.opened += read.unseen;
         }
@@ -246,6 +170,87 @@ impl Tracker {
         self.opened = self.opened.saturating_add(read.opened);
         self.polls = self.polls.saturating_add(read.polls);
         read
+    }
+
+    /// The connections `sockets` show, by their two ends; the listeners among them noted.
+    fn connections(&mut self, ours: &[[u8; 16]], sockets: &[Socket]) -> HashMap<Key, Seen> {
+        for s in sockets.iter().filter(|s| s.state == LISTEN) {
+            if !self.listening.contains(&s.local) {
+                self.listening.push(s.local);
+            }
+        }
+        let mut now: HashMap<Key, Seen> = HashMap::new();
+        for s in sockets.iter().filter(|s| s.state != LISTEN) {
+            let Some((key, in_server)) = self.key(ours, s) else {
+                continue;
+            };
+            let seen = now.entry(key).or_default();
+            seen.accepted |= !in_server || s.state != SYN_RECV;
+            // The client's end may have gone where the server's waits in TIME_WAIT.
+            seen.inside |= !in_server || is_ours(ours, &key.client);
+            seen.closed |= s.state == TIME_WAIT;
+            seen.idle = match (seen.idle, s.idle) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            if in_server && s.received.is_some() {
+                seen.received = s.received;
+            }
+        }
+        now
+    }
+
+    /// Whether connection `key` is one of the kubelet's probes (`seen.probe`), counting those
+    /// newly seen accepted and probes; whether it was one and is now a client's.
+    fn probed_or_client(
+        &mut self,
+        key: &Key,
+        seen: &mut Seen,
+        before: Option<&Seen>,
+        (since, first): (Duration, bool),
+    ) -> bool {
+        if seen.accepted && !before.is_some_and(|b| b.accepted) {
+            self.accepted += 1;
+        }
+        // A probe sends one request on a connection of its own (kubelet pkg/probe): more bytes
+        // after some make it a client's, which gives its share back.
+        let again = matches!((before.and_then(|b| b.received), seen.received),
+            (Some(was), Some(is)) if was > 0 && is > was);
+        let client = before.is_some_and(|b| b.probe) && again;
+        self.probed = self.probed.saturating_sub(u64::from(client));
+        let counts = self.counts(key.server.1);
+        seen.probe = match before {
+            Some(b) => b.probe && !client,
+            None => self.rule.probes.contains(&key.client.0) && counts && self.probe(since, true),
+        };
+        // At the first read, only those still open: their requests may be yet to count.
+        let new_probe = before.is_none() && (!first || seen.received.is_some());
+        self.probes += u64::from(seen.probe && new_probe && counts);
+        client
+    }
+
+    /// Whether an open connection received bytes that count since the read before: not a poll's
+    /// (`POLL`), which it notes in `seen.polled`, nor a poll's rest (a request may span two reads).
+    fn grew(
+        &mut self,
+        key: &Key,
+        seen: &mut Seen,
+        before: Option<&Seen>,
+        (at, first): (Duration, bool),
+    ) -> bool {
+        let more = matches!((before.and_then(|b| b.received), seen.received),
+            (Some(was), Some(is)) if is > was);
+        let rest = before.is_some_and(|b| b.polled);
+        let quiet_client =
+            self.sent.get(&key.client.0).is_none_or(|t| at.saturating_sub(*t) >= POLL);
+        let idle = before.and_then(|b| b.idle).is_some_and(|i| i >= POLL);
+        seen.polled = more && !rest && idle && quiet_client;
+        // At the first read, a connection's last bytes are as old as it has been idle.
+        let recent = !first || seen.idle.is_none_or(|i| i < POLL);
+        if (before.is_none() || more) && recent {
+            self.sent.insert(key.client.0, at);
+        }
+        more && !seen.polled && !rest
     }
 
     /// Whether one more connection `since` the first read can be one of the kubelet's probes,
@@ -302,17 +307,24 @@ impl Tracker {
         ports
     }
 
-    /// Connections the pod accepted since the last read that no read saw: `PassiveOpens`, which
-    /// counts every accepted connection, less those seen, beyond the most this has been. Read
-    /// before the sockets, a connection accepted in between is seen before it is counted, which
-    /// the highest so far absorbs.
-    fn unseen(&mut self, passive: u64, first: bool) -> u64 {
-        let now = i128::from(passive) - i128::from(self.accepted);
+    /// Connections the pod accepted since the last read that no read saw, less the probes' share
+    /// of them: `PassiveOpens`, which counts every accepted connection, less those seen, beyond
+    /// the most this has been. Read before the sockets, a connection accepted in between is seen
+    /// before it is counted, which the highest so far absorbs. Where a listener that does not
+    /// count may have taken them (`hiding`), only those reset are known to be the app's.
+    fn unseen(&mut self, counters: Counters, first: bool, hiding: bool, since: Duration) -> u64 {
+        let now = i128::from(counters.passive_opens) - i128::from(self.accepted);
         let before = self.unexplained.replace(now.max(self.unexplained.unwrap_or(now)));
-        match before {
+        let mut unseen = match before {
             Some(was) if !first && now > was => u64::try_from(now - was).unwrap_or(u64::MAX),
             _ => 0,
+        };
+        if hiding {
+            let was = self.counters.map_or(counters.resets, |c| c.resets);
+            unseen = unseen.min(counters.resets.saturating_sub(was));
         }
+        self.counters = Some(counters);
+        unseen - (0..unseen).take_while(|_| self.probe(since, false)).count() as u64
     }
 }
 
