@@ -352,28 +352,7 @@ pub fn run_config(
     if let Some(unit) = pod.count {
         counting.unit = unit;
     }
-    let drains = [
-        ("inbound", Drain::Inbound),
-        ("all", Drain::All),
-        ("none", Drain::None),
-        ("agent", Drain::Agent),
-    ];
-    let drain = a.drain.as_deref().map_or(Ok(preset.drain), |v| one_of("--drain", v, &drains))?;
-    // A gateway's listeners carry no traffic direction: `inboundonly` would drain none of them.
-    if drain == Drain::Inbound && preset.drain == Drain::All {
-        return Err(UsageError::new(
-            "--drain",
-            "inbound",
-            format!(
-                "all or none with --preset {}: a gateway's listeners have no direction, so \
-                 inbound would drain none of them",
-                preset.name
-            ),
-        ));
-    }
-    if drain == Drain::Agent && !preset.agent {
-        return Err(no_agent("--drain agent", preset));
-    }
+    let drain = drain(a, preset)?;
     if a.then_quit && !preset.agent {
         return Err(no_agent("--then-quit", preset));
     }
@@ -403,6 +382,30 @@ pub fn run_config(
         agent: parse_addr("--agent", a.agent.as_deref().unwrap_or(DEFAULT_AGENT))?,
         verbose: a.verbose,
     })
+}
+
+/// `--drain`, else the preset's.
+fn drain(a: &RunArgs, preset: Preset) -> Result<Drain, UsageError> {
+    let drains = [
+        ("inbound", Drain::Inbound),
+        ("all", Drain::All),
+        ("none", Drain::None),
+        ("agent", Drain::Agent),
+    ];
+    let drain = a.drain.as_deref().map_or(Ok(preset.drain), |v| one_of("--drain", v, &drains))?;
+    // A gateway's listeners carry no traffic direction: `inboundonly` would drain none of them.
+    if drain == Drain::Inbound && preset.drain == Drain::All {
+        let expected = format!(
+            "all or none with --preset {}: a gateway's listeners have no direction, so inbound \
+             would drain none of them",
+            preset.name
+        );
+        return Err(UsageError::new("--drain", "inbound", expected));
+    }
+    if drain == Drain::Agent && !preset.agent {
+        return Err(no_agent("--drain agent", preset));
+    }
+    Ok(drain)
 }
 
 /// `--deadline`, or the pod's annotation unless longer than the flag, which the template derives
@@ -530,9 +533,9 @@ pub fn hold_config(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<RunConfig, UsageError> {
     let preset = a.preset.as_deref().unwrap_or("istio");
-    let kernel = ["ambient", "none"].contains(&preset);
+    let holding = Holding::of(preset);
     let mut counting = counting(&RunArgs {
-        preset: (!kernel).then(|| preset.to_string()),
+        preset: (holding == Holding::Sidecar).then(|| preset.to_string()),
         admin: a.admin.clone(),
         count: Some("requests".to_string()),
         ..RunArgs::default()
@@ -541,66 +544,107 @@ pub fn hold_config(
         "--preset" => UsageError::new("--preset", preset, HOLD_PRESETS),
         _ => e,
     })?;
-    if !kernel && counting.preset.inbound_clusters.is_empty() {
+    if holding == Holding::Sidecar && counting.preset.inbound_clusters.is_empty() {
         return Err(UsageError::new("--preset", preset, HOLD_PRESETS));
     }
-    let own = match preset {
-        "ambient" => AMBIENT_OWN,
-        "none" => "",
-        _ => counting.preset.ignore_ports,
+    let own = match holding {
+        Holding::Ambient => AMBIENT_OWN,
+        Holding::NoMesh => "",
+        Holding::Sidecar => counting.preset.ignore_ports,
     };
     let ignore = ports("--ignore-ports", a.ignore_ports.as_deref().unwrap_or(own))?;
-    let names_node =
-        a.probes_from.as_deref().is_some_and(|v| v.split(',').any(|i| i.trim() == "node"));
-    let node = node_addresses(env, names_node, &mut counting.warnings);
-    if preset == "none" && a.probes_from.is_none() && node.is_empty() {
-        counting.warnings.extend(link_local_gateway());
-    }
-    let mut probes = match (preset, &a.probes_from) {
-        (_, Some(v)) => probe_sources(v, &node)?,
-        ("none", None) => probe_sources("gateway,node", &node)?,
-        _ => Vec::new(),
-    };
-    if preset == "ambient" {
-        probes.push(AMBIENT_PROBES.to_ipv6_mapped().octets());
-    }
+    let probes = probes(a, holding, env, &mut counting.warnings)?;
     counting.hold = Some(ArrivalRule {
         ports: a.ports.as_deref().map(|v| some_ports("--ports", v)).transpose()?,
-        ignore: if kernel { ignore.clone() } else { ignore.clone().with(preset::OUTBOUND_CAPTURE) },
+        ignore: match holding {
+            Holding::Sidecar => ignore.clone().with(preset::OUTBOUND_CAPTURE),
+            Holding::Ambient | Holding::NoMesh => ignore.clone(),
+        },
         probes,
         probe_periods: a.probe_periods.as_deref().map(probe_periods).transpose()?,
         // In ambient mode every client connection reaches the app over a hop in the pod.
-        passive_opens: preset == "none",
-        outside_only: preset != "ambient",
+        passive_opens: holding == Holding::NoMesh,
+        outside_only: holding != Holding::Ambient,
     });
     counting.filter.ignore = ignore;
-    counting.mode = if kernel { Mode::Proc } else { Mode::Stats };
-    let deadline = positive("--deadline", &a.deadline, DEFAULT_HOLD_DEADLINE)?;
-    let min_flag = a.min.as_deref().map(|v| parse_duration("--min", v)).transpose()?;
-    let min = min_flag.unwrap_or(DEFAULT_HOLD_MIN.min(deadline));
-    if let Some(v) = a.min.as_deref().filter(|_| min > deadline) {
-        let expected = format!("at most the deadline ({})", humantime::format_duration(deadline));
-        return Err(UsageError::new("--min", v, expected));
-    }
-    let quiet = positive("--quiet", &a.quiet, DEFAULT_QUIET.min(deadline))?;
-    if let Some(v) = a.quiet.as_deref().filter(|_| quiet >= deadline) {
-        let expected = format!("less than the deadline ({})", humantime::format_duration(deadline));
-        return Err(UsageError::new("--quiet", v, expected));
-    }
+    counting.mode = if holding == Holding::Sidecar { Mode::Stats } else { Mode::Proc };
     Ok(RunConfig {
         counting,
         before: Vec::new(),
-        rules: Rules {
-            min_drain: min,
-            deadline,
-            interval: positive("--interval", &a.interval, DEFAULT_INTERVAL)?,
-            settle: quiet,
-            until: Until::Quiet,
-            then_quit: false,
-        },
+        rules: hold_rules(a)?,
         log_file: a.log_file.as_ref().map(PathBuf::from),
         agent: parse_addr("--agent", DEFAULT_AGENT)?,
         verbose: a.verbose,
+    })
+}
+
+/// What `hold` holds for, chosen once from `--preset`: the app behind a sidecar of that preset,
+/// whose arrivals /clusters and the socket table tell, or in a pod without one (Istio's ambient
+/// mode, or no mesh), whose the socket table alone tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holding {
+    Sidecar,
+    Ambient,
+    NoMesh,
+}
+
+impl Holding {
+    fn of(preset: &str) -> Holding {
+        match preset {
+            "ambient" => Holding::Ambient,
+            "none" => Holding::NoMesh,
+            _ => Holding::Sidecar,
+        }
+    }
+}
+
+/// Where the kubelet's probes come from: `--probes-from`, else without a mesh the pod's gateways
+/// and the node's addresses; ambient mode's always.
+fn probes(
+    a: &HoldArgs,
+    holding: Holding,
+    env: &dyn Fn(&str) -> Option<String>,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<[u8; 16]>, UsageError> {
+    let names_node =
+        a.probes_from.as_deref().is_some_and(|v| v.split(',').any(|i| i.trim() == "node"));
+    let node = node_addresses(env, names_node, warnings);
+    if holding == Holding::NoMesh && a.probes_from.is_none() && node.is_empty() {
+        warnings.extend(link_local_gateway());
+    }
+    let mut probes = match (holding, &a.probes_from) {
+        (_, Some(v)) => probe_sources(v, &node)?,
+        (Holding::NoMesh, None) => probe_sources("gateway,node", &node)?,
+        _ => Vec::new(),
+    };
+    if holding == Holding::Ambient {
+        probes.push(AMBIENT_PROBES.to_ipv6_mapped().octets());
+    }
+    Ok(probes)
+}
+
+/// `hold`'s wait: until no request arrived for the quiet time, at least `--min`, at most
+/// `--deadline`.
+fn hold_rules(a: &HoldArgs) -> Result<Rules, UsageError> {
+    let deadline = positive("--deadline", &a.deadline, DEFAULT_HOLD_DEADLINE)?;
+    let min_flag = a.min.as_deref().map(|v| parse_duration("--min", v)).transpose()?;
+    let min = min_flag.unwrap_or(DEFAULT_HOLD_MIN.min(deadline));
+    let within =
+        |what: &str| format!("{what} the deadline ({})", humantime::format_duration(deadline));
+    if let Some(v) = a.min.as_deref().filter(|_| min > deadline) {
+        return Err(UsageError::new("--min", v, within("at most")));
+    }
+    let quiet = positive("--quiet", &a.quiet, DEFAULT_QUIET.min(deadline))?;
+    if let Some(v) = a.quiet.as_deref().filter(|_| quiet >= deadline) {
+        return Err(UsageError::new("--quiet", v, within("less than")));
+    }
+    Ok(Rules {
+        min_drain: min,
+        deadline,
+        interval: positive("--interval", &a.interval, DEFAULT_INTERVAL)?,
+        settle: quiet,
+        until: Until::Quiet,
+        then_quit: false,
     })
 }
 

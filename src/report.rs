@@ -2,7 +2,7 @@
 //! line, also when a signal cuts the wait short. Every sentence comes from text.rs.
 
 use crate::config::{RunConfig, Until};
-use crate::count::{Basis, Cost, SourceKind, Unit};
+use crate::count::{Basis, Cost, Count, SourceKind, Unit};
 use crate::log::{Level, Logger};
 use crate::outcome::{Outcome, Progress};
 use crate::source::Reading;
@@ -101,6 +101,34 @@ impl Report {
         }
     }
 
+    /// A change of source or basis, said once: whether the source changed.
+    fn source_said(
+        &self,
+        said: &mut Said,
+        reading: &Reading,
+        count: &Count,
+        proc: &Reader,
+    ) -> bool {
+        let in_force = Some((count.source, count.unit));
+        let changed = said.source != in_force;
+        let (holding, returning) = (self.cfg.rules.until == Until::Quiet, said.source.is_some());
+        if changed
+            && let Some((level, line)) =
+                text::switched(count, reading, self.cfg.counting.unit, proc, returning, holding)
+        {
+            said.log.line(level, &line);
+        }
+        said.source = in_force;
+        if let Some(b) = &count.basis
+            && said.basis.as_ref() != Some(b)
+        {
+            let (level, line) = text::basis(b);
+            said.log.line(level, &line);
+            said.basis = Some(b.clone());
+        }
+        changed
+    }
+
     /// `--then-quit` given up at the deadline, with the app's sockets at the last look.
     pub fn app_still_running(&self) {
         let mut said = self.said();
@@ -139,24 +167,7 @@ impl Report {
         for w in &count.warnings {
             said.log.warn_once(w);
         }
-        let in_force = Some((count.source, count.unit));
-        let changed_source = said.source != in_force;
-        let holding = rules.until == Until::Quiet;
-        let returning = said.source.is_some();
-        if changed_source
-            && let Some((level, line)) =
-                text::switched(count, reading, self.cfg.counting.unit, proc, returning, holding)
-        {
-            said.log.line(level, &line);
-        }
-        said.source = in_force;
-        if let Some(b) = &count.basis
-            && said.basis.as_ref() != Some(b)
-        {
-            let (level, line) = text::basis(b);
-            said.log.line(level, &line);
-            said.basis = Some(b.clone());
-        }
+        let changed_source = self.source_said(&mut said, reading, count, proc);
         let arriving = match rules.until {
             Until::AtMost(n) => seen.arrived > 0 && count.total <= n,
             Until::Quiet => seen.arrived > 0,

@@ -15,7 +15,7 @@ use crate::source::Sources;
 use crate::source::admin::{Client, REQUEST_TIMEOUT};
 use crate::source::sockets::Pod;
 use crate::text;
-use crate::wait::{Ask, Quit, Step, Tick, Wait};
+use crate::wait::{Ask, End, Quit, Step, Tick, Wait};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,28 +48,7 @@ pub fn command(cfg: Result<RunConfig, UsageError>, start: Instant) -> i32 {
     let unsent = cfg.before.iter().copied().filter(|&r| !send(&sources, r, false)).collect();
     let drained_at = start.elapsed();
     let mut looks = Looks { unsent, resend: &resend, sources: &mut sources };
-    // The wait's loop, as Istio's agent drains: sleep, look, say what was seen, until it ends.
-    let mut wait = Wait::new(&cfg.rules, drained_at);
-    let end = loop {
-        let now = start.elapsed();
-        match wait.next(now) {
-            Step::Sleep(until) => std::thread::sleep(until.saturating_sub(now)),
-            Step::Look(ask) => {
-                let (tick, (reading, pod, cost)) =
-                    looks.look(cfg.rules.deadline.saturating_sub(now), ask);
-                let seen = wait.saw(ask, (now, start.elapsed()), &tick);
-                match (ask, reading) {
-                    (Ask::Count, Some(reading)) => {
-                        let (proc, now) = (looks.sources.reader(), start.elapsed());
-                        report.counted(&reading, seen, proc, now, cost);
-                    }
-                    (Ask::Exit, _) => report.app(seen.app, &pod),
-                    _ => {}
-                }
-            }
-            Step::End(end) => break end,
-        }
-    };
+    let end = wait(cfg, (start, drained_at), &mut looks, &report);
     if end.outcome == Outcome::AppExited || end.quit == Quit::Yes {
         report.line(Level::Info, &text::app_exited());
     }
@@ -83,6 +62,36 @@ pub fn command(cfg: Result<RunConfig, UsageError>, start: Instant) -> i32 {
     }
     report.finish(end.outcome);
     end.outcome.exit_code()
+}
+
+/// The wait's loop, as Istio's agent drains: sleep, look, say what was seen, until it ends.
+fn wait(
+    cfg: &RunConfig,
+    (start, drained_at): (Instant, Duration),
+    looks: &mut Looks,
+    report: &Report,
+) -> End {
+    let mut wait = Wait::new(&cfg.rules, drained_at);
+    loop {
+        let now = start.elapsed();
+        match wait.next(now) {
+            Step::Sleep(until) => std::thread::sleep(until.saturating_sub(now)),
+            Step::Look(ask) => {
+                let (tick, (reading, pod, cost)) =
+                    looks.look(cfg.rules.deadline.saturating_sub(now), ask);
+                let seen = wait.saw(ask, (now, start.elapsed()), &tick);
+                match (ask, reading) {
+                    (Ask::Count, Some(reading)) => {
+                        let proc = looks.sources.reader();
+                        report.counted(&reading, seen, proc, start.elapsed(), cost);
+                    }
+                    (Ask::Exit, _) => report.app(seen.app, &pod),
+                    _ => {}
+                }
+            }
+            Step::End(end) => return end,
+        }
+    }
 }
 
 /// The run's report, taking SIGINT and SIGTERM to write its summary, with the config's warnings.

@@ -424,50 +424,22 @@ pub fn summary(
 ) -> String {
     let took = seconds(elapsed);
     let hold = rules.until == Until::Quiet;
-    let counted = match &p.last {
-        Some(c) => format!("{} ({})", c.describe(), c.source),
-        None => "nothing counted".to_string(),
-    };
-    let stale = match (&p.last, &p.unknown) {
-        (Some(_), Some(why)) => {
-            format!("; the last count failed ({why}), so this is the last known count")
-        }
-        _ => String::new(),
-    };
+    let (counted, stale) = last_count(p);
     let open = p.last.as_ref().map(Count::still_open).unwrap_or_default();
     let after = if hold { "; the app gets its SIGTERM now" } else { "; the proxy may stop now" };
     let mut line = match outcome {
         Outcome::Reached | Outcome::AppExited => format!("done after {took}"),
         Outcome::Deadline | Outcome::NothingCounted | Outcome::KeptAlive(_) => {
-            format!(
-                "deadline of {} passed after {took}",
-                humantime::format_duration(rules.deadline)
-            )
+            let deadline = humantime::format_duration(rules.deadline);
+            format!("deadline of {deadline} passed after {took}")
         }
         Outcome::Interrupted(sig) => {
-            format!(
-                "interrupted by {} after {took}",
-                if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" }
-            )
+            let sig = if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" };
+            format!("interrupted by {sig} after {took}")
         }
     };
     line += &match outcome {
-        Outcome::Reached if hold => {
-            let quiet = seconds(p.pace.map_or(rules.settle, |pace| pace.quiet));
-            let (blind, polls) =
-                p.last.as_ref().map_or((String::new(), 0), |c| (unseen(&c.blind), c.polls));
-            let verb = if blind.is_empty() { "arrived" } else { "seen" };
-            let polled = match polls {
-                0 => String::new(),
-                1 => "1 poll on a kept-alive connection, after 5s of silence, left out".to_string(),
-                n => format!("{n} polls on kept-alive connections, after 5s of silence, left out"),
-            };
-            let notes: Vec<&str> =
-                [blind.as_str(), &polled].into_iter().filter(|s| !s.is_empty()).collect();
-            let notes =
-                if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) };
-            format!(": no request {verb} for {quiet}{notes}, {counted}{after}")
-        }
+        Outcome::Reached if hold => format!(": {}, {counted}{after}", quiet(p, rules)),
         Outcome::Reached => format!(": {counted}{after}"),
         Outcome::AppExited if p.last.is_none() => format!(": the app has exited{after}"),
         Outcome::AppExited => format!(
@@ -497,16 +469,51 @@ pub fn summary(
         }
         Outcome::Interrupted(_) => format!(" with {counted}{open}{stale}"),
     };
-    if dropped > 0 {
-        let (was, it) = if dropped == 1 { (" was", "it") } else { ("s were", "them") };
-        line += &match failed {
-            Some(why) => format!("; {dropped} earlier log line{was} not written: {why}"),
-            None => format!(
-                "; {dropped} earlier log line{was} dropped, as writing {it} would have blocked"
-            ),
-        };
+    line + &lost_lines(dropped, failed)
+}
+
+/// The last count, and whether a failed count came after it.
+fn last_count(p: &Progress) -> (String, String) {
+    let counted = match &p.last {
+        Some(c) => format!("{} ({})", c.describe(), c.source),
+        None => "nothing counted".to_string(),
+    };
+    let stale = match (&p.last, &p.unknown) {
+        (Some(_), Some(why)) => {
+            format!("; the last count failed ({why}), so this is the last known count")
+        }
+        _ => String::new(),
+    };
+    (counted, stale)
+}
+
+/// A hold that ended quiet: for how long, and what it could not see or left out.
+fn quiet(p: &Progress, rules: &Rules) -> String {
+    let quiet = seconds(p.pace.map_or(rules.settle, |pace| pace.quiet));
+    let (blind, polls) =
+        p.last.as_ref().map_or((String::new(), 0), |c| (unseen(&c.blind), c.polls));
+    let verb = if blind.is_empty() { "arrived" } else { "seen" };
+    let polled = match polls {
+        0 => String::new(),
+        1 => "1 poll on a kept-alive connection, after 5s of silence, left out".to_string(),
+        n => format!("{n} polls on kept-alive connections, after 5s of silence, left out"),
+    };
+    let notes: Vec<&str> =
+        [blind.as_str(), &polled].into_iter().filter(|s| !s.is_empty()).collect();
+    let notes = if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) };
+    format!("no request {verb} for {quiet}{notes}")
+}
+
+/// Log lines the summary's run could not write, if any.
+fn lost_lines(dropped: u64, failed: Option<&str>) -> String {
+    let (was, it) = if dropped == 1 { (" was", "it") } else { ("s were", "them") };
+    match (dropped, failed) {
+        (0, _) => String::new(),
+        (_, Some(why)) => format!("; {dropped} earlier log line{was} not written: {why}"),
+        (_, None) => {
+            format!("; {dropped} earlier log line{was} dropped, as writing {it} would have blocked")
+        }
     }
-    line
 }
 
 /// What `install` says when it is done.

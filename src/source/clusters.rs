@@ -87,16 +87,7 @@ impl Tally {
             return;
         };
         self.hosts |= stat == "rq_active";
-        let pipe = host.starts_with('/') || host.starts_with('@');
-        let why_host = match host.parse::<SocketAddr>() {
-            // `hold`: an app on a Unix socket (an Istio Sidecar's `defaultEndpoint: unix://`).
-            Err(_) if rule.inbound && pipe && any(rule.preset.inbound_clusters, name) => None,
-            Err(_) => Some("Unix socket or internal address".to_string()),
-            Ok(a) if rule.ignore_ports.contains(a.port()) => {
-                Some(format!("ignored port {}", a.port()))
-            }
-            Ok(_) => None,
-        };
+        let why_host = why_host(host, name, rule);
         let cluster = self.cluster(name, rule);
         let counted = cluster.left_out.is_none() && why_host.is_none();
         let Ok(n) = value.trim().parse::<u64>() else {
@@ -237,6 +228,18 @@ impl Arrived {
         }
         self.last = Some(now);
         Some(self.total)
+    }
+}
+
+/// Why a host's figures do not count: a Unix socket or internal address (but `hold`'s app on a
+/// Unix socket, an Istio Sidecar's `defaultEndpoint: unix://`), or an ignored port.
+fn why_host(host: &str, cluster: &str, rule: &Rule) -> Option<String> {
+    let pipe = host.starts_with('/') || host.starts_with('@');
+    match host.parse::<SocketAddr>() {
+        Err(_) if rule.inbound && pipe && any(rule.preset.inbound_clusters, cluster) => None,
+        Err(_) => Some("Unix socket or internal address".to_string()),
+        Ok(a) if rule.ignore_ports.contains(a.port()) => Some(format!("ignored port {}", a.port())),
+        Ok(_) => None,
     }
 }
 
