@@ -73,10 +73,13 @@ pub fn any(patterns: &[&str], name: &str) -> bool {
     patterns.iter().any(|p| matches(p, name))
 }
 
-/// Whether `name` is `pattern`, or starts with it when it ends in `*`.
+/// Whether `name` is `pattern`, whose one `*` stands for any run of characters (a trailing one:
+/// a prefix).
 pub fn matches(pattern: &str, name: &str) -> bool {
-    match pattern.strip_suffix('*') {
-        Some(prefix) => name.starts_with(prefix),
+    match pattern.split_once('*') {
+        Some((head, tail)) => {
+            name.len() >= head.len() + tail.len() && name.starts_with(head) && name.ends_with(tail)
+        }
         None => name == pattern,
     }
 }
@@ -84,6 +87,22 @@ pub fn matches(pattern: &str, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_star_stands_for_any_run_of_characters() {
+        for (pattern, name, want) in [
+            ("kuma-dp-*", "kuma-dp-1", true),
+            ("kuma-dp-*", "kuma-dp-", true),
+            ("kuma-dp-*", "kuma-d", false),
+            ("*", "anything", true),
+            ("ab*b", "ab", false),
+            ("ab*b", "abXb", true),
+            ("*.sock", "admin.sock", true),
+            ("*.sock", "admin.sock.old", false),
+        ] {
+            assert_eq!(matches(pattern, name), want, "{pattern} {name}");
+        }
+    }
 
     #[test]
     fn parses_lists_with_spaces_duplicates_and_trailing_commas_or_none() {

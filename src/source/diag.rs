@@ -7,6 +7,7 @@
 use crate::error::{failed, io_cause};
 use crate::source::procnet::{Endpoint, Sink, Socket, TIME_WAIT};
 use std::io;
+use std::net::Ipv4Addr;
 use std::net::UdpSocket;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -138,19 +139,13 @@ fn socket(body: &[u8]) -> Result<Socket, DumpError> {
         .and_then(|b| b.try_into().ok())
         .ok_or_else(|| unread("a socket message shorter than inet_diag_msg"))?;
     let address = |at: usize| -> Result<[u8; 16], DumpError> {
-        let mut a = [0u8; 16];
-        match m[0] {
-            AF_INET => {
-                a[10] = 0xff;
-                a[11] = 0xff;
-                a[12..].copy_from_slice(&m[at..at + 4]);
+        match (m[0], m.get(at..at + 16)) {
+            (AF_INET, Some(a)) => {
+                Ok(Ipv4Addr::new(a[0], a[1], a[2], a[3]).to_ipv6_mapped().octets())
             }
-            AF_INET6 => a.copy_from_slice(&m[at..at + 16]),
-            _ => {
-                return Err(unread("a socket of neither IPv4 nor IPv6"));
-            }
+            (AF_INET6, Some(a)) => a.try_into().map_err(|_| unread("a short address")),
+            _ => Err(unread("a socket of neither IPv4 nor IPv6")),
         }
-        Ok(a)
     };
     let local: Endpoint = (address(8)?, u16::from_be_bytes([m[4], m[5]]));
     let remote: Endpoint = (address(24)?, u16::from_be_bytes([m[6], m[7]]));

@@ -82,11 +82,7 @@ fn endpoint(field: &str) -> Option<Endpoint> {
     };
     let mut bytes = [0u8; 16];
     match addr.len() {
-        8 => {
-            bytes[10] = 0xff;
-            bytes[11] = 0xff;
-            bytes[12..].copy_from_slice(&word(0)?);
-        }
+        8 => bytes = std::net::Ipv4Addr::from(word(0)?).to_ipv6_mapped().octets(),
         32 => {
             for i in 0..4 {
                 bytes[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
