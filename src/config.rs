@@ -69,10 +69,9 @@ pub struct Counting {
 /// `hold`'s arrivals in the socket table: what counts (source/arrivals.rs).
 #[derive(Debug, Clone, Default)]
 pub struct ArrivalRule {
-    /// The ports whose connections count; `None`: every port a listener of the pod serves.
-    pub ports: Option<PortSet>,
-    /// Ports whose connections never count: the proxy's own, its outbound capture.
-    pub ignore: PortSet,
+    /// The ports whose connections count (`only`; `None`: every port a listener of the pod
+    /// serves), and those whose never do (`ignore`: the proxy's own, its outbound capture).
+    pub ports: Filter,
     /// Clients whose connections never count: the kubelet's probes.
     pub probes: Vec<[u8; 16]>,
     /// The periods of the kubelet's readiness probes that connect (`--probe-periods`): no more
@@ -93,6 +92,13 @@ pub struct ArrivalRule {
 pub struct Filter {
     pub ignore: PortSet,
     pub only: Option<PortSet>,
+}
+
+impl Filter {
+    /// Whether what a listener on `port` serves counts.
+    pub fn counts(&self, port: u16) -> bool {
+        !self.ignore.contains(port) && self.only.as_ref().is_none_or(|p| p.contains(port))
+    }
 }
 
 /// The rules of the wait; durations count from the start of the run, the min-drain from the drain.
@@ -544,10 +550,12 @@ pub fn hold_config(
     let ignore = ports("--ignore-ports", a.ignore_ports.as_deref().unwrap_or(own))?;
     let probes = probes(a, holding, env, &mut counting.warnings)?;
     counting.hold = Some(ArrivalRule {
-        ports: a.ports.as_deref().map(|v| some_ports("--ports", v)).transpose()?,
-        ignore: match holding {
-            Holding::Sidecar => ignore.clone().with(preset::OUTBOUND_CAPTURE),
-            Holding::Ambient | Holding::NoMesh => ignore.clone(),
+        ports: Filter {
+            ignore: match holding {
+                Holding::Sidecar => ignore.clone().with(preset::OUTBOUND_CAPTURE),
+                Holding::Ambient | Holding::NoMesh => ignore.clone(),
+            },
+            only: a.ports.as_deref().map(|v| some_ports("--ports", v)).transpose()?,
         },
         probes,
         probe_periods: a.probe_periods.as_deref().map(probe_periods).transpose()?,

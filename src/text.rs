@@ -203,7 +203,7 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, Stri
 pub fn doors(rule: &crate::config::ArrivalRule) -> String {
     let ip = |a: &[u8; 16]| std::net::IpAddr::from(*a).to_canonical().to_string();
     let from: Vec<String> = rule.probes.iter().map(ip).collect();
-    let mut said = match &rule.ports {
+    let mut said = match &rule.ports.only {
         Some(ports) => format!("connections to ports {ports}"),
         None => "connections to every port that listens in the pod".to_string(),
     };
@@ -221,7 +221,7 @@ pub fn doors(rule: &crate::config::ArrivalRule) -> String {
         }
     };
     for (when, clause) in [
-        (!rule.ignore.is_empty(), format!(" but {}", rule.ignore)),
+        (!rule.ports.ignore.is_empty(), format!(" but {}", rule.ports.ignore)),
         (true, ", new or receiving bytes (not a poll's, after 5s of silence)".to_string()),
         (rule.passive_opens, "; and those accepted that left no socket (PassiveOpens)".to_string()),
         (!rule.probes.is_empty(), probes),

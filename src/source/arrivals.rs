@@ -291,8 +291,7 @@ impl Tracker {
 
     /// Whether connections to the server's `port` count.
     fn counts(&self, port: u16) -> bool {
-        !self.rule.ignore.contains(port)
-            && self.rule.ports.as_ref().is_none_or(|p| p.contains(port))
+        self.rule.ports.counts(port)
     }
 
     /// The ports of listeners that take connections from outside the pod and do not count.
@@ -516,6 +515,7 @@ pub fn counters(snmp: &str) -> Option<Counters> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Filter;
     use crate::lists::PortSet;
     use crate::source::procnet::to_endpoint;
 
@@ -579,7 +579,8 @@ mod tests {
 
     #[test]
     fn a_connection_accepted_on_a_port_that_counts_arrives_and_the_rest_do_not() {
-        let rule = Rule { ignore: PortSet::parse("15001,15021").unwrap(), ..Rule::default() };
+        let ignore = PortSet::parse("15001,15021").unwrap();
+        let rule = Rule { ports: Filter { ignore, only: None }, ..Rule::default() };
         let later = [
             socket(&format!("{POD}:15006"), "10.90.0.9:50000", ESTABLISHED, Some(120)),
             socket("127.0.0.1:8080", "127.0.0.6:41000", ESTABLISHED, Some(0)),
@@ -786,7 +787,7 @@ mod tests {
         let rule = Rule {
             probes: vec![end(&format!("{node}:0")).0],
             probe_periods: Some(vec![Duration::from_secs(10)]),
-            ignore: PortSet::parse("9090").unwrap(),
+            ports: Filter { ignore: PortSet::parse("9090").unwrap(), only: None },
             ..Rule::default()
         };
         let scrape = socket(&format!("{POD}:9090"), &format!("{node}:33000"), TIME_WAIT, None);
@@ -841,7 +842,10 @@ mod tests {
         // may all be 9090's; then two, both reset.
         let rule = Rule {
             passive_opens: true,
-            ports: Some(PortSet::parse("8080").unwrap()),
+            ports: Filter {
+                ignore: PortSet::default(),
+                only: Some(PortSet::parse("8080").unwrap()),
+            },
             ..Rule::default()
         };
         let each: [(&[Socket], _); 3] = [(&[], tcp(10, 4)), (&[], tcp(13, 4)), (&[], tcp(15, 6))];

@@ -4,7 +4,6 @@
 use crate::config::{Address, Counting, Filter};
 use crate::count::{Basis, Blind, Count, Part, SourceKind, Unit};
 use crate::error::{failed, io_cause};
-use crate::lists::PortSet;
 use crate::source::arrivals::{self, Tracker};
 use crate::source::diag::{self, DumpError};
 use crate::source::lines::each_line;
@@ -123,7 +122,7 @@ impl SocketTable {
         };
         let read = tracker.read(self.made.elapsed(), &addresses(), &sockets, counters);
         let blind = Blind {
-            udp: udp_servers(root, &tracker.rule.ignore, ephemeral),
+            udp: udp_servers(root, &tracker.rule.ports, ephemeral),
             hiding: if tracker.rule.passive_opens { read.hiding } else { Vec::new() },
         };
         warnings.extend(blind_warnings(&blind));
@@ -447,8 +446,8 @@ fn blind_warnings(blind: &Blind) -> Vec<String> {
 /// which a client's own sockets take theirs. The kernel counts no datagrams per socket (`Udp:
 /// InDatagrams` is the namespace's, replies to the pod's own queries among them), so `hold`
 /// cannot see what they receive, and says so.
-fn udp_servers(root: &Path, ignore: &PortSet, ephemeral: u16) -> Vec<u16> {
-    let mut ports = Vec::new();
+fn udp_servers(root: &Path, ports: &Filter, ephemeral: u16) -> Vec<u16> {
+    let mut found = Vec::new();
     for table in ["net/udp", "net/udp6"] {
         let mut text = String::new();
         let file = fs::File::open(root.join(table));
@@ -461,13 +460,13 @@ fn udp_servers(root: &Path, ignore: &PortSet, ephemeral: u16) -> Vec<u16> {
             let outside = !std::net::Ipv6Addr::from(s.local.0).to_canonical().is_loopback();
             let serves =
                 s.state == UDP_UNCONNECTED && s.remote.1 == 0 && port < ephemeral && outside;
-            if serves && !ignore.contains(port) && !ports.contains(&port) {
-                ports.push(port);
+            if serves && ports.counts(port) && !found.contains(&port) {
+                found.push(port);
             }
         }
     }
-    ports.sort_unstable();
-    ports
+    found.sort_unstable();
+    found
 }
 
 /// A UDP socket's state with no peer: TCP_CLOSE, as `/proc/net/udp` prints it.
@@ -574,6 +573,7 @@ fn find_holder(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lists::PortSet;
     use std::net::TcpListener;
     use std::os::fd::AsRawFd;
 
@@ -605,7 +605,8 @@ mod tests {
             "07",
         );
         fs::write(root.join("net/udp6"), [head, &quic].concat()).unwrap();
-        let found = udp_servers(&root, &PortSet::parse("9125").unwrap(), 32768);
+        let ports = Filter { ignore: PortSet::parse("9125").unwrap(), only: None };
+        let found = udp_servers(&root, &ports, 32768);
         fs::remove_dir_all(&root).unwrap();
         assert_eq!(found, [443, 5353]);
     }
