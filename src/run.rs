@@ -15,7 +15,7 @@ use crate::source::Sources;
 use crate::source::admin::{Client, REQUEST_TIMEOUT};
 use crate::source::sockets::Pod;
 use crate::text;
-use crate::wait::{Ask, End, Quit, Step, Tick, Wait};
+use crate::wait::{App, Ask, End, Step, Tick, Wait};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,16 +49,16 @@ pub fn command(cfg: Result<RunConfig, UsageError>, start: Instant) -> i32 {
     let drained_at = start.elapsed();
     let mut looks = Looks { unsent, resend: &resend, sources: &mut sources };
     let end = wait(cfg, (start, drained_at), &mut looks, &report);
-    if end.outcome == Outcome::AppExited || end.quit == Quit::Yes {
+    if end.outcome == Outcome::AppExited || end.quit == Some(App::Gone) {
         report.line(Level::Info, &text::app_exited());
     }
     match end.quit {
-        Quit::Yes => {
+        Some(App::Gone) => {
             send(&sources, Request::Quit, false);
         }
-        Quit::AppNotSeen => report.line(Level::Warn, text::APP_NOT_SEEN),
-        Quit::AppStillThere => report.app_still_running(),
-        Quit::No => {}
+        Some(App::NotSeen) => report.line(Level::Warn, text::APP_NOT_SEEN),
+        Some(_) => report.app_still_running(),
+        None => {}
     }
     report.finish(end.outcome);
     end.outcome.exit_code()

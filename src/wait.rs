@@ -200,23 +200,13 @@ pub enum App {
     Gone,
 }
 
-/// How a wait ended, and what `--then-quit` decided.
+/// How a wait ended, and with `--then-quit` what it last saw of the app (`None`: not asked for,
+/// or the wait did not reach the threshold): `Gone`, the proxy may stop; `NotSeen`, its exit
+/// cannot be told; else it was still there, or could not be seen, at the deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct End {
     pub outcome: Outcome,
-    pub quit: Quit,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Quit {
-    /// Not asked for, or the wait did not reach the threshold.
-    No,
-    /// The app has exited: stop the proxy.
-    Yes,
-    /// The app never held a socket while the hook looked: its exit cannot be told.
-    AppNotSeen,
-    /// The app was still there, or could not be seen, at the deadline.
-    AppStillThere,
+    pub quit: Option<App>,
 }
 
 /// Follows the app (seen at all; gone since when; when the last look ended) and the counter.
@@ -338,7 +328,7 @@ impl<'r> Wait<'r> {
                 Some(since) if self.counts.low_since.is_some() => Outcome::KeptAlive(since),
                 _ => Outcome::Deadline,
             };
-            return Step::End(*self.end.insert(End { outcome, quit: Quit::No }));
+            return Step::End(*self.end.insert(End { outcome, quit: None }));
         }
         Step::Look(if now >= self.counts.next { Ask::Count } else { Ask::App })
     }
@@ -364,7 +354,7 @@ impl<'r> Wait<'r> {
             counts.opened.add(now, tick.opened, rules.settle);
         }
         if seen.app == App::Gone && now >= counts.drain_done {
-            let quit = if rules.then_quit { Quit::Yes } else { Quit::No };
+            let quit = rules.then_quit.then_some(App::Gone);
             self.end = Some(End { outcome: Outcome::AppExited, quit });
             return seen;
         }
@@ -374,7 +364,7 @@ impl<'r> Wait<'r> {
             self.due = end;
             self.reached = rules.then_quit;
             if !rules.then_quit {
-                self.end = Some(End { outcome: Outcome::Reached, quit: Quit::No });
+                self.end = Some(End { outcome: Outcome::Reached, quit: None });
             }
             return seen;
         }
@@ -394,19 +384,16 @@ impl<'r> Wait<'r> {
     /// while its sockets are gone) until the deadline; an app never seen is not waited for.
     fn saw_exit(&mut self, (started, now): (Duration, Duration), tick: &Tick) -> Seen {
         let app = self.follow.app(tick.app, started, now);
-        let quit = match app {
-            App::Gone => Some(Quit::Yes),
-            App::NotSeen => Some(Quit::AppNotSeen),
-            App::Leaving | App::Running | App::Unknown => {
-                let pause = if app == App::Leaving { RECHECK } else { self.rules.interval };
-                let late = self.rules.deadline.saturating_sub(now) <= pause;
-                if !late {
-                    self.due = now.saturating_add(pause);
-                }
-                late.then_some(Quit::AppStillThere)
-            }
+        let pause = match app {
+            App::Gone | App::NotSeen => Duration::MAX,
+            App::Leaving => RECHECK,
+            App::Running | App::Unknown => self.rules.interval,
         };
-        self.end = quit.map(|quit| End { outcome: Outcome::Reached, quit });
+        if self.rules.deadline.saturating_sub(now) <= pause {
+            self.end = Some(End { outcome: Outcome::Reached, quit: Some(app) });
+        } else {
+            self.due = now.saturating_add(pause);
+        }
         Seen { app, ..Seen::default() }
     }
 }
@@ -839,7 +826,7 @@ mod tests {
         let script = [(0, app(Some(true), 3)), (6000, app(Some(false), 3))];
         let (end, time, at, seen) = run_steps(&rules(), &script, ms(0));
         assert_eq!((end.outcome, time), (Outcome::AppExited, ms(6800)));
-        assert_eq!(end.quit, Quit::No, "not asked to stop the proxy");
+        assert_eq!(end.quit, None, "not asked to stop the proxy");
         let looks: Vec<Duration> = at.iter().copied().filter(|t| *t >= ms(6000)).collect();
         assert_eq!(looks, (60..=68).map(|i| ms(i * 100)).collect::<Vec<_>>());
         let apps: Vec<App> = seen.iter().map(|(_, s)| s.app).collect();
@@ -876,7 +863,7 @@ mod tests {
                 let t = t.as_millis() as u64;
                 app(Some(t < 20_000 && t % period < 300), 0)
             });
-            assert_eq!(end, End { outcome: Outcome::Reached, quit: Quit::Yes }, "{period}");
+            assert_eq!(end, End { outcome: Outcome::Reached, quit: Some(App::Gone) }, "{period}");
             let last_call_end = ms(19_999 / period * period + 300);
             assert!(
                 stopped >= last_call_end + APP_GONE && stopped <= last_call_end + ms(1600),
@@ -926,7 +913,7 @@ mod tests {
             [(0, app(Some(true), 2)), (1000, app(Some(true), 0)), (7200, app(Some(false), 0))];
         let (end, time, _, seen) = run_steps(&r, &script, ms(0));
         assert_eq!(end.outcome, Outcome::Reached);
-        assert_eq!(end.quit, Quit::Yes);
+        assert_eq!(end.quit, Some(App::Gone));
         assert_eq!(time, ms(8300), "gone from the look at 7.5 s, and for APP_GONE");
         assert!(
             seen.iter().any(|(ask, s)| *ask == Ask::Exit && s.app == App::Running),
@@ -935,7 +922,7 @@ mod tests {
         // The app's exit during the count stops the proxy too, once the min-drain is over.
         let script = [(0, app(Some(true), 2)), (2000, app(Some(false), 2))];
         let (end, time, _, _) = run_steps(&r, &script, ms(0));
-        assert_eq!((end.outcome, end.quit), (Outcome::AppExited, Quit::Yes));
+        assert_eq!((end.outcome, end.quit), (Outcome::AppExited, Some(App::Gone)));
         assert_eq!(time, ms(5000));
     }
 
@@ -944,21 +931,17 @@ mod tests {
         let r = Rules { then_quit: true, ..rules() };
         // Never seen: its exit cannot be told; decided at once.
         let (end, time, _, _) = run_steps(&r, &[(0, app(Some(false), 0))], ms(0));
-        assert_eq!((end.outcome, end.quit), (Outcome::Reached, Quit::AppNotSeen));
+        assert_eq!((end.outcome, end.quit), (Outcome::Reached, Some(App::NotSeen)));
         assert_eq!(time, ms(5000));
         // Still there, or unknown, until the deadline: given up one interval before it.
-        for holds in [Some(true), None] {
+        for (holds, seen) in [(Some(true), App::Running), (None, App::Unknown)] {
             let (end, time, _, _) = run_steps(&r, &[(0, app(holds, 0))], ms(0));
-            assert_eq!(
-                (end.outcome, end.quit),
-                (Outcome::Reached, Quit::AppStillThere),
-                "{holds:?}"
-            );
+            assert_eq!((end.outcome, end.quit), (Outcome::Reached, Some(seen)), "{holds:?}");
             assert!(time >= ms(24500) && time <= ms(25000), "{time:?}");
         }
         // A wait that did not reach the threshold asks nothing more.
         let (end, _, _, _) = run_steps(&r, &[(0, app(Some(true), 1))], ms(0));
-        assert_eq!((end.outcome, end.quit), (Outcome::Deadline, Quit::No));
+        assert_eq!((end.outcome, end.quit), (Outcome::Deadline, None));
     }
 
     /// `hold`'s rules: at least `min`, then `quiet` without an arrival, at most `deadline`.

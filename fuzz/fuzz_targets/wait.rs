@@ -8,7 +8,7 @@
 use envoy_drain::config::{Rules, Until};
 use envoy_drain::count::{Before, Cost};
 use envoy_drain::outcome::Outcome;
-use envoy_drain::wait::{App, Ask, LAST_COUNT, Quit, Seen, Step, Tick, Wait};
+use envoy_drain::wait::{App, Ask, LAST_COUNT, Seen, Step, Tick, Wait};
 use libfuzzer_sys::fuzz_target;
 use std::cell::Cell;
 use std::time::Duration;
@@ -121,7 +121,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let (last, seen) = (script.last, script.seen);
     match end.outcome {
-        Outcome::Reached if end.quit == Quit::No => assert!(
+        Outcome::Reached if end.quit.is_none() => assert!(
             match rules.until {
                 Until::AtMost(most) => last.count.is_some_and(|n| n <= most) && seen.arrived == 0,
                 Until::Quiet =>
@@ -142,7 +142,7 @@ fuzz_target!(|data: &[u8]| {
         }
         _ => {}
     }
-    if end.quit == Quit::Yes {
+    if end.quit == Some(App::Gone) {
         assert!(rules.then_quit);
         assert_eq!(seen.app, App::Gone, "proxy stopped on {last:?}");
     }
