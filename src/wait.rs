@@ -83,8 +83,8 @@ struct Rate {
     since: Option<Duration>,
     /// What the first count told of arrivals before it.
     before: Option<Before>,
-    /// Every count since: when it ended, how many it saw arrive, and how many more it recounted.
-    reads: Vec<(Duration, u64, u64)>,
+    /// Every count since.
+    reads: Vec<Counted>,
     /// As of the last count that saw any.
     pace: Option<Pace>,
 }
@@ -99,16 +99,24 @@ impl Rate {
             self.pace = before.map(|b| Pace { gap: b.pause, quiet: floor.max(b.pause * 2) });
             return;
         };
-        self.reads.push((now, arrived, recounted));
+        self.reads.push(Counted { at: now, arrived, recounted });
         if arrived > 0 {
             // Measured up to this count: the silence that follows must not lengthen it.
             let from = since.max(now.saturating_sub(WINDOW));
-            self.reads.retain(|r| r.0 > from);
+            self.reads.retain(|r| r.at > from);
             // While the window reaches back to the first count, so do the arrivals before it.
             let before = self.before.filter(|_| from == since).map(|b| (since, b));
             self.pace = Some(pace(&self.reads, now - from, floor, before));
         }
     }
+}
+
+/// One count of `Rate`: when it ended, how many it saw arrive, and how many more it recounted.
+#[derive(Debug, Clone, Copy)]
+struct Counted {
+    at: Duration,
+    arrived: u64,
+    recounted: u64,
 }
 
 /// The pace of `reads` over `span`. Counts are at least what arrived (a connection that received
@@ -118,13 +126,14 @@ impl Rate {
 /// pause (counts between saw none), so that bursts with pauses between them are not the end;
 /// pauses before the first count (`before`, at `since`) among them.
 fn pace(
-    reads: &[(Duration, u64, u64)],
+    reads: &[Counted],
     span: Duration,
     floor: Duration,
     before: Option<(Duration, Before)>,
 ) -> Pace {
-    let n: u64 = reads.iter().map(|r| r.1.saturating_add(r.2)).fold(0, u64::saturating_add);
-    let busy = reads.iter().filter(|r| r.1 > 0).count() as f64;
+    let n: u64 =
+        reads.iter().map(|r| r.arrived.saturating_add(r.recounted)).fold(0, u64::saturating_add);
+    let busy = reads.iter().filter(|r| r.arrived > 0).count() as f64;
     let all = reads.len() as f64;
     let by_count = span.as_secs_f64() / n.max(1) as f64;
     // Half a count more than seen, so that counts that all saw some still give a rate.
@@ -132,7 +141,7 @@ fn pace(
     let gap = by_count.min(by_share);
     let mut pause = before.map_or(Duration::ZERO, |(_, b)| b.pause);
     let (mut last, mut silent) = (None, false);
-    for &(t, arrived, _) in reads {
+    for &Counted { at: t, arrived, .. } in reads {
         if arrived == 0 {
             silent = true;
             continue;
