@@ -81,6 +81,8 @@ pub struct ArrivalRule {
     /// Also count the connections the namespace accepted that left no socket to see (a client
     /// that closed first, outside the pod, or a reset), from its `PassiveOpens`.
     pub passive_opens: bool,
+    /// ztunnel's HBONE port (ambient mode), whose connections' bytes count by their streams.
+    pub hbone: Option<u16>,
     /// A sidecar's: connections whose client is in the pod never count (the proxy's own hop to
     /// the app, the app's calls to the pod's other containers): a client's own connection to the
     /// proxy shows each of its requests.
@@ -561,6 +563,7 @@ pub fn hold_config(
         probe_periods: a.probe_periods.as_deref().map(probe_periods).transpose()?,
         // In ambient mode every client connection reaches the app over a hop in the pod.
         passive_opens: holding == Holding::NoMesh,
+        hbone: (holding == Holding::Ambient).then_some(15008),
         outside_only: holding != Holding::Ambient,
     });
     counting.filter.ignore = ignore;

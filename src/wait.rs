@@ -95,8 +95,12 @@ impl Rate {
         let Some(since) = self.since else {
             self.since = Some(now);
             self.before = before;
-            // Bursts with pauses before the hold began are not taken for the end either.
-            self.pace = before.map(|b| Pace { gap: b.pause, quiet: floor.max(b.pause * 2) });
+            // Bursts with pauses before the hold began are not taken for the end either: quiet for
+            // twice the longest pause from the newest arrival, which came `newest` before now.
+            self.pace = before.map(|b| Pace {
+                gap: b.pause,
+                quiet: floor.max(b.pause.saturating_mul(2).saturating_sub(b.newest)),
+            });
             return;
         };
         self.reads.push(Counted { at: now, arrived, recounted });
@@ -334,7 +338,9 @@ impl<'r> Wait<'r> {
         if now >= self.rules.deadline {
             let outcome = match self.counts.opened.stopped(now, self.rules.settle) {
                 _ if !self.counts.counted => Outcome::NothingCounted,
-                Some(since) if self.counts.low_since.is_some() => Outcome::KeptAlive(since),
+                Some(since) if self.counts.low_since.is_some() && self.counts.arrived => {
+                    Outcome::KeptAlive(since)
+                }
                 _ => Outcome::Deadline,
             };
             return Step::End(*self.end.insert(End { outcome, quit: None }));
@@ -353,11 +359,14 @@ impl<'r> Wait<'r> {
         seen.every = pause(rules.interval, tick.cost.paced());
         seen.drain_done = counts.drain_done;
         if ask == Ask::Count && rules.until == Until::Quiet && tick.arrivals.is_some() {
-            // The newest arrival before the first count starts the quiet time as one seen.
-            if let (None, Some(b)) = (counts.rate.since, tick.before) {
-                counts.arrived_at = Some(now.saturating_sub(b.newest));
-            }
-            counts.rate.add(now, &seen, tick.before, rules.settle);
+            // The arrivals before the first count start its quiet time, which ends before the
+            // deadline: such a pause is no sign that requests still arrive.
+            let before = tick.before.filter(|_| counts.rate.since.is_none()).map(|b| {
+                let left = rules.deadline.saturating_sub(now).saturating_sub(rules.interval);
+                counts.arrived_at = Some(now);
+                Before { pause: b.pause.min(left.saturating_add(b.newest) / 2), ..b }
+            });
+            counts.rate.add(now, &seen, before, rules.settle);
             seen.pace = counts.rate.pace;
             counts.after_arrival = seen.pace.map_or(rules.settle, |p| p.quiet);
             counts.opened.add(now, tick.opened, rules.settle);
@@ -416,8 +425,9 @@ struct Counts {
     /// Whether any count was known.
     counted: bool,
     /// The end of the last count that saw a request arrive (the request came before it), and how
-    /// long the quiet time after it lasts (for `hold`, from `rate`).
+    /// long the quiet time after it lasts (for `hold`, from `rate`); whether any count saw one.
     arrived_at: Option<Duration>,
+    arrived: bool,
     after_arrival: Duration,
     rate: Rate,
     opened: Opened,
@@ -447,6 +457,7 @@ impl Counts {
         };
         if arrived {
             self.arrived_at = Some(now);
+            self.arrived = true;
         }
         self.low_since = if low { self.low_since.or(Some(now)) } else { None };
         let cost = tick.cost.look;
@@ -1125,7 +1136,22 @@ mod tests {
             ..Tick::default()
         });
         assert_eq!(end.outcome, Outcome::Reached);
-        assert!(stopped >= ms(6800) && stopped < ms(7400), "{stopped:?}");
+        assert!(stopped >= ms(6800) && stopped < ms(6900), "{stopped:?}");
+        // The same quiet time from longer ago; and one that would pass the deadline ends before
+        // it, as nothing arrived during the hold.
+        for (newest, pause, deadline, at) in [(4000, 4500, 20000, 5000), (1000, 8000, 15000, 14500)]
+        {
+            let before = Before { newest: ms(newest), pause: ms(pause) };
+            let r = Rules { min_drain: ms(5000), ..hold(1000, 500, deadline) };
+            let (end, stopped, _) = ticking(&r, 20, |t| Tick {
+                count: Some(0),
+                arrivals: Some(0),
+                before: (t == ms(0)).then_some(before),
+                ..Tick::default()
+            });
+            assert_eq!(end.outcome, Outcome::Reached, "{before:?}");
+            assert!(stopped >= ms(at) && stopped < ms(at + 100), "{stopped:?} {before:?}");
+        }
         // The next burst 4 s after the first count: the pause up to it, from the newest arrival
         // before, is 4.2 s.
         let mut rate = Rate::default();
