@@ -1,4 +1,6 @@
-//! Turns the command line and the environment into a checked configuration; pure.
+//! Turns the command line and the environment into a checked configuration. It reads the system
+//! only where a flag names something there: the sockets an `--admin unix:` pattern matches (the
+//! one that takes a connection), and for `hold`'s `gateway` the pod's route tables.
 
 use crate::cli::{ANNOTATION_PREFIX, ENV_NODE_IPS, HoldArgs, RunArgs};
 use crate::count::Unit;

@@ -1,4 +1,5 @@
-//! Every sentence of a run and of `status` shown to a person: the rest of the code hands data here.
+//! The sentences of a run and of `status` that are built from data: the start, each count, the
+//! summary, the status tables. A warning is written where its cause is found, and said as it is.
 
 use crate::config::{Mode, Rules, RunConfig, Until};
 use crate::count::{Basis, Blind, Cost, Count, NON_HTTP, SourceKind, Unit};
