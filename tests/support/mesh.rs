@@ -637,10 +637,10 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
     });
     assert!(reached, "the load reaches both pods: {}", short.finish());
     // Long requests, one at a time, until pod A serves `LONG` of them (the balancer spreads
-    // them over both pods).
+    // them over both pods; ztunnel at random: 24 tries miss 3 at A one time in 30,000).
     let mut long = Vec::new();
     let mut at_a = 0;
-    for i in 1..=4 * LONG {
+    for i in 1..=8 * LONG {
         if at_a == LONG {
             break;
         }
