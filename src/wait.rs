@@ -393,7 +393,8 @@ impl<'r> Wait<'r> {
         {
             next = next.min(now.saturating_add(RECHECK));
         }
-        self.due = next.clamp(now, rules.deadline);
+        // A look can end past the deadline (a slow admin answer, a descheduled hook): then now.
+        self.due = next.min(rules.deadline).max(now);
         seen
     }
 
@@ -766,6 +767,18 @@ mod tests {
         let r = Rules { deadline: ms(3000), min_drain: ms(0), ..rules() };
         let (o, end, at) = run(&r, &[(0, Some(1))], ms(3000));
         assert_eq!((o, end, at.len()), (Outcome::Deadline, ms(3000), 1));
+    }
+
+    #[test]
+    fn a_look_that_ends_past_the_deadline_ends_the_wait_there() {
+        // The drain's request hung for 1 s of a 1.5 s deadline, and the count after it for 0.6 s.
+        let r = Rules { deadline: ms(1500), min_drain: ms(0), ..rules() };
+        let now = Cell::new(ms(1000));
+        let (end, seen) = wait_with(&r, ms(1000), &now, |_, _| {
+            now.set(now.get() + ms(600));
+            counted(1)
+        });
+        assert_eq!((end.outcome, now.get(), seen.len()), (Outcome::Deadline, ms(1600), 1));
     }
 
     #[test]
