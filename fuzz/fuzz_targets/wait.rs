@@ -16,6 +16,9 @@ use std::time::Duration;
 /// Looks a script may make before the fake clock jumps to the deadline.
 const MAX_LOOKS: usize = 1000;
 
+/// Where the fake clock stops when a look overruns the deadline.
+const CLOCK_END: Duration = Duration::from_secs(u64::MAX / 2);
+
 /// Each byte of the script is one look: the high nibble what it took (which also paces the
 /// next), the low one 0xf for an unknown count, else a count of 0 to 7 and whether the request
 /// counter moved; the count's value also picks whether the app holds sockets.
@@ -39,9 +42,10 @@ impl Script<'_> {
             self.last = Tick::default();
             return self.last;
         };
-        // A look may end past the deadline, as a slow answer or a descheduled hook makes it.
+        // A look may end past the deadline, as a slow answer or a descheduled hook makes it; the
+        // clock stays short of Duration::MAX, as a real one does, where saturated times meet.
         let took = Duration::from_millis(u64::from(b >> 4) * 100);
-        self.now.set(self.now.get().saturating_add(took));
+        self.now.set(self.now.get().saturating_add(took).min(CLOCK_END.max(self.deadline)));
         self.requests += u64::from(b & 0x8 != 0);
         self.last = Tick {
             count: (b & 0xf != 0xf).then_some(u64::from(b & 0x7)),
