@@ -3,7 +3,7 @@
 //! one that takes a connection), and for `hold`'s `gateway` the pod's route tables.
 
 use crate::cli::{ANNOTATION_PREFIX, ENV_NODE_IPS, HoldArgs, RunArgs};
-use crate::count::Unit;
+use crate::count::{Unit, Warning};
 use crate::drain::{self, Drain, Request};
 use crate::error::UsageError;
 use crate::lists::{self, Names, PortSet};
@@ -65,7 +65,7 @@ pub struct Counting {
     /// `--proc-net`: read the text tables there instead of asking the kernel over netlink.
     pub proc_net: Option<PathBuf>,
     /// What is worth a warning but not an error: an ambiguous `--admin`, a bad annotation, ...
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Warning>,
 }
 
 /// `hold`'s arrivals in the socket table: what counts (source/arrivals.rs).
@@ -203,7 +203,7 @@ fn one_of<T: Copy>(name: &'static str, value: &str, words: &[(&str, T)]) -> Resu
 /// `--admin`: an address as `parse_addr` takes it, or `unix:PATH`, where a `*` (Kuma's
 /// `/tmp/kuma-dp-*/kuma-envoy-admin.sock`) picks the one socket that matches, or of several the one
 /// that takes a connection; else the path as given (a warning when several listen).
-pub fn parse_admin(value: &str) -> Result<(Address, Option<String>), UsageError> {
+pub fn parse_admin(value: &str) -> Result<(Address, Option<Warning>), UsageError> {
     let Some(path) = value.strip_prefix("unix:") else {
         return parse_addr("--admin", value).map(|a| (Address::Tcp(a), None));
     };
@@ -235,14 +235,11 @@ pub fn parse_admin(value: &str) -> Result<(Address, Option<String>), UsageError>
         if let [one] = listening.as_slice() {
             return Ok((Address::Unix(one.clone()), None));
         }
-        let names: Vec<String> = found.iter().map(|p| p.display().to_string()).collect();
-        let warning = format!(
-            "--admin {value}: {} sockets match ({}) and {} of them takes a connection, so none is \
-             asked; counting without the admin API",
-            found.len(),
-            names.join(", "),
-            if listening.is_empty() { "none" } else { "more than one" },
-        );
+        let warning = Warning::AdminAmbiguous {
+            value: value.to_string(),
+            found: found.iter().map(|p| p.display().to_string()).collect(),
+            listening: listening.len(),
+        };
         return Ok((Address::Unix(PathBuf::from(path)), Some(warning)));
     }
     Ok((Address::Unix(found.pop().unwrap_or_else(|| PathBuf::from(path))), None))
@@ -412,17 +409,12 @@ fn drain(a: &RunArgs, preset: Preset) -> Result<Drain, UsageError> {
 fn deadline(
     a: &RunArgs,
     annotated: Option<Duration>,
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
 ) -> Result<Duration, UsageError> {
     let flag = positive("--deadline", &a.deadline, DEFAULT_DEADLINE)?;
     Ok(match annotated {
         Some(d) if a.deadline.is_some() && d > flag => {
-            let (d, f) = (humantime::format_duration(d), humantime::format_duration(flag));
-            warnings.push(format!(
-                "annotation {ANNOTATION_PREFIX}deadline={d} is past --deadline {f}, which the \
-                 injection template derives from the pod's terminationGracePeriodSeconds; \
-                 using {f}: raise the grace period instead"
-            ));
+            warnings.push(Warning::DeadlinePastFlag { annotated: d, flag });
             flag
         }
         Some(d) => d,
@@ -438,7 +430,7 @@ fn min_drain(
     pod: &PodSettings,
     deadline: Duration,
     env: &dyn Fn(&str) -> Option<String>,
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
 ) -> Result<Duration, UsageError> {
     let (what, d) = if let Some(d) = pod.min_drain {
         let d_text = humantime::format_duration(d);
@@ -458,11 +450,7 @@ fn min_drain(
     } else if let Some(v) = env(ENV_MIN_DRAIN).filter(|v| !v.is_empty()) {
         // A warning and Istio's default, as pilot-agent does (pkg/env/var.go, DurationVar.Lookup).
         let Some(d) = go_duration(&v) else {
-            warnings.push(format!(
-                "ignoring {ENV_MIN_DRAIN}={v:?}: expected a Go duration like 5s, .5s or 1m30s, as \
-                 Istio reads it; using Istio's default, {}",
-                humantime::format_duration(DEFAULT_MIN_DRAIN)
-            ));
+            warnings.push(Warning::MinDrainEnv(v));
             return Ok(DEFAULT_MIN_DRAIN.min(deadline));
         };
         (format!("{ENV_MIN_DRAIN}={v}"), d)
@@ -470,10 +458,7 @@ fn min_drain(
         return Ok(DEFAULT_MIN_DRAIN.min(deadline));
     };
     if d > deadline {
-        warnings.push(format!(
-            "{what} is longer than the deadline ({}); using the deadline as the min-drain",
-            humantime::format_duration(deadline)
-        ));
+        warnings.push(Warning::MinDrainPastDeadline { what, deadline });
     }
     Ok(d.min(deadline))
 }
@@ -606,7 +591,7 @@ fn probes(
     a: &HoldArgs,
     holding: Holding,
     env: &dyn Fn(&str) -> Option<String>,
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
 ) -> Result<Vec<[u8; 16]>, UsageError> {
     let names_node =
         a.probes_from.as_deref().is_some_and(|v| v.split(',').any(|i| i.trim() == "node"));
@@ -698,14 +683,11 @@ fn mapped(ip: IpAddr) -> [u8; 16] {
 fn node_addresses(
     env: &dyn Fn(&str) -> Option<String>,
     named: bool,
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
 ) -> Vec<[u8; 16]> {
     let Some(value) = env(ENV_NODE_IPS) else {
         if named {
-            warnings.push(format!(
-                "{ENV_NODE_IPS} is not set: node in --probes-from names no address (the admission \
-                 policy sets it from the downward API's status.hostIPs)"
-            ));
+            warnings.push(Warning::NodeIpsUnset);
         }
         return Vec::new();
     };
@@ -713,9 +695,9 @@ fn node_addresses(
     for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         match item.parse::<IpAddr>() {
             Ok(ip) => found.push(mapped(ip)),
-            Err(_) => warnings.push(format!(
-                "ignoring {item:?} in {ENV_NODE_IPS}={value:?}: expected IP addresses, like 10.0.0.1"
-            )),
+            Err(_) => {
+                warnings.push(Warning::NodeIp { item: item.to_string(), value: value.clone() })
+            }
         }
     }
     found
@@ -723,14 +705,9 @@ fn node_addresses(
 
 /// Where the pod's gateway is link-local (Calico's and the AWS VPC CNI's 169.254.1.1, or an IPv6
 /// fe80::) the kubelet's probes come from the node's own address, which only `ENV_NODE_IPS` tells.
-fn link_local_gateway() -> Option<String> {
+fn link_local_gateway() -> Option<Warning> {
     let gateway = default_gateways().into_iter().find(link_local)?;
-    let gateway = std::net::Ipv6Addr::from(gateway).to_canonical();
-    Some(format!(
-        "the pod's gateway is the link-local {gateway} (Calico, the AWS VPC CNI): the kubelet's \
-         probes come from the node's own address, which {ENV_NODE_IPS} (unset) would name; they \
-         count as arrivals"
-    ))
+    Some(Warning::LinkLocalGateway(std::net::Ipv6Addr::from(gateway).to_canonical()))
 }
 
 /// 169.254.0.0/16, or fe80::/10.
@@ -798,17 +775,17 @@ struct PodSettings {
 }
 
 /// Reads `--pod-annotation` values: a bad one is a warning, never an error, and changes nothing.
-fn pod_settings(given: &[String], mode: Mode, warnings: &mut Vec<String>) -> PodSettings {
+fn pod_settings(given: &[String], mode: Mode, warnings: &mut Vec<Warning>) -> PodSettings {
     let mut pod = PodSettings::default();
     for item in given {
         let Some((name, value)) = item.split_once('=') else {
-            warnings.push(format!(
-                "ignoring --pod-annotation {item:?}: expected {ANNOTATION_PREFIX}NAME=VALUE"
-            ));
+            warnings.push(Warning::PodAnnotation(item.clone()));
             continue;
         };
         let mut ignore = |expected: &str| {
-            warnings.push(format!("ignoring annotation {name}={value:?}: expected {expected}"));
+            let (name, value, expected) =
+                (name.to_string(), value.to_string(), expected.to_string());
+            warnings.push(Warning::Annotation { name, value, expected });
         };
         let duration = || humantime::parse_duration(value.trim()).ok();
         match name.strip_prefix(ANNOTATION_PREFIX) {
@@ -845,6 +822,11 @@ fn pod_settings(given: &[String], mode: Mode, warnings: &mut Vec<String>) -> Pod
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The warnings as the log says them.
+    fn said(warnings: &[Warning]) -> Vec<String> {
+        warnings.iter().map(Warning::to_string).collect()
+    }
 
     fn no_env(_: &str) -> Option<String> {
         None
@@ -960,7 +942,7 @@ mod tests {
         std::fs::remove_dir_all(&tmp).unwrap();
         assert_eq!(address, as_given);
         assert_eq!(
-            warning.as_deref(),
+            warning.as_ref().map(Warning::to_string).as_deref(),
             Some(
                 format!(
                     "--admin {pattern}: 3 sockets match ({}, {}, {}) and more than one of them \
@@ -1010,7 +992,7 @@ mod tests {
         let env = |k: &str| (k == ENV_MIN_DRAIN).then(|| "60s".to_string());
         let c = run_config(&RunArgs::default(), &env).unwrap();
         assert_eq!(c.rules.min_drain, c.rules.deadline);
-        let warnings = &c.counting.warnings;
+        let warnings = said(&c.counting.warnings);
         assert_eq!(warnings.len(), 1);
         assert!(warnings[0].contains("MINIMUM_DRAIN_DURATION=60s"), "{warnings:?}");
     }
@@ -1020,7 +1002,7 @@ mod tests {
         let min_drain = |v: &str| {
             let env = |k: &str| (k == ENV_MIN_DRAIN).then(|| v.to_string());
             let c = run_config(&args(&[("deadline", "2h")]), &env).unwrap();
-            (c.rules.min_drain, c.counting.warnings)
+            (c.rules.min_drain, said(&c.counting.warnings))
         };
         for (v, us) in [
             (".5s", 500_000),
@@ -1168,7 +1150,7 @@ mod tests {
         .unwrap();
         assert_eq!(past.rules.deadline, Duration::from_secs(24));
         assert_eq!(
-            past.counting.warnings,
+            said(&past.counting.warnings),
             ["annotation envoy-drain.io/deadline=10m is past --deadline 24s, which the injection \
               template derives from the pod's terminationGracePeriodSeconds; using 24s: raise the \
               grace period instead"]
@@ -1197,7 +1179,7 @@ mod tests {
         assert_eq!(c.rules.min_drain, Duration::from_secs(2));
         assert_eq!(c.counting.unit, Unit::Connections);
         assert_eq!(
-            c.counting.warnings,
+            said(&c.counting.warnings),
             [
                 "ignoring annotation envoy-drain.io/deadline=\"2 mins please\": expected a duration above zero, like 25s, 2m or 1h",
                 "ignoring annotation envoy-drain.io/deadline=\"0s\": expected a duration above zero, like 25s, 2m or 1h",
@@ -1220,7 +1202,7 @@ mod tests {
         .unwrap();
         assert_eq!(flag.rules.min_drain, Duration::from_secs(5));
         assert_eq!(
-            flag.counting.warnings,
+            said(&flag.counting.warnings),
             [
                 "--min-drain 20s, with annotation envoy-drain.io/deadline, is longer than the deadline (5s); using the deadline as the min-drain"
             ]
@@ -1237,7 +1219,7 @@ mod tests {
         .unwrap();
         assert_eq!(proc.counting.unit, Unit::Connections);
         assert!(
-            proc.counting.warnings[0].ends_with(
+            proc.counting.warnings[0].to_string().ends_with(
                 "expected connections with --source proc: only Envoy's stats know requests"
             ),
             "{:?}",
@@ -1256,7 +1238,7 @@ mod tests {
             };
             let c =
                 hold_config(&a, &|k| (k == ENV_NODE_IPS).then(|| env.map(String::from))?).unwrap();
-            (c.counting.hold.unwrap(), c.counting.warnings)
+            (c.counting.hold.unwrap(), said(&c.counting.warnings))
         };
         let mapped = |ip: &str| mapped(ip.parse().unwrap());
         let (rule, warnings) = hold(Some("node"), Some("10.0.0.7, fd00::7,node-1"));

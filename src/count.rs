@@ -47,7 +47,7 @@ pub struct Count {
     /// In the source's order; for stats every counted listener, also those at 0.
     pub parts: Vec<Part>,
     /// Things the parser skipped or corrected, each worth one warning per run.
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Warning>,
     /// What was seen but not counted.
     pub excluded: Vec<Excluded>,
     /// How the count told what counts (whose sockets are Envoy's), worth a line when it changes.
@@ -75,6 +75,51 @@ pub struct Count {
 pub struct Blind {
     pub udp: Vec<u16>,
     pub hiding: Vec<u16>,
+}
+
+/// What a run warns of, said once each (text.rs words it): a setting ignored or corrected, or
+/// something a count cannot see.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Warning {
+    /// `--admin`'s value matches these sockets, and not one alone takes a connection.
+    AdminAmbiguous { value: String, found: Vec<String>, listening: usize },
+    /// The pod's deadline annotation is past `--deadline`, which is used.
+    DeadlinePastFlag { annotated: Duration, flag: Duration },
+    /// Istio's MINIMUM_DRAIN_DURATION is no Go duration: Istio's default is used.
+    MinDrainEnv(String),
+    /// What sets the min-drain, in words, is past the deadline, which is used.
+    MinDrainPastDeadline { what: String, deadline: Duration },
+    /// `--probes-from` names `node`, and ENVOY_DRAIN_NODE_IPS is not set.
+    NodeIpsUnset,
+    /// An item of ENVOY_DRAIN_NODE_IPS that is no address, and the variable's value.
+    NodeIp { item: String, value: String },
+    /// The pod's gateway is link-local and no variable names the node, whose address the probes
+    /// come from.
+    LinkLocalGateway(std::net::IpAddr),
+    /// A `--pod-annotation` that is not NAME=VALUE.
+    PodAnnotation(String),
+    /// An annotation's value, ignored, and what was expected.
+    Annotation { name: String, value: String, expected: String },
+    /// Why `/proc/net/snmp` could not be read.
+    Snmp(String),
+    /// Why netlink could not be read: the text tables are.
+    TextTables(String),
+    /// The text tables tell no bytes received: arrivals unknown.
+    NoBytes,
+    /// What `hold` cannot see (`Blind`): UDP served on these ports.
+    Udp(Vec<u16>),
+    /// These ports listen and do not count.
+    Hiding(Vec<u16>),
+    /// Connections that left no socket count (PassiveOpens).
+    Unseen,
+    /// Gauges that wrapped below zero: how many, and the first one's name.
+    Wrapped { n: u64, first: String },
+    /// Why /clusters failed: arrivals from the socket table alone.
+    ClustersFailed(String),
+    /// The socket table sees arrivals that /clusters does not.
+    PastEnvoy,
+    /// Why the socket table failed: arrivals from /clusters alone.
+    ClustersAlone(String),
 }
 
 /// The arrivals before `hold`'s first read that the kernel remembers (connections closed since
@@ -109,7 +154,7 @@ impl Basis {
 }
 
 impl Count {
-    pub fn new(source: SourceKind, unit: Unit, parts: Vec<Part>, warnings: Vec<String>) -> Count {
+    pub fn new(source: SourceKind, unit: Unit, parts: Vec<Part>, warnings: Vec<Warning>) -> Count {
         Count {
             source,
             unit,

@@ -3,7 +3,6 @@
 //! is dropped and counted, and only the final summary waits a little for room.
 
 use crate::error::{failed, io_cause};
-use std::collections::HashSet;
 use std::fs::OpenOptions;
 use std::io::{ErrorKind, Write};
 use std::os::fd::{AsRawFd, RawFd};
@@ -101,7 +100,6 @@ pub struct Logger {
     live: bool,
     /// The live line on screen, redrawn after any other line.
     shown: Option<String>,
-    warned: HashSet<String>,
     /// The summary is written: it stays the last line, whatever another thread still logs.
     closed: bool,
 }
@@ -123,7 +121,7 @@ pub fn format_line(time: SystemTime, level: Level, message: &str) -> String {
 
 impl Logger {
     pub fn new(out: Out, live: bool) -> Logger {
-        Logger { out, file: None, live, shown: None, warned: HashSet::new(), closed: false }
+        Logger { out, file: None, live, shown: None, closed: false }
     }
 
     /// Logs to stderr, live when it is a terminal.
@@ -172,13 +170,6 @@ impl Logger {
 
     pub fn warn(&mut self, message: &str) {
         self.line(Level::Warn, message);
-    }
-
-    /// Warns the first time a message is seen in this run; parsers repeat theirs at every count.
-    pub fn warn_once(&mut self, message: &str) {
-        if self.warned.insert(message.to_string()) {
-            self.warn(message);
-        }
     }
 
     pub fn line(&mut self, level: Level, message: &str) {
@@ -297,16 +288,6 @@ mod tests {
         let l = format_line(t, Level::Warn, "bad\nbody\r\x1b[2Jhere\t");
         assert_eq!(l.matches('\n').count(), 1);
         assert!(l.ends_with("\twarn\tenvoy-drain\tbad body  [2Jhere \n"), "{l:?}");
-    }
-
-    #[test]
-    fn warn_once_says_a_thing_once() {
-        let sink = Sink::default();
-        let mut log = Logger::new(Out::new(Box::new(sink.clone())), false);
-        log.warn_once("gauge wrapped");
-        log.warn_once("gauge wrapped");
-        log.warn_once("other");
-        assert_eq!(sink.text().lines().count(), 2);
     }
 
     #[test]

@@ -2,14 +2,14 @@
 //! line, also when a signal cuts the wait short. Every sentence comes from text.rs.
 
 use crate::config::{RunConfig, Until};
-use crate::count::{Basis, Cost, Count, SourceKind, Unit};
+use crate::count::{Basis, Cost, Count, SourceKind, Unit, Warning};
 use crate::log::{Level, Logger};
 use crate::outcome::{Outcome, Progress};
 use crate::source::Reading;
 use crate::source::sockets::{Pod, Reader};
 use crate::text;
 use crate::wait::{App, Seen};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,8 @@ struct Said {
     /// Whether a look at the app alone (`--then-quit`) has been told of; its sockets at the last.
     app_told: bool,
     app: Option<BTreeMap<u32, u64>>,
+    /// Said once each: parsers repeat theirs at every count.
+    warned: HashSet<Warning>,
 }
 
 impl Report {
@@ -53,6 +55,7 @@ impl Report {
             pace: cfg.rules.interval,
             app_told: false,
             app: None,
+            warned: HashSet::new(),
         };
         Report { state: Mutex::new(said), start, cfg: cfg.clone() }
     }
@@ -165,7 +168,9 @@ impl Report {
         };
         said.progress.last = Some(count.clone());
         for w in &count.warnings {
-            said.log.warn_once(w);
+            if said.warned.insert(w.clone()) {
+                said.log.warn(&w.to_string());
+            }
         }
         let changed_source = self.source_said(&mut said, reading, count, proc);
         let arriving = match rules.until {
@@ -367,9 +372,11 @@ mod tests {
     #[test]
     fn parser_warnings_are_logged_once_per_run() {
         let mut c = count(SourceKind::Stats, 0);
-        c.warnings = vec!["gauge wrapped".to_string()];
+        let wrapped = Warning::Wrapped { n: 1, first: "listener.x".to_string() };
+        c.warnings = vec![wrapped.clone(), wrapped, Warning::Unseen];
         let (log, _) = watch(RunArgs::default(), vec![ok(c.clone(), None), ok(c, None)]);
-        assert_eq!(log.matches("gauge wrapped").count(), 1, "{log}");
+        assert_eq!(log.matches("1 gauge wrapped below zero").count(), 1, "{log}");
+        assert_eq!(log.matches("PassiveOpens").count(), 1, "{log}");
     }
 
     /// A run configured as `cfg` whose log goes to `sink`, started `ago`.

@@ -113,7 +113,7 @@ fn report(cfg: &RunConfig, start: Instant) -> Arc<Report> {
         report.line(Level::Warn, text::SIGNALS_NOT_TAKEN);
     }
     for w in &cfg.counting.warnings {
-        report.line(Level::Warn, w);
+        report.line(Level::Warn, &w.to_string());
     }
     report
 }

@@ -1,8 +1,9 @@
 //! The sentences of a run and of `status` that are built from data: the start, each count, the
-//! summary, the status tables. A warning is written where its cause is found, and said as it is.
+//! summary, the status tables, and each warning (`count::Warning`, found where its cause is).
 
-use crate::config::{Mode, Rules, RunConfig, Until};
-use crate::count::{Basis, Blind, Cost, Count, NON_HTTP, SourceKind, Unit};
+use crate::cli::{ANNOTATION_PREFIX, ENV_NODE_IPS};
+use crate::config::{DEFAULT_MIN_DRAIN, ENV_MIN_DRAIN, Mode, Rules, RunConfig, Until};
+use crate::count::{Basis, Blind, Cost, Count, NON_HTTP, SourceKind, Unit, Warning};
 use crate::drain::Request;
 use crate::log::Level;
 use crate::outcome::{Outcome, Progress};
@@ -394,6 +395,111 @@ fn held(p: &Progress, rules: &Rules, elapsed: Duration) -> String {
             seconds(pace.quiet)
         ),
         (Some(_), _) => "requests still arriving".to_string(),
+    }
+}
+
+impl std::fmt::Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let list = |ports: &[u16]| ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
+        let d = |d: &Duration| humantime::format_duration(*d);
+        match self {
+            Warning::AdminAmbiguous { value, found, listening } => write!(
+                f,
+                "--admin {value}: {} sockets match ({}) and {} of them takes a connection, so \
+                 none is asked; counting without the admin API",
+                found.len(),
+                found.join(", "),
+                if *listening == 0 { "none" } else { "more than one" },
+            ),
+            Warning::DeadlinePastFlag { annotated, flag } => write!(
+                f,
+                "annotation {ANNOTATION_PREFIX}deadline={} is past --deadline {}, which the \
+                 injection template derives from the pod's terminationGracePeriodSeconds; using \
+                 {}: raise the grace period instead",
+                d(annotated),
+                d(flag),
+                d(flag)
+            ),
+            Warning::MinDrainEnv(v) => write!(
+                f,
+                "ignoring {ENV_MIN_DRAIN}={v:?}: expected a Go duration like 5s, .5s or 1m30s, as \
+                 Istio reads it; using Istio's default, {}",
+                d(&DEFAULT_MIN_DRAIN)
+            ),
+            Warning::MinDrainPastDeadline { what, deadline } => write!(
+                f,
+                "{what} is longer than the deadline ({}); using the deadline as the min-drain",
+                d(deadline)
+            ),
+            Warning::NodeIpsUnset => write!(
+                f,
+                "{ENV_NODE_IPS} is not set: node in --probes-from names no address (the admission \
+                 policy sets it from the downward API's status.hostIPs)"
+            ),
+            Warning::NodeIp { item, value } => write!(
+                f,
+                "ignoring {item:?} in {ENV_NODE_IPS}={value:?}: expected IP addresses, like 10.0.0.1"
+            ),
+            Warning::LinkLocalGateway(gateway) => write!(
+                f,
+                "the pod's gateway is the link-local {gateway} (Calico, the AWS VPC CNI): the \
+                 kubelet's probes come from the node's own address, which {ENV_NODE_IPS} (unset) \
+                 would name; they count as arrivals"
+            ),
+            Warning::PodAnnotation(item) => write!(
+                f,
+                "ignoring --pod-annotation {item:?}: expected {ANNOTATION_PREFIX}NAME=VALUE"
+            ),
+            Warning::Annotation { name, value, expected } => {
+                write!(f, "ignoring annotation {name}={value:?}: expected {expected}")
+            }
+            Warning::Snmp(failed) => {
+                write!(f, "{failed}; connections that leave no socket are not seen")
+            }
+            Warning::TextTables(why) => write!(
+                f,
+                "netlink sock_diag is unavailable ({why}): reading /proc/net/tcp and tcp6 instead"
+            ),
+            Warning::NoBytes => write!(
+                f,
+                "arrivals unknown: the socket table shows no bytes received for a connection \
+                 accepted in the pod"
+            ),
+            Warning::Udp(ports) => write!(
+                f,
+                "UDP is served on port {}: the kernel counts no datagrams per socket, so what \
+                 arrives over UDP is not seen, only over TCP",
+                list(ports)
+            ),
+            Warning::Hiding(ports) => write!(
+                f,
+                "port {} listens and does not count: a connection that its client closes between \
+                 two reads leaves no socket and may be that port's, so it counts only when reset",
+                list(ports)
+            ),
+            Warning::Unseen => write!(
+                f,
+                "counting connections the pod accepted that left no socket to tell them by \
+                 (PassiveOpens: a client that closed first, or a tcpSocket probe) as arrivals"
+            ),
+            Warning::Wrapped { n, first } => {
+                let (s, among) = if *n == 1 { ("s", "") } else { ("", " among them") };
+                let plural = if *n == 1 { "" } else { "s" };
+                write!(f, "{n} gauge{plural} wrapped below zero and count{s} as 0 ({first}{among})")
+            }
+            Warning::ClustersFailed(why) => {
+                write!(f, "/clusters: {why}; arrivals from the socket table alone")
+            }
+            Warning::PastEnvoy => write!(
+                f,
+                "the socket table sees arrivals that Envoy's /clusters does not (clients that \
+                 reach the app past the sidecar, as excludeInboundPorts lets them, or a TCP \
+                 stream's bytes): counting them"
+            ),
+            Warning::ClustersAlone(why) => {
+                write!(f, "arrivals from Envoy's /clusters alone: {why}")
+            }
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 //! pod connecting to the app). The facts: docs/how-it-works.md ("Arrivals from the kernel").
 
 use crate::config::ArrivalRule as Rule;
-use crate::count::{Before, Count};
+use crate::count::{Before, Count, Warning};
 use crate::source::admin::{PACE, REQUEST_TIMEOUT};
 use crate::source::clusters;
 use crate::source::procnet::{Endpoint, LISTEN, SYN_RECV, Socket, TIME_WAIT, taking};
@@ -423,11 +423,6 @@ impl Both {
 /// A /clusters read longer than this and than 4 times the cheapest waited on a stalled Envoy.
 const STALL: Duration = Duration::from_millis(100);
 
-/// Where the socket table sees arrivals on the app's ports and /clusters does not.
-const PAST_ENVOY: &str = "the socket table sees arrivals that Envoy's /clusters does not (clients \
-    that reach the app past the sidecar, as excludeInboundPorts lets them, or a TCP stream's \
-    bytes): counting them";
-
 /// `hold` behind a sidecar: both sources' arrivals (`Both`), whether the table told them at the
 /// last look (until the first says otherwise, it does), when /clusters is next due, and the least
 /// time it took (what it costs Envoy where its CPU cannot be read: a read that waited on a
@@ -494,22 +489,20 @@ impl Hold {
             // choose this pod per request: a request on an old connection is a new choice.
             (count.arrivals, count.recounted, count.opened) = (arrivals, recounted, None);
             if let Some(Err(why)) = &clusters {
-                count
-                    .warnings
-                    .push(format!("/clusters: {why}; arrivals from the socket table alone"));
+                count.warnings.push(Warning::ClustersFailed(why.clone()));
             }
             if past_envoy {
-                count.warnings.push(PAST_ENVOY.to_string());
+                count.warnings.push(Warning::PastEnvoy);
             }
             return (None, proc);
         }
         if let Some(Ok(answer)) = &mut clusters {
             (answer.count.arrivals, answer.count.recounted) = (arrivals, recounted);
             let why = match &proc {
-                Ok(c) => c.warnings.join("; "),
+                Ok(c) => c.warnings.iter().map(Warning::to_string).collect::<Vec<_>>().join("; "),
                 Err(why) => why.clone(),
             };
-            answer.count.warnings.push(format!("arrivals from Envoy's /clusters alone: {why}"));
+            answer.count.warnings.push(Warning::ClustersAlone(why));
         }
         (clusters, proc)
     }

@@ -2,7 +2,7 @@
 //! which are Envoy's (the holder of its admin listener, through `/proc/<pid>/fd`); procnet's rule.
 
 use crate::config::{Address, Counting, Filter};
-use crate::count::{Basis, Blind, Count, Part, SourceKind, Unit};
+use crate::count::{Basis, Blind, Count, Part, SourceKind, Unit, Warning};
 use crate::error::{failed, io_cause};
 use crate::source::arrivals::{self, Tracker};
 use crate::source::diag::{self, DumpError};
@@ -30,14 +30,6 @@ pub enum Reader {
 
 /// The text tables netlink falls back to.
 const PROC_NET: &str = "/proc/net";
-
-/// Why the text tables cannot tell `hold`'s arrivals: a request on a kept-alive connection.
-const NO_BYTES: &str =
-    "the socket table shows no bytes received for a connection accepted in the pod";
-
-/// When `hold` counts what `PassiveOpens` alone tells.
-const UNSEEN: &str = "counting connections the pod accepted that left no socket to tell them by \
-    (PassiveOpens: a client that closed first, or a tcpSocket probe) as arrivals";
 
 pub struct SocketTable {
     reader: Reader,
@@ -93,7 +85,7 @@ impl SocketTable {
     }
 
     /// `hold`: the connections that count open now, by port, and what has arrived (`Tracker`),
-    /// before `until`; unknown from the text tables (`NO_BYTES`).
+    /// before `until`; unknown from the text tables, which tell no bytes.
     pub fn arrivals(&mut self, until: Instant) -> Result<Count, String> {
         let mut warnings = Vec::new();
         // Read before the sockets (Tracker::read): a connection accepted in between is seen
@@ -103,8 +95,7 @@ impl SocketTable {
         let counters = match snmp.filter(|_| passive_opens).map(|f| (fs::read_to_string(&f), f)) {
             Some((Ok(text), _)) => arrivals::counters(&text),
             Some((Err(e), snmp)) => {
-                let failed = failed("read", snmp.display(), io_cause(&e));
-                warnings.push(format!("{failed}; connections that leave no socket are not seen"));
+                warnings.push(Warning::Snmp(failed("read", snmp.display(), io_cause(&e))));
                 None
             }
             None => None,
@@ -117,7 +108,7 @@ impl SocketTable {
         let (Some(tracker), Reader::Netlink, Ok(root)) =
             (&mut self.tracker, &self.reader, &self.proc_root)
         else {
-            warnings.push(format!("arrivals unknown: {NO_BYTES}"));
+            warnings.push(Warning::NoBytes);
             return Ok(Count::new(SourceKind::Proc, Unit::Connections, Vec::new(), warnings));
         };
         let read = tracker.read(self.made.elapsed(), &addresses(), &sockets, counters);
@@ -125,9 +116,14 @@ impl SocketTable {
             udp: udp_servers(root, &tracker.rule.ports, ephemeral),
             hiding: if tracker.rule.passive_opens { read.hiding } else { Vec::new() },
         };
-        warnings.extend(blind_warnings(&blind));
+        if !blind.udp.is_empty() {
+            warnings.push(Warning::Udp(blind.udp.clone()));
+        }
+        if !blind.hiding.is_empty() {
+            warnings.push(Warning::Hiding(blind.hiding.clone()));
+        }
         if read.unseen > 0 {
-            warnings.push(UNSEEN.to_string());
+            warnings.push(Warning::Unseen);
         }
         let parts =
             read.open.iter().map(|(port, n)| Part { name: format!("port {port}"), active: *n });
@@ -177,11 +173,9 @@ impl SocketTable {
     }
 
     /// Where netlink was meant to be read and the text tables are, the warning that says why.
-    fn reader_warning(&self, warnings: &mut Vec<String>) {
+    fn reader_warning(&self, warnings: &mut Vec<Warning>) {
         if let Reader::Text { why: Some(why), .. } = &self.reader {
-            warnings.push(format!(
-                "netlink sock_diag is unavailable ({why}): reading {PROC_NET}/tcp and tcp6 instead"
-            ));
+            warnings.push(Warning::TextTables(why.clone()));
         }
     }
 
@@ -418,27 +412,6 @@ fn read_table(path: &Path, table: &mut Table, until: Instant) -> Result<bool, St
         )));
     }
     Ok(true)
-}
-
-/// What `hold` cannot see, worth a warning each (`Blind`).
-fn blind_warnings(blind: &Blind) -> Vec<String> {
-    let list = |ports: &[u16]| ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
-    let mut found = Vec::new();
-    if !blind.udp.is_empty() {
-        found.push(format!(
-            "UDP is served on port {}: the kernel counts no datagrams per socket, so what \
-             arrives over UDP is not seen, only over TCP",
-            list(&blind.udp)
-        ));
-    }
-    if !blind.hiding.is_empty() {
-        found.push(format!(
-            "port {} listens and does not count: a connection that its client closes between \
-             two reads leaves no socket and may be that port's, so it counts only when reset",
-            list(&blind.hiding)
-        ));
-    }
-    found
 }
 
 /// The UDP ports served in the pod: sockets bound and unconnected (state 07 and no peer in

@@ -2,7 +2,7 @@
 //! and with `--count requests` `downstream_rq_active` too. Rules and format: docs/how-it-works.md,
 //! "Envoy's stats".
 
-use crate::count::{Capped, Count, NON_HTTP, Part, SourceKind, Unit};
+use crate::count::{Capped, Count, NON_HTTP, Part, SourceKind, Unit, Warning};
 use crate::error::shorten;
 use crate::lists::{PortSet, any};
 use crate::preset::Preset;
@@ -154,15 +154,8 @@ impl Lines {
             active: n,
             why: "left out for the reasons above",
         });
-        let warning = self.wrapped.1.as_ref().map(|first| {
-            let n = self.wrapped.0;
-            format!(
-                "{n} gauge{} wrapped below zero and count{} as 0 ({first}{})",
-                if n == 1 { "" } else { "s" },
-                if n == 1 { "s" } else { "" },
-                if n == 1 { "" } else { " among them" }
-            )
-        });
+        let n = self.wrapped.0;
+        let warning = self.wrapped.1.clone().map(|first| Warning::Wrapped { n, first });
         let count =
             Count::new(SourceKind::Stats, Unit::Connections, parts, warning.into_iter().collect());
         Ok(Answer { count, skipped })
@@ -383,7 +376,7 @@ listener.admin.downstream_cx_active: 1
         let a = parse(body, &istio()).unwrap();
         assert_eq!(a.count.total, 1);
         assert_eq!(
-            a.count.warnings,
+            a.count.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
             vec![
                 "2 gauges wrapped below zero and count as 0 (listener.0.0.0.0_15006.downstream_cx_active among them)"
             ]
