@@ -31,8 +31,9 @@ pub struct Part {
     pub active: u64,
 }
 
-/// Sockets seen but left out of a count, and why: `status` lists them so nobody has to guess.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a count left out, and why: sockets, listeners or a cluster's hosts, with their
+/// connections or requests. `status` lists them so nobody has to guess.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Excluded {
     pub why: String,
     pub n: u64,

@@ -10,7 +10,7 @@ use crate::outcome::{Outcome, Progress};
 use crate::source::admin::{PACE, READY_PATH, Reply};
 use crate::source::clusters::{self, CLUSTERS_PATH};
 use crate::source::sockets::Reader;
-use crate::source::stats::{Answer, Hcm};
+use crate::source::stats::Hcm;
 use crate::source::{Look, Reading, Sources};
 use crate::wait::{APP_GONE, ARRIVALS_QUIET, RECHECK};
 use std::collections::BTreeMap;
@@ -648,7 +648,7 @@ pub fn status(
         let heading = format!("stats: GET {}", sources.stats_url());
         section(&mut out, heading, &stats.connections, stats_table);
         match &stats.requests {
-            Some(Ok((a, hcms))) => requests_table(&mut out, &a.count, hcms),
+            Some(Ok((count, hcms))) => requests_table(&mut out, count, hcms),
             Some(Err(why)) if stats.connections.is_ok() => {
                 let _ = writeln!(out, "  requests unavailable: {why}");
             }
@@ -759,12 +759,10 @@ fn table(out: &mut String, heading: &str, c: &Count, notes: Vec<Vec<String>>) {
     grid(out, &rows);
 }
 
-fn stats_table(out: &mut String, a: &Answer) {
-    let skipped = a
-        .skipped
-        .iter()
-        .map(|s| vec![format!("not counted: {} ({}), {} active", s.name, s.why, s.active)]);
-    table(out, "listener", &a.count, skipped.collect());
+fn stats_table(out: &mut String, c: &Count) {
+    let skipped =
+        c.excluded.iter().map(|e| vec![format!("not counted: {}, {} active", e.why, e.n)]);
+    table(out, "listener", c, skipped.collect());
 }
 
 /// What counts, then every other socket of the table with why it does not.
@@ -798,7 +796,7 @@ fn clusters_table(out: &mut String, a: &clusters::Answer) {
             let name = format!("{} ({})", c.name, c.left_out.unwrap_or_default());
             row(&[&name, &c.requests])
         })
-        .chain(a.hosts_left_out.iter().map(|(name, n)| row(&[name, n])))
+        .chain(a.count.excluded.iter().map(|e| row(&[&e.why, &e.n])))
         .collect();
     if !left_rows.is_empty() {
         rows.push(row(&[&"not counted", &"requests"]));

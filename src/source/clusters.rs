@@ -3,7 +3,7 @@
 //! pooled connection none. Per-host counters are not stats, so a default Istio proxy has them.
 //! See docs/how-it-works.md.
 
-use crate::count::{Capped, Count, KEPT, Part, SourceKind, Unit};
+use crate::count::{Capped, Count, Excluded, KEPT, Part, SourceKind, Unit};
 use crate::lists::{Names, PortSet, any};
 use crate::preset::Preset;
 use std::collections::BTreeMap;
@@ -42,8 +42,6 @@ pub struct Answer {
     pub clusters: Vec<Cluster>,
     /// Clusters that count but hold nothing.
     pub quiet: u64,
-    /// Requests on hosts left out of clusters that count, by why.
-    pub hosts_left_out: Vec<(String, u64)>,
     /// The arrival counters of the hosts that count, by a hash of their name, those at 0 left out.
     pub counters: Vec<(u64, u64)>,
     /// Requests and connections so far on the app's own clusters' hosts, which `hold` reads.
@@ -186,10 +184,17 @@ impl Tally {
             .map(|c| Part { name: format!("cluster {}", c.name), active: c.requests })
             .collect();
         Ok(Answer {
-            count: Count::new(SourceKind::Clusters, Unit::Requests, parts, vec![]),
+            count: Count {
+                // Requests on hosts left out of clusters that count, by why.
+                excluded: self
+                    .hosts_left_out
+                    .into_iter()
+                    .map(|(why, n)| Excluded { why, n })
+                    .collect(),
+                ..Count::new(SourceKind::Clusters, Unit::Requests, parts, vec![])
+            },
             clusters,
             quiet: self.quiet,
-            hosts_left_out: self.hosts_left_out.into_iter().collect(),
             counters: self.counters,
             app_arrived: self.app_arrived,
         })
@@ -362,10 +367,10 @@ mine::10.0.0.7:80::rq_active::4
         let a = tally(body, &rule).unwrap();
         assert_eq!(a.count.total, 4);
         assert_eq!(
-            a.hosts_left_out,
+            a.count.excluded,
             vec![
-                ("Unix socket or internal address".to_string(), 2),
-                ("ignored port 15012".to_string(), 1)
+                Excluded { why: "Unix socket or internal address".to_string(), n: 2 },
+                Excluded { why: "ignored port 15012".to_string(), n: 1 }
             ]
         );
         let left: Vec<_> = a.clusters.iter().filter_map(|c| c.left_out).collect();

@@ -18,7 +18,7 @@ use admin::{Client, REQUEST_TIMEOUT};
 use arrivals::Hold;
 use clusters::CLUSTERS_PATH;
 use sockets::{Pod, SocketTable};
-use stats::{Answer, Hcm, REQUESTS_PATH, STATS_PATH};
+use stats::{Hcm, REQUESTS_PATH, STATS_PATH};
 use std::time::{Duration, Instant};
 
 /// One attempt to count.
@@ -33,9 +33,9 @@ pub struct Reading {
 /// What one answer of the stats said.
 #[derive(Debug, Clone)]
 pub struct StatsLook {
-    pub connections: Result<Answer, String>,
+    pub connections: Result<Count, String>,
     /// With `--count requests`: the request count and each HTTP connection manager's figures.
-    pub requests: Option<Result<(Answer, Vec<Hcm>), String>>,
+    pub requests: Option<Result<(Count, Vec<Hcm>), String>>,
 }
 
 /// Everything one count looked at; a source that was not read is `None`.
@@ -319,7 +319,7 @@ pub fn decide(look: &Look) -> Reading {
     let mut why: Vec<String> = Vec::new();
     if let Some(s) = &look.stats {
         match &s.requests {
-            Some(Ok((a, _))) => return reading(&a.count, &why),
+            Some(Ok((count, _))) => return reading(count, &why),
             Some(Err(e)) => why.push(e.clone()),
             None => {}
         }
@@ -331,7 +331,7 @@ pub fn decide(look: &Look) -> Reading {
     }
     if let Some(s) = &look.stats {
         match &s.connections {
-            Ok(a) => return reading(&a.count, &why),
+            Ok(count) => return reading(count, &why),
             // The same failure as the requests' when the whole answer failed.
             Err(e) if !why.contains(e) => why.push(e.clone()),
             Err(_) => {}
@@ -442,22 +442,16 @@ mod tests {
         Count::new(SourceKind::Proc, Unit::Connections, vec![part], vec![])
     }
 
-    fn answer(n: u64) -> Answer {
+    fn answer(n: u64) -> Count {
         let part = crate::count::Part { name: "0.0.0.0_15006".to_string(), active: n };
-        Answer {
-            count: Count::new(SourceKind::Stats, Unit::Connections, vec![part], vec![]),
-            skipped: vec![],
-        }
+        Count::new(SourceKind::Stats, Unit::Connections, vec![part], vec![])
     }
 
     #[test]
     fn the_decision_prefers_requests_then_connections_then_the_socket_table() {
         let stats =
-            |connections: Result<Answer, String>, requests| StatsLook { connections, requests };
-        let requests = Answer {
-            count: Count::new(SourceKind::Stats, Unit::Requests, vec![], vec![]),
-            skipped: vec![],
-        };
+            |connections: Result<Count, String>, requests| StatsLook { connections, requests };
+        let requests = Count::new(SourceKind::Stats, Unit::Requests, vec![], vec![]);
         let cases = [
             (
                 stats(Ok(answer(2)), Some(Ok((requests, vec![])))),
@@ -505,7 +499,6 @@ mod tests {
             },
             clusters: vec![],
             quiet: 0,
-            hosts_left_out: vec![],
             counters: vec![],
             app_arrived: (0, 0),
         };

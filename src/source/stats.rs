@@ -2,7 +2,7 @@
 //! and with `--count requests` `downstream_rq_active` too. Rules and format: docs/how-it-works.md,
 //! "Envoy's stats".
 
-use crate::count::{Capped, Count, NON_HTTP, Part, SourceKind, Unit, Warning};
+use crate::count::{Capped, Count, Excluded, NON_HTTP, Part, SourceKind, Unit, Warning};
 use crate::error::shorten;
 use crate::lists::{PortSet, any};
 use crate::preset::Preset;
@@ -27,20 +27,6 @@ const ADMIN_RQ_LINE: &str = "http.admin.downstream_rq_active";
 /// A gauge above this has wrapped below zero (istio/istio #49229); it means 0.
 const WRAPPED: u64 = 1 << 63;
 
-/// A listener left out of the count, and why: `status` shows these so nobody has to guess.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Skipped {
-    pub name: String,
-    pub active: u64,
-    pub why: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Answer {
-    pub count: Count,
-    pub skipped: Vec<Skipped>,
-}
-
 /// One HTTP connection manager's requests and connections, for `status`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Hcm {
@@ -62,7 +48,7 @@ pub struct Lines {
     /// The admin listener's connection line and request line, there whenever the stats are.
     admin: (bool, bool),
     parts: Capped<Part>,
-    skipped: Capped<Skipped>,
+    skipped: Capped<Excluded>,
     hcms: Capped<Hcm>,
     /// Hashed: an answer may name many managers, and each line must cost the same.
     index: HashMap<String, usize>,
@@ -104,7 +90,8 @@ impl Lines {
             let name = || listener.to_string();
             match skip_reason(listener, &self.ignore, &self.preset) {
                 Some(why) => {
-                    self.skipped.push(|| Skipped { name: name(), active: n, why }, [n, 0]);
+                    let why = || format!("{} ({why})", name());
+                    self.skipped.push(|| Excluded { why: why(), n }, [n, 0]);
                 }
                 None => {
                     self.parts.push(|| Part { name: name(), active: n }, [n, 0]);
@@ -144,27 +131,26 @@ impl Lines {
     }
 
     /// Counts `listener.<L>.downstream_cx_active` lines.
-    pub fn connections(&self) -> Result<Answer, String> {
+    pub fn connections(&self) -> Result<Count, String> {
         self.check(self.admin.0, "downstream_cx_active")?;
         let parts = self
             .parts
             .all(|more, [n, _]| Part { name: format!("({more} more listeners)"), active: n });
-        let skipped = self.skipped.all(|more, [n, _]| Skipped {
-            name: format!("({more} more listeners)"),
-            active: n,
-            why: "left out for the reasons above",
+        let excluded = self.skipped.all(|more, [n, _]| Excluded {
+            why: format!("({more} more listeners) (left out for the reasons above)"),
+            n,
         });
         let n = self.wrapped.0;
         let warning = self.wrapped.1.clone().map(|first| Warning::Wrapped { n, first });
         let count =
             Count::new(SourceKind::Stats, Unit::Connections, parts, warning.into_iter().collect());
-        Ok(Answer { count, skipped })
+        Ok(Count { excluded, ..count })
     }
 
     /// Counts requests: `http.<prefix>.downstream_rq_active` over the HTTP connection managers
     /// that carry traffic, plus the listeners' connections that no manager holds (TCP proxy
     /// streams), from `connections`, this answer's connection count.
-    pub fn requests(&self, connections: &Answer) -> Result<(Answer, Vec<Hcm>), String> {
+    pub fn requests(&self, connections: &Count) -> Result<(Count, Vec<Hcm>), String> {
         self.check(self.admin.1, "downstream_rq_active")?;
         let hcms = self.hcms.all(|_, [requests, connections]| Hcm {
             prefix: "(more HTTP connection managers)".to_string(),
@@ -178,11 +164,10 @@ impl Lines {
             .collect();
         parts.push(Part {
             name: NON_HTTP.to_string(),
-            active: connections.count.total.saturating_sub(http_connections),
+            active: connections.total.saturating_sub(http_connections),
         });
-        let warnings = connections.count.warnings.clone();
-        let count = Count::new(SourceKind::Stats, Unit::Requests, parts, warnings);
-        Ok((Answer { count, skipped: connections.skipped.clone() }, hcms))
+        let warnings = connections.warnings.clone();
+        Ok((Count::new(SourceKind::Stats, Unit::Requests, parts, warnings), hcms))
     }
 }
 
@@ -257,12 +242,12 @@ mod tests {
     }
 
     /// The connection count of a whole answer.
-    pub fn parse(body: &str, ignore: &PortSet) -> Result<Answer, String> {
+    pub fn parse(body: &str, ignore: &PortSet) -> Result<Count, String> {
         lines(body, ignore).connections()
     }
 
     /// The request count of a whole answer, and its HTTP connection managers.
-    pub fn parse_requests(body: &str, ignore: &PortSet) -> Result<(Answer, Vec<Hcm>), String> {
+    pub fn parse_requests(body: &str, ignore: &PortSet) -> Result<(Count, Vec<Hcm>), String> {
         let lines = lines(body, ignore);
         lines.requests(&lines.connections()?)
     }
@@ -277,8 +262,8 @@ mod tests {
         PortSet::parse(ISTIO_INFRA_PORTS).unwrap()
     }
 
-    fn parts(a: &Answer) -> Vec<(&str, u64)> {
-        a.count.parts.iter().map(|p| (p.name.as_str(), p.active)).collect()
+    fn parts(a: &Count) -> Vec<(&str, u64)> {
+        a.parts.iter().map(|p| (p.name.as_str(), p.active)).collect()
     }
 
     /// Real Envoy 1.40.0 with two workers (docs/how-it-works.md, "Envoy's stats").
@@ -298,10 +283,10 @@ listener.admin.main_thread.downstream_cx_active: 1
     #[test]
     fn real_envoy_answer_counts_each_listener_once_without_admin_http_or_workers() {
         let a = parse(REAL, &istio()).unwrap();
-        assert_eq!(a.count.total, 5);
+        assert_eq!(a.total, 5);
         assert_eq!(parts(&a), vec![("127.0.0.1_15001", 2), ("127.0.0.1_15006", 3)]);
-        assert!(a.count.warnings.is_empty());
-        assert_eq!(a.skipped.len(), 1, "only the admin listener is skipped");
+        assert!(a.warnings.is_empty());
+        assert_eq!(a.excluded.len(), 1, "only the admin listener is skipped");
     }
 
     #[test]
@@ -311,8 +296,8 @@ listener.admin.main_thread.downstream_cx_active: 1
                     listener.admin.downstream_cx_active: 2 \n\
                     listener.admin.main_thread.downstream_cx_active: 2 ";
         let a = parse(body, &istio()).unwrap();
-        assert_eq!(a.count.total, 7);
-        assert!(a.count.warnings.is_empty());
+        assert_eq!(a.total, 7);
+        assert!(a.warnings.is_empty());
     }
 
     #[test]
@@ -327,7 +312,7 @@ listener.admin.downstream_cx_active: 1
 ";
         let a = parse(body, &istio()).unwrap();
         assert_eq!(parts(&a), vec![("[__1]_15007", 6)]);
-        assert_eq!(a.skipped.iter().filter(|s| s.why == "ignored port").count(), 5);
+        assert_eq!(a.excluded.iter().filter(|s| s.why.ends_with("(ignored port)")).count(), 5);
     }
 
     #[test]
@@ -374,9 +359,9 @@ listener.0.0.0.0_8443.downstream_cx_active: 9223372036854775809
 listener.admin.downstream_cx_active: 1
 ";
         let a = parse(body, &istio()).unwrap();
-        assert_eq!(a.count.total, 1);
+        assert_eq!(a.total, 1);
         assert_eq!(
-            a.count.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            a.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
             vec![
                 "2 gauges wrapped below zero and count as 0 (listener.0.0.0.0_15006.downstream_cx_active among them)"
             ]
@@ -389,7 +374,7 @@ listener.admin.downstream_cx_active: 1
             "listener.x_1.downstream_cx_active: {}\nlistener.admin.downstream_cx_active: 1\n",
             1u64 << 63
         );
-        assert_eq!(parse(&body, &istio()).unwrap().count.total, 1 << 63);
+        assert_eq!(parse(&body, &istio()).unwrap().total, 1 << 63);
     }
 
     #[test]
@@ -407,7 +392,7 @@ listener.admin.downstream_cx_active: 1
             let body = format!("{good}{bad}\n");
             let unreadable =
                 format!("Envoy's stats answer has a line that is not '<name>: <count>': '{bad}'");
-            assert_eq!(parse(&body, &istio()).map(|a| a.count.total), Err(unreadable), "{bad}");
+            assert_eq!(parse(&body, &istio()).map(|a| a.total), Err(unreadable), "{bad}");
             assert!(parse_requests(&body, &istio()).is_err(), "{bad}");
         }
         // Lines ending in a lone CR run together into one line that is not a count.
@@ -432,7 +417,7 @@ listener.admin.downstream_cx_active: 1
 listener.admin.downstream_cx_active: 1
 ";
         let a = parse(body, &istio()).unwrap();
-        assert_eq!(a.count.total, 0);
+        assert_eq!(a.total, 0);
         assert_eq!(parts(&a), vec![("0.0.0.0_15006", 0)]);
     }
 
@@ -442,7 +427,7 @@ listener.admin.downstream_cx_active: 1
 listener.0.0.0.0_15006.downstream_cx_active_total: 9
 cluster.x.upstream_cx_active: 4
 ";
-        assert_eq!(parse(body, &istio()).unwrap().count.total, 0);
+        assert_eq!(parse(body, &istio()).unwrap().total, 0);
     }
 
     /// Real Envoy 1.40.0 with the combined filter: an idle connection and a request in flight on
@@ -470,7 +455,7 @@ listener.admin.main_thread.downstream_cx_active: 1
             vec![("http inbound_0.0.0.0_8080", 1), ("non-HTTP connections", 1)],
             "the idle keep-alive connection is not a request; the TCP stream is a connection"
         );
-        assert_eq!(a.count.total, 2);
+        assert_eq!(a.total, 2);
         assert_eq!(
             hcms,
             vec![Hcm { prefix: "inbound_0.0.0.0_8080".to_string(), requests: 1, connections: 2 }],
@@ -487,8 +472,8 @@ listener.0.0.0.0_15006.downstream_cx_active: 1
 listener.admin.downstream_cx_active: 1
 ";
         let (a, _) = parse_requests(body, &istio()).unwrap();
-        assert_eq!(a.count.total, 3);
-        assert_eq!(a.count.describe(), "3 active requests");
+        assert_eq!(a.total, 3);
+        assert_eq!(a.describe(), "3 active requests");
     }
 
     #[test]
@@ -496,14 +481,14 @@ listener.admin.downstream_cx_active: 1
         // Istio with EXIT_ON_ZERO_ACTIVE_CONNECTIONS: its matcher adds downstream_cx_active only.
         let not_enabled = Err(NOT_ENABLED.replace("cx", "rq"));
         assert_eq!(parse_requests(REAL, &istio()), not_enabled);
-        assert_eq!(parse(REAL, &istio()).unwrap().count.total, 5);
+        assert_eq!(parse(REAL, &istio()).unwrap().total, 5);
         let no_listener_stats = "http.admin.downstream_rq_active: 1\n";
         assert_eq!(parse_requests(no_listener_stats, &istio()), Err(NOT_ENABLED.to_string()));
     }
 
     #[test]
     fn the_connection_count_ignores_request_lines() {
-        assert_eq!(parse(REQUESTS, &istio()).unwrap().count.total, 3);
+        assert_eq!(parse(REQUESTS, &istio()).unwrap().total, 3);
     }
 
     #[test]
@@ -532,10 +517,10 @@ listener.admin.downstream_cx_active: 1
             lines.add(line);
         }
         let (a, hcms) = lines.requests(&lines.connections().unwrap()).unwrap();
-        assert_eq!(a.count.total, 1, "the health check in flight on 8002 is Contour's own");
+        assert_eq!(a.total, 1, "the health check in flight on 8002 is Contour's own");
         assert_eq!(hcms.len(), 1);
         // Read as Istio's, the same answer counts it.
-        assert_eq!(parse_requests(body, &PortSet::default()).unwrap().0.count.total, 2);
+        assert_eq!(parse_requests(body, &PortSet::default()).unwrap().0.total, 2);
     }
 
     #[test]
@@ -559,16 +544,20 @@ listener.admin.downstream_cx_active: 1
             lines.add(line);
         }
         let connections = lines.connections().unwrap();
-        assert_eq!(connections.count.total, 1, "{connections:?}");
-        let whys: Vec<_> = connections.skipped.iter().map(|s| s.why).collect();
+        assert_eq!(connections.total, 1, "{connections:?}");
+        let whys: Vec<_> = connections.excluded.iter().map(|s| s.why.as_str()).collect();
         assert_eq!(
             whys,
-            ["the proxy's own listener", "the proxy's own listener", "Envoy's admin listener"]
+            [
+                "system_meshmetric_prometheus_default (the proxy's own listener)",
+                "system_dynamicconfig (the proxy's own listener)",
+                "admin (Envoy's admin listener)"
+            ]
         );
         let (requests, _) = lines.requests(&connections).unwrap();
-        assert_eq!(requests.count.total, 1, "the scrape in flight is Kuma's own");
+        assert_eq!(requests.total, 1, "the scrape in flight is Kuma's own");
         // Read as Istio's, the scrape and the config poll count.
-        assert_eq!(parse(body, &PortSet::default()).unwrap().count.total, 3);
+        assert_eq!(parse(body, &PortSet::default()).unwrap().total, 3);
     }
 
     #[test]
@@ -588,12 +577,9 @@ listener.admin.downstream_cx_active: 1
             body += &format!("listener.0.0.0.0_{}.downstream_cx_active: {}\n", 20_000 + i, i % 2);
         }
         let a = parse(&body, &PortSet::default()).unwrap();
-        assert_eq!(a.count.total, 5000);
-        assert_eq!(a.count.parts.len(), KEPT + 1);
-        assert_eq!(
-            a.count.parts[KEPT],
-            Part { name: "(9000 more listeners)".to_string(), active: 4500 }
-        );
+        assert_eq!(a.total, 5000);
+        assert_eq!(a.parts.len(), KEPT + 1);
+        assert_eq!(a.parts[KEPT], Part { name: "(9000 more listeners)".to_string(), active: 4500 });
     }
 
     #[test]
@@ -608,7 +594,7 @@ listener.admin.downstream_cx_active: 1
         }
         let started = std::time::Instant::now();
         let (a, hcms) = parse_requests(&body, &istio()).unwrap();
-        assert_eq!((hcms.len(), a.count.total), (KEPT + 1, 100_000), "memory stays flat");
+        assert_eq!((hcms.len(), a.total), (KEPT + 1, 100_000), "memory stays flat");
         let more = &hcms[KEPT];
         assert_eq!(
             (more.prefix.as_str(), more.requests, more.connections),
