@@ -102,7 +102,7 @@ impl SocketTable {
         };
         let (listening, open) = self.read_listening(until)?;
         let mut sockets = listening.sockets;
-        read_open(open, until, (diag::ALL, true), &mut sockets)?;
+        read_open(open, until, &diag::request(diag::ALL, true), &mut sockets)?;
         self.reader_warning(&mut warnings);
         let ephemeral = self.ephemeral().0;
         let (Some(tracker), Reader::Netlink, Ok(root)) =
@@ -160,7 +160,7 @@ impl SocketTable {
         self.listeners.learn(&listening, &rule);
         // The text tables were read whole before Envoy's sockets were listed; a dump comes after.
         let mut tally = Tally::new(&listening, Some((rule, &self.listeners)), open.is_none());
-        read_open(open, until, (diag::OPEN, false), &mut tally)?;
+        read_open(open, until, &diag::request(diag::OPEN, false), &mut tally)?;
         let relist = || match (&self.proc_root, &basis) {
             (Ok(root), Basis::Process { pid, .. }) => sockets_of(root, *pid).ok(),
             _ => None,
@@ -197,7 +197,7 @@ impl SocketTable {
         }
         let (listening, open) = self.read_listening(until)?;
         let mut tally = Tally::new(&listening, None, false);
-        read_open(open, until, (diag::OPEN, false), &mut tally)?;
+        read_open(open, until, &diag::request(diag::OPEN, false), &mut tally)?;
         let (_, owners) = tally.count(|| None);
         Ok(pod_of(self.admin_socket(&listening), owners))
     }
@@ -305,15 +305,15 @@ fn pod_of(admin_socket: Option<(u32, Option<u64>)>, mut owners: BTreeMap<u32, u6
 }
 
 /// The open sockets into `sink`: the text tables' as read with the listening ones, else a dump
-/// (`diag::dump`).
+/// of `request` (`diag::request`).
 fn read_open(
     open: Option<Table>,
     until: Instant,
-    dump: (u32, bool),
+    request: &[u8],
     sink: &mut impl Sink,
 ) -> Result<(), String> {
     let Some(table) = open else {
-        return diag::dump(&diag::request(dump.0, dump.1), until, sink)
+        return diag::dump(request, until, sink)
             .map_err(|(DumpError::Failed(f) | DumpError::Unavailable(f))| f);
     };
     table.sockets.into_iter().for_each(|s| sink.add(s));

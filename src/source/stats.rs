@@ -46,13 +46,16 @@ pub struct Lines {
     /// Why nothing is counted from this answer: its first line that is not `<name>: <count>`.
     unreadable: Option<String>,
     /// The admin listener's connection line and request line, there whenever the stats are.
-    admin: (bool, bool),
+    admin_connections: bool,
+    admin_requests: bool,
     parts: Capped<Part>,
     skipped: Capped<Excluded>,
     hcms: Capped<Hcm>,
     /// Hashed: an answer may name many managers, and each line must cost the same.
     index: HashMap<String, usize>,
-    wrapped: (u64, Option<String>),
+    /// Gauges that wrapped below zero, and the first one's name.
+    wrapped: u64,
+    first_wrapped: Option<String>,
 }
 
 impl Lines {
@@ -80,12 +83,12 @@ impl Lines {
             return;
         };
         if n > WRAPPED {
-            self.wrapped.0 += 1;
-            self.wrapped.1.get_or_insert_with(|| name.to_string());
+            self.wrapped += 1;
+            self.first_wrapped.get_or_insert_with(|| name.to_string());
             n = 0;
         }
-        self.admin.0 |= name == ADMIN_LINE;
-        self.admin.1 |= name == ADMIN_RQ_LINE;
+        self.admin_connections |= name == ADMIN_LINE;
+        self.admin_requests |= name == ADMIN_RQ_LINE;
         if let Some(listener) = listener_name(name) {
             let name = || listener.to_string();
             match skip_reason(listener, &self.ignore, &self.preset) {
@@ -132,7 +135,7 @@ impl Lines {
 
     /// Counts `listener.<L>.downstream_cx_active` lines.
     pub fn connections(&self) -> Result<Count, String> {
-        self.check(self.admin.0, "downstream_cx_active")?;
+        self.check(self.admin_connections, "downstream_cx_active")?;
         let parts = self
             .parts
             .all(|more, [n, _]| Part { name: format!("({more} more listeners)"), active: n });
@@ -140,8 +143,8 @@ impl Lines {
             why: format!("({more} more listeners) (left out for the reasons above)"),
             n,
         });
-        let n = self.wrapped.0;
-        let warning = self.wrapped.1.clone().map(|first| Warning::Wrapped { n, first });
+        let n = self.wrapped;
+        let warning = self.first_wrapped.clone().map(|first| Warning::Wrapped { n, first });
         let count =
             Count::new(SourceKind::Stats, Unit::Connections, parts, warning.into_iter().collect());
         Ok(Count { excluded, ..count })
@@ -151,7 +154,7 @@ impl Lines {
     /// that carry traffic, plus the listeners' connections that no manager holds (TCP proxy
     /// streams), from `connections`, this answer's connection count.
     pub fn requests(&self, connections: &Count) -> Result<(Count, Vec<Hcm>), String> {
-        self.check(self.admin.1, "downstream_rq_active")?;
+        self.check(self.admin_requests, "downstream_rq_active")?;
         let hcms = self.hcms.all(|_, [requests, connections]| Hcm {
             prefix: "(more HTTP connection managers)".to_string(),
             requests,
