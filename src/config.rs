@@ -3,7 +3,7 @@
 //! one that takes a connection), and for `hold`'s `gateway` the pod's route tables.
 
 use crate::cli::{ANNOTATION_PREFIX, ENV_NODE_IPS, HoldArgs, RunArgs};
-use crate::count::{Unit, Warning};
+use crate::count::Unit;
 use crate::drain::{self, Drain, Request};
 use crate::error::UsageError;
 use crate::lists::{self, Names, PortSet};
@@ -50,6 +50,30 @@ pub enum Mode {
     Proc,
 }
 
+/// A setting ignored or corrected, or one that `hold` lacks: said at the start (text.rs words it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigWarning {
+    /// `--admin`'s value matches these sockets, and not one alone takes a connection.
+    AdminAmbiguous { value: String, found: Vec<String>, listening: usize },
+    /// The pod's deadline annotation is past `--deadline`, which is used.
+    DeadlinePastFlag { annotated: Duration, flag: Duration },
+    /// Istio's MINIMUM_DRAIN_DURATION is no Go duration: Istio's default is used.
+    MinDrainEnv(String),
+    /// What sets the min-drain, in words, is past the deadline, which is used.
+    MinDrainPastDeadline { what: String, deadline: Duration },
+    /// `--probes-from` names `node`, and ENVOY_DRAIN_NODE_IPS is not set.
+    NodeIpsUnset,
+    /// An item of ENVOY_DRAIN_NODE_IPS that is no address, and the variable's value.
+    NodeIp { item: String, value: String },
+    /// The pod's gateway is link-local and no variable names the node, whose address the probes
+    /// come from.
+    LinkLocalGateway(IpAddr),
+    /// A `--pod-annotation` that is not NAME=VALUE.
+    PodAnnotation(String),
+    /// An annotation's value, ignored, and what was expected.
+    Annotation { name: String, value: String, expected: String },
+}
+
 /// What both commands need to count.
 #[derive(Debug, Clone)]
 pub struct Counting {
@@ -65,7 +89,7 @@ pub struct Counting {
     /// `--proc-net`: read the text tables there instead of asking the kernel over netlink.
     pub proc_net: Option<PathBuf>,
     /// What is worth a warning but not an error: an ambiguous `--admin`, a bad annotation, ...
-    pub warnings: Vec<Warning>,
+    pub warnings: Vec<ConfigWarning>,
 }
 
 /// `hold`'s arrivals in the socket table: what counts (source/arrivals.rs).
@@ -203,7 +227,7 @@ fn one_of<T: Copy>(name: &'static str, value: &str, words: &[(&str, T)]) -> Resu
 /// `--admin`: an address as `parse_addr` takes it, or `unix:PATH`, where a `*` (Kuma's
 /// `/tmp/kuma-dp-*/kuma-envoy-admin.sock`) picks the one socket that matches, or of several the one
 /// that takes a connection; else the path as given (a warning when several listen).
-pub fn parse_admin(value: &str) -> Result<(Address, Option<Warning>), UsageError> {
+pub fn parse_admin(value: &str) -> Result<(Address, Option<ConfigWarning>), UsageError> {
     let Some(path) = value.strip_prefix("unix:") else {
         return parse_addr("--admin", value).map(|a| (Address::Tcp(a), None));
     };
@@ -235,7 +259,7 @@ pub fn parse_admin(value: &str) -> Result<(Address, Option<Warning>), UsageError
         if let [one] = listening.as_slice() {
             return Ok((Address::Unix(one.clone()), None));
         }
-        let warning = Warning::AdminAmbiguous {
+        let warning = ConfigWarning::AdminAmbiguous {
             value: value.to_string(),
             found: found.iter().map(|p| p.display().to_string()).collect(),
             listening: listening.len(),
@@ -409,12 +433,12 @@ fn drain(a: &RunArgs, preset: Preset) -> Result<Drain, UsageError> {
 fn deadline(
     a: &RunArgs,
     annotated: Option<Duration>,
-    warnings: &mut Vec<Warning>,
+    warnings: &mut Vec<ConfigWarning>,
 ) -> Result<Duration, UsageError> {
     let flag = positive("--deadline", &a.deadline, DEFAULT_DEADLINE)?;
     Ok(match annotated {
         Some(d) if a.deadline.is_some() && d > flag => {
-            warnings.push(Warning::DeadlinePastFlag { annotated: d, flag });
+            warnings.push(ConfigWarning::DeadlinePastFlag { annotated: d, flag });
             flag
         }
         Some(d) => d,
@@ -430,7 +454,7 @@ fn min_drain(
     pod: &PodSettings,
     deadline: Duration,
     env: &dyn Fn(&str) -> Option<String>,
-    warnings: &mut Vec<Warning>,
+    warnings: &mut Vec<ConfigWarning>,
 ) -> Result<Duration, UsageError> {
     let (what, d) = if let Some(d) = pod.min_drain {
         let d_text = humantime::format_duration(d);
@@ -450,7 +474,7 @@ fn min_drain(
     } else if let Some(v) = env(ENV_MIN_DRAIN).filter(|v| !v.is_empty()) {
         // A warning and Istio's default, as pilot-agent does (pkg/env/var.go, DurationVar.Lookup).
         let Some(d) = go_duration(&v) else {
-            warnings.push(Warning::MinDrainEnv(v));
+            warnings.push(ConfigWarning::MinDrainEnv(v));
             return Ok(DEFAULT_MIN_DRAIN.min(deadline));
         };
         (format!("{ENV_MIN_DRAIN}={v}"), d)
@@ -458,7 +482,7 @@ fn min_drain(
         return Ok(DEFAULT_MIN_DRAIN.min(deadline));
     };
     if d > deadline {
-        warnings.push(Warning::MinDrainPastDeadline { what, deadline });
+        warnings.push(ConfigWarning::MinDrainPastDeadline { what, deadline });
     }
     Ok(d.min(deadline))
 }
@@ -591,7 +615,7 @@ fn probes(
     a: &HoldArgs,
     holding: Holding,
     env: &dyn Fn(&str) -> Option<String>,
-    warnings: &mut Vec<Warning>,
+    warnings: &mut Vec<ConfigWarning>,
 ) -> Result<Vec<[u8; 16]>, UsageError> {
     let names_node =
         a.probes_from.as_deref().is_some_and(|v| v.split(',').any(|i| i.trim() == "node"));
@@ -683,11 +707,11 @@ fn mapped(ip: IpAddr) -> [u8; 16] {
 fn node_addresses(
     env: &dyn Fn(&str) -> Option<String>,
     named: bool,
-    warnings: &mut Vec<Warning>,
+    warnings: &mut Vec<ConfigWarning>,
 ) -> Vec<[u8; 16]> {
     let Some(value) = env(ENV_NODE_IPS) else {
         if named {
-            warnings.push(Warning::NodeIpsUnset);
+            warnings.push(ConfigWarning::NodeIpsUnset);
         }
         return Vec::new();
     };
@@ -695,9 +719,8 @@ fn node_addresses(
     for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         match item.parse::<IpAddr>() {
             Ok(ip) => found.push(mapped(ip)),
-            Err(_) => {
-                warnings.push(Warning::NodeIp { item: item.to_string(), value: value.clone() })
-            }
+            Err(_) => warnings
+                .push(ConfigWarning::NodeIp { item: item.to_string(), value: value.clone() }),
         }
     }
     found
@@ -705,9 +728,9 @@ fn node_addresses(
 
 /// Where the pod's gateway is link-local (Calico's and the AWS VPC CNI's 169.254.1.1, or an IPv6
 /// fe80::) the kubelet's probes come from the node's own address, which only `ENV_NODE_IPS` tells.
-fn link_local_gateway() -> Option<Warning> {
+fn link_local_gateway() -> Option<ConfigWarning> {
     let gateway = default_gateways().into_iter().find(link_local)?;
-    Some(Warning::LinkLocalGateway(std::net::Ipv6Addr::from(gateway).to_canonical()))
+    Some(ConfigWarning::LinkLocalGateway(std::net::Ipv6Addr::from(gateway).to_canonical()))
 }
 
 /// 169.254.0.0/16, or fe80::/10.
@@ -775,17 +798,17 @@ struct PodSettings {
 }
 
 /// Reads `--pod-annotation` values: a bad one is a warning, never an error, and changes nothing.
-fn pod_settings(given: &[String], mode: Mode, warnings: &mut Vec<Warning>) -> PodSettings {
+fn pod_settings(given: &[String], mode: Mode, warnings: &mut Vec<ConfigWarning>) -> PodSettings {
     let mut pod = PodSettings::default();
     for item in given {
         let Some((name, value)) = item.split_once('=') else {
-            warnings.push(Warning::PodAnnotation(item.clone()));
+            warnings.push(ConfigWarning::PodAnnotation(item.clone()));
             continue;
         };
         let mut ignore = |expected: &str| {
             let (name, value, expected) =
                 (name.to_string(), value.to_string(), expected.to_string());
-            warnings.push(Warning::Annotation { name, value, expected });
+            warnings.push(ConfigWarning::Annotation { name, value, expected });
         };
         let duration = || humantime::parse_duration(value.trim()).ok();
         match name.strip_prefix(ANNOTATION_PREFIX) {
@@ -824,8 +847,8 @@ mod tests {
     use super::*;
 
     /// The warnings as the log says them.
-    fn said(warnings: &[Warning]) -> Vec<String> {
-        warnings.iter().map(Warning::to_string).collect()
+    fn said(warnings: &[ConfigWarning]) -> Vec<String> {
+        warnings.iter().map(ConfigWarning::to_string).collect()
     }
 
     fn no_env(_: &str) -> Option<String> {
@@ -942,7 +965,7 @@ mod tests {
         std::fs::remove_dir_all(&tmp).unwrap();
         assert_eq!(address, as_given);
         assert_eq!(
-            warning.as_ref().map(Warning::to_string).as_deref(),
+            warning.as_ref().map(ConfigWarning::to_string).as_deref(),
             Some(
                 format!(
                     "--admin {pattern}: 3 sockets match ({}, {}, {}) and more than one of them \

@@ -78,29 +78,9 @@ pub struct Blind {
     pub hiding: Vec<u16>,
 }
 
-/// What a run warns of, said once each (text.rs words it): a setting ignored or corrected, or
-/// something a count cannot see.
+/// What a count could not see, or corrected: said once a run (text.rs words it).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Warning {
-    /// `--admin`'s value matches these sockets, and not one alone takes a connection.
-    AdminAmbiguous { value: String, found: Vec<String>, listening: usize },
-    /// The pod's deadline annotation is past `--deadline`, which is used.
-    DeadlinePastFlag { annotated: Duration, flag: Duration },
-    /// Istio's MINIMUM_DRAIN_DURATION is no Go duration: Istio's default is used.
-    MinDrainEnv(String),
-    /// What sets the min-drain, in words, is past the deadline, which is used.
-    MinDrainPastDeadline { what: String, deadline: Duration },
-    /// `--probes-from` names `node`, and ENVOY_DRAIN_NODE_IPS is not set.
-    NodeIpsUnset,
-    /// An item of ENVOY_DRAIN_NODE_IPS that is no address, and the variable's value.
-    NodeIp { item: String, value: String },
-    /// The pod's gateway is link-local and no variable names the node, whose address the probes
-    /// come from.
-    LinkLocalGateway(std::net::IpAddr),
-    /// A `--pod-annotation` that is not NAME=VALUE.
-    PodAnnotation(String),
-    /// An annotation's value, ignored, and what was expected.
-    Annotation { name: String, value: String, expected: String },
     /// Why `/proc/net/snmp` could not be read.
     Snmp(String),
     /// Why netlink could not be read: the text tables are.

@@ -2,7 +2,9 @@
 //! summary, the status tables, and each warning (`count::Warning`, found where its cause is).
 
 use crate::cli::{ANNOTATION_PREFIX, ENV_NODE_IPS};
-use crate::config::{DEFAULT_MIN_DRAIN, ENV_MIN_DRAIN, Mode, Rules, RunConfig, Until};
+use crate::config::{
+    ConfigWarning, DEFAULT_MIN_DRAIN, ENV_MIN_DRAIN, Mode, Rules, RunConfig, Until,
+};
 use crate::count::{Basis, Blind, Cost, Count, NON_HTTP, SourceKind, Unit, Warning};
 use crate::drain::Request;
 use crate::log::Level;
@@ -398,12 +400,20 @@ fn held(p: &Progress, rules: &Rules, elapsed: Duration) -> String {
     }
 }
 
-impl std::fmt::Display for Warning {
+/// `--min-drain`-like durations in warnings.
+fn took(d: &Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(*d)
+}
+
+/// A list of ports: `5353, 8125`.
+fn ports(ports: &[u16]) -> String {
+    ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ")
+}
+
+impl std::fmt::Display for ConfigWarning {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        let list = |ports: &[u16]| ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
-        let d = |d: &Duration| humantime::format_duration(*d);
         match self {
-            Warning::AdminAmbiguous { value, found, listening } => write!(
+            ConfigWarning::AdminAmbiguous { value, found, listening } => write!(
                 f,
                 "--admin {value}: {} sockets match ({}) and {} of them takes a connection, so \
                  none is asked; counting without the admin API",
@@ -411,48 +421,55 @@ impl std::fmt::Display for Warning {
                 found.join(", "),
                 if *listening == 0 { "none" } else { "more than one" },
             ),
-            Warning::DeadlinePastFlag { annotated, flag } => write!(
+            ConfigWarning::DeadlinePastFlag { annotated, flag } => write!(
                 f,
                 "annotation {ANNOTATION_PREFIX}deadline={} is past --deadline {}, which the \
                  injection template derives from the pod's terminationGracePeriodSeconds; using \
                  {}: raise the grace period instead",
-                d(annotated),
-                d(flag),
-                d(flag)
+                took(annotated),
+                took(flag),
+                took(flag)
             ),
-            Warning::MinDrainEnv(v) => write!(
+            ConfigWarning::MinDrainEnv(v) => write!(
                 f,
                 "ignoring {ENV_MIN_DRAIN}={v:?}: expected a Go duration like 5s, .5s or 1m30s, as \
                  Istio reads it; using Istio's default, {}",
-                d(&DEFAULT_MIN_DRAIN)
+                took(&DEFAULT_MIN_DRAIN)
             ),
-            Warning::MinDrainPastDeadline { what, deadline } => write!(
+            ConfigWarning::MinDrainPastDeadline { what, deadline } => write!(
                 f,
                 "{what} is longer than the deadline ({}); using the deadline as the min-drain",
-                d(deadline)
+                took(deadline)
             ),
-            Warning::NodeIpsUnset => write!(
+            ConfigWarning::NodeIpsUnset => write!(
                 f,
                 "{ENV_NODE_IPS} is not set: node in --probes-from names no address (the admission \
                  policy sets it from the downward API's status.hostIPs)"
             ),
-            Warning::NodeIp { item, value } => write!(
+            ConfigWarning::NodeIp { item, value } => write!(
                 f,
                 "ignoring {item:?} in {ENV_NODE_IPS}={value:?}: expected IP addresses, like 10.0.0.1"
             ),
-            Warning::LinkLocalGateway(gateway) => write!(
+            ConfigWarning::LinkLocalGateway(gateway) => write!(
                 f,
                 "the pod's gateway is the link-local {gateway} (Calico, the AWS VPC CNI): the \
                  kubelet's probes come from the node's own address, which {ENV_NODE_IPS} (unset) \
                  would name; they count as arrivals"
             ),
-            Warning::PodAnnotation(item) => write!(
+            ConfigWarning::PodAnnotation(item) => write!(
                 f,
                 "ignoring --pod-annotation {item:?}: expected {ANNOTATION_PREFIX}NAME=VALUE"
             ),
-            Warning::Annotation { name, value, expected } => {
+            ConfigWarning::Annotation { name, value, expected } => {
                 write!(f, "ignoring annotation {name}={value:?}: expected {expected}")
             }
+        }
+    }
+}
+
+impl std::fmt::Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
             Warning::Snmp(failed) => {
                 write!(f, "{failed}; connections that leave no socket are not seen")
             }
@@ -460,27 +477,25 @@ impl std::fmt::Display for Warning {
                 f,
                 "netlink sock_diag is unavailable ({why}): reading /proc/net/tcp and tcp6 instead"
             ),
-            Warning::NoBytes => write!(
-                f,
+            Warning::NoBytes => f.write_str(
                 "arrivals unknown: the socket table shows no bytes received for a connection \
-                 accepted in the pod"
+                 accepted in the pod",
             ),
-            Warning::Udp(ports) => write!(
+            Warning::Udp(udp) => write!(
                 f,
                 "UDP is served on port {}: the kernel counts no datagrams per socket, so what \
                  arrives over UDP is not seen, only over TCP",
-                list(ports)
+                ports(udp)
             ),
-            Warning::Hiding(ports) => write!(
+            Warning::Hiding(hiding) => write!(
                 f,
                 "port {} listens and does not count: a connection that its client closes between \
                  two reads leaves no socket and may be that port's, so it counts only when reset",
-                list(ports)
+                ports(hiding)
             ),
-            Warning::Unseen => write!(
-                f,
+            Warning::Unseen => f.write_str(
                 "counting connections the pod accepted that left no socket to tell them by \
-                 (PassiveOpens: a client that closed first, or a tcpSocket probe) as arrivals"
+                 (PassiveOpens: a client that closed first, or a tcpSocket probe) as arrivals",
             ),
             Warning::Wrapped { n, first } => {
                 let (s, among) = if *n == 1 { ("s", "") } else { ("", " among them") };
@@ -490,11 +505,10 @@ impl std::fmt::Display for Warning {
             Warning::ClustersFailed(why) => {
                 write!(f, "/clusters: {why}; arrivals from the socket table alone")
             }
-            Warning::PastEnvoy => write!(
-                f,
+            Warning::PastEnvoy => f.write_str(
                 "the socket table sees arrivals that Envoy's /clusters does not (clients that \
                  reach the app past the sidecar, as excludeInboundPorts lets them, or a TCP \
-                 stream's bytes): counting them"
+                 stream's bytes): counting them",
             ),
             Warning::ClustersAlone(why) => {
                 write!(f, "arrivals from Envoy's /clusters alone: {why}")
@@ -505,16 +519,15 @@ impl std::fmt::Display for Warning {
 
 /// What a hold could not see arrive, for its summary (`Blind`).
 fn unseen(blind: &Blind) -> String {
-    let list = |ports: &[u16]| ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
     let mut parts = Vec::new();
     if !blind.udp.is_empty() {
-        parts.push(format!("UDP to port {} is not seen", list(&blind.udp)));
+        parts.push(format!("UDP to port {} is not seen", ports(&blind.udp)));
     }
     if !blind.hiding.is_empty() {
         parts.push(format!(
             "a connection its client closes between two reads is not seen unless reset, as port \
              {} listens without counting",
-            list(&blind.hiding)
+            ports(&blind.hiding)
         ));
     }
     parts.join("; ")
