@@ -4,7 +4,7 @@
 //! `no-mesh`; default `sidecar`), `classic` or `native`, an app kind (`graceful`, `nginx`,
 //! `flush`), a mode (`istio`, `exit-on-zero`, `envoy-drain`, `requests`, `plain`), a propagation
 //! delay (`2s`, `10s`, `30s`, where the pod's grace period is 60 s), `http2` (h2load instead of
-//! hey), the app's preStop (`own`: none; `sleep<N>`, like `sleep5`; `hold`: `envoy-drain hold`;
+//! hey; with a sidecar only, whose Envoy carries HTTP/2 to the HTTP/1.1 app), the app's preStop (`own`: none; `sleep<N>`, like `sleep5`; `hold`: `envoy-drain hold`;
 //! default `own`), the clients (`keep-alive`, `new-conn`: a connection per request; default
 //! `keep-alive`), without a sidecar the kubelet's readiness probe of pod A (`http-probes`,
 //! `tcp-probes`; default `http-probes`) and where it comes from (`gateway`: a bridge CNI's node,
@@ -162,6 +162,12 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
         }
     }
     all(&mut meshes, &[Mesh::Sidecar]);
+    if http2 && meshes.iter().any(|&m| m != Mesh::Sidecar) {
+        // The app speaks HTTP/1.1 (tests/pod/app.py); only a sidecar's Envoy carries HTTP/2 to it.
+        return Err("http2 needs sidecar alone: without a sidecar h2load would reach the \
+                    HTTP/1.1 app as it is"
+            .to_string());
+    }
     all(&mut orderings, &[Ordering::Classic, Ordering::Native]);
     all(&mut apps, &AppKind::ALL);
     all(&mut modes, &Mode::ALL);
