@@ -48,9 +48,9 @@ impl Count {
         match self.unit {
             Unit::Connections => plural(self.total, "active connection"),
             Unit::Requests => {
-                let tcp =
-                    self.parts.iter().filter(|p| p.name == NON_HTTP).map(|p| p.active).sum::<u64>();
-                let requests = plural(self.total - tcp, "active request");
+                let tcp = self.parts.iter().filter(|p| p.name == NON_HTTP).map(|p| p.active);
+                let tcp = tcp.fold(0, u64::saturating_add);
+                let requests = plural(self.total.saturating_sub(tcp), "active request");
                 if tcp == 0 {
                     requests
                 } else {
