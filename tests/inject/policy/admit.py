@@ -457,13 +457,21 @@ class Policy:
 
     def evaluate(self, expression, activation, returns=None):
         program, _ = self.compile(expression, "other", returns)
-        return plain(program.eval(data=activation).plain_value())
+        return result(expression, program.eval(data=activation))
 
     def variable(self, name, expression, activation):
         """A variable's value; from then on it is declared of its type."""
         program, returns = self.compile(expression, "variable")
         self.declared[name] = returns
-        return plain(program.eval(data=activation).plain_value())
+        return result(expression, program.eval(data=activation))
+
+
+def result(expression, value):
+    """A CEL result as JSON, or the evaluation's error raised: cel-expr-python gives an error as a
+    value of type ERROR, whose plain value is its message, where cel-go returns an error."""
+    if value.type() in (cel.Type.ERROR, cel.Type.UNKNOWN):
+        raise ValueError(f"{expression!r}: {value.plain_value()}")
+    return plain(value.plain_value())
 
 
 def plain(value):
@@ -654,8 +662,13 @@ def admission(documents, namespace, pod, configmaps):
             "resource": {},
         }
         try:
-            # Match conditions see the request and the objects, not variables.
-            if not all(cel_policy.evaluate(c["expression"], activation, "BOOL")
+            # Match conditions see the request and the objects, not variables, and the namespace
+            # as null: the API server's matcher gives them none (k8s.io/apiserver v0.36.3
+            # pkg/admission/plugin/webhook/matchconditions/matcher.go, Match: ForInput(..., nil,
+            # ...)), also Kyverno's up to 1.18, which hands them to the API server in its webhook
+            # configuration (kyverno/kyverno#17069).
+            conditions = {**activation, "namespaceObject": None}
+            if not all(cel_policy.evaluate(c["expression"], conditions, "BOOL")
                        for c in spec.get("matchConditions") or []):
                 continue
             variables = {}
