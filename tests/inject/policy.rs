@@ -8,9 +8,10 @@
 use super::{fields, json_string, output, repo, validate};
 use std::process::Command;
 
-const NAMESPACES: [&str; 9] = [
+const NAMESPACES: [&str; 10] = [
     "ambient",
     "no-mesh",
+    "ambient-injection-off",
     "ambient-opted-out",
     "ambient-trial",
     "restricted",
@@ -168,9 +169,11 @@ fn both_forms_make_the_same_pod_of_every_pod_in_every_namespace_and_never_fail()
 #[test]
 #[ignore = "needs kubectl, cel-expr-python, jsonpatch and kubernetes-validate (`bash scripts/test-tools`): `bash scripts/test` runs it"]
 fn each_container_without_a_prestop_gets_the_hold_of_its_namespace_and_a_deadline_from_its_grace() {
-    for (namespace, preset, ignore) in
-        [("ambient", "ambient", Some("15001,15053")), ("no-mesh", "none", None)]
-    {
+    for (namespace, preset, ignore) in [
+        ("ambient", "ambient", Some("15001,15053")),
+        ("ambient-injection-off", "ambient", Some("15001,15053")),
+        ("no-mesh", "none", None),
+    ] {
         // (pod, container, the deadline: 10 s less than the grace period, or half of a short
         // one, the readiness probes' periods)
         for (pod, container, deadline, probes) in [
