@@ -148,7 +148,7 @@ impl Tracker {
             }
             // Before the first read, the probes' addresses had their share without count.
             if first && seen.closed && !self.rule.probes.contains(&key.client.0) {
-                ages.extend(seen.idle.filter(|age| *age <= HISTORY));
+                ages.extend(seen.idle);
             }
             let grew = self.grew(key, seen, before, (at, first), &mut sent);
             read.polls += u64::from(seen.polled);
@@ -343,12 +343,17 @@ impl Tracker {
     }
 }
 
-/// What the ages of the arrivals before the first read tell: the newest, and the longest pause
-/// between two.
+/// What the ages of the arrivals before the first read tell, back to `HISTORY`: the newest, and
+/// the longest pause between two. Where one alone came then, the pause before it, from the one
+/// before that the kernel still remembers (TIME_WAIT lasts 60 s): a sparse rate (a request every
+/// few seconds, shared between endpoints at random) shows so, and is no sign that requests have
+/// stopped; a first arrival tells none.
 fn before(mut ages: Vec<Duration>) -> Option<Before> {
     ages.sort_unstable();
-    let newest = *ages.first()?;
-    let pause = ages.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
+    let within = ages.partition_point(|age| *age <= HISTORY);
+    let newest = *ages[..within].first()?;
+    let told = &ages[..if within == 1 { ages.len().min(2) } else { within }];
+    let pause = told.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
     Some(Before { newest, pause })
 }
 
@@ -943,6 +948,22 @@ mod tests {
         assert_eq!(found[0].before, Some(Before { newest: Duration::from_millis(200), pause }));
         assert_eq!(found[1].before, None, "the first read's alone");
         assert_eq!(arrived(&found), [0, 0]);
+    }
+
+    #[test]
+    fn one_arrival_in_the_last_10_s_takes_its_pause_from_the_one_before() {
+        // A request every 4 s shared with another endpoint at random: one closed 0.3 s ago, the
+        // one before it 12 s ago, then 20 s: the pause is 11.7 s. The first of all tells none.
+        let closed = |port: u16, ms| {
+            idle(socket(&format!("{POD}:8080"), &format!("10.90.0.9:{port}"), TIME_WAIT, None), ms)
+        };
+        let sparse = [closed(50000, 300), closed(50001, 12_000), closed(50002, 20_000)];
+        let first = [closed(50000, 300)];
+        let found = reads(Rule::default(), &[8080], &[(&sparse, None)]);
+        let (newest, pause) = (Duration::from_millis(300), Duration::from_millis(11_700));
+        assert_eq!(found[0].before, Some(Before { newest, pause }));
+        let found = reads(Rule::default(), &[8080], &[(&first, None)]);
+        assert_eq!(found[0].before, Some(Before { newest, pause: Duration::ZERO }));
     }
 
     #[test]
