@@ -746,6 +746,13 @@ fn hold_in(pod: &Pod, preset: &str) -> Running {
     spawn(pod.hook_as(APP_UID, APP_UID, &args))
 }
 
+/// It returned with exit 0 more than `least` and less than `most` after the last request.
+fn returned_within(out: &Finished, last: Instant, (least, most): (Duration, Duration)) {
+    assert_eq!(out.code, Some(0), "{out}");
+    let after = out.ended.saturating_duration_since(last);
+    assert!(out.ended > last + least && after < most, "{after:?} after the last {out}");
+}
+
 /// It returned the quiet time (2 s) after the last request, and not much later.
 fn returned_after_quiet(out: &Finished, last: Instant) {
     assert_eq!(out.code, Some(0), "{out}");
@@ -936,9 +943,7 @@ fn without_a_mesh_clients_among_the_probes_hold_it_until_they_stop() {
     let last = pod.client(|| requests(CLIENT_IP, APP, SECOND / 10, 7 * SECOND, true));
     let out = hold.finish();
     assert!(probes.stop() > 10, "the probes went on");
-    assert_eq!(out.code, Some(0), "{out}");
-    let after = out.ended.saturating_duration_since(last);
-    assert!(out.ended > last + SECOND / 2 && after < 3 * SECOND, "{after:?} after the last {out}");
+    returned_within(&out, last, (SECOND / 2, 3 * SECOND));
 }
 
 #[test]
@@ -1045,9 +1050,7 @@ fn bursts_with_pauses_before_the_hold_began_are_not_taken_for_the_end() {
     std::thread::sleep(3500 * SECOND / 1000);
     let last = burst();
     let out = hold.finish();
-    assert_eq!(out.code, Some(0), "{out}");
-    let after = out.ended.saturating_duration_since(last);
-    assert!(out.ended > last + SECOND && after < 10 * SECOND, "{after:?} after the last {out}");
+    returned_within(&out, last, (SECOND, 10 * SECOND));
 }
 
 #[test]
@@ -1107,9 +1110,7 @@ fn scrapes_of_a_port_that_does_not_count_never_hold_a_quiet_pod() {
         let last = pod.client(|| send(CLIENT_IP, APP, reset, SECOND / 10, 3 * SECOND));
         let out = hold.finish();
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        assert_eq!(out.code, Some(0), "{out}");
-        let after = out.ended.saturating_duration_since(last);
-        assert!(out.ended > last + SECOND && after < 4 * SECOND, "{after:?} after the last {out}");
+        returned_within(&out, last, (SECOND, 4 * SECOND));
     });
 }
 
