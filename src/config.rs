@@ -9,7 +9,7 @@ use crate::error::UsageError;
 use crate::lists::{self, Names, PortSet};
 use crate::preset::{self, PRESETS, Preset};
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -99,7 +99,7 @@ pub struct ArrivalRule {
     /// serves), and those whose never do (`ignore`: the proxy's own, its outbound capture).
     pub ports: Filter,
     /// Clients whose connections never count: the kubelet's probes.
-    pub probes: Vec<[u8; 16]>,
+    pub probes: Vec<Ipv6Addr>,
     /// The periods of the kubelet's readiness probes that connect (`--probe-periods`): no more
     /// connections from `probes`, nor that left no socket, are theirs than they may have made;
     /// `None`: every one from `probes`, none that left no socket.
@@ -616,7 +616,7 @@ fn probes(
     holding: Holding,
     env: &dyn Fn(&str) -> Option<String>,
     warnings: &mut Vec<ConfigWarning>,
-) -> Result<Vec<[u8; 16]>, UsageError> {
+) -> Result<Vec<Ipv6Addr>, UsageError> {
     let names_node =
         a.probes_from.as_deref().is_some_and(|v| v.split(',').any(|i| i.trim() == "node"));
     let node = node_addresses(env, names_node, warnings);
@@ -629,7 +629,7 @@ fn probes(
         _ => Vec::new(),
     };
     if holding == Holding::Ambient {
-        probes.push(AMBIENT_PROBES.to_ipv6_mapped().octets());
+        probes.push(AMBIENT_PROBES.to_ipv6_mapped());
     }
     Ok(probes)
 }
@@ -672,7 +672,7 @@ const AMBIENT_PROBES: Ipv4Addr = Ipv4Addr::new(169, 254, 7, 127);
 
 /// `--probes-from`: IP addresses, `gateway` for the pod's default gateway and `node` for the
 /// node's addresses (`node`).
-fn probe_sources(value: &str, node: &[[u8; 16]]) -> Result<Vec<[u8; 16]>, UsageError> {
+fn probe_sources(value: &str, node: &[Ipv6Addr]) -> Result<Vec<Ipv6Addr>, UsageError> {
     let mut found = Vec::new();
     for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         match item {
@@ -692,14 +692,6 @@ fn probe_sources(value: &str, node: &[[u8; 16]]) -> Result<Vec<[u8; 16]>, UsageE
     Ok(found)
 }
 
-/// As the socket table keeps addresses: IPv4 as IPv4-mapped.
-fn mapped(ip: IpAddr) -> [u8; 16] {
-    match ip {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
-    }
-}
-
 /// The node's addresses, where the kubelet's probes come from without a mesh: `ENV_NODE_IPS`,
 /// which the admission policy sets from the downward API's `status.hostIPs` (the kubelet expands
 /// no `$(VAR)` in a hook's command, but runs it with the container's environment). A bad item is
@@ -708,7 +700,7 @@ fn node_addresses(
     env: &dyn Fn(&str) -> Option<String>,
     named: bool,
     warnings: &mut Vec<ConfigWarning>,
-) -> Vec<[u8; 16]> {
+) -> Vec<Ipv6Addr> {
     let Some(value) = env(ENV_NODE_IPS) else {
         if named {
             warnings.push(ConfigWarning::NodeIpsUnset);
@@ -726,19 +718,27 @@ fn node_addresses(
     found
 }
 
+/// As the socket table keeps addresses: IPv4 as IPv4-mapped, so that both ends of a connection
+/// compare equal whichever table shows them.
+pub fn mapped(ip: IpAddr) -> Ipv6Addr {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    }
+}
+
 /// Where the pod's gateway is link-local (Calico's and the AWS VPC CNI's 169.254.1.1, or an IPv6
 /// fe80::) the kubelet's probes come from the node's own address, which only `ENV_NODE_IPS` tells.
 fn link_local_gateway() -> Option<ConfigWarning> {
     let gateway = default_gateways().into_iter().find(link_local)?;
-    Some(ConfigWarning::LinkLocalGateway(std::net::Ipv6Addr::from(gateway).to_canonical()))
+    Some(ConfigWarning::LinkLocalGateway(gateway.to_canonical()))
 }
 
 /// 169.254.0.0/16, or fe80::/10.
-fn link_local(address: &[u8; 16]) -> bool {
-    let ip = std::net::Ipv6Addr::from(*address);
+fn link_local(ip: &Ipv6Addr) -> bool {
     match ip.to_ipv4_mapped() {
         Some(v4) => v4.is_link_local(),
-        None => ip.segments()[0] & 0xffc0 == 0xfe80,
+        None => ip.is_unicast_link_local(),
     }
 }
 
@@ -762,29 +762,29 @@ fn probe_periods(value: &str) -> Result<Vec<Duration>, UsageError> {
 /// The pod's default gateways, which a bridge CNI's node reaches the pod from: where the
 /// kubelet's probes come from. IPv4's from `/proc/net/route`, IPv6's from `/proc/net/ipv6_route`
 /// (an IPv6-only or IPv6-primary pod has only the latter).
-fn default_gateways() -> Vec<[u8; 16]> {
+fn default_gateways() -> Vec<Ipv6Addr> {
     let read = |path| std::fs::read_to_string(path).unwrap_or_default();
     gateways(&read("/proc/net/route"), &read("/proc/net/ipv6_route"))
 }
 
 /// The default routes' gateways in the two tables' text: IPv4's `Iface Destination Gateway ...`
 /// (hex, in the host's byte order), IPv6's `dest plen src plen next_hop ...` (hex, network order).
-fn gateways(route: &str, ipv6_route: &str) -> Vec<[u8; 16]> {
+fn gateways(route: &str, ipv6_route: &str) -> Vec<Ipv6Addr> {
     let v4 = route.lines().skip(1).filter_map(|line| {
         let fields: Vec<&str> = line.split_ascii_whitespace().collect();
         let (destination, gateway) = (fields.get(1)?, fields.get(2)?);
         let gateway = u32::from_str_radix(gateway, 16).ok().filter(|g| *g != 0)?;
         let ip = Ipv4Addr::from(gateway.to_ne_bytes());
-        (*destination == "00000000").then(|| ip.to_ipv6_mapped().octets())
+        (*destination == "00000000").then(|| ip.to_ipv6_mapped())
     });
     let v6 = ipv6_route.lines().filter_map(|line| {
         let fields: Vec<&str> = line.split_ascii_whitespace().collect();
         let (destination, length, hop) = (fields.first()?, fields.get(1)?, fields.get(4)?);
         let hop = u128::from_str_radix(hop, 16).ok().filter(|h| *h != 0)?;
         let default = destination.bytes().all(|b| b == b'0') && *length == "00";
-        default.then(|| hop.to_be_bytes())
+        default.then(|| Ipv6Addr::from(hop))
     });
-    let mut found: Vec<[u8; 16]> = v4.chain(v6).collect();
+    let mut found: Vec<Ipv6Addr> = v4.chain(v6).collect();
     found.dedup();
     found
 }
@@ -1292,10 +1292,8 @@ mod tests {
                           00000000000000000000000000000000 00000100 00000001 00000000 00000001 eth0\n\
                           00000000000000000000000000000000 00 00000000000000000000000000000000 00 \
                           fd980000000000000000000000000001 00000400 00000001 00000000 00000003 eth0\n";
-        let found: Vec<IpAddr> = gateways(route, ipv6_route)
-            .into_iter()
-            .map(|g| std::net::Ipv6Addr::from(g).to_canonical())
-            .collect();
+        let found: Vec<IpAddr> =
+            gateways(route, ipv6_route).into_iter().map(|g| g.to_canonical()).collect();
         assert_eq!(found, ["10.90.0.3".parse::<IpAddr>().unwrap(), "fd98::1".parse().unwrap()]);
         // An IPv6-only pod.
         assert_eq!(gateways("", ipv6_route).len(), 1);

@@ -205,7 +205,7 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, Stri
 /// What `hold` takes for an arrival in the socket table: `connections to ports 8080, never
 /// from 169.254.7.127 (the kubelet's probes)`.
 pub fn doors(rule: &crate::config::ArrivalRule) -> String {
-    let ip = |a: &[u8; 16]| std::net::IpAddr::from(*a).to_canonical().to_string();
+    let ip = |a: &std::net::Ipv6Addr| a.to_canonical().to_string();
     let from: Vec<String> = rule.probes.iter().map(ip).collect();
     let mut said = match &rule.ports.only {
         Some(ports) => format!("connections to ports {ports}"),

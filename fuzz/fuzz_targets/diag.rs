@@ -35,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
     // Counted from the whole table, and counted as a stream beside its listening sockets.
     let filter = Filter { ignore: PortSet::default(), only: None };
     let envoy = Basis::Owner { uid: 1337, admin: String::new(), why: String::new() };
-    let rule = Rule { filter: &filter, envoy: &envoy, inodes: &[], ephemeral: DEFAULT_EPHEMERAL };
+    let rule = Rule { filter: &filter, envoy: &envoy, inodes: &[], ephemeral: &DEFAULT_EPHEMERAL };
     let mut listeners = Listeners::default();
     let whole = count(&table, &rule, &mut listeners);
     let mut tally = Tally::new(&table, Some((rule, &listeners)), true);

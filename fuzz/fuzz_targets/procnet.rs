@@ -48,7 +48,7 @@ fuzz_target!(|data: &[u8]| {
     ];
     let mut listeners = Listeners::default();
     for (envoy, inodes) in &envoys {
-        let rule = Rule { filter: &filter, envoy, inodes, ephemeral: DEFAULT_EPHEMERAL };
+        let rule = Rule { filter: &filter, envoy, inodes, ephemeral: &DEFAULT_EPHEMERAL };
         let c = count(&table, &rule, &mut listeners);
         let counted: u64 = c.parts.iter().map(|p| p.active).sum();
         let left_out: u64 = c.excluded.iter().map(|e| e.n).sum();

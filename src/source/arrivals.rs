@@ -9,8 +9,9 @@ use crate::config::ArrivalRule as Rule;
 use crate::count::{Before, Count, Warning};
 use crate::source::admin::{PACE, REQUEST_TIMEOUT};
 use crate::source::clusters;
-use crate::source::procnet::{Endpoint, LISTEN, SYN_RECV, Socket, TIME_WAIT, taking};
+use crate::source::procnet::{Endpoint, LISTEN, SYN_RECV, Socket, TIME_WAIT, loopback, taking};
 use std::collections::HashMap;
+use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
 /// One connection as the table shows it.
@@ -100,7 +101,7 @@ pub struct Tracker {
     unexplained: Option<i128>,
     counters: Option<Counters>,
     /// When each client address last sent anything, as of the read before (the last `POLL`).
-    sent: HashMap<[u8; 16], Duration>,
+    sent: HashMap<Ipv6Addr, Duration>,
     accepted: u64,
     /// Arrivals so far: a counter, as /clusters' `rq_total` is.
     pub total: u64,
@@ -126,7 +127,7 @@ impl Tracker {
     pub fn read(
         &mut self,
         at: Duration,
-        ours: &[[u8; 16]],
+        ours: &[Ipv6Addr],
         sockets: &[Socket],
         counters: Option<Counters>,
     ) -> Read {
@@ -141,13 +142,13 @@ impl Tracker {
             let client = self.probed_or_client(key, seen, before, (since, first));
             // A client on loopback is the pod calling itself, in ambient mode too (ztunnel's hop
             // to the app comes from the client's address, or the pod's).
-            let local = std::net::Ipv6Addr::from(key.client.0).to_canonical().is_loopback();
+            let local = loopback(key.client.ip());
             let inside = seen.inside && self.rule.outside_only;
-            if !self.counts(key.server.1) || seen.probe || local || inside {
+            if !self.counts(key.server.port()) || seen.probe || local || inside {
                 continue;
             }
             // Before the first read, the probes' addresses had their share without count.
-            if first && seen.closed && !self.rule.probes.contains(&key.client.0) {
+            if first && seen.closed && !self.rule.probes.contains(key.client.ip()) {
                 ages.extend(seen.idle);
             }
             let grew = self.grew(key, seen, before, (at, first), &mut sent);
@@ -155,9 +156,9 @@ impl Tracker {
             read.arrived += u64::from(before.is_none() || grew);
             read.opened += u64::from(before.is_none() || client);
             if seen.received.is_some() {
-                match read.open.iter_mut().find(|(port, _)| *port == key.server.1) {
+                match read.open.iter_mut().find(|(port, _)| *port == key.server.port()) {
                     Some((_, n)) => *n += 1,
-                    None => read.open.push((key.server.1, 1)),
+                    None => read.open.push((key.server.port(), 1)),
                 }
             }
         }
@@ -182,7 +183,7 @@ impl Tracker {
     }
 
     /// The connections `sockets` show, by their two ends; the listeners among them noted.
-    fn connections(&mut self, ours: &[[u8; 16]], sockets: &[Socket]) -> HashMap<Key, Seen> {
+    fn connections(&mut self, ours: &[Ipv6Addr], sockets: &[Socket]) -> HashMap<Key, Seen> {
         for s in sockets.iter().filter(|s| s.state == LISTEN) {
             if !self.listening.contains(&s.local) {
                 self.listening.push(s.local);
@@ -227,10 +228,10 @@ impl Tracker {
             (Some(was), Some(is)) if was > 0 && is > was);
         let client = before.is_some_and(|b| b.probe) && again;
         self.probed = self.probed.saturating_sub(u64::from(client));
-        let counts = self.counts(key.server.1);
+        let counts = self.counts(key.server.port());
         seen.probe = match before {
             Some(b) => b.probe && !client,
-            None => self.rule.probes.contains(&key.client.0) && counts && self.probe(since, true),
+            None => self.rule.probes.contains(key.client.ip()) && counts && self.probe(since, true),
         };
         // At the first read, only those still open: their requests may be yet to count.
         let new_probe = before.is_none() && (!first || seen.received.is_some());
@@ -247,24 +248,24 @@ impl Tracker {
         seen: &mut Seen,
         before: Option<&Seen>,
         (at, first): (Duration, bool),
-        sent: &mut Vec<[u8; 16]>,
+        sent: &mut Vec<Ipv6Addr>,
     ) -> bool {
         let more = match (before.and_then(|b| b.received), seen.received) {
             (Some(was), Some(is)) => is.saturating_sub(was),
             _ => 0,
         };
-        if self.rule.hbone == Some(key.server.1) {
+        if self.rule.hbone == Some(key.server.port()) {
             return more >= HBONE_STREAM;
         }
         let rest = before.is_some_and(|b| b.polled);
         let quiet_client =
-            self.sent.get(&key.client.0).is_none_or(|t| at.saturating_sub(*t) >= POLL);
+            self.sent.get(key.client.ip()).is_none_or(|t| at.saturating_sub(*t) >= POLL);
         let idle = before.and_then(|b| b.idle).is_some_and(|i| i >= POLL);
         seen.polled = more > 0 && !rest && idle && quiet_client;
         // At the first read, a connection's last bytes are as old as it has been idle.
         let recent = !first || seen.idle.is_none_or(|i| i < POLL);
         if (before.is_none() || more > 0) && recent {
-            sent.push(key.client.0);
+            sent.push(*key.client.ip());
         }
         more > 0 && !seen.polled && !rest
     }
@@ -297,7 +298,7 @@ impl Tracker {
     /// The connection `s` belongs to, and whether `s` is its server's socket; `None` for one the
     /// pod opened to elsewhere. The server is the end a listener of the pod serves: `s`'s own
     /// local end when it was accepted, else its remote end when that is the pod's (`ours`).
-    fn key(&self, ours: &[[u8; 16]], s: &Socket) -> Option<(Key, bool)> {
+    fn key(&self, ours: &[Ipv6Addr], s: &Socket) -> Option<(Key, bool)> {
         if taking(&self.listening, &s.local, |l| l).is_some() {
             return Some((Key { server: s.local, client: s.remote }, true));
         }
@@ -313,8 +314,8 @@ impl Tracker {
     /// The ports of listeners that take connections from outside the pod and do not count.
     fn hiding(&self) -> Vec<u16> {
         let mut ports: Vec<u16> = (self.listening.iter())
-            .filter(|l| !std::net::Ipv6Addr::from(l.0).to_canonical().is_loopback())
-            .map(|l| l.1)
+            .filter(|l| !loopback(l.ip()))
+            .map(|l| l.port())
             .filter(|&p| !self.counts(p))
             .collect();
         ports.sort_unstable();
@@ -358,8 +359,8 @@ fn before(mut ages: Vec<Duration>) -> Option<Before> {
 }
 
 /// Whether `end` is an address of the pod (`ours`): 127.0.0.0/8 and ::1 always are.
-fn is_ours(ours: &[[u8; 16]], end: &Endpoint) -> bool {
-    ours.contains(&end.0) || std::net::Ipv6Addr::from(end.0).to_canonical().is_loopback()
+fn is_ours(ours: &[Ipv6Addr], end: &Endpoint) -> bool {
+    ours.contains(end.ip()) || loopback(end.ip())
 }
 
 /// `hold`'s arrivals behind a sidecar from both sources: the socket table's counter at every
@@ -558,8 +559,8 @@ mod tests {
         ports.iter().map(|&p| socket(&any(p), "0.0.0.0:0", LISTEN, None)).collect()
     }
 
-    fn ours() -> Vec<[u8; 16]> {
-        vec![end(&format!("{POD}:0")).0]
+    fn ours() -> Vec<Ipv6Addr> {
+        vec![*end(&format!("{POD}:0")).ip()]
     }
 
     /// Reads `each` in turn, 500 ms apart, with the listeners on `ports`; what each read found.
@@ -668,8 +669,11 @@ mod tests {
         // ztunnel's HBONE connection to 15008 pings every 10 s whatever the traffic; a stream is
         // a CONNECT's headers and data, more bytes than a PING's or its answer's TLS record. A
         // probe from 169.254.7.127 closes between two reads.
-        let rule =
-            Rule { probes: vec![end("169.254.7.127:0").0], hbone: Some(15008), ..Rule::default() };
+        let rule = Rule {
+            probes: vec![*end("169.254.7.127:0").ip()],
+            hbone: Some(15008),
+            ..Rule::default()
+        };
         let hbone = |bytes, ms| {
             idle(socket(&format!("{POD}:15008"), "10.90.0.5:40000", ESTABLISHED, Some(bytes)), ms)
         };
@@ -739,7 +743,7 @@ mod tests {
         // NodePort's, or a host-network ingress) from the same address, kept alive.
         let node = "10.90.0.3";
         let rule = Rule {
-            probes: vec![end(&format!("{node}:0")).0],
+            probes: vec![*end(&format!("{node}:0")).ip()],
             probe_periods: Some(vec![Duration::from_secs(10)]),
             ..Rule::default()
         };
@@ -767,7 +771,7 @@ mod tests {
         // taken for a probe at first sight (a probe's one request): its next request tells.
         let node = "10.90.0.3";
         let rule = Rule {
-            probes: vec![end(&format!("{node}:0")).0],
+            probes: vec![*end(&format!("{node}:0")).ip()],
             probe_periods: Some(vec![Duration::from_secs(10)]),
             ..Rule::default()
         };
@@ -801,7 +805,7 @@ mod tests {
         // A host-network scrape of the ignored 9090 from the node, then the HTTP probe of 8080.
         let node = "10.90.0.3";
         let rule = Rule {
-            probes: vec![end(&format!("{node}:0")).0],
+            probes: vec![*end(&format!("{node}:0")).ip()],
             probe_periods: Some(vec![Duration::from_secs(10)]),
             ports: Filter { ignore: PortSet::parse("9090").unwrap(), only: None },
             ..Rule::default()
@@ -934,7 +938,7 @@ mod tests {
     fn the_first_read_tells_the_arrivals_the_kernel_remembers() {
         // Connections the app closed 0.2, 4.2 and 4.7 s ago, one 30 s ago, a probe's 1 s ago,
         // and an open one: the newest 200 ms ago, the longest pause 4 s.
-        let rule = Rule { probes: vec![end("10.90.0.1:0").0], ..Rule::default() };
+        let rule = Rule { probes: vec![*end("10.90.0.1:0").ip()], ..Rule::default() };
         let closed = |port: u16, ms| {
             idle(socket(&format!("{POD}:8080"), &format!("10.90.0.9:{port}"), TIME_WAIT, None), ms)
         };

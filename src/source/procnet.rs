@@ -2,10 +2,11 @@
 //! `downstream_cx_active` counts: the connections Envoy's listeners accepted, nothing Envoy or the
 //! app opened. The rule and its facts: docs/running.md ("Counting"), docs/how-it-works.md.
 
-use crate::config::Filter;
+use crate::config::{Filter, mapped};
 use crate::count::{Basis, Count, Excluded, Part, SourceKind, Unit};
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::ops::RangeInclusive;
 
 const ESTABLISHED: u8 = 0x01;
 const SYN_SENT: u8 = 0x02;
@@ -15,14 +16,16 @@ const CLOSE_WAIT: u8 = 0x08;
 pub const LISTEN: u8 = 0x0A;
 
 /// The kernel's default `ip_local_port_range`, where it cannot be read.
-pub const DEFAULT_EPHEMERAL: (u16, u16) = (32768, 60999);
+pub const DEFAULT_EPHEMERAL: RangeInclusive<u16> = 32768..=60999;
 
 /// An address and port; IPv4 is kept in its IPv4-mapped IPv6 form so that both ends of a
 /// connection compare equal whichever table shows them.
-pub type Endpoint = ([u8; 16], u16);
+pub type Endpoint = SocketAddrV6;
 
-const V6_ANY: [u8; 16] = [0; 16];
-const V4_ANY: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0];
+/// Whether `ip` is loopback, IPv4-mapped or not.
+pub fn loopback(ip: &Ipv6Addr) -> bool {
+    ip.to_canonical().is_loopback()
+}
 
 /// One line of either table: the columns the rule uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,35 +83,32 @@ fn endpoint(field: &str) -> Option<Endpoint> {
         let w = u32::from_str_radix(addr.get(i * 8..i * 8 + 8)?, 16).ok()?;
         Some(w.to_ne_bytes())
     };
-    let mut bytes = [0u8; 16];
-    match addr.len() {
-        8 => bytes = std::net::Ipv4Addr::from(word(0)?).to_ipv6_mapped().octets(),
+    let ip = match addr.len() {
+        8 => IpAddr::from(word(0)?),
         32 => {
+            let mut bytes = [0u8; 16];
             for i in 0..4 {
                 bytes[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
             }
+            IpAddr::from(bytes)
         }
         _ => return None,
-    }
-    Some((bytes, port))
+    };
+    Some(to_endpoint(SocketAddr::new(ip, port)))
 }
 
 /// A socket address as the tables show it.
 pub fn to_endpoint(addr: SocketAddr) -> Endpoint {
-    let bytes = match addr {
-        SocketAddr::V4(a) => a.ip().to_ipv6_mapped().octets(),
-        SocketAddr::V6(a) => a.ip().octets(),
-    };
-    (bytes, addr.port())
+    SocketAddrV6::new(mapped(addr.ip()), addr.port(), 0, 0)
 }
 
 /// Whether a listener bound to `listening` takes connections to `local`: the same port, and the
 /// same address or the wildcard of its family (an IPv6 wildcard takes IPv4 too).
 fn serves(listening: &Endpoint, local: &Endpoint) -> bool {
-    listening.1 == local.1
-        && (listening.0 == local.0
-            || listening.0 == V6_ANY
-            || (listening.0 == V4_ANY && local.0[..12] == V4_ANY[..12]))
+    let v4_any = Ipv4Addr::UNSPECIFIED.to_ipv6_mapped();
+    let (at, ip) = (listening.ip(), local.ip());
+    listening.port() == local.port()
+        && (at == ip || at.is_unspecified() || (*at == v4_any && ip.to_ipv4_mapped().is_some()))
 }
 
 /// Where sockets go as they are read: a whole table, or a count that keeps tallies only.
@@ -210,7 +210,7 @@ pub struct Rule<'a> {
     /// With `Basis::Process`, the sockets Envoy's process holds, sorted.
     pub inodes: &'a [u64],
     /// The kernel's `ip_local_port_range`: the ports connect() picks from.
-    pub ephemeral: (u16, u16),
+    pub ephemeral: &'a RangeInclusive<u16>,
 }
 
 impl Rule<'_> {
@@ -285,7 +285,7 @@ impl Verdict {
 impl Rule<'_> {
     /// Why `s` counts or not; `envoys` says whether it is Envoy's (`None`: Envoy is unknown).
     fn verdict(&self, s: &Socket, listeners: &Listeners, envoys: Option<bool>) -> Verdict {
-        let (local, remote) = (s.local.1, s.remote.1);
+        let (local, remote) = (s.local.port(), s.remote.port());
         for port in [local, remote] {
             if self.filter.ignore.contains(port) {
                 return Verdict::Ignored(port);
@@ -316,9 +316,8 @@ impl Rule<'_> {
     /// accepted, one inside facing one outside went out; both inside count only for a root proxy
     /// (which TPROXY needs), to be safe.
     fn transparent(&self, s: &Socket) -> bool {
-        let (lo, hi) = self.ephemeral;
-        let ephemeral = |port: u16| (lo..=hi).contains(&port);
-        match (ephemeral(s.local.1), ephemeral(s.remote.1)) {
+        let ephemeral = |port: u16| self.ephemeral.contains(&port);
+        match (ephemeral(s.local.port()), ephemeral(s.remote.port())) {
             (false, _) => true,
             (true, false) => false,
             (true, true) => self.envoy.uid() == Some(0),
@@ -467,11 +466,7 @@ mod tests {
 
     /// IPv4 as `a.b.c.d`, IPv6 in its usual form.
     fn show(e: &Endpoint) -> String {
-        let v6 = std::net::Ipv6Addr::from(e.0);
-        match v6.to_ipv4_mapped() {
-            Some(v4) => format!("{v4}:{}", e.1),
-            None => format!("[{v6}]:{}", e.1),
-        }
+        std::net::SocketAddr::new(e.ip().to_canonical(), e.port()).to_string()
     }
 
     fn table(lines: &[String]) -> Table {
@@ -487,7 +482,7 @@ mod tests {
     }
 
     fn count_with(lines: &[String], filter: &Filter, (envoy, inodes): &(Basis, Vec<u64>)) -> Count {
-        let rule = Rule { filter, envoy, inodes, ephemeral: DEFAULT_EPHEMERAL };
+        let rule = Rule { filter, envoy, inodes, ephemeral: &DEFAULT_EPHEMERAL };
         count(&table(lines), &rule, &mut Listeners::default())
     }
 
@@ -652,7 +647,7 @@ mod tests {
         let listed = [10, 11, 12, 13, 14, 16, 17, 18, 19];
         let (envoy, inodes) = envoy(1337, &listed);
         let rule =
-            Rule { filter: &filter, envoy: &envoy, inodes: &inodes, ephemeral: DEFAULT_EPHEMERAL };
+            Rule { filter: &filter, envoy: &envoy, inodes: &inodes, ephemeral: &DEFAULT_EPHEMERAL };
         let mut listeners = Listeners::default();
         listeners.learn(&t, &rule);
         let count = |relist: Option<&[u64]>| {
@@ -759,7 +754,7 @@ mod tests {
     fn a_listener_seen_once_still_explains_its_connections_after_it_closed() {
         let e = envoy(1337, &[11, 15]);
         let rule =
-            Rule { filter: &istio(), envoy: &e.0, inodes: &e.1, ephemeral: DEFAULT_EPHEMERAL };
+            Rule { filter: &istio(), envoy: &e.0, inodes: &e.1, ephemeral: &DEFAULT_EPHEMERAL };
         let mut seen = Listeners::default();
         let with_listener = table(&[
             line("00000000:3A9E", "00000000:0000", "0A", 1337, 11),

@@ -8,11 +8,13 @@ use crate::source::arrivals::{self, Tracker};
 use crate::source::diag::{self, DumpError};
 use crate::source::lines::each_line;
 use crate::source::procnet::{
-    self, DEFAULT_EPHEMERAL, LISTEN, Listeners, Rule, Sink, Table, Tally,
+    self, DEFAULT_EPHEMERAL, LISTEN, Listeners, Rule, Sink, Table, Tally, loopback,
 };
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 use std::io::Read;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::ops::RangeInclusive;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -104,7 +106,7 @@ impl SocketTable {
         let mut sockets = listening.sockets;
         read_open(open, until, &diag::request(diag::ALL, true), &mut sockets)?;
         self.reader_warning(&mut warnings);
-        let ephemeral = self.ephemeral().0;
+        let ephemeral = *self.ephemeral().start();
         let (Some(tracker), Reader::Netlink, Ok(root)) =
             (&mut self.tracker, &self.reader, &self.proc_root)
         else {
@@ -156,7 +158,8 @@ impl SocketTable {
         let admin = self.admin_socket(&listening);
         let (basis, inodes) = self.envoy(admin, until);
         let ephemeral = self.ephemeral();
-        let rule = Rule { filter: &self.filter, envoy: &basis, inodes: &inodes, ephemeral };
+        let rule =
+            Rule { filter: &self.filter, envoy: &basis, inodes: &inodes, ephemeral: &ephemeral };
         self.listeners.learn(&listening, &rule);
         // The text tables were read whole before Envoy's sockets were listed; a dump comes after.
         let mut tally = Tally::new(&listening, Some((rule, &self.listeners)), open.is_none());
@@ -283,11 +286,11 @@ impl SocketTable {
     }
 
     /// The range connect() picks local ports from here; fixture tables get the kernel's default.
-    fn ephemeral(&self) -> (u16, u16) {
+    fn ephemeral(&self) -> RangeInclusive<u16> {
         let read = |root: &PathBuf| {
             let text = fs::read_to_string(root.join("sys/net/ipv4/ip_local_port_range")).ok()?;
             let mut ports = text.split_ascii_whitespace().map(str::parse::<u16>);
-            Some((ports.next()?.ok()?, ports.next()?.ok()?))
+            Some(ports.next()?.ok()?..=ports.next()?.ok()?)
         };
         self.proc_root.as_ref().ok().and_then(read).unwrap_or(DEFAULT_EPHEMERAL)
     }
@@ -321,7 +324,7 @@ fn read_open(
 }
 
 /// This network namespace's addresses (getifaddrs), IPv4 ones as IPv4-mapped.
-fn addresses() -> Vec<[u8; 16]> {
+fn addresses() -> Vec<Ipv6Addr> {
     let mut found = Vec::new();
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `list`, which freeifaddrs releases; each entry's address is read
@@ -336,13 +339,12 @@ fn addresses() -> Vec<[u8; 16]> {
                 match i32::from(addr.sa_family) {
                     libc::AF_INET => {
                         let v4 = &*(entry.ifa_addr as *const libc::sockaddr_in);
-                        let ip = std::net::Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr));
-                        found.push(ip.to_ipv6_mapped().octets());
+                        let ip = Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr));
+                        found.push(ip.to_ipv6_mapped());
                     }
                     libc::AF_INET6 => {
-                        found.push(
-                            (*(entry.ifa_addr as *const libc::sockaddr_in6)).sin6_addr.s6_addr,
-                        );
+                        let v6 = &*(entry.ifa_addr as *const libc::sockaddr_in6);
+                        found.push(Ipv6Addr::from(v6.sin6_addr.s6_addr));
                     }
                     _ => {}
                 }
@@ -428,11 +430,11 @@ fn udp_servers(root: &Path, ports: &Filter, ephemeral: u16) -> Vec<u16> {
             continue;
         }
         for s in text.lines().filter_map(procnet::parse_line) {
-            let port = s.local.1;
+            let port = s.local.port();
             // Bound to loopback, it serves the pod alone (ztunnel's DNS on 127.0.0.1:15053).
-            let outside = !std::net::Ipv6Addr::from(s.local.0).to_canonical().is_loopback();
+            let outside = !loopback(s.local.ip());
             let serves =
-                s.state == UDP_UNCONNECTED && s.remote.1 == 0 && port < ephemeral && outside;
+                s.state == UDP_UNCONNECTED && s.remote.port() == 0 && port < ephemeral && outside;
             if serves && ports.counts(port) && !found.contains(&port) {
                 found.push(port);
             }
