@@ -63,6 +63,23 @@ pub fn process_cpu() -> Option<Duration> {
     (r == 0).then(|| Duration::new(t.tv_sec as u64, t.tv_nsec as u32))
 }
 
+/// A CPU clock read at a start: what it has run since (`None` where it cannot be read).
+struct Meter<F: Fn() -> Option<Duration>> {
+    clock: F,
+    start: Option<Duration>,
+}
+
+impl<F: Fn() -> Option<Duration>> Meter<F> {
+    fn start(clock: F) -> Meter<F> {
+        let start = clock();
+        Meter { clock, start }
+    }
+
+    fn spent(&self) -> Option<Duration> {
+        self.start.zip((self.clock)()).map(|(before, after)| after.saturating_sub(before))
+    }
+}
+
 /// The least time the socket table is given, even at the deadline.
 const PROC_GRACE: Duration = Duration::from_millis(100);
 
@@ -159,7 +176,7 @@ impl Sources {
     /// `left`.
     pub fn tick(&mut self, left: Duration) -> (Reading, Result<Pod, String>, Cost) {
         let until = within(left.max(PROC_GRACE));
-        let (asked, own) = (Instant::now(), process_cpu());
+        let (asked, own) = (Instant::now(), Meter::start(process_cpu));
         self.table.forget();
         let reading = self.count(left);
         // `hold` runs before the app's SIGTERM: its sockets tell nothing then.
@@ -167,12 +184,14 @@ impl Sources {
             true => Err("not read while holding".to_string()),
             false => self.table().pod(until),
         };
-        let own = own.zip(process_cpu()).map(|(before, after)| after.saturating_sub(before));
         let s = self.spent;
         let cost = Cost {
             look: asked.elapsed().saturating_sub(s.aside),
             admin: s.admin,
-            cpu: own.zip(s.envoy_cpu).map(|(own, envoy)| own.saturating_sub(s.aside_cpu) + envoy),
+            cpu: own
+                .spent()
+                .zip(s.envoy_cpu)
+                .map(|(own, envoy)| own.saturating_sub(s.aside_cpu) + envoy),
         };
         (reading, pod, cost)
     }
@@ -196,15 +215,13 @@ impl Sources {
         let admin = self.mode != Mode::Proc;
         // Found once, before the requests are timed: Envoy's main thread is its process's first.
         let envoy = admin.then(|| self.table().envoy_pid(until)).flatten();
-        let envoy_cpu = move || envoy.and_then(main_thread_cpu);
-        let (asked, cpu) = (Instant::now(), envoy_cpu());
-        let spent = move || cpu.zip(envoy_cpu()).map(|(b, a)| a.saturating_sub(b));
+        let (asked, envoy_cpu) = (Instant::now(), Meter::start(|| envoy.and_then(main_thread_cpu)));
         if self.clusters.inbound && !admin {
             let proc = Some(self.table.arrivals(until.max(Instant::now() + PROC_GRACE)));
             return Look { stats: None, clusters: None, proc };
         }
         if self.clusters.inbound {
-            return self.hold(until, asked, spent);
+            return self.hold(until, asked, envoy_cpu);
         }
         let known = match &self.clusters_first {
             Some(why) if admin && !every && self.unit == Unit::Requests => Some(why.clone()),
@@ -233,7 +250,7 @@ impl Sources {
             _ => None,
         };
         self.spent.admin = asked.elapsed();
-        self.spent.envoy_cpu = spent();
+        self.spent.envoy_cpu = envoy_cpu.spent();
         if self.mode != Mode::Stats && (every || decide(&look).result.is_err()) {
             // A hung admin API may have used up the time: the socket table still gets its moment.
             let proc_until = until.max(Instant::now() + PROC_GRACE);
@@ -248,21 +265,19 @@ impl Sources {
         &mut self,
         until: Instant,
         asked: Instant,
-        spent: impl Fn() -> Option<Duration>,
+        envoy_cpu: Meter<impl Fn() -> Option<Duration>>,
     ) -> Look {
         let mut hold = self.hold.take().unwrap_or_default();
         let left = until.saturating_duration_since(asked).saturating_sub(PROC_GRACE);
         let mut blocked = false;
         let clusters = hold.clusters_limit(asked, left).map(|limit| {
-            let own = process_cpu();
+            let own = Meter::start(process_cpu);
             let answer = self.clusters(within(limit));
             let took = asked.elapsed();
-            (self.spent.admin, self.spent.envoy_cpu) = (took, spent());
+            (self.spent.admin, self.spent.envoy_cpu) = (took, envoy_cpu.spent());
             blocked = hold.clusters_read(asked, took, self.spent.envoy_cpu);
             if hold.table_tells {
-                let own =
-                    own.zip(process_cpu()).map_or(Duration::ZERO, |(b, a)| a.saturating_sub(b));
-                (self.spent.aside, self.spent.aside_cpu) = (took, own);
+                (self.spent.aside, self.spent.aside_cpu) = (took, own.spent().unwrap_or_default());
                 self.spent.envoy_cpu = Some(Duration::ZERO);
             }
             answer
