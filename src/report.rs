@@ -151,7 +151,8 @@ impl Report {
             said.log.info(&text::pace(pace, rules.interval, cost));
             said.pace = pace;
         }
-        let before = (said.progress.last.as_ref().map(|c| c.total), said.progress.unknown.take());
+        let last_total = said.progress.last.as_ref().map(|c| c.total);
+        let was_unknown = said.progress.unknown.take();
         if seen.arrived > 0 {
             said.progress.arrived_at = Some(now);
         }
@@ -159,7 +160,7 @@ impl Report {
         let count = match &reading.result {
             Ok(count) => count,
             Err(why) => {
-                if before.1.as_deref() != Some(why.as_str()) {
+                if was_unknown.as_deref() != Some(why.as_str()) {
                     said.log.warn(&text::cannot_count(why));
                 }
                 said.progress.unknown = Some(why.clone());
@@ -179,7 +180,8 @@ impl Report {
         };
         // Kept whatever else is news: a change of arrivals is news by itself.
         let was_arriving = std::mem::replace(&mut said.arriving, arriving);
-        let news = before.1.is_some() || before.0 != Some(count.total) || arriving != was_arriving;
+        let news =
+            was_unknown.is_some() || last_total != Some(count.total) || arriving != was_arriving;
         let worth_a_line = changed_source
             || news
             || self.cfg.verbose

@@ -174,8 +174,11 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, Stri
             "holding the app's SIGTERM until requests have stopped arriving: none for {quiet}, or for 7 times their mean gap and twice their longest pause where they come further apart (at least {min}, at most {most}), reading arrivals every {every} from {from}"
         );
     };
-    let mut sent: Vec<String> =
-        requests.iter().map(|(q, url)| format!("{} (POST {url})", request_words(*q).0)).collect();
+    let announce = |(q, url): &(Request, String)| {
+        let (announced, _, _) = request_words(*q);
+        format!("{announced} (POST {url})")
+    };
+    let mut sent: Vec<String> = requests.iter().map(announce).collect();
     if !requests.iter().any(|(q, _)| q.drains()) {
         sent.push("not draining (--drain none)".to_string());
     }
@@ -781,7 +784,8 @@ fn stats_table(out: &mut String, c: &Count) {
 /// What counts, then every other socket of the table with why it does not.
 fn proc_table(out: &mut String, c: &Count) {
     if let Some(b) = &c.basis {
-        let _ = writeln!(out, "  {}", basis(b).1);
+        let (_, line) = basis(b);
+        let _ = writeln!(out, "  {line}");
     }
     table(out, "accepted on", c, Vec::new());
     if !c.excluded.is_empty() {
@@ -816,7 +820,7 @@ fn clusters_table(out: &mut String, a: &clusters::Answer) {
         rows.extend(left_rows);
     }
     grid(out, &rows);
-    let (requests, connections) = a.app_arrived;
+    let clusters::AppArrived { requests, connections } = a.app_arrived;
     let (requests, connections) = (plural(requests, "request"), plural(connections, "connection"));
     let arrived =
         format!("arrived at the app so far, which `hold` reads: {requests} and {connections}");

@@ -109,8 +109,8 @@ impl Rate {
             let from = since.max(now.saturating_sub(WINDOW));
             self.reads.retain(|r| r.at > from);
             // While the window reaches back to the first count, so do the arrivals before it.
-            let before = self.before.filter(|_| from == since).map(|b| (since, b));
-            self.pace = Some(pace(&self.reads, now - from, floor, before));
+            let before = self.before.filter(|_| from == since);
+            self.pace = Some(pace(&self.reads, (from, now), floor, before));
         }
     }
 }
@@ -123,18 +123,19 @@ struct Counted {
     recounted: u64,
 }
 
-/// The pace of `reads` over `span`. Counts are at least what arrived (a connection that received
+/// The pace of `reads` from `from` to `now`. Counts are at least what arrived (a connection that received
 /// bytes is one arrival however many requests it carried), so the mean gap is also told from how
 /// many counts saw none: with a share f of counts L apart seeing some, arrivals at rate r give
 /// f = 1 - e^(-rL). The quiet time is at least `floor`, `GAPS` mean gaps, and twice the longest
 /// pause (counts between saw none), so that bursts with pauses between them are not the end;
-/// pauses before the first count (`before`, at `since`) among them.
+/// pauses before the first count (`before`, where `from` is that count) among them.
 fn pace(
     reads: &[Counted],
-    span: Duration,
+    (from, now): (Duration, Duration),
     floor: Duration,
-    before: Option<(Duration, Before)>,
+    before: Option<Before>,
 ) -> Pace {
+    let span = now - from;
     let n: u64 =
         reads.iter().map(|r| r.arrived.saturating_add(r.recounted)).fold(0, u64::saturating_add);
     let busy = reads.iter().filter(|r| r.arrived > 0).count() as f64;
@@ -143,7 +144,7 @@ fn pace(
     // Half a count more than seen, so that counts that all saw some still give a rate.
     let by_share = span.as_secs_f64() / all / ((all + 0.5) / (all + 0.5 - busy)).ln();
     let gap = by_count.min(by_share);
-    let mut pause = before.map_or(Duration::ZERO, |(_, b)| b.pause);
+    let mut pause = before.map_or(Duration::ZERO, |b| b.pause);
     let (mut last, mut silent) = (None, false);
     for &Counted { at: t, arrived, .. } in reads {
         if arrived == 0 {
@@ -153,7 +154,7 @@ fn pace(
         let gap = match (last, before) {
             (Some(was), _) if silent => t - was,
             // The newest arrival before the first count came `newest` before it.
-            (None, Some((since, b))) if silent => (t - since).saturating_add(b.newest),
+            (None, Some(b)) if silent => (t - from).saturating_add(b.newest),
             _ => Duration::ZERO,
         };
         pause = pause.max(gap);

@@ -42,10 +42,24 @@ pub struct Answer {
     pub clusters: Vec<Cluster>,
     /// Clusters that count but hold nothing.
     pub quiet: u64,
-    /// The arrival counters of the hosts that count, by a hash of their name, those at 0 left out.
-    pub counters: Vec<(u64, u64)>,
-    /// Requests and connections so far on the app's own clusters' hosts, which `hold` reads.
-    pub app_arrived: (u64, u64),
+    /// The arrival counters of the hosts that count, those at 0 left out.
+    pub counters: Vec<Counter>,
+    /// So far on the app's own clusters' hosts, which `hold` reads.
+    pub app_arrived: AppArrived,
+}
+
+/// One host's arrival counter: a hash of the host's and the counter's names, and its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Counter {
+    pub host: u64,
+    pub value: u64,
+}
+
+/// Requests and connections so far on the app's own clusters' hosts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AppArrived {
+    pub requests: u64,
+    pub connections: u64,
 }
 
 /// Adds up an answer line by line, keeping the clusters that hold something (Envoy prints a
@@ -62,8 +76,8 @@ pub struct Tally {
     /// A counted host's value that is not a count: the count cannot be trusted.
     bad: Option<String>,
     /// The arrival counters (`rq_total`; with `inbound`, `cx_total` too) of the hosts that count.
-    counters: Vec<(u64, u64)>,
-    app_arrived: (u64, u64),
+    counters: Vec<Counter>,
+    app_arrived: AppArrived,
 }
 
 const LISTED: [&str; 5] = ["rq_active", "rq_pending_active", "cx_active", "rq_total", "cx_total"];
@@ -98,15 +112,15 @@ impl Tally {
         match (stat, why_host) {
             ("rq_total", _) | ("cx_total", _) => {
                 if app_host {
-                    let (rq, cx) = &mut self.app_arrived;
-                    let so_far = if stat == "rq_total" { rq } else { cx };
+                    let AppArrived { requests, connections } = &mut self.app_arrived;
+                    let so_far = if stat == "rq_total" { requests } else { connections };
                     *so_far = so_far.saturating_add(n);
                 }
                 if counted && n > 0 && (stat == "rq_total" || rule.inbound) {
                     let mut h = DefaultHasher::new();
                     rest.hash(&mut h);
                     stat.hash(&mut h);
-                    self.counters.push((h.finish(), n));
+                    self.counters.push(Counter { host: h.finish(), value: n });
                 }
             }
             ("cx_active", _) if counted => {
@@ -208,23 +222,23 @@ impl Tally {
 /// one name (`HostsForAddress`): those are paired largest with largest.
 #[derive(Debug, Default)]
 pub struct Arrived {
-    last: Option<Vec<(u64, u64)>>,
+    last: Option<Vec<Counter>>,
     total: u64,
 }
 
 impl Arrived {
     /// Takes an answer's counters, and tells what has arrived so far.
-    pub fn add(&mut self, mut now: Vec<(u64, u64)>) -> Option<u64> {
+    pub fn add(&mut self, mut now: Vec<Counter>) -> Option<u64> {
         now.sort_unstable();
         if let Some(last) = &self.last {
-            for hosts in now.chunk_by(|a, b| a.0 == b.0) {
-                let key = hosts[0].0;
-                let from = last.partition_point(|&(k, _)| k < key);
-                let to = last.partition_point(|&(k, _)| k <= key);
+            for hosts in now.chunk_by(|a, b| a.host == b.host) {
+                let host = hosts[0].host;
+                let from = last.partition_point(|c| c.host < host);
+                let to = last.partition_point(|c| c.host <= host);
                 let mut before = last[from..to].iter().rev();
-                for &(_, n) in hosts.iter().rev() {
+                for &Counter { value: n, .. } in hosts.iter().rev() {
                     let new = match before.next() {
-                        Some(&(_, was)) if n >= was => n - was,
+                        Some(&Counter { value: was, .. }) if n >= was => n - was,
                         _ => n,
                     };
                     self.total = self.total.saturating_add(new);
@@ -387,7 +401,7 @@ inbound|8080||::/var/run/app/app.sock::cx_total::3
 ";
         let hold = Rule { inbound: true, ..istio() };
         let a = tally(body, &hold).unwrap();
-        assert_eq!(a.app_arrived, (110, 3));
+        assert_eq!(a.app_arrived, AppArrived { requests: 110, connections: 3 });
         assert_eq!(a.counters.len(), 2, "both counters tell arrivals: {:?}", a.counters);
         let run = tally(body, &istio()).unwrap();
         assert!(run.counters.is_empty(), "{:?}", run.counters);

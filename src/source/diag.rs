@@ -163,7 +163,7 @@ fn socket(body: &[u8]) -> Result<Socket, DumpError> {
         state: m[1],
         uid: u32_at(64),
         inode: u64::from(u32_at(68)),
-        received: info.map(|i| i.0),
+        received: info.map(|(bytes, _)| bytes),
         idle,
     })
 }

@@ -515,7 +515,7 @@ mod tests {
             clusters: vec![],
             quiet: 0,
             counters: vec![],
-            app_arrived: (0, 0),
+            app_arrived: clusters::AppArrived::default(),
         };
         let no_rq =
             StatsLook { connections: Ok(answer(2)), requests: Some(Err("no rq".to_string())) };
