@@ -142,13 +142,13 @@ impl Tracker {
             let client = self.probed_or_client(key, seen, before, (since, first));
             // A client on loopback is the pod calling itself, in ambient mode too (ztunnel's hop
             // to the app comes from the client's address, or the pod's).
-            let local = loopback(key.client.ip());
+            let local = loopback(&key.client.ip);
             let inside = seen.inside && self.rule.outside_only;
-            if !self.counts(key.server.port()) || seen.probe || local || inside {
+            if !self.counts(key.server.port) || seen.probe || local || inside {
                 continue;
             }
             // Before the first read, the probes' addresses had their share without count.
-            if first && seen.closed && !self.rule.probes.contains(key.client.ip()) {
+            if first && seen.closed && !self.rule.probes.contains(&key.client.ip) {
                 ages.extend(seen.idle);
             }
             let grew = self.grew(key, seen, before, (at, first), &mut sent);
@@ -156,9 +156,9 @@ impl Tracker {
             read.arrived += u64::from(before.is_none() || grew);
             read.opened += u64::from(before.is_none() || client);
             if seen.received.is_some() {
-                match read.open.iter_mut().find(|(port, _)| *port == key.server.port()) {
+                match read.open.iter_mut().find(|(port, _)| *port == key.server.port) {
                     Some((_, n)) => *n += 1,
-                    None => read.open.push((key.server.port(), 1)),
+                    None => read.open.push((key.server.port, 1)),
                 }
             }
         }
@@ -228,10 +228,10 @@ impl Tracker {
             (Some(was), Some(is)) if was > 0 && is > was);
         let client = before.is_some_and(|b| b.probe) && again;
         self.probed = self.probed.saturating_sub(u64::from(client));
-        let counts = self.counts(key.server.port());
+        let counts = self.counts(key.server.port);
         seen.probe = match before {
             Some(b) => b.probe && !client,
-            None => self.rule.probes.contains(key.client.ip()) && counts && self.probe(since, true),
+            None => self.rule.probes.contains(&key.client.ip) && counts && self.probe(since, true),
         };
         // At the first read, only those still open: their requests may be yet to count.
         let new_probe = before.is_none() && (!first || seen.received.is_some());
@@ -254,18 +254,18 @@ impl Tracker {
             (Some(was), Some(is)) => is.saturating_sub(was),
             _ => 0,
         };
-        if self.rule.hbone == Some(key.server.port()) {
+        if self.rule.hbone == Some(key.server.port) {
             return more >= HBONE_STREAM;
         }
         let rest = before.is_some_and(|b| b.polled);
         let quiet_client =
-            self.sent.get(key.client.ip()).is_none_or(|t| at.saturating_sub(*t) >= POLL);
+            self.sent.get(&key.client.ip).is_none_or(|t| at.saturating_sub(*t) >= POLL);
         let idle = before.and_then(|b| b.idle).is_some_and(|i| i >= POLL);
         seen.polled = more > 0 && !rest && idle && quiet_client;
         // At the first read, a connection's last bytes are as old as it has been idle.
         let recent = !first || seen.idle.is_none_or(|i| i < POLL);
         if (before.is_none() || more > 0) && recent {
-            sent.push(*key.client.ip());
+            sent.push(key.client.ip);
         }
         more > 0 && !seen.polled && !rest
     }
@@ -314,8 +314,8 @@ impl Tracker {
     /// The ports of listeners that take connections from outside the pod and do not count.
     fn hiding(&self) -> Vec<u16> {
         let mut ports: Vec<u16> = (self.listening.iter())
-            .filter(|l| !loopback(l.ip()))
-            .map(|l| l.port())
+            .filter(|l| !loopback(&l.ip))
+            .map(|l| l.port)
             .filter(|&p| !self.counts(p))
             .collect();
         ports.sort_unstable();
@@ -360,7 +360,7 @@ fn before(mut ages: Vec<Duration>) -> Option<Before> {
 
 /// Whether `end` is an address of the pod (`ours`): 127.0.0.0/8 and ::1 always are.
 fn is_ours(ours: &[Ipv6Addr], end: &Endpoint) -> bool {
-    ours.contains(end.ip()) || loopback(end.ip())
+    ours.contains(&end.ip) || loopback(&end.ip)
 }
 
 /// `hold`'s arrivals behind a sidecar from both sources: the socket table's counter at every
@@ -560,7 +560,7 @@ mod tests {
     }
 
     fn ours() -> Vec<Ipv6Addr> {
-        vec![*end(&format!("{POD}:0")).ip()]
+        vec![end(&format!("{POD}:0")).ip]
     }
 
     /// Reads `each` in turn, 500 ms apart, with the listeners on `ports`; what each read found.
@@ -669,11 +669,8 @@ mod tests {
         // ztunnel's HBONE connection to 15008 pings every 10 s whatever the traffic; a stream is
         // a CONNECT's headers and data, more bytes than a PING's or its answer's TLS record. A
         // probe from 169.254.7.127 closes between two reads.
-        let rule = Rule {
-            probes: vec![*end("169.254.7.127:0").ip()],
-            hbone: Some(15008),
-            ..Rule::default()
-        };
+        let rule =
+            Rule { probes: vec![end("169.254.7.127:0").ip], hbone: Some(15008), ..Rule::default() };
         let hbone = |bytes, ms| {
             idle(socket(&format!("{POD}:15008"), "10.90.0.5:40000", ESTABLISHED, Some(bytes)), ms)
         };
@@ -743,7 +740,7 @@ mod tests {
         // NodePort's, or a host-network ingress) from the same address, kept alive.
         let node = "10.90.0.3";
         let rule = Rule {
-            probes: vec![*end(&format!("{node}:0")).ip()],
+            probes: vec![end(&format!("{node}:0")).ip],
             probe_periods: Some(vec![Duration::from_secs(10)]),
             ..Rule::default()
         };
@@ -771,7 +768,7 @@ mod tests {
         // taken for a probe at first sight (a probe's one request): its next request tells.
         let node = "10.90.0.3";
         let rule = Rule {
-            probes: vec![*end(&format!("{node}:0")).ip()],
+            probes: vec![end(&format!("{node}:0")).ip],
             probe_periods: Some(vec![Duration::from_secs(10)]),
             ..Rule::default()
         };
@@ -805,7 +802,7 @@ mod tests {
         // A host-network scrape of the ignored 9090 from the node, then the HTTP probe of 8080.
         let node = "10.90.0.3";
         let rule = Rule {
-            probes: vec![*end(&format!("{node}:0")).ip()],
+            probes: vec![end(&format!("{node}:0")).ip],
             probe_periods: Some(vec![Duration::from_secs(10)]),
             ports: Filter { ignore: PortSet::parse("9090").unwrap(), only: None },
             ..Rule::default()
@@ -938,7 +935,7 @@ mod tests {
     fn the_first_read_tells_the_arrivals_the_kernel_remembers() {
         // Connections the app closed 0.2, 4.2 and 4.7 s ago, one 30 s ago, a probe's 1 s ago,
         // and an open one: the newest 200 ms ago, the longest pause 4 s.
-        let rule = Rule { probes: vec![*end("10.90.0.1:0").ip()], ..Rule::default() };
+        let rule = Rule { probes: vec![end("10.90.0.1:0").ip], ..Rule::default() };
         let closed = |port: u16, ms| {
             idle(socket(&format!("{POD}:8080"), &format!("10.90.0.9:{port}"), TIME_WAIT, None), ms)
         };

@@ -5,10 +5,10 @@
 //! docs/how-it-works.md ("Reading the socket table over netlink").
 
 use crate::error::{failed, io_cause};
-use crate::source::procnet::{Endpoint, Sink, Socket, TIME_WAIT, to_endpoint};
+use crate::source::procnet::{Endpoint, Sink, Socket, TIME_WAIT};
 use std::io;
 use std::net::UdpSocket;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
@@ -141,11 +141,11 @@ fn socket(body: &[u8]) -> Result<Socket, DumpError> {
     let end = |at: usize, port: [u8; 2]| -> Result<Endpoint, DumpError> {
         let a: [u8; 16] = m[at..at + 16].try_into().map_err(|_| unread("a short address"))?;
         let ip = match m[0] {
-            AF_INET => IpAddr::from([a[0], a[1], a[2], a[3]]),
-            AF_INET6 => IpAddr::from(a),
+            AF_INET => Ipv4Addr::new(a[0], a[1], a[2], a[3]).to_ipv6_mapped(),
+            AF_INET6 => Ipv6Addr::from(a),
             _ => return Err(unread("a socket of neither IPv4 nor IPv6")),
         };
-        Ok(to_endpoint(SocketAddr::new(ip, u16::from_be_bytes(port))))
+        Ok(Endpoint { ip, port: u16::from_be_bytes(port) })
     };
     let (local, remote) = (end(8, [m[4], m[5]])?, end(24, [m[6], m[7]])?);
     let u32_at = |at: usize| u32::from_ne_bytes([m[at], m[at + 1], m[at + 2], m[at + 3]]);
@@ -356,7 +356,7 @@ mod tests {
         let mut text = Table::default();
         text.add_line(line);
         assert_eq!(t.sockets[0], text.sockets[0]);
-        assert_eq!(t.sockets[1].local, "[::1]:15006".parse().unwrap());
+        assert_eq!(t.sockets[1].local, Endpoint { ip: Ipv6Addr::LOCALHOST, port: 15006 });
         assert_eq!((t.sockets[1].state, t.sockets[1].inode), (10, 43));
         assert_eq!(parse(&done(1, 0), 1, &mut t), Ok(true));
     }
@@ -468,14 +468,14 @@ mod tests {
         let mut l = Table::default();
         dump(&request(LISTENING, false), until, &mut l).unwrap();
         assert!(l.sockets.iter().all(|s| s.state == 10), "{:?}", l.sockets);
-        assert_eq!(l.sockets.iter().filter(|s| s.local.port() == port).count(), 1);
+        assert_eq!(l.sockets.iter().filter(|s| s.local.port == port).count(), 1);
         let mut t = Table::default();
         dump(&request(OPEN, false), until, &mut t).unwrap();
         assert!(t.sockets.iter().all(|s| s.state != 10), "{:?}", t.sockets);
-        let on_port: Vec<&Socket> = t.sockets.iter().filter(|s| s.local.port() == port).collect();
+        let on_port: Vec<&Socket> = t.sockets.iter().filter(|s| s.local.port == port).collect();
         assert_eq!(on_port.len(), 1, "the accepted end");
         assert_eq!(on_port[0].received, None, "not asked for");
-        assert!(t.sockets.iter().any(|s| s.remote.port() == port && s.state == 1));
+        assert!(t.sockets.iter().any(|s| s.remote.port == port && s.state == 1));
     }
 
     /// Asked for, each socket comes with the bytes it has received, read or not.
@@ -489,7 +489,7 @@ mod tests {
         let received = || {
             let mut t = Table::default();
             dump(&request(OPEN, true), until, &mut t).unwrap();
-            let accepted = t.sockets.iter().find(|s| s.local.port() == port).copied();
+            let accepted = t.sockets.iter().find(|s| s.local.port == port).copied();
             accepted.and_then(|s| s.received)
         };
         assert_eq!(received(), Some(0));
@@ -517,20 +517,20 @@ mod tests {
         let until = Instant::now() + Duration::from_secs(10);
         let mut all: Vec<Socket> = Vec::new();
         dump(&request(ALL, true), until, &mut all).unwrap();
-        let client_end = all.iter().find(|s| s.remote.port() == port).copied();
+        let client_end = all.iter().find(|s| s.remote.port == port).copied();
         let idle = client_end.and_then(|s| s.idle);
         // The client has received nothing since it connected, 300 ms ago at least.
         assert!(
             idle.is_some_and(|i| i >= Duration::from_millis(300) && i < Duration::from_secs(5)),
             "{client_end:?}"
         );
-        let closed = all.iter().find(|s| s.local.port() == port && s.state == TIME_WAIT);
+        let closed = all.iter().find(|s| s.local.port == port && s.state == TIME_WAIT);
         assert!(closed.is_none(), "the server closed first but its peer has not: FIN_WAIT2");
         drop(client);
         let closed = (0..100).find_map(|_| {
             let mut all: Vec<Socket> = Vec::new();
             dump(&request(ALL, true), until, &mut all).unwrap();
-            all.into_iter().find(|s| s.local.port() == port && s.state == TIME_WAIT)
+            all.into_iter().find(|s| s.local.port == port && s.state == TIME_WAIT)
         });
         let idle = closed.and_then(|s| s.idle);
         assert!(idle.is_some_and(|i| i < Duration::from_secs(2)), "{closed:?}");

@@ -5,7 +5,7 @@
 use crate::config::{Filter, mapped};
 use crate::count::{Basis, Count, Excluded, Part, SourceKind, Unit};
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::RangeInclusive;
 
 const ESTABLISHED: u8 = 0x01;
@@ -20,7 +20,11 @@ pub const DEFAULT_EPHEMERAL: RangeInclusive<u16> = 32768..=60999;
 
 /// An address and port; IPv4 is kept in its IPv4-mapped IPv6 form so that both ends of a
 /// connection compare equal whichever table shows them.
-pub type Endpoint = SocketAddrV6;
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Endpoint {
+    pub ip: Ipv6Addr,
+    pub port: u16,
+}
 
 /// Whether `ip` is loopback, IPv4-mapped or not.
 pub fn loopback(ip: &Ipv6Addr) -> bool {
@@ -84,30 +88,30 @@ fn endpoint(field: &str) -> Option<Endpoint> {
         Some(w.to_ne_bytes())
     };
     let ip = match addr.len() {
-        8 => IpAddr::from(word(0)?),
+        8 => Ipv4Addr::from(word(0)?).to_ipv6_mapped(),
         32 => {
             let mut bytes = [0u8; 16];
             for i in 0..4 {
                 bytes[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
             }
-            IpAddr::from(bytes)
+            Ipv6Addr::from(bytes)
         }
         _ => return None,
     };
-    Some(to_endpoint(SocketAddr::new(ip, port)))
+    Some(Endpoint { ip, port })
 }
 
 /// A socket address as the tables show it.
 pub fn to_endpoint(addr: SocketAddr) -> Endpoint {
-    SocketAddrV6::new(mapped(addr.ip()), addr.port(), 0, 0)
+    Endpoint { ip: mapped(addr.ip()), port: addr.port() }
 }
 
 /// Whether a listener bound to `listening` takes connections to `local`: the same port, and the
 /// same address or the wildcard of its family (an IPv6 wildcard takes IPv4 too).
 fn serves(listening: &Endpoint, local: &Endpoint) -> bool {
     let v4_any = Ipv4Addr::UNSPECIFIED.to_ipv6_mapped();
-    let (at, ip) = (listening.ip(), local.ip());
-    listening.port() == local.port()
+    let (at, ip) = (&listening.ip, &local.ip);
+    listening.port == local.port
         && (at == ip || at.is_unspecified() || (*at == v4_any && ip.to_ipv4_mapped().is_some()))
 }
 
@@ -285,7 +289,7 @@ impl Verdict {
 impl Rule<'_> {
     /// Why `s` counts or not; `envoys` says whether it is Envoy's (`None`: Envoy is unknown).
     fn verdict(&self, s: &Socket, listeners: &Listeners, envoys: Option<bool>) -> Verdict {
-        let (local, remote) = (s.local.port(), s.remote.port());
+        let (local, remote) = (s.local.port, s.remote.port);
         for port in [local, remote] {
             if self.filter.ignore.contains(port) {
                 return Verdict::Ignored(port);
@@ -317,7 +321,7 @@ impl Rule<'_> {
     /// (which TPROXY needs), to be safe.
     fn transparent(&self, s: &Socket) -> bool {
         let ephemeral = |port: u16| self.ephemeral.contains(&port);
-        match (ephemeral(s.local.port()), ephemeral(s.remote.port())) {
+        match (ephemeral(s.local.port), ephemeral(s.remote.port)) {
             (false, _) => true,
             (true, false) => false,
             (true, true) => self.envoy.uid() == Some(0),
@@ -466,7 +470,7 @@ mod tests {
 
     /// IPv4 as `a.b.c.d`, IPv6 in its usual form.
     fn show(e: &Endpoint) -> String {
-        std::net::SocketAddr::new(e.ip().to_canonical(), e.port()).to_string()
+        std::net::SocketAddr::new(e.ip.to_canonical(), e.port).to_string()
     }
 
     fn table(lines: &[String]) -> Table {

@@ -430,11 +430,11 @@ fn udp_servers(root: &Path, ports: &Filter, ephemeral: u16) -> Vec<u16> {
             continue;
         }
         for s in text.lines().filter_map(procnet::parse_line) {
-            let port = s.local.port();
+            let port = s.local.port;
             // Bound to loopback, it serves the pod alone (ztunnel's DNS on 127.0.0.1:15053).
-            let outside = !loopback(s.local.ip());
+            let outside = !loopback(&s.local.ip);
             let serves =
-                s.state == UDP_UNCONNECTED && s.remote.port() == 0 && port < ephemeral && outside;
+                s.state == UDP_UNCONNECTED && s.remote.port == 0 && port < ephemeral && outside;
             if serves && ports.counts(port) && !found.contains(&port) {
                 found.push(port);
             }
