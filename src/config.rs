@@ -540,33 +540,24 @@ pub fn hold_config(
     a: &HoldArgs,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<RunConfig, UsageError> {
-    let preset = a.preset.as_deref().unwrap_or("istio");
-    let holding = Holding::of(preset);
-    let mut counting = counting(&RunArgs {
-        preset: (holding == Holding::Sidecar).then(|| preset.to_string()),
-        admin: a.admin.clone(),
-        count: Some("requests".to_string()),
-        ..RunArgs::default()
-    })
-    .map_err(|e| match e.name {
-        "--preset" => UsageError::new("--preset", preset, HOLD_PRESETS),
-        _ => e,
-    })?;
-    if holding == Holding::Sidecar && counting.preset.inbound_clusters.is_empty() {
-        return Err(UsageError::new("--preset", preset, HOLD_PRESETS));
-    }
-    let own = match holding {
-        Holding::Ambient => AMBIENT_OWN,
-        Holding::NoMesh => "",
-        Holding::Sidecar => counting.preset.ignore_ports,
+    let holding = Holding::of(a.preset.as_deref().unwrap_or("istio"))?;
+    let (preset, own) = match holding {
+        Holding::Sidecar(p) => (p, p.ignore_ports),
+        // No Envoy in the pod: its admin address, checked when given, is never asked.
+        Holding::Ambient => (preset::ISTIO, AMBIENT_OWN),
+        Holding::NoMesh => (preset::ISTIO, ""),
     };
+    let (admin, admin_warning) = parse_admin(a.admin.as_deref().unwrap_or(preset.admin))?;
+    let mut warnings: Vec<ConfigWarning> = admin_warning.into_iter().collect();
     let ignore = ports("--ignore-ports", a.ignore_ports.as_deref().unwrap_or(own))?;
-    let probes = probes(a, holding, env, &mut counting.warnings)?;
-    counting.hold = Some(ArrivalRule {
+    let probes = probes(a, holding, env, &mut warnings)?;
+    let sidecar = matches!(holding, Holding::Sidecar(_));
+    let rule = ArrivalRule {
         ports: Filter {
-            ignore: match holding {
-                Holding::Sidecar => ignore.clone().with(preset::OUTBOUND_CAPTURE),
-                Holding::Ambient | Holding::NoMesh => ignore.clone(),
+            ignore: if sidecar {
+                ignore.clone().with(preset::OUTBOUND_CAPTURE)
+            } else {
+                ignore.clone()
             },
             only: a.ports.as_deref().map(|v| some_ports("--ports", v)).transpose()?,
         },
@@ -576,9 +567,18 @@ pub fn hold_config(
         passive_opens: holding == Holding::NoMesh,
         hbone: (holding == Holding::Ambient).then_some(15008),
         outside_only: holding != Holding::Ambient,
-    });
-    counting.filter.ignore = ignore;
-    counting.mode = if holding == Holding::Sidecar { Mode::Stats } else { Mode::Proc };
+    };
+    let counting = Counting {
+        preset,
+        admin,
+        mode: if sidecar { Mode::Stats } else { Mode::Proc },
+        unit: Unit::Requests,
+        filter: Filter { ignore, only: None },
+        ignore_clusters: Names::default(),
+        hold: Some(rule),
+        proc_net: None,
+        warnings,
+    };
     Ok(RunConfig {
         counting,
         before: Vec::new(),
@@ -594,17 +594,21 @@ pub fn hold_config(
 /// mode, or no mesh), whose the socket table alone tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Holding {
-    Sidecar,
+    Sidecar(Preset),
     Ambient,
     NoMesh,
 }
 
 impl Holding {
-    fn of(preset: &str) -> Holding {
-        match preset {
-            "ambient" => Holding::Ambient,
-            "none" => Holding::NoMesh,
-            _ => Holding::Sidecar,
+    /// A sidecar's preset must name the app's clusters: a gateway's has none.
+    fn of(name: &str) -> Result<Holding, UsageError> {
+        match name {
+            "ambient" => Ok(Holding::Ambient),
+            "none" => Ok(Holding::NoMesh),
+            _ => (PRESETS.into_iter())
+                .find(|p| p.name == name && !p.inbound_clusters.is_empty())
+                .map(Holding::Sidecar)
+                .ok_or_else(|| UsageError::new("--preset", name, HOLD_PRESETS)),
         }
     }
 }
