@@ -60,22 +60,10 @@ pub struct Count {
     /// Of the arrivals, new connections so far, where the source tells them from requests on
     /// connections open before (the socket table).
     pub opened: Option<u64>,
-    /// What `hold` reads from the socket table cannot see (`Blind`).
-    pub blind: Blind,
     /// Polls on kept-alive connections left out so far (`hold`, the socket table).
     pub polls: u64,
     /// At the first read, what the kernel remembers of arrivals before it.
     pub before: Option<Before>,
-}
-
-/// What arrives that `hold` cannot see, from the socket table: datagrams to the UDP ports the
-/// pod serves (the kernel counts none per socket), and where listeners of the pod that take
-/// clients from outside do not count (`hiding`), connections to the ports that do which leave
-/// no socket (their clients close them between two reads) unless they are reset.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Blind {
-    pub udp: Vec<u16>,
-    pub hiding: Vec<u16>,
 }
 
 /// What a count could not see, or corrected: said once a run (text.rs words it).
@@ -87,9 +75,11 @@ pub enum Warning {
     TextTables(String),
     /// The text tables tell no bytes received: arrivals unknown.
     NoBytes,
-    /// What `hold` cannot see (`Blind`): UDP served on these ports.
+    /// What `hold` cannot see: datagrams to the UDP ports the pod serves (the kernel counts none
+    /// per socket).
     Udp(Vec<u16>),
-    /// These ports listen and do not count.
+    /// These ports listen, take clients from outside the pod and do not count: connections to
+    /// those that do which leave no socket (closed between two reads) are not seen unless reset.
     Hiding(Vec<u16>),
     /// Connections that left no socket count (PassiveOpens).
     Unseen,
@@ -147,7 +137,6 @@ impl Count {
             arrivals: None,
             recounted: 0,
             opened: None,
-            blind: Blind::default(),
             polls: 0,
             before: None,
         }

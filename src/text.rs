@@ -5,7 +5,7 @@ use crate::cli::{ANNOTATION_PREFIX, ENV_NODE_IPS};
 use crate::config::{
     ConfigWarning, DEFAULT_MIN_DRAIN, ENV_MIN_DRAIN, Mode, Rules, RunConfig, Until,
 };
-use crate::count::{Basis, Blind, Cost, Count, NON_HTTP, SourceKind, Unit, Warning};
+use crate::count::{Basis, Cost, Count, NON_HTTP, SourceKind, Unit, Warning};
 use crate::drain::Request;
 use crate::log::Level;
 use crate::outcome::{Outcome, Progress};
@@ -520,19 +520,19 @@ impl std::fmt::Display for Warning {
     }
 }
 
-/// What a hold could not see arrive, for its summary (`Blind`).
-fn unseen(blind: &Blind) -> String {
-    let mut parts = Vec::new();
-    if !blind.udp.is_empty() {
-        parts.push(format!("UDP to port {} is not seen", ports(&blind.udp)));
-    }
-    if !blind.hiding.is_empty() {
-        parts.push(format!(
-            "a connection its client closes between two reads is not seen unless reset, as port \
-             {} listens without counting",
-            ports(&blind.hiding)
-        ));
-    }
+/// What a hold could not see arrive, for its summary: its count's `Udp` and `Hiding` warnings.
+fn unseen(warnings: &[Warning]) -> String {
+    let parts: Vec<String> = (warnings.iter())
+        .filter_map(|w| match w {
+            Warning::Udp(udp) => Some(format!("UDP to port {} is not seen", ports(udp))),
+            Warning::Hiding(hiding) => Some(format!(
+                "a connection its client closes between two reads is not seen unless reset, as \
+                 port {} listens without counting",
+                ports(hiding)
+            )),
+            _ => None,
+        })
+        .collect();
     parts.join("; ")
 }
 
@@ -614,7 +614,7 @@ fn last_count(p: &Progress) -> (String, String) {
 fn quiet(p: &Progress, rules: &Rules) -> String {
     let quiet = seconds(p.pace.map_or(rules.settle, |pace| pace.quiet));
     let (blind, polls) =
-        p.last.as_ref().map_or((String::new(), 0), |c| (unseen(&c.blind), c.polls));
+        p.last.as_ref().map_or((String::new(), 0), |c| (unseen(&c.warnings), c.polls));
     let verb = if blind.is_empty() { "arrived" } else { "seen" };
     let polled = match polls {
         0 => String::new(),
@@ -970,7 +970,7 @@ mod tests {
     fn a_quiet_hold_says_what_it_could_not_see() {
         let hold = Rules { until: Until::Quiet, settle: Duration::from_millis(500), ..RULES };
         let mut zero = Count::new(SourceKind::Proc, Unit::Connections, vec![], vec![]);
-        zero.blind = Blind { udp: vec![53, 5353], hiding: vec![9090] };
+        zero.warnings = vec![Warning::Udp(vec![53, 5353]), Warning::Hiding(vec![9090])];
         zero.polls = 2;
         let line = summary(
             Outcome::Reached,

@@ -2,7 +2,7 @@
 //! which are Envoy's (the holder of its admin listener, through `/proc/<pid>/fd`); procnet's rule.
 
 use crate::config::{Address, Counting, Filter};
-use crate::count::{Basis, Blind, Count, Part, SourceKind, Unit, Warning};
+use crate::count::{Basis, Count, Part, SourceKind, Unit, Warning};
 use crate::error::{failed, io_cause};
 use crate::source::arrivals::{self, Tracker};
 use crate::source::diag::{self, DumpError};
@@ -114,15 +114,12 @@ impl SocketTable {
             return Ok(Count::new(SourceKind::Proc, Unit::Connections, Vec::new(), warnings));
         };
         let read = tracker.read(self.made.elapsed(), &addresses(), &sockets, counters);
-        let blind = Blind {
-            udp: udp_servers(root, &tracker.rule.ports, ephemeral),
-            hiding: if tracker.rule.passive_opens { read.hiding } else { Vec::new() },
-        };
-        if !blind.udp.is_empty() {
-            warnings.push(Warning::Udp(blind.udp.clone()));
+        let udp = udp_servers(root, &tracker.rule.ports, ephemeral);
+        if !udp.is_empty() {
+            warnings.push(Warning::Udp(udp));
         }
-        if !blind.hiding.is_empty() {
-            warnings.push(Warning::Hiding(blind.hiding.clone()));
+        if tracker.rule.passive_opens && !read.hiding.is_empty() {
+            warnings.push(Warning::Hiding(read.hiding));
         }
         if read.unseen > 0 {
             warnings.push(Warning::Unseen);
@@ -133,7 +130,6 @@ impl SocketTable {
         Ok(Count {
             arrivals: Some(tracker.total),
             opened: Some(tracker.opened),
-            blind,
             polls: tracker.polls,
             before: read.before,
             ..count
