@@ -7,10 +7,11 @@ use crate::count::Unit;
 use crate::drain::{self, Drain, Request};
 use crate::error::UsageError;
 use crate::lists::{self, Names, PortSet};
-use crate::preset::{self, PRESETS, Preset};
+use crate::preset::{self, OUTBOUND_CAPTURE, PRESETS, Preset};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -251,13 +252,10 @@ pub fn parse_admin(value: &str) -> Result<(Address, Option<ConfigWarning>), Usag
     found.sort();
     found.dedup();
     if found.len() > 1 {
-        let listening: Vec<PathBuf> = found
-            .iter()
-            .filter(|p| std::os::unix::net::UnixStream::connect(p).is_ok())
-            .cloned()
-            .collect();
+        let listening: Vec<&PathBuf> =
+            found.iter().filter(|p| UnixStream::connect(p).is_ok()).collect();
         if let [one] = listening.as_slice() {
-            return Ok((Address::Unix(one.clone()), None));
+            return Ok((Address::Unix(one.to_path_buf()), None));
         }
         let warning = ConfigWarning::AdminAmbiguous {
             value: value.to_string(),
@@ -312,7 +310,6 @@ fn ports(name: &'static str, value: &str) -> Result<PortSet, UsageError> {
     })
 }
 
-/// A list of ports that may not be empty.
 fn some_ports(name: &'static str, value: &str) -> Result<PortSet, UsageError> {
     match ports(name, value)? {
         set if set.is_empty() => {
@@ -369,9 +366,7 @@ pub fn run_config(
     let preset = counting.preset;
     let warnings = &mut counting.warnings;
     let pod = pod_settings(&a.pod_annotation, counting.mode, warnings);
-    if let Some(unit) = pod.count {
-        counting.unit = unit;
-    }
+    counting.unit = pod.count.unwrap_or(counting.unit);
     let drain = drain(a, preset)?;
     if a.then_quit && !preset.agent {
         return Err(no_agent("--then-quit", preset));
@@ -384,17 +379,17 @@ pub fn run_config(
             UsageError::new("--exit-at", v, "a whole number of connections, like 0")
         })?,
     };
+    let interval = positive("--interval", &a.interval, DEFAULT_INTERVAL)?;
+    let settle =
+        a.settle.as_deref().map_or(Ok(Duration::ZERO), |v| parse_duration("--settle", v))?;
     Ok(RunConfig {
         counting,
         before: drain::before(drain, a.fail_healthcheck),
         rules: Rules {
             min_drain,
             deadline,
-            interval: positive("--interval", &a.interval, DEFAULT_INTERVAL)?,
-            settle: a
-                .settle
-                .as_deref()
-                .map_or(Ok(Duration::ZERO), |v| parse_duration("--settle", v))?,
+            interval,
+            settle,
             until: Until::AtMost(exit_at),
             then_quit: a.then_quit,
         },
@@ -404,7 +399,6 @@ pub fn run_config(
     })
 }
 
-/// `--drain`, else the preset's.
 fn drain(a: &RunArgs, preset: Preset) -> Result<Drain, UsageError> {
     let drains = [
         ("inbound", Drain::Inbound),
@@ -525,9 +519,7 @@ fn positive(
     value: &Option<String>,
     default: Duration,
 ) -> Result<Duration, UsageError> {
-    let Some(v) = value else {
-        return Ok(default);
-    };
+    let Some(v) = value else { return Ok(default) };
     let above_zero = format!("a duration above zero, like {}", humantime::format_duration(default));
     let d = parse_duration(name, v)?;
     if d.is_zero() { Err(UsageError::new(name, v, above_zero)) } else { Ok(d) }
@@ -554,11 +546,7 @@ pub fn hold_config(
     let sidecar = matches!(holding, Holding::Sidecar(_));
     let rule = ArrivalRule {
         ports: Filter {
-            ignore: if sidecar {
-                ignore.clone().with(preset::OUTBOUND_CAPTURE)
-            } else {
-                ignore.clone()
-            },
+            ignore: if sidecar { ignore.clone().with(OUTBOUND_CAPTURE) } else { ignore.clone() },
             only: a.ports.as_deref().map(|v| some_ports("--ports", v)).transpose()?,
         },
         probes,
@@ -624,8 +612,11 @@ fn probes(
     let names_node =
         a.probes_from.as_deref().is_some_and(|v| v.split(',').any(|i| i.trim() == "node"));
     let node = node_addresses(env, names_node, warnings);
+    // A link-local gateway (Calico's and the AWS VPC CNI's 169.254.1.1, an IPv6 fe80::) is not
+    // where the probes come from: the node's own address is, which only `ENV_NODE_IPS` tells.
     if holding == Holding::NoMesh && a.probes_from.is_none() && node.is_empty() {
-        warnings.extend(link_local_gateway());
+        let gateway = default_gateways().into_iter().find(link_local);
+        warnings.extend(gateway.map(|g| ConfigWarning::LinkLocalGateway(g.to_canonical())));
     }
     let mut probes = match (holding, &a.probes_from) {
         (_, Some(v)) => probe_sources(v, &node)?,
@@ -663,7 +654,6 @@ fn hold_rules(a: &HoldArgs) -> Result<Rules, UsageError> {
     })
 }
 
-/// What `hold --preset` takes.
 const HOLD_PRESETS: &str = "a sidecar's preset, istio, consul or kuma, or ambient (Istio's ambient \
     mode) or none (no mesh): a gateway has no app behind it to hold";
 
@@ -729,13 +719,6 @@ pub fn mapped(ip: IpAddr) -> Ipv6Addr {
         IpAddr::V4(v4) => v4.to_ipv6_mapped(),
         IpAddr::V6(v6) => v6,
     }
-}
-
-/// Where the pod's gateway is link-local (Calico's and the AWS VPC CNI's 169.254.1.1, or an IPv6
-/// fe80::) the kubelet's probes come from the node's own address, which only `ENV_NODE_IPS` tells.
-fn link_local_gateway() -> Option<ConfigWarning> {
-    let gateway = default_gateways().into_iter().find(link_local)?;
-    Some(ConfigWarning::LinkLocalGateway(gateway.to_canonical()))
 }
 
 /// 169.254.0.0/16, or fe80::/10.

@@ -15,10 +15,7 @@ pub fn shorten(text: &str) -> String {
 /// An I/O error in the words of the rest of the log: `connection refused`, without `(os error 111)`.
 pub fn io_cause(e: &io::Error) -> String {
     let text = e.to_string();
-    let text = match text.find(" (os error ") {
-        Some(at) => &text[..at],
-        None => &text,
-    };
+    let text = text.split_once(" (os error ").map_or(text.as_str(), |(text, _)| text);
     // ASCII only: the OS's messages are, and Unicode's case tables would cost the binary 10 KB.
     let mut cause = text.to_string();
     if let Some(first) = cause.get_mut(..1) {

@@ -15,6 +15,7 @@ use crate::source::sockets::Reader;
 use crate::source::stats::Hcm;
 use crate::source::{Look, Reading, Sources};
 use crate::wait::{APP_GONE, ARRIVALS_QUIET, RECHECK};
+use humantime::format_duration;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::Duration;
@@ -48,8 +49,7 @@ impl Count {
         match self.unit {
             Unit::Connections => plural(self.total, "active connection"),
             Unit::Requests => {
-                let tcp = self.parts.iter().filter(|p| p.name == NON_HTTP).map(|p| p.active);
-                let tcp = tcp.fold(0, u64::saturating_add);
+                let tcp = self.parts.iter().find(|p| p.name == NON_HTTP).map_or(0, |p| p.active);
                 let requests = plural(self.total.saturating_sub(tcp), "active request");
                 if tcp == 0 {
                     requests
@@ -77,7 +77,6 @@ impl Count {
     }
 }
 
-/// Where the socket table is read from.
 pub fn reader(r: &Reader) -> String {
     match r {
         Reader::Netlink => "the kernel's socket table (netlink sock_diag)".to_string(),
@@ -158,7 +157,7 @@ pub fn posted(r: Request, url: &str, answer: &Result<Reply, String>) -> (Level, 
 
 /// The run's first line: what it sends (each request with its URL), and how long it may wait.
 pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, String)]) -> String {
-    let (r, d) = (&cfg.rules, humantime::format_duration);
+    let (r, d) = (&cfg.rules, format_duration);
     let Until::AtMost(exit_at) = r.until else {
         let rule = cfg.counting.hold.clone().unwrap_or_default();
         let mut from = format!("{}: {}", reader(sources.reader()), doors(&rule));
@@ -208,8 +207,7 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, Stri
 /// What `hold` takes for an arrival in the socket table: `connections to ports 8080, never
 /// from 169.254.7.127 (the kubelet's probes)`.
 pub fn doors(rule: &crate::config::ArrivalRule) -> String {
-    let ip = |a: &std::net::Ipv6Addr| a.to_canonical().to_string();
-    let from: Vec<String> = rule.probes.iter().map(ip).collect();
+    let from: Vec<String> = rule.probes.iter().map(|a| a.to_canonical().to_string()).collect();
     let mut said = match &rule.ports.only {
         Some(ports) => format!("connections to ports {ports}"),
         None => "connections to every port that listens in the pod".to_string(),
@@ -330,8 +328,8 @@ pub fn app_exited() -> String {
     format!(
         "the app has exited: no socket of another user than the proxy's has been in the pod for \
          {}, at looks {} apart",
-        humantime::format_duration(APP_GONE),
-        humantime::format_duration(RECHECK)
+        format_duration(APP_GONE),
+        format_duration(RECHECK)
     )
 }
 
@@ -360,17 +358,14 @@ pub fn pace(pace: Duration, interval: Duration, cost: Cost) -> String {
         None => format!("{} ({} of it Envoy's answers)", brief(cost.look), brief(cost.admin)),
     };
     if pace == interval {
-        format!(
-            "counting every {} again: a count took {took}",
-            humantime::format_duration(interval)
-        )
+        format!("counting every {} again: a count took {took}", format_duration(interval))
     } else {
         format!(
             "counting every {} instead of every {}: a count took {took}, and counting takes at \
              most 1/{} of Envoy's main thread, which also runs its configuration, and of the \
              proxy container's CPU",
             brief(pace),
-            humantime::format_duration(interval),
+            format_duration(interval),
             PACE
         )
     }
@@ -403,11 +398,6 @@ fn held(p: &Progress, rules: &Rules, elapsed: Duration) -> String {
     }
 }
 
-/// `--min-drain`-like durations in warnings.
-fn took(d: &Duration) -> humantime::FormattedDuration {
-    humantime::format_duration(*d)
-}
-
 /// A list of ports: `5353, 8125`.
 fn ports(ports: &[u16]) -> String {
     ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ")
@@ -429,20 +419,20 @@ impl std::fmt::Display for ConfigWarning {
                 "annotation {ANNOTATION_PREFIX}deadline={} is past --deadline {}, which the \
                  injection template derives from the pod's terminationGracePeriodSeconds; using \
                  {}: raise the grace period instead",
-                took(annotated),
-                took(flag),
-                took(flag)
+                format_duration(*annotated),
+                format_duration(*flag),
+                format_duration(*flag)
             ),
             ConfigWarning::MinDrainEnv(v) => write!(
                 f,
                 "ignoring {ENV_MIN_DRAIN}={v:?}: expected a Go duration like 5s, .5s or 1m30s, as \
                  Istio reads it; using Istio's default, {}",
-                took(&DEFAULT_MIN_DRAIN)
+                format_duration(DEFAULT_MIN_DRAIN)
             ),
             ConfigWarning::MinDrainPastDeadline { what, deadline } => write!(
                 f,
                 "{what} is longer than the deadline ({}); using the deadline as the min-drain",
-                took(deadline)
+                format_duration(*deadline)
             ),
             ConfigWarning::NodeIpsUnset => write!(
                 f,
@@ -553,8 +543,7 @@ pub fn summary(
     let mut line = match outcome {
         Outcome::Reached | Outcome::AppExited => format!("done after {took}"),
         Outcome::Deadline | Outcome::NothingCounted | Outcome::KeptAlive(_) => {
-            let deadline = humantime::format_duration(rules.deadline);
-            format!("deadline of {deadline} passed after {took}")
+            format!("deadline of {} passed after {took}", format_duration(rules.deadline))
         }
         Outcome::Interrupted(sig) => {
             let sig = if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" };
@@ -639,7 +628,6 @@ fn lost_lines(dropped: u64, failed: Option<&str>) -> String {
     }
 }
 
-/// What `install` says when it is done.
 pub fn installed(path: &std::path::Path, size: u64) -> String {
     format!(
         "installed {} ({size} bytes, envoy-drain {})",
@@ -710,7 +698,6 @@ fn section<T>(
     }
 }
 
-/// What Envoy's /ready answer says of it.
 fn ready_said(ready: &Result<Reply, String>) -> String {
     match ready {
         Ok(r) if r.status == 200 => {
@@ -760,7 +747,6 @@ fn grid(out: &mut String, rows: &[Vec<String>]) {
     }
 }
 
-/// One row of cells.
 fn row(cells: &[&dyn std::fmt::Display]) -> Vec<String> {
     cells.iter().map(|c| c.to_string()).collect()
 }
@@ -807,12 +793,8 @@ fn clusters_table(out: &mut String, a: &clusters::Answer) {
         let more = plural(a.quiet, "more cluster");
         rows.push(vec![format!("and {more} with nothing open")]);
     }
-    let left_rows: Vec<Vec<String>> = left_out
-        .iter()
-        .map(|c| {
-            let name = format!("{} ({})", c.name, c.left_out.unwrap_or_default());
-            row(&[&name, &c.requests])
-        })
+    let name = |c: &clusters::Cluster| format!("{} ({})", c.name, c.left_out.unwrap_or_default());
+    let left_rows: Vec<Vec<String>> = (left_out.iter().map(|&c| row(&[&name(c), &c.requests])))
         .chain(a.count.excluded.iter().map(|e| row(&[&e.why, &e.n])))
         .collect();
     if !left_rows.is_empty() {

@@ -83,7 +83,6 @@ struct Rate {
     since: Option<Duration>,
     /// What the first count told of arrivals before it.
     before: Option<Before>,
-    /// Every count since.
     reads: Vec<Counted>,
     /// As of the last count that saw any.
     pace: Option<Pace>,
@@ -91,7 +90,6 @@ struct Rate {
 
 impl Rate {
     fn add(&mut self, now: Duration, seen: &Seen, before: Option<Before>, floor: Duration) {
-        let (arrived, recounted) = (seen.arrived, seen.recounted);
         let Some(since) = self.since else {
             self.since = Some(now);
             self.before = before;
@@ -103,8 +101,8 @@ impl Rate {
             });
             return;
         };
-        self.reads.push(Counted { at: now, arrived, recounted });
-        if arrived > 0 {
+        self.reads.push(Counted { at: now, arrived: seen.arrived, recounted: seen.recounted });
+        if seen.arrived > 0 {
             // Measured up to this count: the silence that follows must not lengthen it.
             let from = since.max(now.saturating_sub(WINDOW));
             self.reads.retain(|r| r.at > from);
@@ -266,12 +264,9 @@ impl Follow {
     fn see(&mut self, tick: &Tick, started: Duration, ended: Duration) -> Seen {
         let (app, arrived) = (self.app(tick.app, started, ended), self.arrived(tick.arrivals));
         // Only a look that could tell recounts.
-        let recounted = match tick.arrivals {
-            Some(_) => tick
-                .recounted
-                .saturating_sub(std::mem::replace(&mut self.recounted, tick.recounted)),
-            None => 0,
-        };
+        let recounted = tick.arrivals.map_or(0, |_| {
+            tick.recounted.saturating_sub(std::mem::replace(&mut self.recounted, tick.recounted))
+        });
         Seen { app, arrived, recounted, ..Seen::default() }
     }
 }
@@ -286,7 +281,6 @@ pub fn drain_done(rules: &Rules, drained_at: Duration) -> Duration {
 /// What the wait does next (`Wait::next`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
-    /// Nothing until then.
     Sleep(Duration),
     /// A look now, whose tick goes to `Wait::saw`.
     Look(Ask),
@@ -325,7 +319,6 @@ impl<'r> Wait<'r> {
         Wait { rules, follow, counts, due: Duration::ZERO, reached: false, end: None }
     }
 
-    /// What to do at `now`.
     pub fn next(&mut self, now: Duration) -> Step {
         if now < self.due {
             return Step::Sleep(self.due);
@@ -424,7 +417,6 @@ struct Counts {
     drain_done: Duration,
     /// Since when the wait's end has held (the count low; for `hold`, the counter known).
     low_since: Option<Duration>,
-    /// Whether any count was known.
     counted: bool,
     /// The end of the last count that saw a request arrive (the request came before it), and how
     /// long the quiet time after it lasts (for `hold`, from `rate`); whether any count saw one.
@@ -448,15 +440,11 @@ impl Counts {
         arrived: bool,
         (started, now): (Duration, Duration),
     ) -> Option<Duration> {
-        let known = match rules.until {
-            Until::AtMost(_) => tick.count.is_some(),
-            Until::Quiet => tick.arrivals.is_some(),
+        let (known, low) = match rules.until {
+            Until::AtMost(n) => (tick.count.is_some(), tick.count.is_some_and(|c| c <= n)),
+            Until::Quiet => (tick.arrivals.is_some(), tick.arrivals.is_some()),
         };
         self.counted |= known;
-        let low = match rules.until {
-            Until::AtMost(n) => tick.count.is_some_and(|c| c <= n),
-            Until::Quiet => known,
-        };
         if arrived {
             self.arrived_at = Some(now);
             self.arrived = true;

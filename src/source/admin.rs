@@ -33,7 +33,6 @@ pub const READY_PATH: &str = "/ready";
 /// A longer line is cut there: Envoy's lines are a cluster name, a host and a counter.
 const MAX_LINE: usize = 4096;
 
-/// An answer, whatever its status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
     pub status: u16,
@@ -105,14 +104,6 @@ impl Client {
         }
     }
 
-    /// The URL ureq is given: over a Unix socket its host only fills the Host header.
-    fn request_url(&self, path: &str) -> String {
-        match &self.address {
-            Address::Tcp(addr) => format!("http://{addr}{path}"),
-            Address::Unix(_) => format!("http://127.0.0.1{path}"),
-        }
-    }
-
     /// A GET within `timeout`, its answer read whole; the error is a cause, `connection refused`.
     pub fn get(&self, path: &str, timeout: Duration) -> Result<Reply, String> {
         self.whole("GET", path, timeout)
@@ -152,7 +143,11 @@ impl Client {
         if timeout.is_zero() {
             return Err("no time left before the deadline".to_string());
         }
-        let url = self.request_url(path);
+        // Over a Unix socket the URL's host only fills the Host header.
+        let url = match &self.address {
+            Address::Tcp(_) => self.url(path),
+            Address::Unix(_) => format!("http://127.0.0.1{path}"),
+        };
         let answer = if method == "POST" {
             let request = self.agent.post(&url).config();
             request.timeout_global(Some(timeout)).build().send_empty()
@@ -218,7 +213,6 @@ fn read_lines(
         let reply = read_whole(answer, timeout).unwrap_or(Reply { status, body: Vec::new() });
         return Err(format!("answered {}", reply.describe()));
     }
-    let failed = |e: ureq::Error| format!("answered 200 but {}", cause(e, timeout, limit));
     if answer.body().content_length().is_some_and(|n| n > limit) {
         return Err(format!("answered 200 but {}", too_large(limit)));
     }
@@ -230,7 +224,7 @@ fn read_lines(
             each(line);
             Ok(())
         },
-        |e| failed(ureq::Error::from(e)),
+        |e| format!("answered 200 but {}", cause(ureq::Error::from(e), timeout, limit)),
     )
 }
 

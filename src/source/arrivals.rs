@@ -62,14 +62,12 @@ struct Seen {
 /// The namespace's TCP counters (`/proc/net/snmp`) a read takes, read before the sockets.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
-    /// Connections accepted.
     pub passive_opens: u64,
     /// Connections reset while established (`EstabResets`): one the app closes with SO_LINGER 0
     /// leaves no socket anywhere, and is counted here.
     pub resets: u64,
 }
 
-/// What one read found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Read {
     /// New connections, and open ones that received bytes, that count.
@@ -89,7 +87,6 @@ pub struct Read {
     pub hiding: Vec<u16>,
 }
 
-/// The state kept from one read to the next.
 #[derive(Debug, Default)]
 pub struct Tracker {
     pub rule: Rule,
@@ -105,11 +102,9 @@ pub struct Tracker {
     accepted: u64,
     /// Arrivals so far: a counter, as /clusters' `rq_total` is.
     pub total: u64,
-    /// Of those, new connections.
     pub opened: u64,
     /// The probes' connections so far, which /clusters counts among the app's requests.
     pub probes: u64,
-    /// Polls left out so far.
     pub polls: u64,
     /// When the first read was, and how many connections since were taken for probes.
     first_at: Option<Duration>,
@@ -191,18 +186,13 @@ impl Tracker {
         }
         let mut now: HashMap<Key, Seen> = HashMap::new();
         for s in sockets.iter().filter(|s| s.state != LISTEN) {
-            let Some((key, in_server)) = self.key(ours, s) else {
-                continue;
-            };
+            let Some((key, in_server)) = self.key(ours, s) else { continue };
             let seen = now.entry(key).or_default();
             seen.accepted |= !in_server || s.state != SYN_RECV;
             // The client's end may have gone where the server's waits in TIME_WAIT.
             seen.inside |= !in_server || is_ours(ours, &key.client);
             seen.closed |= s.state == TIME_WAIT;
-            seen.idle = match (seen.idle, s.idle) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            seen.idle = seen.idle.into_iter().chain(s.idle).min();
             if in_server && s.received.is_some() {
                 seen.received = s.received;
             }
@@ -278,9 +268,7 @@ impl Tracker {
     /// pkg/kubelet/prober/worker.go `run`), a tenth of a period more for the time it takes to
     /// start.
     fn probe(&mut self, since: Duration, seen: bool) -> bool {
-        let Some(periods) = &self.rule.probe_periods else {
-            return seen;
-        };
+        let Some(periods) = &self.rule.probe_periods else { return seen };
         let made = |p: &Duration| {
             let p = p.as_secs_f64().max(f64::MIN_POSITIVE);
             ((since.as_secs_f64() + p / 10.0) / p).floor() as u64 + 1
@@ -306,7 +294,6 @@ impl Tracker {
             .then_some((Key { server: s.remote, client: s.local }, false))
     }
 
-    /// Whether connections to the server's `port` count.
     fn counts(&self, port: u16) -> bool {
         self.rule.ports.counts(port)
     }
@@ -429,32 +416,26 @@ impl Both {
 /// A /clusters read longer than this and than 4 times the cheapest waited on a stalled Envoy.
 const STALL: Duration = Duration::from_millis(100);
 
-/// `hold` behind a sidecar: both sources' arrivals (`Both`), whether the table told them at the
-/// last look (until the first says otherwise, it does), when /clusters is next due, and the least
+/// `hold` behind a sidecar: both sources' arrivals (`Both`), whether the table failed to tell them
+/// at the last look (until the first says so, it tells), when /clusters is next due, and the least
 /// time it took (what it costs Envoy where its CPU cannot be read: a read that waited on a
 /// stopped Envoy took longer and cost nothing).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Hold {
     both: Both,
-    pub table_tells: bool,
+    pub table_blind: bool,
     due: Option<Instant>,
     least: Option<Duration>,
-}
-
-impl Default for Hold {
-    fn default() -> Hold {
-        Hold { both: Both::default(), table_tells: true, due: None, least: None }
-    }
 }
 
 impl Hold {
     /// Whether a look at `now` reads /clusters, and then within how long of the `left` it has:
     /// while the table tells, a stalled Envoy must not stop it (a few of the cheapest reads).
     pub fn clusters_limit(&self, now: Instant, left: Duration) -> Option<Duration> {
-        let due = !self.table_tells || self.due.is_none_or(|t| now >= t);
+        let due = self.table_blind || self.due.is_none_or(|t| now >= t);
         let few = |l: Duration| l.saturating_mul(4);
         due.then(|| match self.least {
-            _ if !self.table_tells => left,
+            _ if self.table_blind => left,
             Some(least) => REQUEST_TIMEOUT.max(few(least)).min(left),
             None => few(REQUEST_TIMEOUT).min(left),
         })
@@ -489,7 +470,7 @@ impl Hold {
             Some((fresh, again)) if !blocked => (Some(fresh), again),
             _ => (None, 0),
         };
-        self.table_tells = kernel.is_some();
+        self.table_blind = kernel.is_none();
         if let (Ok(count), Some(_)) = (&mut proc, kernel) {
             // Behind a sidecar the clients are other sidecars, which pool their connections and
             // choose this pod per request: a request on an old connection is a new choice.

@@ -67,7 +67,6 @@ pub struct AppArrived {
 #[derive(Debug, Default)]
 pub struct Tally {
     current: Option<Cluster>,
-    /// The clusters that hold something.
     clusters: Capped<Cluster>,
     quiet: u64,
     hosts_left_out: BTreeMap<String, u64>,
@@ -86,18 +85,12 @@ impl Tally {
     /// Takes one line: `<cluster>::<host>::<stat>::<value>`; other lines are skipped.
     pub fn add_line(&mut self, line: &str, rule: &Rule) {
         let line = line.trim_end();
-        let Some((rest, value)) = line.rsplit_once("::") else {
-            return;
-        };
-        let Some((rest, stat)) = rest.rsplit_once("::") else {
-            return;
-        };
+        let Some((rest, value)) = line.rsplit_once("::") else { return };
+        let Some((rest, stat)) = rest.rsplit_once("::") else { return };
         if !LISTED.contains(&stat) {
             return;
         }
-        let Some((name, host)) = split_host(rest) else {
-            return;
-        };
+        let Some((name, host)) = split_host(rest) else { return };
         self.hosts |= stat == "rq_active";
         let why_host = why_host(host, name, rule);
         let cluster = self.cluster(name, rule);
@@ -127,13 +120,12 @@ impl Tally {
                 cluster.connections = cluster.connections.saturating_add(n)
             }
             ("cx_active", _) => {}
-            // A left-out cluster shows its requests beside the reason.
-            (_, None) => cluster.requests = cluster.requests.saturating_add(n),
             (_, Some(why)) if cluster.left_out.is_none() => {
                 let e = self.hosts_left_out.entry(why).or_default();
                 *e = e.saturating_add(n);
             }
-            (_, Some(_)) => cluster.requests = cluster.requests.saturating_add(n),
+            // A host that counts; or one of a left-out cluster, which shows them beside its reason.
+            _ => cluster.requests = cluster.requests.saturating_add(n),
         }
     }
 
@@ -160,7 +152,6 @@ impl Tally {
         self.current.insert(current)
     }
 
-    /// Keeps a finished cluster if it holds anything.
     fn close(&mut self, c: Cluster) {
         if c.requests > 0 || c.connections > 0 {
             // Past the cap, only what counts is added up.
@@ -197,14 +188,12 @@ impl Tally {
             .filter(|c| c.left_out.is_none() && c.requests > 0)
             .map(|c| Part { name: format!("cluster {}", c.name), active: c.requests })
             .collect();
+        // Requests on hosts left out of clusters that count, by why.
+        let excluded =
+            self.hosts_left_out.into_iter().map(|(why, n)| Excluded { why, n }).collect();
         Ok(Answer {
             count: Count {
-                // Requests on hosts left out of clusters that count, by why.
-                excluded: self
-                    .hosts_left_out
-                    .into_iter()
-                    .map(|(why, n)| Excluded { why, n })
-                    .collect(),
+                excluded,
                 ..Count::new(SourceKind::Clusters, Unit::Requests, parts, vec![])
             },
             clusters,

@@ -81,24 +81,23 @@ pub fn request(states: u32, info: bool) -> [u8; HEADER + REQUEST] {
 /// Reads one datagram of the reply to request `seq` into `sink`; `true` once the dump is done. A
 /// message that is not whole and ours makes the reply unusable; the kernel's error, netlink.
 pub fn parse(datagram: &[u8], seq: u32, sink: &mut impl Sink) -> Result<bool, DumpError> {
-    let malformed = |why: &str| unread(why);
     let mut rest = datagram;
     while !rest.is_empty() {
         if rest.len() < HEADER {
-            return Err(malformed("a message shorter than its header"));
+            return Err(unread("a message shorter than its header"));
         }
         let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
         let kind = u16::from_ne_bytes([rest[4], rest[5]]);
         let flags = u16::from_ne_bytes([rest[6], rest[7]]);
         let their_seq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
         if len < HEADER || len > rest.len() {
-            return Err(malformed("a message whose length does not fit the datagram"));
+            return Err(unread("a message whose length does not fit the datagram"));
         }
         if their_seq != seq {
-            return Err(malformed("a message for another request"));
+            return Err(unread("a message for another request"));
         }
         if flags & NLM_F_DUMP_INTR != 0 {
-            return Err(malformed("the kernel says the tables changed under the dump"));
+            return Err(unread("the kernel says the tables changed under the dump"));
         }
         let body = &rest[HEADER..len];
         match kind {
@@ -108,10 +107,10 @@ pub fn parse(datagram: &[u8], seq: u32, sink: &mut impl Sink) -> Result<bool, Du
                 let code = body
                     .get(..4)
                     .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                    .ok_or_else(|| malformed("an end or error message without its code"))?;
+                    .ok_or_else(|| unread("an end or error message without its code"))?;
                 return match code {
                     0 if kind == NLMSG_DONE => Ok(true),
-                    0 => Err(malformed("an acknowledgement where a dump was asked for")),
+                    0 => Err(unread("an acknowledgement where a dump was asked for")),
                     c => Err(DumpError::Unavailable(failed(
                         "dump",
                         "the kernel's TCP sockets over netlink",
@@ -123,7 +122,7 @@ pub fn parse(datagram: &[u8], seq: u32, sink: &mut impl Sink) -> Result<bool, Du
                 };
             }
             TCPDIAG_GETSOCK => sink.add(socket(body)?),
-            _ => return Err(malformed("a message of an unknown type")),
+            _ => return Err(unread("a message of an unknown type")),
         }
         // Messages are aligned to 4 bytes; the last one's padding may be cut.
         let next = (len + 3) & !3;
@@ -186,7 +185,6 @@ fn info(mut attrs: &[u8]) -> Option<(u64, u32)> {
     None
 }
 
-/// Why a dump failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DumpError {
     /// Netlink is not there or the kernel has no sock_diag for TCP (gVisor, a kernel without

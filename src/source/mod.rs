@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 /// One attempt to count.
 #[derive(Debug, Clone)]
 pub struct Reading {
-    /// The count, or why nothing could be counted.
     pub result: Result<Count, String>,
     /// Why the preferred count was not made this time, if it was not.
     pub fallback: Option<String>,
@@ -95,12 +94,12 @@ pub struct Sources {
     pub mode: Mode,
     pub unit: Unit,
     pub admin: Client,
+    /// One query for whatever is counted: connections, or connections and requests together.
+    stats_path: &'static str,
     /// What never counts in /clusters; its preset and `--ignore-ports` apply to the stats too.
     clusters: clusters::Rule,
-    /// What /clusters' answers so far say has arrived.
     arrived: clusters::Arrived,
     table: SocketTable,
-    /// What the look under way has spent (`Spent`).
     spent: Spent,
     /// Why the stats gave no requests at the last count, whose requests came from /clusters: the
     /// next count asks /clusters first (Envoy's stats matcher never changes, and a filtered
@@ -134,6 +133,7 @@ impl Sources {
             mode: c.mode,
             unit: c.unit,
             admin: Client::envoy(c.admin.clone()),
+            stats_path: if c.unit == Unit::Requests { REQUESTS_PATH } else { STATS_PATH },
             clusters: clusters::Rule {
                 preset: c.preset,
                 ignore_clusters: c.ignore_clusters.clone(),
@@ -155,21 +155,12 @@ impl Sources {
         &mut self.table
     }
 
-    /// Where the socket table is read from.
     pub fn reader(&self) -> &sockets::Reader {
-        self.table.reader()
-    }
-
-    /// One query for whatever is counted: connections, or connections and requests together.
-    fn stats_path(&self) -> &'static str {
-        match self.unit {
-            Unit::Connections => STATS_PATH,
-            Unit::Requests => REQUESTS_PATH,
-        }
+        &self.table.reader
     }
 
     pub fn stats_url(&self) -> String {
-        self.admin.url(self.stats_path())
+        self.admin.url(self.stats_path)
     }
 
     /// One count, what the socket table says about the pod, and what the count cost, within
@@ -177,7 +168,6 @@ impl Sources {
     pub fn tick(&mut self, left: Duration) -> (Reading, Result<Pod, String>, Cost) {
         let until = within(left.max(PROC_GRACE));
         let (asked, own) = (Instant::now(), Meter::start(process_cpu));
-        self.table.forget();
         let reading = self.count(left);
         // `hold` runs before the app's SIGTERM: its sockets tell nothing then.
         let pod = match self.clusters.inbound {
@@ -198,11 +188,9 @@ impl Sources {
 
     /// What the socket table says about the pod now, read within `left`.
     pub fn pod(&mut self, left: Duration) -> Result<Pod, String> {
-        self.table.forget();
         self.table().pod(within(left.max(PROC_GRACE)))
     }
 
-    /// Counts by the configured mode and unit within `left`.
     pub fn count(&mut self, left: Duration) -> Reading {
         decide(&self.look(left, false))
     }
@@ -276,7 +264,7 @@ impl Sources {
             let took = asked.elapsed();
             (self.spent.admin, self.spent.envoy_cpu) = (took, envoy_cpu.spent());
             blocked = hold.clusters_read(asked, took, self.spent.envoy_cpu);
-            if hold.table_tells {
+            if !hold.table_blind {
                 (self.spent.aside, self.spent.aside_cpu) = (took, own.spent().unwrap_or_default());
                 self.spent.envoy_cpu = Some(Duration::ZERO);
             }
@@ -294,24 +282,16 @@ impl Sources {
         let asked = Instant::now();
         let mut lines = stats::Lines::new(&self.clusters.ignore_ports, self.clusters.preset);
         let got =
-            self.admin.get_lines(self.stats_path(), timeout, admin::BODY_LIMIT, |l| lines.add(l));
+            self.admin.get_lines(self.stats_path, timeout, admin::BODY_LIMIT, |l| lines.add(l));
         if got.is_err() && asked.elapsed() >= timeout {
             self.stats_timeout = self.stats_timeout.saturating_mul(2).min(MAX_STATS_TIMEOUT);
         }
-        match got {
-            Ok(()) => {
-                let connections = lines.connections();
-                let requests = requests.then(|| match &connections {
-                    Ok(c) => lines.requests(c),
-                    Err(e) => Err(e.clone()),
-                });
-                StatsLook { connections, requests }
-            }
-            Err(f) => {
-                let why = failed("GET", self.stats_url(), f);
-                StatsLook { connections: Err(why.clone()), requests: requests.then_some(Err(why)) }
-            }
-        }
+        let connections =
+            got.map_err(|f| failed("GET", self.stats_url(), f)).and_then(|()| lines.connections());
+        // A failed answer fails both counts alike.
+        let requests = requests
+            .then(|| connections.as_ref().map_err(String::clone).and_then(|c| lines.requests(c)));
+        StatsLook { connections, requests }
     }
 
     /// Envoy's per-host counters, read line by line as they arrive.
@@ -357,9 +337,7 @@ pub fn decide(look: &Look) -> Reading {
         (Some(Ok(c)), _) => Ok(c.clone()),
         (Some(Err(proc)), Some(why)) => Err(format!("stats: {why}; proc: {proc}")),
         (Some(Err(proc)), None) => Err(proc.clone()),
-        (None, Some(why)) => {
-            return Reading { result: Err(why.clone()), fallback: None };
-        }
+        (None, Some(why)) => return Reading { result: Err(why.clone()), fallback: None },
         (None, None) => Err("no source was read".to_string()),
     };
     Reading { result, fallback }

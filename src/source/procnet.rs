@@ -90,11 +90,8 @@ fn endpoint(field: &str) -> Option<Endpoint> {
     let ip = match addr.len() {
         8 => Ipv4Addr::from(word(0)?).to_ipv6_mapped(),
         32 => {
-            let mut bytes = [0u8; 16];
-            for i in 0..4 {
-                bytes[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
-            }
-            Ipv6Addr::from(bytes)
+            let words = [word(0)?, word(1)?, word(2)?, word(3)?];
+            Ipv6Addr::from(<[u8; 16]>::try_from(words.as_flattened()).ok()?)
         }
         _ => return None,
     };
@@ -149,7 +146,8 @@ impl Table {
     pub fn add_line(&mut self, line: &str) {
         match parse_line(line) {
             Some(s) => self.add(s),
-            None if is_header(line) => {}
+            // The header, or a blank line.
+            None if line.trim_start().is_empty() || line.trim_start().starts_with("sl ") => {}
             None => {
                 self.bad_lines += 1;
                 if self.first_bad.is_none() {
@@ -159,7 +157,6 @@ impl Table {
         }
     }
 
-    /// Whether `s` is in a state the rule looks at.
     fn keeps(s: &Socket) -> bool {
         matches!(s.state, LISTEN | ESTABLISHED | SYN_SENT | SYN_RECV | CLOSE_WAIT)
     }
@@ -178,7 +175,6 @@ impl Table {
         self.sockets.dedup_by(|a, b| a.inode == b.inode && (a.inode != 0 || ends(a) == ends(b)));
     }
 
-    /// The listening sockets.
     pub fn listening(&self) -> Vec<&Socket> {
         self.sockets.iter().filter(|s| s.state == LISTEN).collect()
     }
@@ -198,11 +194,6 @@ pub fn taking<'a, T>(
 ) -> Option<&'a T> {
     let exact = listening.iter().find(|l| at(l) == local);
     exact.or_else(|| listening.iter().find(|l| serves(at(l), local)))
-}
-
-fn is_header(line: &str) -> bool {
-    let t = line.trim_start();
-    t.is_empty() || t.starts_with("sl ")
 }
 
 /// What the rule needs besides the table.
@@ -334,6 +325,7 @@ const MAX_UNSURE: usize = 4096;
 
 /// A count fed one socket at a time once the listening sockets are known, so a dump is never held:
 /// connections tallied by why they count or not, every socket by owner.
+#[derive(Default)]
 pub struct Tally<'a> {
     listening: Vec<&'a Socket>,
     /// The rule and the listeners it reads; `None` when only owners are wanted.
@@ -358,14 +350,7 @@ impl<'a> Tally<'a> {
         for s in &listening {
             *owners.entry(s.uid).or_default() += 1;
         }
-        Tally {
-            listening,
-            rule,
-            listed_first,
-            verdicts: BTreeMap::new(),
-            owners,
-            unsure: Vec::new(),
-        }
+        Tally { listening, rule, listed_first, owners, ..Tally::default() }
     }
 
     /// The count, once every socket has been added. `relist` lists Envoy's sockets again when
@@ -383,8 +368,7 @@ impl<'a> Tally<'a> {
                 *self.verdicts.entry(rule.verdict(&s, listeners, Some(envoys))).or_default() += 1;
             }
         }
-        let mut parts = Vec::new();
-        let mut excluded = Vec::new();
+        let (mut parts, mut excluded) = (Vec::new(), Vec::new());
         for (v, n) in self.verdicts {
             match v {
                 Verdict::Accepted { .. } => parts.push(Part { name: v.label(), active: n }),
@@ -417,10 +401,8 @@ impl Sink for Tally<'_> {
             // A half-open connection belongs to its listener, whose owner has a socket of its own.
             *self.owners.entry(s.uid).or_default() += 1;
         }
-        let Some((rule, listeners)) = self.rule else {
-            return;
-        };
-        let envoys = rule.holds(&s);
+        let Some((rule, listeners)) = self.rule else { return };
+        let mut envoys = rule.holds(&s);
         if self.listed_first
             && envoys == Some(false)
             && rule.envoy.uid() == Some(s.uid)
@@ -430,8 +412,7 @@ impl Sink for Tally<'_> {
                 self.unsure.push(s);
                 return;
             }
-            *self.verdicts.entry(rule.verdict(&s, listeners, Some(true))).or_default() += 1;
-            return;
+            envoys = Some(true);
         }
         *self.verdicts.entry(rule.verdict(&s, listeners, envoys)).or_default() += 1;
     }

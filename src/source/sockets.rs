@@ -19,7 +19,6 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Where the sockets come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reader {
     Netlink,
@@ -34,14 +33,14 @@ pub enum Reader {
 const PROC_NET: &str = "/proc/net";
 
 pub struct SocketTable {
-    reader: Reader,
+    /// Where the sockets are read from (netlink gives way to the text tables once unavailable).
+    pub reader: Reader,
     filter: Filter,
     admin: Address,
     /// Where processes are listed, when the table is this machine's live one.
     proc_root: Result<PathBuf, String>,
     listeners: Listeners,
     envoy_pid: Option<u32>,
-    /// Whether `envoy_pid` has searched for Envoy's process already.
     searched: bool,
     /// Why what holds the admin address is not taken as Envoy (`Client::not_envoy`): the admin API
     /// answered as something else or refused to be opened.
@@ -141,11 +140,6 @@ impl SocketTable {
         self.tracker.as_ref().map_or(0, |t| t.probes)
     }
 
-    /// Where the sockets are read from.
-    pub fn reader(&self) -> &Reader {
-        &self.reader
-    }
-
     /// The kernel's count, made before `until`: the listening sockets, Envoy's process, then the open
     /// sockets counted as they come. Netlink that is unavailable gives way to the text tables.
     pub fn count(&mut self, until: Instant) -> Result<Count, String> {
@@ -199,11 +193,6 @@ impl SocketTable {
         read_open(open, until, &diag::request(diag::OPEN, false), &mut tally)?;
         let (_, owners) = tally.count(|| None);
         Ok(pod_of(self.admin_socket(&listening), owners))
-    }
-
-    /// Forgets the sockets of the last count, so that `pod` reads them afresh.
-    pub fn forget(&mut self) {
-        self.pod = None;
     }
 
     /// The listening sockets, before `until`; from the text tables, the open ones too.
@@ -269,13 +258,10 @@ impl SocketTable {
             Address::Tcp(addr) => listening.listener(*addr).map(|s| (s.uid, Some(s.inode))),
             Address::Unix(path) => {
                 let uid = fs::metadata(path).ok()?.uid();
-                match &self.proc_root {
-                    Ok(root) => match unix_listener(&root.join("net/unix"), path) {
-                        Ok(Some(inode)) => Some((uid, Some(inode))),
-                        Ok(None) => None,
-                        Err(_) => Some((uid, None)),
-                    },
-                    Err(_) => Some((uid, None)),
+                let root = self.proc_root.as_ref().ok();
+                match root.map(|root| unix_listener(&root.join("net/unix"), path)) {
+                    Some(Ok(None)) => None,
+                    found => Some((uid, found.and_then(Result::ok).flatten())),
                 }
             }
         }
@@ -456,9 +442,7 @@ fn unix_listener(table: &Path, path: &Path) -> std::io::Result<Option<u64>> {
     let file = |p: &Path| fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
     let target = file(path);
     for line in text.lines().skip(1) {
-        let Some((flags, inode, name)) = unix_line(line) else {
-            continue;
-        };
+        let Some((flags, inode, name)) = unix_line(line) else { continue };
         let same = name == wanted || (target.is_some() && file(Path::new(name)) == target);
         if flags & ACCEPTCON != 0 && same {
             return Ok(Some(inode));
@@ -487,9 +471,7 @@ fn sockets_of(proc_root: &Path, pid: u32) -> std::io::Result<Vec<u64>> {
     let mut inodes = Vec::new();
     for entry in fs::read_dir(proc_root.join(pid.to_string()).join("fd"))? {
         // A descriptor closed between the listing and the readlink is simply gone.
-        let Ok(target) = entry.and_then(|e| fs::read_link(e.path())) else {
-            continue;
-        };
+        let Ok(target) = entry.and_then(|e| fs::read_link(e.path())) else { continue };
         let inode = target
             .to_str()
             .and_then(|t| t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok());

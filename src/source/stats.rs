@@ -90,14 +90,13 @@ impl Lines {
         self.admin_connections |= name == ADMIN_LINE;
         self.admin_requests |= name == ADMIN_RQ_LINE;
         if let Some(listener) = listener_name(name) {
-            let name = || listener.to_string();
             match skip_reason(listener, &self.ignore, &self.preset) {
                 Some(why) => {
-                    let why = || format!("{} ({why})", name());
-                    self.skipped.push(|| Excluded { why: why(), n }, [n, 0]);
+                    self.skipped
+                        .push(|| Excluded { why: format!("{listener} ({why})"), n }, [n, 0]);
                 }
                 None => {
-                    self.parts.push(|| Part { name: name(), active: n }, [n, 0]);
+                    self.parts.push(|| Part { name: listener.to_string(), active: n }, [n, 0]);
                 }
             }
         } else if let Some((prefix, is_request)) = hcm_stat(name, &self.preset) {
@@ -188,12 +187,10 @@ fn gauge(line: &str) -> Option<(&str, u64)> {
 /// The prefix of a traffic manager's `http.<prefix>.downstream_{rq,cx}_active`, and whether rq.
 fn hcm_stat<'a>(name: &'a str, preset: &Preset) -> Option<(&'a str, bool)> {
     let rest = name.strip_prefix("http.")?;
-    let (prefix, is_request) =
-        match (rest.strip_suffix(".downstream_rq_active"), rest.strip_suffix(SUFFIX)) {
-            (Some(p), _) => (p, true),
-            (None, Some(p)) => (p, false),
-            (None, None) => return None,
-        };
+    let (prefix, is_request) = match rest.strip_suffix(".downstream_rq_active") {
+        Some(p) => (p, true),
+        None => (rest.strip_suffix(SUFFIX)?, false),
+    };
     (!prefix.is_empty() && !any(preset.own_hcms, prefix)).then_some((prefix, is_request))
 }
 
