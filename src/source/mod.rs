@@ -94,8 +94,6 @@ pub struct Sources {
     pub mode: Mode,
     pub unit: Unit,
     pub admin: Client,
-    /// One query for whatever is counted: connections, or connections and requests together.
-    stats_path: &'static str,
     /// What never counts in /clusters; its preset and `--ignore-ports` apply to the stats too.
     clusters: clusters::Rule,
     arrived: clusters::Arrived,
@@ -133,7 +131,6 @@ impl Sources {
             mode: c.mode,
             unit: c.unit,
             admin: Client::envoy(c.admin.clone()),
-            stats_path: if c.unit == Unit::Requests { REQUESTS_PATH } else { STATS_PATH },
             clusters: clusters::Rule {
                 preset: c.preset,
                 ignore_clusters: c.ignore_clusters.clone(),
@@ -159,8 +156,13 @@ impl Sources {
         &self.table.reader
     }
 
+    /// One query for whatever is counted: connections, or connections and requests together.
+    fn stats_path(&self) -> &'static str {
+        if self.unit == Unit::Requests { REQUESTS_PATH } else { STATS_PATH }
+    }
+
     pub fn stats_url(&self) -> String {
-        self.admin.url(self.stats_path)
+        self.admin.url(self.stats_path())
     }
 
     /// One count, what the socket table says about the pod, and what the count cost, within
@@ -282,7 +284,7 @@ impl Sources {
         let asked = Instant::now();
         let mut lines = stats::Lines::new(&self.clusters.ignore_ports, self.clusters.preset);
         let got =
-            self.admin.get_lines(self.stats_path, timeout, admin::BODY_LIMIT, |l| lines.add(l));
+            self.admin.get_lines(self.stats_path(), timeout, admin::BODY_LIMIT, |l| lines.add(l));
         if got.is_err() && asked.elapsed() >= timeout {
             self.stats_timeout = self.stats_timeout.saturating_mul(2).min(MAX_STATS_TIMEOUT);
         }
