@@ -121,12 +121,12 @@ struct Counted {
     recounted: u64,
 }
 
-/// The pace of `reads` from `from` to `now`. Counts are at least what arrived (a connection that received
-/// bytes is one arrival however many requests it carried), so the mean gap is also told from how
-/// many counts saw none: with a share f of counts L apart seeing some, arrivals at rate r give
-/// f = 1 - e^(-rL). The quiet time is at least `floor`, `GAPS` mean gaps, and twice the longest
-/// pause (counts between saw none), so that bursts with pauses between them are not the end;
-/// pauses before the first count (`before`, where `from` is that count) among them.
+/// The pace of `reads` from `from` to `now`. Counts are at least what arrived (a connection that
+/// received bytes is one arrival however many requests it carried), so the mean gap is also told
+/// from how many counts saw none: with a share f of counts L apart seeing some, arrivals at rate r
+/// give f = 1 - e^(-rL). The quiet time is at least `floor`, `GAPS` mean gaps, and twice the
+/// longest pause (counts between saw none), so that bursts with pauses between them are not the
+/// end; pauses before the first count (`before`, where `from` is that count) among them.
 fn pace(
     reads: &[Counted],
     (from, now): (Duration, Duration),
