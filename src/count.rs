@@ -172,7 +172,7 @@ pub struct Capped<T> {
 
 impl<T: Clone> Capped<T> {
     /// Keeps `row()` and gives it back, or past `KEPT` adds `figures` to the rest.
-    pub fn push(&mut self, row: impl FnOnce() -> T, figures: [u64; 2]) -> Option<&mut T> {
+    pub fn keep(&mut self, row: impl FnOnce() -> T, figures: [u64; 2]) -> Option<&mut T> {
         if self.rows.len() < KEPT {
             self.rows.push(row());
             return self.rows.last_mut();

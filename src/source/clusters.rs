@@ -157,7 +157,7 @@ impl Tally {
             // Past the cap, only what counts is added up.
             if c.left_out.is_none() || self.clusters.rows.len() < KEPT {
                 let figures = [c.requests, c.connections];
-                self.clusters.push(|| c, figures);
+                self.clusters.keep(|| c, figures);
             }
         } else if c.left_out.is_none() {
             self.quiet += 1;

@@ -93,10 +93,10 @@ impl Lines {
             match skip_reason(listener, &self.ignore, &self.preset) {
                 Some(why) => {
                     self.skipped
-                        .push(|| Excluded { why: format!("{listener} ({why})"), n }, [n, 0]);
+                        .keep(|| Excluded { why: format!("{listener} ({why})"), n }, [n, 0]);
                 }
                 None => {
-                    self.parts.push(|| Part { name: listener.to_string(), active: n }, [n, 0]);
+                    self.parts.keep(|| Part { name: listener.to_string(), active: n }, [n, 0]);
                 }
             }
         } else if let Some((prefix, is_request)) = hcm_stat(name, &self.preset) {
@@ -106,7 +106,7 @@ impl Lines {
                 None => {
                     let at = self.hcms.rows.len();
                     let new = || Hcm { prefix: prefix.to_string(), requests: 0, connections: 0 };
-                    let hcm = self.hcms.push(new, figures);
+                    let hcm = self.hcms.keep(new, figures);
                     if hcm.is_some() {
                         self.index.insert(prefix.to_string(), at);
                     }
