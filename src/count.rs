@@ -171,16 +171,16 @@ pub struct Capped<T> {
 }
 
 impl<T: Clone> Capped<T> {
-    /// Keeps `row()` and gives it back, or past `KEPT` adds `figures` to the rest.
-    pub fn keep(&mut self, row: impl FnOnce() -> T, figures: [u64; 2]) -> Option<&mut T> {
+    /// Keeps `row()` (`true`), or past `KEPT` adds `figures` to the rest.
+    pub fn keep(&mut self, row: impl FnOnce() -> T, figures: [u64; 2]) -> bool {
         if self.rows.len() < KEPT {
             self.rows.push(row());
-            return self.rows.last_mut();
+            return true;
         }
         self.more += 1;
         self.rest =
             [self.rest[0].saturating_add(figures[0]), self.rest[1].saturating_add(figures[1])];
-        None
+        false
     }
 
     /// The rows, then the rest as one row (`rest(how many, their figures)`) if there were any.

@@ -28,10 +28,7 @@ pub fn command(args: &InstallArgs) -> i32 {
 fn install(dest: &Path) -> Result<(PathBuf, u64), String> {
     let (mut source, from) = open_self()?;
     let target = if dest.is_dir() { dest.join("envoy-drain") } else { dest.to_path_buf() };
-    let dir = match target.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+    let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = target.file_name().unwrap_or_default().to_string_lossy();
     let fail = |step: String| failed("install to", target.display(), step);
     // Pid and time: a killed install's file (a container's pid repeats) is not ours to touch.

@@ -10,13 +10,9 @@ impl PortSet {
     /// Parses `15000, 15021,15090`. Empty items are skipped, so `""` is the empty set and a
     /// trailing comma is harmless. The error is the item that is not a port.
     pub fn parse(list: &str) -> Result<PortSet, String> {
-        let mut ports = Vec::new();
-        for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            match item.parse::<u16>() {
-                Ok(p) if p > 0 => ports.push(p),
-                _ => return Err(item.to_string()),
-            }
-        }
+        let items = list.split(',').map(str::trim).filter(|i| !i.is_empty());
+        let ports = items.map(|i| i.parse().ok().filter(|&p| p > 0).ok_or(i));
+        let mut ports: Vec<u16> = ports.collect::<Result<_, &str>>()?;
         ports.sort_unstable();
         ports.dedup();
         Ok(PortSet(ports))
@@ -53,14 +49,9 @@ pub struct Names(Vec<String>);
 impl Names {
     /// Parses `a,b,c*`; empty items are skipped. The error is an item that is only `*`.
     pub fn parse(list: &str) -> Result<Names, String> {
-        let mut names = Vec::new();
-        for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            if item == "*" {
-                return Err(item.to_string());
-            }
-            names.push(item.to_string());
-        }
-        Ok(Names(names))
+        let items = list.split(',').map(str::trim).filter(|i| !i.is_empty());
+        let names = items.map(|i| if i == "*" { Err(i) } else { Ok(i.to_string()) });
+        Ok(Names(names.collect::<Result<_, &str>>()?))
     }
 
     pub fn matches(&self, cluster: &str) -> bool {

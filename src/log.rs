@@ -107,14 +107,9 @@ pub struct Logger {
 /// One line, at most `MAX_LINE` bytes, control characters turned into spaces.
 pub fn format_line(time: SystemTime, level: Level, message: &str) -> String {
     let level = format!("{level:?}").to_ascii_lowercase();
-    let head = format!("{}\t{level}\tenvoy-drain\t", humantime::format_rfc3339_micros(time));
-    let mut line = head;
-    for c in message.chars().map(|c| if c.is_control() { ' ' } else { c }) {
-        if line.len() + c.len_utf8() >= MAX_LINE {
-            break;
-        }
-        line.push(c);
-    }
+    let mut line = format!("{}\t{level}\tenvoy-drain\t", humantime::format_rfc3339_micros(time));
+    line.extend(message.chars().map(|c| if c.is_control() { ' ' } else { c }));
+    line.truncate(line.floor_char_boundary(MAX_LINE - 1));
     line.push('\n');
     line
 }
@@ -147,14 +142,9 @@ impl Logger {
                     _ => io_cause(&e),
                 };
                 let failed = failed("open", format!("log file {}", path.display()), why);
-                self.warn(&format!("{failed}; logging to stderr only"));
+                self.line(Level::Warn, &format!("{failed}; logging to stderr only"));
             }
         }
-    }
-
-    /// Whether the last line has been written.
-    pub fn closed(&self) -> bool {
-        self.closed
     }
 
     /// Lines dropped so far, and why one could not be written other than for want of room.
@@ -164,22 +154,15 @@ impl Logger {
         (lines, outs.filter_map(|o| o.failed.as_deref()).next())
     }
 
-    pub fn info(&mut self, message: &str) {
-        self.line(Level::Info, message);
-    }
-
-    pub fn warn(&mut self, message: &str) {
-        self.line(Level::Warn, message);
-    }
-
     pub fn line(&mut self, level: Level, message: &str) {
         self.write(level, message, Duration::ZERO);
     }
 
-    /// The last line: it may wait a little for room that the others do not.
-    pub fn last_line(&mut self, level: Level, message: &str) {
+    /// The last line: it may wait a little for room that the others do not. Whether it was
+    /// written, not one before it.
+    pub fn last_line(&mut self, level: Level, message: &str) -> bool {
         self.write(level, message, SUMMARY_WAIT);
-        self.closed = true;
+        !std::mem::replace(&mut self.closed, true)
     }
 
     fn write(&mut self, level: Level, message: &str, wait: Duration) {
@@ -206,7 +189,7 @@ impl Logger {
         }
         if !self.live {
             if worth_a_line {
-                self.info(message);
+                self.line(Level::Info, message);
             }
             return;
         }
@@ -236,10 +219,7 @@ fn terminal_width() -> usize {
     // SAFETY: TIOCGWINSZ fills a winsize we own; on failure it stays zeroed.
     let mut size: libc::winsize = unsafe { std::mem::zeroed() };
     unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut size) };
-    match size.ws_col {
-        0 => 80,
-        cols => usize::from(cols),
-    }
+    if size.ws_col == 0 { 80 } else { usize::from(size.ws_col) }
 }
 
 #[cfg(test)]
@@ -296,7 +276,7 @@ mod tests {
             let sink = Sink::default();
             let mut log = Logger::new(Out::new(Box::new(sink.clone())), live);
             log.last_line(Level::Warn, "interrupted by SIGTERM");
-            log.info("1 active connection (proc)");
+            log.line(Level::Info, "1 active connection (proc)");
             log.waiting("1 active connection (proc)", true);
             let text = sink.text();
             assert!(text.ends_with("interrupted by SIGTERM\n"), "{live}: {text:?}");
@@ -322,9 +302,9 @@ mod tests {
         let mut log = Logger::new(Out::new(Box::new(sink.clone())), true);
         log.waiting("3 open", true);
         log.waiting("2 open", false);
-        log.warn("stats unavailable");
+        log.line(Level::Warn, "stats unavailable");
         log.end_live();
-        log.info("done");
+        log.line(Level::Info, "done");
         let text = sink.text();
         assert_eq!(
             text.matches('\n').count(),
@@ -340,7 +320,7 @@ mod tests {
         let sink = Sink::default();
         let mut log = Logger::new(Out::new(Box::new(sink.clone())), false);
         log.add_file(Path::new("/nonexistent-dir/x.log"));
-        log.info("still logging");
+        log.line(Level::Info, "still logging");
         let text = sink.text();
         assert!(
             text.contains("warn\tenvoy-drain\tfailed to open log file /nonexistent-dir/x.log"),
@@ -357,7 +337,7 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let mut log = Logger::new(Out::new(Box::new(Sink::default())), false);
         log.add_file(&path);
-        log.info("one");
+        log.line(Level::Info, "one");
         log.waiting("two", true);
         log.waiting("not a line", false);
         let text = std::fs::read_to_string(&path).unwrap();

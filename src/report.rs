@@ -72,9 +72,6 @@ impl Report {
     /// Writes the summary as the last line unless one was; says whether it wrote.
     pub fn finish(&self, outcome: Outcome) -> bool {
         let mut said = self.said();
-        if said.log.closed() {
-            return false;
-        }
         let level = match outcome {
             Outcome::Reached | Outcome::AppExited | Outcome::KeptAlive(_) => Level::Info,
             Outcome::NothingCounted => Level::Error,
@@ -85,8 +82,7 @@ impl Report {
         let line =
             text::summary(outcome, elapsed, &self.cfg.rules, &said.progress, said.log.dropped());
         said.log.end_live();
-        said.log.last_line(level, &line);
-        true
+        said.log.last_line(level, &line)
     }
 
     /// A look at the app alone, waiting for its exit: what holds the proxy, once.
@@ -98,8 +94,8 @@ impl Report {
         }
         said.app_told = true;
         match (app, pod) {
-            (App::Running, Ok(p)) => said.log.info(&text::waiting_for_app(p)),
-            (App::Unknown, Err(why)) => said.log.warn(&text::app_unknown(why)),
+            (App::Running, Ok(p)) => said.log.line(Level::Info, &text::waiting_for_app(p)),
+            (App::Unknown, Err(why)) => said.log.line(Level::Warn, &text::app_unknown(why)),
             _ => {}
         }
     }
@@ -136,7 +132,7 @@ impl Report {
     pub fn app_still_running(&self) {
         let mut said = self.said();
         let line = text::app_still_running(said.app.as_ref());
-        said.log.warn(&line);
+        said.log.line(Level::Warn, &line);
     }
 
     /// A count at `now` and what the wait made of it: the pace when it changed by half or more,
@@ -148,7 +144,7 @@ impl Report {
         let pace = seen.every;
         let (low, high) = (said.pace.saturating_mul(2) / 3, said.pace.saturating_mul(3) / 2);
         if pace != said.pace && (pace <= low || pace >= high || pace == rules.interval) {
-            said.log.info(&text::pace(pace, rules.interval, cost));
+            said.log.line(Level::Info, &text::pace(pace, rules.interval, cost));
             said.pace = pace;
         }
         let last_total = said.progress.last.as_ref().map(|c| c.total);
@@ -161,7 +157,7 @@ impl Report {
             Ok(count) => count,
             Err(why) => {
                 if was_unknown.as_deref() != Some(why.as_str()) {
-                    said.log.warn(&text::cannot_count(why));
+                    said.log.line(Level::Warn, &text::cannot_count(why));
                 }
                 said.progress.unknown = Some(why.clone());
                 return;
@@ -170,7 +166,7 @@ impl Report {
         said.progress.last = Some(count.clone());
         for w in &count.warnings {
             if said.warned.insert(w.clone()) {
-                said.log.warn(&w.to_string());
+                said.log.line(Level::Warn, &w.to_string());
             }
         }
         let changed_source = self.source_said(&mut said, reading, count, proc);

@@ -41,13 +41,12 @@ pub fn command(cfg: Result<RunConfig, UsageError>, start: Instant) -> i32 {
         }
         answer.is_ok()
     };
-    let resend = |s: &Sources, r: Request| send(s, r, true);
     let urls: Vec<(Request, String)> =
         cfg.before.iter().map(|&r| (r, to(r, &sources, &agent).url(r.path()))).collect();
     report.line(Level::Info, &text::start_line(cfg, &sources, &urls));
     let unsent = cfg.before.iter().copied().filter(|&r| !send(&sources, r, false)).collect();
     let drained_at = start.elapsed();
-    let mut looks = Looks { unsent, resend: &resend, sources: &mut sources };
+    let mut looks = Looks { unsent, send: &send, sources: &mut sources };
     let end = wait(cfg, (start, drained_at), &mut looks, &report);
     if end.outcome == Outcome::AppExited || end.quit == Some(App::Gone) {
         report.line(Level::Info, &text::app_exited());
@@ -77,13 +76,12 @@ fn wait(
         match wait.next(now) {
             Step::Sleep(until) => std::thread::sleep(until.saturating_sub(now)),
             Step::Look(ask) => {
-                let (tick, (reading, pod, cost)) =
-                    looks.look(cfg.rules.deadline.saturating_sub(now), ask);
+                let (tick, reading, pod) = looks.look(cfg.rules.deadline.saturating_sub(now), ask);
                 let seen = wait.saw(ask, (now, start.elapsed()), &tick);
                 match (ask, reading) {
                     (Ask::Count, Some(reading)) => {
                         let proc = looks.sources.reader();
-                        report.counted(&reading, seen, proc, start.elapsed(), cost);
+                        report.counted(&reading, seen, proc, start.elapsed(), tick.cost);
                     }
                     (Ask::Exit, _) => report.app(seen.app, &pod),
                     _ => {}
@@ -125,7 +123,7 @@ fn to<'a>(r: Request, sources: &'a Sources, agent: &'a Client) -> &'a Client {
 
 /// `run` with the kill switch set: one line, and done.
 pub fn disabled(setting: &str) -> i32 {
-    Logger::stderr().info(&text::disabled(setting));
+    Logger::stderr().line(Level::Info, &text::disabled(setting));
     EXIT_REACHED
 }
 
@@ -134,20 +132,18 @@ struct Looks<'a> {
     /// Requests before the wait that got no answer (Envoy stalled, restarting): sent again before
     /// each count until one comes, so that keep-alive clients still get `connection: close`.
     unsent: Vec<Request>,
-    resend: &'a dyn Fn(&Sources, Request) -> bool,
+    send: &'a dyn Fn(&Sources, Request, bool) -> bool,
     sources: &'a mut Sources,
 }
 
-/// What a look found: the count (when asked for), the pod's sockets, and what the look cost.
-type Found = (Option<Reading>, Result<Pod, String>, Cost);
-
 impl Looks<'_> {
-    fn look(&mut self, left: Duration, ask: Ask) -> (Tick, Found) {
+    /// What a look found, what it cost among it: the count (when asked for), the pod's sockets.
+    fn look(&mut self, left: Duration, ask: Ask) -> (Tick, Option<Reading>, Result<Pod, String>) {
         let resent = Instant::now();
         // Never at the cost of the count's own time before the deadline.
         if ask == Ask::Count && left >= REQUEST_TIMEOUT.saturating_mul(2) {
-            let (resend, sources) = (self.resend, &*self.sources);
-            self.unsent.retain(|&r| !resend(sources, r));
+            let (send, sources) = (self.send, &*self.sources);
+            self.unsent.retain(|&r| !send(sources, r, true));
         }
         // A request sent again is not part of what the count costs Envoy.
         let left = left.saturating_sub(resent.elapsed());
@@ -168,6 +164,6 @@ impl Looks<'_> {
             app: pod.as_ref().ok().map(|p| !p.is_empty()),
             cost,
         };
-        (tick, (reading, pod, cost))
+        (tick, reading, pod)
     }
 }

@@ -106,17 +106,13 @@ impl Client {
 
     /// A GET within `timeout`, its answer read whole; the error is a cause, `connection refused`.
     pub fn get(&self, path: &str, timeout: Duration) -> Result<Reply, String> {
-        self.whole("GET", path, timeout)
+        self.call("GET", path, timeout).and_then(|answer| read_whole(answer, timeout))
     }
 
     /// A POST within `left` and at most `REQUEST_TIMEOUT`.
     pub fn post(&self, path: &str, left: Duration) -> Result<Reply, String> {
-        self.whole("POST", path, left.min(REQUEST_TIMEOUT))
-    }
-
-    /// One request, its answer read whole, at most `BODY_LIMIT` bytes, within `timeout`.
-    fn whole(&self, method: &'static str, path: &str, timeout: Duration) -> Result<Reply, String> {
-        self.call(method, path, timeout).and_then(|(answer, timeout)| read_whole(answer, timeout))
+        let timeout = left.min(REQUEST_TIMEOUT);
+        self.call("POST", path, timeout).and_then(|answer| read_whole(answer, timeout))
     }
 
     /// A GET whose 200 answer is handed to `each` line by line as it arrives, lines cut at
@@ -129,17 +125,11 @@ impl Client {
         limit: u64,
         each: impl FnMut(&str),
     ) -> Result<(), String> {
-        self.call("GET", path, left)
-            .and_then(|(answer, timeout)| read_lines(answer, timeout, limit, each))
+        self.call("GET", path, left).and_then(|answer| read_lines(answer, left, limit, each))
     }
 
     /// Sends the request and reads the answer's head within `timeout`; the body is the caller's.
-    fn call(
-        &self,
-        method: &str,
-        path: &str,
-        timeout: Duration,
-    ) -> Result<(Response<Body>, Duration), String> {
+    fn call(&self, method: &str, path: &str, timeout: Duration) -> Result<Response<Body>, String> {
         if timeout.is_zero() {
             return Err("no time left before the deadline".to_string());
         }
@@ -175,7 +165,7 @@ impl Client {
             }
             self.said(None);
         }
-        Ok((answer, timeout))
+        Ok(answer)
     }
 
     fn said(&self, why: Option<String>) {
@@ -303,7 +293,7 @@ mod tests {
 
     fn get(answer: &'static [u8]) -> Result<Reply, String> {
         let (client, server) = serve(answer);
-        let reply = client.whole("GET", "/stats", Duration::from_secs(5));
+        let reply = client.get("/stats", Duration::from_secs(5));
         server.join().unwrap();
         reply
     }
@@ -428,14 +418,12 @@ mod tests {
         let silent = TcpListener::bind("127.0.0.1:0").unwrap();
         let client = Client::new(Address::Tcp(silent.local_addr().unwrap()));
         let started = Instant::now();
-        let e = client.whole("GET", "/stats", Duration::from_millis(300)).unwrap_err();
+        let e = client.get("/stats", Duration::from_millis(300)).unwrap_err();
         assert_eq!(e, "no complete answer within 300ms");
         assert!(started.elapsed() < Duration::from_secs(2));
         let refused = silent.local_addr().unwrap();
         drop(silent);
-        let e = Client::new(Address::Tcp(refused))
-            .whole("GET", "/", Duration::from_secs(1))
-            .unwrap_err();
+        let e = Client::new(Address::Tcp(refused)).get("/", Duration::from_secs(1)).unwrap_err();
         assert_eq!(e, "connection refused");
     }
 }

@@ -7,7 +7,7 @@ use crate::count::{Capped, Count, Excluded, KEPT, Part, SourceKind, Unit};
 use crate::lists::{Names, PortSet, any};
 use crate::preset::Preset;
 use std::collections::BTreeMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::net::SocketAddr;
 
 pub const CLUSTERS_PATH: &str = "/clusters";
@@ -110,10 +110,8 @@ impl Tally {
                     *so_far = so_far.saturating_add(n);
                 }
                 if counted && n > 0 && (stat == "rq_total" || rule.inbound) {
-                    let mut h = DefaultHasher::new();
-                    rest.hash(&mut h);
-                    stat.hash(&mut h);
-                    self.counters.push(Counter { host: h.finish(), value: n });
+                    let host = BuildHasherDefault::<DefaultHasher>::new().hash_one((rest, stat));
+                    self.counters.push(Counter { host, value: n });
                 }
             }
             ("cx_active", _) if counted => {

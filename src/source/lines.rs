@@ -37,3 +37,8 @@ pub fn each_line<E>(
     }
     Ok(())
 }
+
+/// A count in digits only, as the kernel and Envoy print them (`from_str` also takes a `+`).
+pub fn decimal(field: &str) -> Option<u64> {
+    if field.bytes().all(|b| b.is_ascii_digit()) { field.parse().ok() } else { None }
+}

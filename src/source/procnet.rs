@@ -4,6 +4,7 @@
 
 use crate::config::{Filter, mapped};
 use crate::count::{Basis, Count, Excluded, Part, SourceKind, Unit};
+use crate::source::lines::decimal;
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::RangeInclusive;
@@ -51,27 +52,16 @@ pub struct Socket {
 /// Parses one line of either table; `None` for the header and for anything malformed.
 pub fn parse_line(line: &str) -> Option<Socket> {
     let mut fields = line.split_ascii_whitespace();
-    let slot = fields.next()?;
-    if !slot.ends_with(':') {
+    if !fields.next()?.ends_with(':') {
         return None;
     }
     let local = endpoint(fields.next()?)?;
     let remote = endpoint(fields.next()?)?;
     let state = u8::from_str_radix(fields.next()?, 16).ok()?;
     // tx_queue:rx_queue, tr:tm->when, retrnsmt, then uid, timeout, inode.
-    let mut fields = fields.skip(3);
-    let uid = decimal(fields.next()?)?;
+    let uid = u32::try_from(decimal(fields.nth(3)?)?).ok()?;
     let inode = decimal(fields.nth(1)?)?;
-    let uid = u32::try_from(uid).ok()?;
     Some(Socket { local, remote, state, uid, inode, received: None, idle: None })
-}
-
-fn decimal(field: &str) -> Option<u64> {
-    // from_str takes a leading '+': insist on digits only, as the kernel prints them.
-    if !field.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    field.parse().ok()
 }
 
 /// `0100007F:3A98` or 32 hex digits and a port. The kernel prints each 32-bit word of the
@@ -208,19 +198,6 @@ pub struct Rule<'a> {
     pub ephemeral: &'a RangeInclusive<u16>,
 }
 
-impl Rule<'_> {
-    /// Whether `s` is Envoy's (`None`: unknown); a queued connection has its listener's owner.
-    fn holds(&self, s: &Socket) -> Option<bool> {
-        match self.envoy {
-            Basis::Process { uid, .. } => {
-                Some(self.inodes.binary_search(&s.inode).is_ok() || (s.inode == 0 && s.uid == *uid))
-            }
-            Basis::Owner { uid, .. } => Some(s.uid == *uid),
-            Basis::Unknown { .. } => None,
-        }
-    }
-}
-
 /// The listening sockets seen so far in a run: one that has closed since (a drain's end, nginx at
 /// SIGTERM) still tells which connections it accepted.
 #[derive(Debug, Clone, Default)]
@@ -278,6 +255,17 @@ impl Verdict {
 }
 
 impl Rule<'_> {
+    /// Whether `s` is Envoy's (`None`: unknown); a queued connection has its listener's owner.
+    fn holds(&self, s: &Socket) -> Option<bool> {
+        match self.envoy {
+            Basis::Process { uid, .. } => {
+                Some(self.inodes.binary_search(&s.inode).is_ok() || (s.inode == 0 && s.uid == *uid))
+            }
+            Basis::Owner { uid, .. } => Some(s.uid == *uid),
+            Basis::Unknown { .. } => None,
+        }
+    }
+
     /// Why `s` counts or not; `envoys` says whether it is Envoy's (`None`: Envoy is unknown).
     fn verdict(&self, s: &Socket, listeners: &Listeners, envoys: Option<bool>) -> Verdict {
         let (local, remote) = (s.local.port, s.remote.port);
@@ -375,10 +363,8 @@ impl<'a> Tally<'a> {
                 _ => excluded.push(Excluded { why: v.label(), n }),
             }
         }
-        if !self.listening.is_empty() {
-            excluded
-                .push(Excluded { why: "listening".to_string(), n: self.listening.len() as u64 });
-        }
+        let n = self.listening.len() as u64;
+        excluded.extend((n > 0).then(|| Excluded { why: "listening".to_string(), n }));
         let count =
             Count { excluded, ..Count::new(SourceKind::Proc, Unit::Connections, parts, vec![]) };
         (count, self.owners)

@@ -6,6 +6,7 @@ use crate::count::{Capped, Count, Excluded, NON_HTTP, Part, SourceKind, Unit, Wa
 use crate::error::shorten;
 use crate::lists::{PortSet, any};
 use crate::preset::Preset;
+use crate::source::lines::decimal;
 use std::collections::HashMap;
 
 /// Istio's pilot-agent's query, filtered inside Envoy, with `type=Gauges` so that Envoy leaves its
@@ -101,20 +102,18 @@ impl Lines {
             }
         } else if let Some((prefix, is_request)) = hcm_stat(name, &self.preset) {
             let figures = if is_request { [n, 0] } else { [0, n] };
-            let hcm = match self.index.get(prefix) {
-                Some(&i) => Some(&mut self.hcms.rows[i]),
+            match self.index.get(prefix) {
+                Some(&i) => {
+                    let hcm = &mut self.hcms.rows[i];
+                    *(if is_request { &mut hcm.requests } else { &mut hcm.connections }) = n;
+                }
                 None => {
-                    let at = self.hcms.rows.len();
-                    let new = || Hcm { prefix: prefix.to_string(), requests: 0, connections: 0 };
-                    let hcm = self.hcms.keep(new, figures);
-                    if hcm.is_some() {
+                    let (at, [requests, connections]) = (self.hcms.rows.len(), figures);
+                    let new = || Hcm { prefix: prefix.to_string(), requests, connections };
+                    if self.hcms.keep(new, figures) {
                         self.index.insert(prefix.to_string(), at);
                     }
-                    hcm
                 }
-            };
-            if let Some(hcm) = hcm {
-                *(if is_request { &mut hcm.requests } else { &mut hcm.connections }) = n;
             }
         }
     }
@@ -176,12 +175,7 @@ impl Lines {
 /// `<name>: <count>`, a count in digits only, as Envoy prints them.
 fn gauge(line: &str) -> Option<(&str, u64)> {
     let (name, value) = line.split_once(':')?;
-    let (name, value) = (name.trim(), value.trim());
-    // from_str takes a leading '+': digits only.
-    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some((name, value.parse().ok()?))
+    Some((name.trim(), decimal(value.trim())?))
 }
 
 /// The prefix of a traffic manager's `http.<prefix>.downstream_{rq,cx}_active`, and whether rq.
