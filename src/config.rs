@@ -311,12 +311,8 @@ fn ports(name: &'static str, value: &str) -> Result<PortSet, UsageError> {
 }
 
 fn some_ports(name: &'static str, value: &str) -> Result<PortSet, UsageError> {
-    match ports(name, value)? {
-        set if set.is_empty() => {
-            Err(UsageError::new(name, value, "at least one port, like 15006,15001"))
-        }
-        set => Ok(set),
-    }
+    let none = || UsageError::new(name, value, "at least one port, like 15006,15001");
+    Some(ports(name, value)?).filter(|set| !set.is_empty()).ok_or_else(none)
 }
 
 /// What counts, from the flags `run` and `status` share (`hold` sets its own few).
@@ -623,9 +619,7 @@ fn probes(
         (Holding::NoMesh, None) => probe_sources("gateway,node", &node)?,
         _ => Vec::new(),
     };
-    if holding == Holding::Ambient {
-        probes.push(AMBIENT_PROBES.to_ipv6_mapped());
-    }
+    probes.extend((holding == Holding::Ambient).then_some(AMBIENT_PROBES.to_ipv6_mapped()));
     Ok(probes)
 }
 
@@ -696,9 +690,7 @@ fn node_addresses(
     warnings: &mut Vec<ConfigWarning>,
 ) -> Vec<Ipv6Addr> {
     let Some(value) = env(ENV_NODE_IPS) else {
-        if named {
-            warnings.push(ConfigWarning::NodeIpsUnset);
-        }
+        warnings.extend(named.then_some(ConfigWarning::NodeIpsUnset));
         return Vec::new();
     };
     let mut found = Vec::new();
@@ -812,16 +804,11 @@ fn pod_settings(given: &[String], mode: Mode, warnings: &mut Vec<ConfigWarning>)
                 Ok(unit) => pod.count = Some(unit),
                 Err(e) => ignore(&e.expected),
             },
-            // `true` is the kill switch, which cli.rs acts on.
-            Some("disabled") => match value.trim() {
-                "false" | "true" => {}
-                _ => ignore("true (envoy-drain off for this pod) or false"),
-            },
-            // `hold` is the template's: it adds the app container's preStop.
-            Some("hold") => match value.trim() {
-                "false" | "true" => {}
-                _ => ignore("true (the app's preStop is `envoy-drain hold`) or false"),
-            },
+            // `disabled=true` is the kill switch, which cli.rs acts on; `hold` is the template's:
+            // it adds the app container's preStop.
+            Some("disabled" | "hold") if matches!(value.trim(), "false" | "true") => {}
+            Some("disabled") => ignore("true (envoy-drain off for this pod) or false"),
+            Some("hold") => ignore("true (the app's preStop is `envoy-drain hold`) or false"),
             Some(_) => ignore("one of the names deadline, min-drain, count, hold or disabled"),
             None => ignore(&format!("a name under {ANNOTATION_PREFIX}")),
         }

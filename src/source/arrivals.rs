@@ -10,7 +10,7 @@ use crate::count::{Before, Count, Warning};
 use crate::source::admin::{PACE, REQUEST_TIMEOUT};
 use crate::source::clusters;
 use crate::source::procnet::{Endpoint, LISTEN, SYN_RECV, Socket, TIME_WAIT, loopback, taking};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
@@ -131,7 +131,7 @@ impl Tracker {
         let last = self.last.take().unwrap_or_default();
         let since = at.saturating_sub(*self.first_at.get_or_insert(at));
         let mut read = Read::default();
-        let (mut ages, mut sent) = (Vec::new(), Vec::new());
+        let (mut ages, mut sent, mut open) = (Vec::new(), Vec::new(), BTreeMap::new());
         for (key, seen) in &mut now {
             let before = last.get(key);
             let client = self.probed_or_client(key, seen, before, (since, first));
@@ -139,7 +139,7 @@ impl Tracker {
             // to the app comes from the client's address, or the pod's).
             let local = loopback(&key.client.ip);
             let inside = seen.inside && self.rule.outside_only;
-            if !self.counts(key.server.port) || seen.probe || local || inside {
+            if !self.rule.ports.counts(key.server.port) || seen.probe || local || inside {
                 continue;
             }
             // Before the first read, the probes' addresses had their share without count.
@@ -151,13 +151,10 @@ impl Tracker {
             read.arrived += u64::from(before.is_none() || grew);
             read.opened += u64::from(before.is_none() || client);
             if seen.received.is_some() {
-                match read.open.iter_mut().find(|(port, _)| *port == key.server.port) {
-                    Some((_, n)) => *n += 1,
-                    None => read.open.push((key.server.port, 1)),
-                }
+                *open.entry(key.server.port).or_insert(0) += 1;
             }
         }
-        read.open.sort_unstable();
+        read.open = open.into_iter().collect();
         read.hiding = self.hiding();
         self.sent.retain(|_, t| at.saturating_sub(*t) < POLL);
         self.sent.extend(sent.into_iter().map(|client| (client, at)));
@@ -218,7 +215,7 @@ impl Tracker {
             (Some(was), Some(is)) if was > 0 && is > was);
         let client = before.is_some_and(|b| b.probe) && again;
         self.probed = self.probed.saturating_sub(u64::from(client));
-        let counts = self.counts(key.server.port);
+        let counts = self.rule.ports.counts(key.server.port);
         seen.probe = match before {
             Some(b) => b.probe && !client,
             None => self.rule.probes.contains(&key.client.ip) && counts && self.probe(since, true),
@@ -294,16 +291,12 @@ impl Tracker {
             .then_some((Key { server: s.remote, client: s.local }, false))
     }
 
-    fn counts(&self, port: u16) -> bool {
-        self.rule.ports.counts(port)
-    }
-
     /// The ports of listeners that take connections from outside the pod and do not count.
     fn hiding(&self) -> Vec<u16> {
         let mut ports: Vec<u16> = (self.listening.iter())
             .filter(|l| !loopback(&l.ip))
             .map(|l| l.port)
-            .filter(|&p| !self.counts(p))
+            .filter(|&p| !self.rule.ports.counts(p))
             .collect();
         ports.sort_unstable();
         ports.dedup();
@@ -478,9 +471,7 @@ impl Hold {
             if let Some(Err(why)) = &clusters {
                 count.warnings.push(Warning::ClustersFailed(why.clone()));
             }
-            if past_envoy {
-                count.warnings.push(Warning::PastEnvoy);
-            }
+            count.warnings.extend(past_envoy.then_some(Warning::PastEnvoy));
             return (None, proc);
         }
         if let Some(Ok(answer)) = &mut clusters {

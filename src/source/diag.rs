@@ -104,10 +104,8 @@ pub fn parse(datagram: &[u8], seq: u32, sink: &mut impl Sink) -> Result<bool, Du
             NLMSG_NOOP => {}
             NLMSG_DONE | NLMSG_ERROR => {
                 // Both carry an int: 0 for a dump's end, else a negative errno.
-                let code = body
-                    .get(..4)
-                    .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                    .ok_or_else(|| unread("an end or error message without its code"))?;
+                let short = || unread("an end or error message without its code");
+                let code = i32::from_ne_bytes(*body.first_chunk().ok_or_else(short)?);
                 return match code {
                     0 if kind == NLMSG_DONE => Ok(true),
                     0 => Err(unread("an acknowledgement where a dump was asked for")),
@@ -133,10 +131,8 @@ pub fn parse(datagram: &[u8], seq: u32, sink: &mut impl Sink) -> Result<bool, Du
 
 /// One `inet_diag_msg`; IPv4 addresses become IPv4-mapped, as the text reader keeps them.
 fn socket(body: &[u8]) -> Result<Socket, DumpError> {
-    let m: &[u8; MESSAGE] = body
-        .get(..MESSAGE)
-        .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| unread("a socket message shorter than inet_diag_msg"))?;
+    let m: &[u8; MESSAGE] =
+        body.first_chunk().ok_or_else(|| unread("a socket message shorter than inet_diag_msg"))?;
     let end = |at: usize, port: [u8; 2]| -> Result<Endpoint, DumpError> {
         let a: [u8; 16] = m[at..at + 16].try_into().map_err(|_| unread("a short address"))?;
         let ip = match m[0] {
@@ -175,10 +171,9 @@ fn info(mut attrs: &[u8]) -> Option<(u64, u32)> {
         let kind = u16::from_ne_bytes([attrs[2], attrs[3]]);
         let payload = attrs.get(4..len)?;
         if kind == INET_DIAG_INFO {
-            let b = payload.get(BYTES_RECEIVED..BYTES_RECEIVED + 8)?;
-            let last = payload.get(LAST_DATA_RECV..LAST_DATA_RECV + 4)?;
-            let last = u32::from_ne_bytes(last.try_into().ok()?);
-            return Some((u64::from_ne_bytes(b.try_into().ok()?), last));
+            let b = payload.get(BYTES_RECEIVED..)?.first_chunk()?;
+            let last = payload.get(LAST_DATA_RECV..)?.first_chunk()?;
+            return Some((u64::from_ne_bytes(*b), u32::from_ne_bytes(*last)));
         }
         attrs = attrs.get((len + 3) & !3..).unwrap_or_default();
     }

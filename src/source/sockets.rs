@@ -114,15 +114,10 @@ impl SocketTable {
         };
         let read = tracker.read(self.made.elapsed(), &addresses(), &sockets, counters);
         let udp = udp_servers(root, &tracker.rule.ports, ephemeral);
-        if !udp.is_empty() {
-            warnings.push(Warning::Udp(udp));
-        }
-        if tracker.rule.passive_opens && !read.hiding.is_empty() {
-            warnings.push(Warning::Hiding(read.hiding));
-        }
-        if read.unseen > 0 {
-            warnings.push(Warning::Unseen);
-        }
+        let hiding = tracker.rule.passive_opens && !read.hiding.is_empty();
+        warnings.extend((!udp.is_empty()).then_some(Warning::Udp(udp)));
+        warnings.extend(hiding.then_some(Warning::Hiding(read.hiding)));
+        warnings.extend((read.unseen > 0).then_some(Warning::Unseen));
         let parts =
             read.open.iter().map(|(port, n)| Part { name: format!("port {port}"), active: *n });
         let count = Count::new(SourceKind::Proc, Unit::Connections, parts.collect(), warnings);
@@ -468,17 +463,11 @@ fn unix_line(line: &str) -> Option<(u32, u64, &str)> {
 
 /// The socket inodes a process holds, sorted.
 fn sockets_of(proc_root: &Path, pid: u32) -> std::io::Result<Vec<u64>> {
-    let mut inodes = Vec::new();
-    for entry in fs::read_dir(proc_root.join(pid.to_string()).join("fd"))? {
-        // A descriptor closed between the listing and the readlink is simply gone.
-        let Ok(target) = entry.and_then(|e| fs::read_link(e.path())) else { continue };
-        let inode = target
-            .to_str()
-            .and_then(|t| t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok());
-        if let Some(inode) = inode {
-            inodes.push(inode);
-        }
-    }
+    let fds = fs::read_dir(proc_root.join(pid.to_string()).join("fd"))?;
+    // A descriptor closed between the listing and the readlink is simply gone.
+    let target = |entry: std::io::Result<fs::DirEntry>| fs::read_link(entry.ok()?.path()).ok();
+    let inode = |t: PathBuf| t.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok();
+    let mut inodes: Vec<u64> = fds.filter_map(|e| target(e).and_then(inode)).collect();
     inodes.sort_unstable();
     Ok(inodes)
 }
