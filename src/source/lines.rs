@@ -1,5 +1,5 @@
 //! Text read in chunks and handed on line by line, so that neither an admin answer (/clusters runs
-//! to hundreds of megabytes) nor a text socket table is ever held whole.
+//! to hundreds of megabytes) nor a text socket table is ever held whole; and the numbers in them.
 
 use std::io::{self, ErrorKind, Read};
 
