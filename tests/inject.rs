@@ -1,151 +1,233 @@
-//! The Istio injection templates of examples/istio-template*-values.yaml, rendered from their own
-//! text by Go's text/template as istiod renders them (tests/inject/render.go), and merged over
-//! injected pods the way istiod applies a template: a strategic merge patch, here Kubernetes' own
-//! code through `kubectl patch --local --type strategic`. The pods (tests/inject/pods/) are
-//! reduced from the shapes of Istio's injected goldens, each file naming the one it follows; the
-//! last test runs the same checks on Istio's goldens themselves (../shared/istio-goldens, or a
-//! directory given in ENVOY_DRAIN_ISTIO_GOLDENS), split into pods by tests/inject/goldens.py.
-//! The admission policies that install `hold` where there is no sidecar: the `policy` module.
+//! The Istio injection templates of examples/istio-template*-values.yaml, carried out by Istio's
+//! own injector: istiod, built from istio.io/istio, as the injection webhook of a real
+//! kube-apiserver, its injection configuration rendered from each values file by Istio's own
+//! charts (tests/support/cluster.rs, `start_istiod`). Four revisions: each values file with
+//! Istio's native sidecars on and off (ENABLE_NATIVE_SIDECARS, which the chart's `pilot.env`
+//! sets). A pod is created (a server-side dry run: all of admission, nothing stored) in a
+//! namespace of one revision, and beside it the same pod annotated `envoy-drain.io/disabled:
+//! "true"`, for which the template renders nothing: Istio's own injection, which the checks
+//! compare with. The pods: Istio's hello workload in the shapes the checks need, and every
+//! workload of Istio's injection tests whose golden has an istio-proxy (pkg/kube/inject/testdata
+//! of the same module; their injected forms, ../shared/istio-goldens, say where Istio put the
+//! proxy), split into pods by tests/inject/inputs.py.
+
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
-
-#[path = "inject/policy.rs"]
-mod policy;
+use support::cluster::{ControlPlane, components, without_token_suffix};
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
-/// Runs a command that must succeed; a missing tool fails the test naming it.
-fn output(mut cmd: Command, what: &str) -> String {
-    let shown = format!("{cmd:?}");
-    let out = cmd.stdin(Stdio::null()).output().unwrap_or_else(|e| {
-        panic!(
-            "NOT RUN: {what} ({shown}): {e}; `bash scripts/test-tools` installs Go and the \
-             validation tools, kubectl comes with the machine"
-        )
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Variant {
+    /// An emptyDir filled by the install init container.
+    Install,
+    /// The envoy-drain image mounted as a volume.
+    Image,
+}
+
+impl Variant {
+    fn values(self) -> &'static str {
+        match self {
+            Variant::Install => "examples/istio-template-values.yaml",
+            Variant::Image => "examples/istio-template-image-values.yaml",
+        }
+    }
+}
+
+/// A revision of istiod: a values file, and Istio's native-sidecar flag.
+#[derive(Clone, Copy, Debug)]
+struct Mesh {
+    variant: Variant,
+    native_flag: bool,
+}
+
+const MESHES: [Mesh; 4] = [
+    Mesh { variant: Variant::Install, native_flag: false },
+    Mesh { variant: Variant::Install, native_flag: true },
+    Mesh { variant: Variant::Image, native_flag: false },
+    Mesh { variant: Variant::Image, native_flag: true },
+];
+
+impl Mesh {
+    fn new(variant: Variant, native_flag: bool) -> Mesh {
+        Mesh { variant, native_flag }
+    }
+
+    /// The revision's name, and the namespace whose pods it injects.
+    fn revision(self) -> String {
+        let variant = if self.variant == Variant::Install { "install" } else { "image" };
+        format!("{variant}-{}", if self.native_flag { "native" } else { "classic" })
+    }
+}
+
+/// The control plane with the four revisions, started once for this file's tests.
+fn cluster() -> &'static ControlPlane {
+    ControlPlane::shared("inject", |cp| {
+        for (index, mesh) in (0u16..).zip(MESHES) {
+            let values = std::fs::read_to_string(repo(mesh.variant.values())).expect("values");
+            let flag = mesh.native_flag.to_string();
+            // The template two of Istio's test workloads ask for, as their test sets it up.
+            let spire = components().join("istio-inject/spire-template.iop.yaml");
+            let env = [("ENABLE_NATIVE_SIDECARS", flag.as_str())];
+            cp.start_istiod(&mesh.revision(), &values, &[&spire], index, &env);
+            // With the service account one of those workloads runs as.
+            let ns = format!(
+                "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {0}\n  labels:\n    \
+                 istio.io/rev: {0}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata:\n  \
+                 name: non-default\n  namespace: {0}\n",
+                mesh.revision()
+            );
+            cp.namespace(&ns, &mesh.revision());
+        }
+    })
+}
+
+/// Runs a local kubectl (offline: no server is asked anything) with `input` on its stdin.
+fn local(args: &[&str], input: &str) -> String {
+    let mut cmd = Command::new(components().join("bin/kubectl"));
+    cmd.env("KUBECONFIG", "/dev/null")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("kubectl");
+    // From another thread: kubectl prints while it reads.
+    let out = std::thread::scope(|s| {
+        if let Some(mut stdin) = child.stdin.take() {
+            s.spawn(move || std::io::Write::write_all(&mut stdin, input.as_bytes()));
+        }
+        child.wait_with_output().expect("kubectl")
     });
     assert!(
         out.status.success(),
-        "{what} failed: {shown}\n{}",
+        "kubectl {}: {}",
+        args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).expect("text")
 }
 
-/// A directory of the test process's own, removed at exit of each test through `Scratch`.
-struct Scratch(PathBuf);
+/// Several JSONPath queries on a pod (JSON or YAML) at once, with kubectl's own evaluator.
+fn fields(pod: &str, paths: &[String]) -> Vec<String> {
+    const SEPARATOR: &str = "\n<<envoy-drain>>\n";
+    let joined = paths.join(&format!("{{\"{}\"}}", SEPARATOR.escape_default()));
+    let got: Vec<String> = query(pod, &joined).split(SEPARATOR).map(str::to_string).collect();
+    assert_eq!(got.len(), paths.len(), "{paths:?}: {got:?}");
+    got
+}
 
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let d = std::env::temp_dir().join(format!(
-            "envoy-drain-inject-{name}-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Scratch(d)
+fn query(pod: &str, path: &str) -> String {
+    local(
+        &[
+            "patch",
+            "--local",
+            "--type",
+            "merge",
+            "-p",
+            "{}",
+            "-f",
+            "-",
+            "-o",
+            &format!("jsonpath={path}"),
+        ],
+        pod,
+    )
+}
+
+/// The pod (JSON) with a JSON merge patch applied.
+fn set(pod: &str, patch: &str) -> String {
+    local(&["patch", "--local", "--type", "merge", "-f", "-", "-o", "json", "-p", patch], pod)
+}
+
+/// The pod (JSON) with one annotation set.
+fn annotate(pod: &str, name: &str, value: &str) -> String {
+    set(
+        pod,
+        &format!(
+            "{{\"metadata\":{{\"annotations\":{{{}:{}}}}}}}",
+            json_string(name),
+            json_string(value)
+        ),
+    )
+}
+
+/// A JSON string, as kubectl's jsonpath prints one.
+fn json_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// What a pod became in a mesh: injected with the template, and without it (Istio's own). A pod
+/// that admission refused is an Err with its message.
+struct Injected {
+    pod: Result<String, String>,
+    istios: Result<String, String>,
+}
+
+/// Creates each pod (JSON) twice in the mesh's namespace, as written and disabled, in one
+/// kubectl (a server-side dry run).
+fn inject_all(mesh: Mesh, pods: &[String]) -> Vec<Injected> {
+    let cp = cluster();
+    let mut docs = String::new();
+    for (i, pod) in pods.iter().enumerate() {
+        let named = set(pod, &format!("{{\"metadata\":{{\"name\":\"case-{i}\"}}}}"));
+        let istios = annotate(&named, "envoy-drain.io/disabled", "true");
+        let istios = set(&istios, &format!("{{\"metadata\":{{\"name\":\"istios-{i}\"}}}}"));
+        docs.push_str(&named);
+        docs.push_str(&istios);
     }
+    let out = cp.kubectl_with(
+        &[
+            "create",
+            "-n",
+            &mesh.revision(),
+            "--dry-run=server",
+            "-f",
+            "-",
+            "-o",
+            "jsonpath={.metadata.name}{\"\\t\"}{@}{\"\\n\"}",
+        ],
+        Some(&docs),
+    );
+    let made: std::collections::HashMap<&str, &str> =
+        out.stdout.lines().filter_map(|l| l.split_once('\t')).collect();
+    // kubectl reports what it could not create in the order it read them.
+    let mut errors = out.stderr.lines().filter(|l| l.starts_with("Error from server"));
+    let mut take = |name: String| {
+        made.get(name.as_str())
+            .map(|p| without_token_suffix(p))
+            .ok_or_else(|| errors.next().unwrap_or("(no message)").to_string())
+    };
+    (0..pods.len())
+        .map(|i| {
+            let pod = take(format!("case-{i}"));
+            Injected { pod, istios: take(format!("istios-{i}")) }
+        })
+        .collect()
+}
 
-    fn write(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::write(&p, text).unwrap();
-        p
+/// The pod injected with and without the template; both must be admitted.
+fn inject(mesh: Mesh, pod: &str) -> (String, String) {
+    let got = inject_all(mesh, &[pod.to_string()]).remove(0);
+    match (got.pod, got.istios) {
+        (Ok(pod), Ok(istios)) => (pod, istios),
+        (pod, istios) => panic!("{mesh:?}: refused: {pod:?} {istios:?}"),
     }
 }
 
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The renderer, built once, in GOPATH mode against Debian's sprig (`bash scripts/test-tools`).
-fn renderer() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let bin = repo("target/inject-render");
-        let mut go = Command::new("go");
-        go.env("GO111MODULE", "off")
-            .env("GOPATH", "/usr/share/gocode")
-            .env("GOFLAGS", "")
-            .arg("build")
-            .arg("-o")
-            .arg(&bin)
-            .arg(repo("tests/inject/render.go"));
-        output(go, "building the template renderer with Go and sprig");
-        bin
-    })
-}
-
-/// The text of the `envoy-drain` template in a Helm values file: the block under
-/// `envoy-drain: |`, unindented.
-fn template(values: &str) -> String {
-    let text = std::fs::read_to_string(repo(values)).unwrap();
-    let mut lines = text.lines().skip_while(|l| l.trim() != "envoy-drain: |");
-    let key = lines.next().expect("an envoy-drain template");
-    let key_indent = key.len() - key.trim_start().len();
-    let body: Vec<&str> = lines
-        .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > key_indent)
-        .collect();
-    let indent = body
-        .iter()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| l.len() - l.trim_start().len())
-        .min()
-        .unwrap_or(0);
-    body.iter().map(|l| format!("{}\n", l.get(indent..).unwrap_or_default())).collect()
-}
-
-/// The mesh a pod is injected in: Istio's native-sidecar flag, and its proxy config's
-/// terminationDrainDuration in seconds (Istio's default 5s).
-#[derive(Clone, Copy, Debug)]
-struct Mesh {
-    native_flag: bool,
-    termination_drain: f64,
-}
-
-impl Mesh {
-    fn with_flag(native_flag: bool) -> Mesh {
-        Mesh { native_flag, termination_drain: 5.0 }
-    }
-}
-
-/// What istiod gives a template for a pod (tests/inject/context.py), and what the checks read
-/// of the pod: its grace period and the annotations the templates decide on.
+/// What the checks read of the pod as written: its grace period and its annotations.
 struct Facts {
-    context: String,
     grace: Option<u64>,
     annotations: Vec<(String, String)>,
 }
 
 impl Facts {
-    fn of(pod: &str, mesh: Mesh) -> Facts {
-        let scratch = Scratch::new("facts");
-        let file = scratch.write("pod.yaml", pod);
-        let mut cmd = Command::new(repo("target/tools-venv/bin/python"));
-        cmd.arg(repo("tests/inject/context.py"))
-            .arg(&file)
-            .arg(mesh.native_flag.to_string())
-            .arg(mesh.termination_drain.to_string());
-        let out = output(cmd, "what istiod passes the template");
-        let mut lines = out.lines();
-        let context = lines.next().expect("the context").to_string();
-        let mut facts = Facts { context, grace: None, annotations: Vec::new() };
-        for line in lines {
-            match line.split('\t').collect::<Vec<_>>()[..] {
-                ["grace", ""] => {}
-                ["grace", g] => facts.grace = Some(g.parse().expect("seconds")),
-                ["annotation", name, value] => {
-                    facts.annotations.push((name.to_string(), value.to_string()))
-                }
-                _ => panic!("context.py: {line:?}"),
-            }
-        }
-        facts
+    fn of(pod: &str) -> Facts {
+        let grace = query(pod, "{.spec.terminationGracePeriodSeconds}").trim().parse().ok();
+        Facts { grace, annotations: annotations(pod) }
     }
 
     fn annotation(&self, name: &str) -> Option<&str> {
@@ -157,61 +239,62 @@ impl Facts {
         self.annotation("inject.istio.io/templates")
             .is_some_and(|t| t.split(',').any(|n| n.trim() == "gateway"))
     }
+
+    /// pilot-agent's terminationDrainDuration for the pod, in whole seconds up: Istio's 5s, or
+    /// what its proxy.istio.io/config annotation says.
+    fn termination_drain(&self) -> u64 {
+        let config = self.annotation("proxy.istio.io/config").unwrap_or_default();
+        config
+            .split_once("terminationDrainDuration")
+            .and_then(|(_, rest)| rest.split('"').find(|s| s.ends_with('s')))
+            .and_then(|s| s.trim_end_matches('s').parse::<f64>().ok())
+            .map_or(5, |s| s.ceil() as u64)
+    }
 }
 
-fn render(template: &str, facts: &Facts) -> String {
-    let scratch = Scratch::new("render");
-    let file = scratch.write("template", template);
-    let mut cmd = Command::new(renderer());
-    cmd.arg(&file).arg(&facts.context);
-    output(cmd, "rendering the template")
+/// The pod's annotations, sorted by name (as the template's range gives them).
+fn annotations(pod: &str) -> Vec<(String, String)> {
+    // Go templates print a map's keys in order, values as JSON strings.
+    let listed = local(
+        &[
+            "patch",
+            "--local",
+            "--type",
+            "merge",
+            "-p",
+            "{}",
+            "-f",
+            "-",
+            "-o",
+            "go-template={{range $k, $v := .metadata.annotations}}{{$k}}\t{{printf \"%q\" $v}}\n{{end}}",
+        ],
+        pod,
+    );
+    listed
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(k, v)| (k.to_string(), unquote(v)))
+        .collect()
 }
 
-fn kubectl() -> Command {
-    let mut c = Command::new("kubectl");
-    // Offline: no kubeconfig, no server is asked anything.
-    c.env("KUBECONFIG", "/dev/null");
-    c
-}
-
-/// Applies `patch` to `pod` (YAML) as a strategic merge patch; the merged pod as YAML.
-fn merge(pod: &str, patch: &str) -> String {
-    let scratch = Scratch::new("merge");
-    let pod = scratch.write("pod.yaml", pod);
-    let patch = scratch.write("patch.yaml", patch);
-    let mut cmd = kubectl();
-    cmd.args(["patch", "--local", "--type", "strategic", "-o", "yaml", "-f"])
-        .arg(&pod)
-        .arg("--patch-file")
-        .arg(&patch);
-    output(cmd, "kubectl patch --local --type strategic")
-}
-
-/// A JSONPath query on a pod (YAML), with kubectl's own evaluator.
-fn query(pod: &str, path: &str) -> String {
-    let scratch = Scratch::new("query");
-    let pod = scratch.write("pod.yaml", pod);
-    let mut cmd = kubectl();
-    cmd.args(["patch", "--local", "--type", "merge", "-p", "{}", "-f"])
-        .arg(&pod)
-        .arg("-o")
-        .arg(format!("jsonpath={path}"));
-    output(cmd, "kubectl's jsonpath")
-}
-
-/// Validates a pod strictly against Kubernetes 1.33's schemas.
-fn validate(pod: &str) {
-    let python = repo("target/tools-venv/bin/python");
-    let scratch = Scratch::new("validate");
-    let file = scratch.write("pod.yaml", pod);
-    let mut cmd = Command::new(python);
-    cmd.arg("-c")
-        .arg(
-            "import sys, yaml, kubernetes_validate\n\
-             kubernetes_validate.validate(yaml.safe_load(open(sys.argv[1])), '1.33.0', strict=True)",
-        )
-        .arg(&file);
-    output(cmd, "kubernetes-validate on the merged pod");
+/// Go's %q back to the string (the escapes it uses for printable text).
+fn unquote(quoted: &str) -> String {
+    let inner = quoted.strip_prefix('"').and_then(|q| q.strip_suffix('"')).unwrap_or(quoted);
+    let mut out = String::new();
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        out.push(if c == '\\' {
+            match chars.next() {
+                Some('n') => '\n',
+                Some('t') => '\t',
+                Some(other) => other,
+                None => '\\',
+            }
+        } else {
+            c
+        });
+    }
+    out
 }
 
 /// Where istio-proxy is, and what each of its hooks is, as JSON text.
@@ -253,57 +336,28 @@ fn proxy(pod: &str) -> Proxy {
     }
 }
 
-/// Several JSONPath queries on a pod (YAML) at once, with kubectl's own evaluator: one process.
-fn fields(pod: &str, paths: &[String]) -> Vec<String> {
-    const SEPARATOR: &str = "\n<<envoy-drain>>\n";
-    let joined = paths.join(&format!("{{\"{}\"}}", SEPARATOR.escape_default()));
-    let got: Vec<String> = query(pod, &joined).split(SEPARATOR).map(str::to_string).collect();
-    assert_eq!(got.len(), paths.len(), "{paths:?}: {got:?}");
-    got
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Variant {
-    /// An emptyDir filled by the install init container.
-    Install,
-    /// The envoy-drain image mounted as a volume.
-    Image,
-}
-
-impl Variant {
-    fn values(self) -> &'static str {
-        match self {
-            Variant::Install => "examples/istio-template-values.yaml",
-            Variant::Image => "examples/istio-template-image-values.yaml",
-        }
-    }
-}
-
-/// A JSON string, as kubectl's jsonpath prints one.
-fn json_string(s: &str) -> String {
-    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
-}
-
 /// The deadline the template gives a pod: its grace period (Kubernetes' default 30s) less what
 /// must fit after the hook (the kubelet's 2s to stop a native sidecar; pilot-agent's
 /// terminationDrainDuration, in whole seconds up, after a classic one) and 1s, at least 1s.
-fn expected_deadline(grace: Option<u64>, native: bool, mesh: Mesh) -> u64 {
-    let after = if native { 2 } else { mesh.termination_drain.ceil() as u64 };
-    grace.unwrap_or(30).saturating_sub(after + 1).max(1)
+fn expected_deadline(facts: &Facts, native: bool) -> u64 {
+    let after = if native { 2 } else { facts.termination_drain() };
+    facts.grace.unwrap_or(30).saturating_sub(after + 1).max(1)
 }
 
-/// Renders the template for `pod` (an injected pod, YAML) as istiod would in `mesh`, merges it,
-/// and checks what a user relies on; returns the merged pod.
-fn check(pod: &str, mesh: Mesh, variant: Variant) -> String {
-    let facts = Facts::of(pod, mesh);
-    let patch = render(&template(variant.values()), &facts);
+/// Checks what a user relies on in `injected`, the pod (as written: `written`) injected in
+/// `mesh`; returns the injected pod.
+fn check(written: &str, injected: &(String, String), mesh: Mesh) -> String {
+    let facts = Facts::of(written);
+    let (merged, istios) = injected;
     if facts.annotation("envoy-drain.io/disabled").map(str::trim) == Some("true") {
-        assert!(patch.trim().is_empty(), "a disabled pod gets nothing:\n{patch}");
-        return pod.to_string();
+        assert!(
+            !merged.contains("envoy-drain/envoy-drain"),
+            "a disabled pod gets nothing:\n{merged}"
+        );
+        return merged.clone();
     }
-    let before = proxy(pod);
-    let merged = merge(pod, &patch);
-    let after = proxy(&merged);
+    let before = proxy(istios);
+    let after = proxy(merged);
     assert_eq!(after.in_init, before.in_init, "istio-proxy stays where Istio put it\n{merged}");
     let mut want = vec!["/envoy-drain/envoy-drain".to_string(), "run".to_string()];
     let port = facts.annotation("status.sidecar.istio.io/port").unwrap_or("15020");
@@ -317,7 +371,7 @@ fn check(pod: &str, mesh: Mesh, variant: Variant) -> String {
         want.push(if after.in_init { "--drain=agent" } else { "--then-quit" }.to_string());
         want.push(format!("--agent=127.0.0.1:{port}"));
     }
-    want.push(format!("--deadline={}s", expected_deadline(facts.grace, after.in_init, mesh)));
+    want.push(format!("--deadline={}s", expected_deadline(&facts, after.in_init)));
     want.push("--log-file=/proc/1/fd/1".to_string());
     for (name, value) in &facts.annotations {
         if name.starts_with("envoy-drain.io/") {
@@ -326,17 +380,15 @@ fn check(pod: &str, mesh: Mesh, variant: Variant) -> String {
     }
     // The binary takes the hook's arguments as written: with `--help` after them it prints its
     // help, and refuses an argument it does not know (as it once did `--drain=agent`).
-    let parsed = Command::new(env!("CARGO_BIN_EXE_envoy-drain"))
-        .args(&want[1..])
-        .arg("--help")
-        .output()
-        .expect("the binary runs");
-    assert!(
-        parsed.status.success(),
-        "envoy-drain takes {want:?}: {}",
-        String::from_utf8_lossy(&parsed.stderr)
-    );
+    takes(&want);
     let want = format!("[{}]", want.iter().map(|w| json_string(w)).collect::<Vec<_>>().join(","));
+    // A pod that writes istio-proxy's preStop itself keeps it: Istio applies what a pod sets on
+    // its own istio-proxy over every template (pkg/kube/inject/inject.go, reinsertOverrides).
+    let own = query(
+        written,
+        "{.spec.containers[?(@.name==\"istio-proxy\")].lifecycle.preStop.exec.command}{.spec.initContainers[?(@.name==\"istio-proxy\")].lifecycle.preStop.exec.command}",
+    );
+    let want = if own.is_empty() { want } else { own };
     assert_eq!(after.pre_stop, want, "our preStop\n{merged}");
     assert_eq!(after.post_start, before.post_start, "Istio's postStart is kept\n{merged}");
     assert!(
@@ -347,14 +399,14 @@ fn check(pod: &str, mesh: Mesh, variant: Variant) -> String {
         after.mounts
     );
     let [volume, install] = <[String; 2]>::try_from(fields(
-        &merged,
+        merged,
         &[
             "{.spec.volumes[?(@.name==\"envoy-drain\")]}".to_string(),
             "{.spec.initContainers[?(@.name==\"envoy-drain-install\")]}".to_string(),
         ],
     ))
     .expect("two fields");
-    match variant {
+    match mesh.variant {
         Variant::Install => {
             assert!(volume.contains("emptyDir"), "{volume}\n{merged}");
             // Not at /envoy-drain, the image's own binary: a volume there would be a directory
@@ -371,14 +423,26 @@ fn check(pod: &str, mesh: Mesh, variant: Variant) -> String {
             assert!(install.is_empty(), "no init container: {install}\n{merged}");
         }
     }
-    check_apps(pod, &merged, &facts);
-    no_stub(&merged);
-    assert_eq!(merge(&merged, &patch), merged, "applying it twice changes nothing");
-    validate(&merged);
-    merged
+    check_apps(istios, merged, &facts);
+    no_stub(merged);
+    merged.clone()
 }
 
-/// Each app container (every container but istio-proxy): its name, preStop command and mounts.
+/// envoy-drain accepts these arguments (the first is the program).
+fn takes(argv: &[String]) {
+    let parsed = Command::new(env!("CARGO_BIN_EXE_envoy-drain"))
+        .args(&argv[1..])
+        .arg("--help")
+        .output()
+        .expect("the binary runs");
+    assert!(
+        parsed.status.success(),
+        "envoy-drain takes {argv:?}: {}",
+        String::from_utf8_lossy(&parsed.stderr)
+    );
+}
+
+/// Each app container (every container but istio-proxy): its name, preStop and mounts.
 fn apps(pod: &str) -> Vec<(String, String, String)> {
     let rows = query(
         pod,
@@ -396,8 +460,8 @@ fn apps(pod: &str) -> Vec<(String, String, String)> {
 
 /// With envoy-drain.io/hold: "true" (not on a gateway), every app container that had no preStop
 /// gets `hold` with a deadline 10 s short of the grace period, and the binary's mount; one that
-/// had a preStop keeps it, and without the annotation every app container is left as it was.
-fn check_apps(pod: &str, merged: &str, facts: &Facts) {
+/// had a preStop keeps it, and without the annotation every app container is as Istio left it.
+fn check_apps(istios: &str, merged: &str, facts: &Facts) {
     let holding =
         !facts.gateway() && facts.annotation("envoy-drain.io/hold").map(str::trim) == Some("true");
     let hold = [
@@ -406,18 +470,13 @@ fn check_apps(pod: &str, merged: &str, facts: &Facts) {
         format!("--deadline={}s", facts.grace.unwrap_or(30).saturating_sub(10).max(1)),
         "--log-file=/proc/1/fd/1".to_string(),
     ];
-    let parsed = Command::new(env!("CARGO_BIN_EXE_envoy-drain"))
-        .args(&hold[1..])
-        .arg("--help")
-        .output()
-        .expect("the binary runs");
-    assert!(parsed.status.success(), "envoy-drain takes {hold:?}");
+    takes(&hold);
     let want = format!(
         r#"{{"exec":{{"command":[{}]}}}}"#,
         hold.iter().map(|w| json_string(w)).collect::<Vec<_>>().join(",")
     );
     let after = apps(merged);
-    for (name, pre_stop, mounts) in apps(pod) {
+    for (name, pre_stop, mounts) in apps(istios) {
         let (_, now, now_mounts) = after
             .iter()
             .find(|(n, _, _)| *n == name)
@@ -450,66 +509,81 @@ fn no_stub(pod: &str) {
     }
 }
 
-/// A fixture and the mesh's native-sidecar flag when Istio injected it (its first line).
-fn fixture(name: &str) -> (String, bool) {
-    let text = std::fs::read_to_string(repo(&format!("tests/inject/pods/{name}"))).unwrap();
-    let native = match text.lines().next() {
-        Some("# NativeSidecars: true") => true,
-        Some("# NativeSidecars: false") => false,
-        other => panic!("{name} must start with '# NativeSidecars: <bool>', not {other:?}"),
-    };
-    (text, native)
+/// Istio's hello workload (pkg/kube/inject/testdata/inject/hello.yaml) as a pod, with these
+/// annotations.
+fn hello(annotations: &[(&str, &str)]) -> String {
+    let file = components().join("istio-inject/hello.yaml");
+    let deployment = std::fs::read_to_string(&file).expect("Istio's hello.yaml");
+    let template = query(&deployment, "{.spec.template}");
+    let mut pod = format!(r#"{{"apiVersion":"v1","kind":"Pod",{}"#, &template[1..]);
+    pod = set(&pod, r#"{"metadata":{"name":"hello"}}"#);
+    for (k, v) in annotations {
+        pod = annotate(&pod, k, v);
+    }
+    pod
 }
 
+/// Istio's holdApplicationUntilProxyStarts for one pod: a postStart on istio-proxy.
+const HOLDS_APPLICATION: (&str, &str) =
+    ("proxy.istio.io/config", r#"{"holdApplicationUntilProxyStarts": true}"#);
+
 #[test]
-#[ignore = "needs Go, kubectl and kubernetes-validate (`bash scripts/test-tools`): `bash scripts/test` runs it"]
+#[ignore = "needs root and the control plane built from source (`bash scripts/test`)"]
 fn both_templates_merge_into_every_injected_pod_without_losing_istios_hooks() {
-    for (name, placed_in_init) in [
-        ("classic.yaml", false),
-        ("classic-hold.yaml", false),
-        ("native.yaml", true),
-        ("native-hold.yaml", true),
-        ("opt-out.yaml", false),
+    for (annotations, native_flag, placed_in_init) in [
+        (&[][..], false, false),
+        (&[("envoy-drain.io/hold", "true")][..], false, false),
+        (&[][..], true, true),
+        (&[HOLDS_APPLICATION, ("envoy-drain.io/hold", "true")][..], true, true),
+        (&[("sidecar.istio.io/nativeSidecar", "false")][..], true, false),
     ] {
-        let (pod, flag) = fixture(name);
+        let pod = hello(annotations);
         for variant in [Variant::Install, Variant::Image] {
-            let merged = check(&pod, Mesh::with_flag(flag), variant);
-            assert_eq!(proxy(&merged).in_init, placed_in_init, "{name} {variant:?}");
+            let mesh = Mesh::new(variant, native_flag);
+            let merged = check(&pod, &inject(mesh, &pod), mesh);
+            assert_eq!(proxy(&merged).in_init, placed_in_init, "{annotations:?} {mesh:?}");
         }
     }
 }
 
 #[test]
-#[ignore = "needs Go, kubectl and kubernetes-validate (`bash scripts/test-tools`): `bash scripts/test` runs it"]
+#[ignore = "needs root and the control plane built from source (`bash scripts/test`)"]
 fn the_native_sidecars_own_prestop_is_replaced_and_the_holds_poststart_kept() {
-    let (native, flag) = fixture("native-hold.yaml");
-    let before = proxy(&native);
-    assert!(before.pre_stop.contains("pilot-agent"), "{}", before.pre_stop);
-    let merged = check(&native, Mesh::with_flag(flag), Variant::Install);
-    let after = proxy(&merged);
+    // Istio gives a native sidecar a preStop that drains through the agent: ours replaces it.
+    let pod = hello(&[]);
+    let mesh = Mesh::new(Variant::Install, true);
+    let injected = inject(mesh, &pod);
+    let before = proxy(&injected.1);
+    assert!(before.pre_stop.contains(r#"["pilot-agent","request""#), "{}", before.pre_stop);
+    let after = proxy(&check(&pod, &injected, mesh));
     assert!(!after.pre_stop.contains("pilot-agent"), "{}", after.pre_stop);
+    // holdApplicationUntilProxyStarts gives a classic one a postStart instead (a native one
+    // starts first anyway: Istio's template gives it none): kept beside our preStop.
+    let pod = hello(&[HOLDS_APPLICATION]);
+    let mesh = Mesh::new(Variant::Install, false);
+    let injected = inject(mesh, &pod);
+    assert!(proxy(&injected.1).post_start.contains(r#"["pilot-agent","wait"]"#));
+    let after = proxy(&check(&pod, &injected, mesh));
     assert!(after.post_start.contains(r#"["pilot-agent","wait"]"#), "{}", after.post_start);
+    assert!(after.pre_stop.contains("--then-quit"), "{}", after.pre_stop);
 }
 
 #[test]
-#[ignore = "needs Go, kubectl and kubernetes-validate (`bash scripts/test-tools`): `bash scripts/test` runs it"]
+#[ignore = "needs root and the control plane built from source (`bash scripts/test`)"]
 fn the_one_decision_follows_istios_flag_unless_the_pods_annotation_says_otherwise() {
     for variant in [Variant::Install, Variant::Image] {
-        let text = template(variant.values());
-        // Where the rendered patch puts istio-proxy, and whether it drains through the agent.
+        // Where Istio put istio-proxy, and whether our hook drains through the agent.
         let outcome = |flag: bool, annotation: Option<&str>| {
             let annotations: Vec<(&str, &str)> =
                 annotation.map(|v| ("sidecar.istio.io/nativeSidecar", v)).into_iter().collect();
-            let patch = render(&text, &Facts::of(&bare_pod(&annotations), Mesh::with_flag(flag)));
-            let as_pod = format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: patch\n{patch}");
-            let inits = query(&as_pod, "{.spec.initContainers[*].name}");
-            let containers = query(&as_pod, "{.spec.containers[*].name}");
-            let list = match (inits.contains("istio-proxy"), containers.contains("istio-proxy")) {
-                (true, false) => "initContainers",
-                (false, true) => "containers",
-                _ => panic!("istio-proxy once: {inits:?} {containers:?}\n{patch}"),
-            };
-            (list, patch.contains("--drain=agent"))
+            let pod = hello(&annotations);
+            let mesh = Mesh::new(variant, flag);
+            let merged = check(&pod, &inject(mesh, &pod), mesh);
+            let after = proxy(&merged);
+            (
+                if after.in_init { "initContainers" } else { "containers" },
+                after.pre_stop.contains("--drain=agent"),
+            )
         };
         assert_eq!(outcome(false, None), ("containers", false), "{variant:?}");
         assert_eq!(outcome(true, None), ("initContainers", true), "{variant:?}");
@@ -518,147 +592,7 @@ fn the_one_decision_follows_istios_flag_unless_the_pods_annotation_says_otherwis
     }
 }
 
-#[test]
-#[ignore = "needs Go, kubectl and kubernetes-validate (`bash scripts/test-tools`): `bash scripts/test` runs it"]
-fn aiming_the_classic_patch_at_a_native_pod_leaves_a_stub_the_checks_catch() {
-    // Why the decision exists: with native sidecars, a patch for containers[name=istio-proxy]
-    // adds a second, image-less istio-proxy (istio/istio #56455).
-    let (native, _) = fixture("native.yaml");
-    let classic_patch = render(
-        &template(Variant::Install.values()),
-        &Facts::of(&bare_pod(&[]), Mesh::with_flag(false)),
-    );
-    let merged = merge(&native, &classic_patch);
-    let caught = std::panic::catch_unwind(|| no_stub(&merged));
-    assert!(caught.is_err(), "a stub istio-proxy must be caught:\n{merged}");
-}
-
-/// A pod with only these annotations, for what the template renders from them alone.
-fn bare_pod(annotations: &[(&str, &str)]) -> String {
-    let mut pod =
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: bare\n  annotations: {}\n".to_string();
-    for (k, v) in annotations {
-        pod = annotate(&pod, k, v);
-    }
-    pod
-}
-
-/// The pod (YAML) with one annotation set, through kubectl's merge patch.
-fn annotate(pod: &str, name: &str, value: &str) -> String {
-    set(
-        pod,
-        &format!(
-            "{{\"metadata\":{{\"annotations\":{{{}:{}}}}}}}",
-            json_string(name),
-            json_string(value)
-        ),
-    )
-}
-
-/// The pod (YAML) with a JSON merge patch applied.
-fn set(pod: &str, patch: &str) -> String {
-    let scratch = Scratch::new("set");
-    let file = scratch.write("pod.yaml", pod);
-    let mut cmd = kubectl();
-    cmd.args(["patch", "--local", "--type", "merge", "-o", "yaml", "-p"])
-        .arg(patch)
-        .arg("-f")
-        .arg(&file);
-    output(cmd, "kubectl patch --local --type merge")
-}
-
-/// A golden as a cluster running envoy-drain has it, and the mesh Istio injected it in. A pod
-/// that names its own templates (a gateway's `gateway`) lists envoy-drain too, as docs/install.md
-/// says. Istio's native-sidecar flag: on where istio-proxy is an init container or the pod opted
-/// out by annotation; for a gateway, which Istio never makes native, on as well, the default of
-/// new clusters and the one where a template could go wrong.
-fn as_operators_have_it(golden: &str) -> (String, Mesh) {
-    let facts = Facts::of(golden, Mesh::with_flag(false));
-    let pod = match facts.annotation("inject.istio.io/templates") {
-        Some(t) if !t.contains("envoy-drain") => {
-            annotate(golden, "inject.istio.io/templates", &format!("{t},envoy-drain"))
-        }
-        _ => golden.to_string(),
-    };
-    let flag = proxy(golden).in_init
-        || facts.gateway()
-        || facts.annotation("sidecar.istio.io/nativeSidecar") == Some("false");
-    (pod, Mesh::with_flag(flag))
-}
-
-/// Istio's injected goldens: ENVOY_DRAIN_ISTIO_GOLDENS, else `../shared/istio-goldens` beside the
-/// repository (its README: every `*.yaml.injected` of istio/istio at a pinned commit).
-fn goldens() -> PathBuf {
-    let dir = std::env::var_os("ENVOY_DRAIN_ISTIO_GOLDENS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo("../shared/istio-goldens"));
-    assert!(
-        dir.is_dir(),
-        "NOT RUN: Istio's injected goldens are not at {} (set ENVOY_DRAIN_ISTIO_GOLDENS to a \
-         directory of istio/istio's pkg/kube/inject/testdata/inject/*.injected)",
-        dir.display()
-    );
-    dir
-}
-
-#[test]
-#[ignore = "needs Go, kubectl, kubernetes-validate (`bash scripts/test-tools`) and Istio's goldens in \
-            ../shared/istio-goldens: `bash scripts/test` runs it"]
-fn both_templates_merge_into_istios_own_injected_goldens() {
-    let dir = goldens();
-    let mut cmd = Command::new(repo("target/tools-venv/bin/python"));
-    cmd.arg(repo("tests/inject/goldens.py")).arg(&dir);
-    let listed = output(cmd, "splitting the goldens into pods");
-    let pods: Vec<(&str, &str)> =
-        listed.lines().map(|l| l.split_once('\t').expect("golden, tab, pod")).collect();
-    // Istio's own output already holds an image-less istio-proxy beside the real one where a
-    // custom template patched the wrong list (istio/istio #56455): there is nothing to check
-    // "exactly one istio-proxy" against.
-    let names = |pod: &str| query(pod, "{.spec.initContainers[*].name} {.spec.containers[*].name}");
-    let (stubbed, pods): (Vec<_>, Vec<_>) = pods.into_iter().partition(|(_, pod)| {
-        names(pod).split_whitespace().filter(|n| *n == "istio-proxy").count() > 1
-    });
-    let stubbed: Vec<&str> = stubbed.iter().map(|(g, _)| *g).collect();
-    assert_eq!(stubbed, ["sidecar-spire.yaml.injected"], "Istio's own stubs");
-    // Two workers: each check runs kubectl and a validator a dozen times.
-    let failed = std::sync::Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for half in pods.chunks(pods.len().div_ceil(2)) {
-            let failed = &failed;
-            s.spawn(move || {
-                for (golden, pod) in half {
-                    let checked = std::panic::catch_unwind(|| {
-                        let (pod, mesh) = as_operators_have_it(pod);
-                        for variant in [Variant::Install, Variant::Image] {
-                            check(&pod, mesh, variant);
-                        }
-                        let held = annotate(&pod, "envoy-drain.io/hold", "true");
-                        check(&held, mesh, Variant::Install);
-                    });
-                    if checked.is_err() {
-                        failed.lock().unwrap().push(*golden);
-                    }
-                }
-            });
-        }
-    });
-    let failed = failed.into_inner().unwrap();
-    assert!(failed.is_empty(), "goldens that failed their checks: {failed:?}");
-    let goldens: std::collections::BTreeSet<&str> = pods.iter().map(|(g, _)| *g).collect();
-    eprintln!(
-        "merged both templates into {} pods of {} goldens with an istio-proxy",
-        pods.len(),
-        goldens.len()
-    );
-    assert!(
-        goldens.len() >= 100,
-        "Istio's goldens hold over 100 injected workloads; {} found in {}",
-        goldens.len(),
-        dir.display()
-    );
-}
-
-/// The `--deadline=` seconds of the merged pod's preStop.
+/// The `--deadline=` seconds of the injected pod's preStop.
 fn rendered_deadline(merged: &str) -> u64 {
     let pre_stop = proxy(merged).pre_stop;
     let at = pre_stop.find("\"--deadline=").expect("a deadline") + "\"--deadline=".len();
@@ -670,21 +604,22 @@ fn rendered_deadline(merged: &str) -> u64 {
 }
 
 #[test]
-#[ignore = "needs Go, kubectl and kubernetes-validate (`bash scripts/test-tools`): `bash scripts/test` runs it"]
+#[ignore = "needs root and the control plane built from source (`bash scripts/test`)"]
 fn the_deadline_is_the_pods_grace_period_less_what_must_follow_the_hook() {
     let mut table = Vec::new();
-    for (fixture_name, ordering) in [("classic.yaml", "classic"), ("native.yaml", "native")] {
-        let (pod, flag) = fixture(fixture_name);
+    for (ordering, native_flag) in [("classic", false), ("native", true)] {
         // Kubernetes' default when unset, three of users' own, and one too short to hold anything.
         for grace in [None, Some(30), Some(120), Some(3600), Some(3)] {
             let pod = match grace {
-                Some(g) => {
-                    set(&pod, &format!("{{\"spec\":{{\"terminationGracePeriodSeconds\":{g}}}}}"))
-                }
-                None => pod.clone(),
+                Some(g) => set(
+                    &hello(&[]),
+                    &format!("{{\"spec\":{{\"terminationGracePeriodSeconds\":{g}}}}}"),
+                ),
+                None => hello(&[]),
             };
             for variant in [Variant::Install, Variant::Image] {
-                let merged = check(&pod, Mesh::with_flag(flag), variant);
+                let mesh = Mesh::new(variant, native_flag);
+                let merged = check(&pod, &inject(mesh, &pod), mesh);
                 table.push((ordering, grace, variant, rendered_deadline(&merged)));
             }
         }
@@ -716,49 +651,54 @@ fn the_deadline_is_the_pods_grace_period_less_what_must_follow_the_hook() {
         table.chunks(2).all(|both| both[0].3 == both[1].3),
         "both templates give the same deadline: {table:?}"
     );
-    // A mesh or pod proxy config with a longer terminationDrainDuration leaves the hook less,
-    // counted up to whole seconds; a native sidecar never waits it.
-    for (fixture_name, want) in [("classic.yaml", 120 - 21 - 1), ("native.yaml", 117)] {
-        let (pod, flag) = fixture(fixture_name);
-        let pod = set(&pod, "{\"spec\":{\"terminationGracePeriodSeconds\":120}}");
-        let mesh = Mesh { native_flag: flag, termination_drain: 20.5 };
-        let merged = check(&pod, mesh, Variant::Install);
-        assert_eq!(rendered_deadline(&merged), want, "{fixture_name}");
+    // A pod's proxy config with a longer terminationDrainDuration leaves the hook less, counted
+    // up to whole seconds; a native sidecar never waits it.
+    let longer = ("proxy.istio.io/config", r#"{"terminationDrainDuration": "20.5s"}"#);
+    for (native_flag, want) in [(false, 120 - 21 - 1), (true, 117)] {
+        let pod = set(&hello(&[longer]), "{\"spec\":{\"terminationGracePeriodSeconds\":120}}");
+        let mesh = Mesh::new(Variant::Install, native_flag);
+        let merged = check(&pod, &inject(mesh, &pod), mesh);
+        assert_eq!(rendered_deadline(&merged), want, "native {native_flag}");
     }
 }
 
 #[test]
-#[ignore = "needs Go, kubectl and kubernetes-validate (`bash scripts/test-tools`): `bash scripts/test` runs it"]
+#[ignore = "needs root and the control plane built from source (`bash scripts/test`)"]
 fn hold_reaches_every_app_container_without_a_prestop_in_both_orderings_and_no_other() {
     // A second app container with a preStop of its own, which it keeps.
-    let worker = "spec:\n  containers:\n  - name: worker\n    image: worker:1\n    lifecycle:\n      \
-                  preStop:\n        exec:\n          command: [sleep, '5']\n";
-    for name in ["classic.yaml", "native.yaml", "native-hold.yaml"] {
-        let (pod, flag) = fixture(name);
-        let pod = merge(&pod, worker);
+    let worker = r#"{"name":"worker","image":"worker:1","lifecycle":{"preStop":{"exec":{"command":["sleep","5"]}}}}"#;
+    for (annotations, native_flag) in
+        [(&[][..], false), (&[][..], true), (&[HOLDS_APPLICATION][..], true)]
+    {
+        let pod = hello(annotations);
+        let hello_container = query(&pod, "{.spec.containers[0]}");
+        let pod =
+            set(&pod, &format!("{{\"spec\":{{\"containers\":[{hello_container},{worker}]}}}}"));
         for (value, holds) in [("true", true), ("false", false), ("yes", false)] {
             let tuned = annotate(&pod, "envoy-drain.io/hold", value);
             for variant in [Variant::Install, Variant::Image] {
                 // check() holds the rest: hold where there was no preStop, nothing else moved.
-                let merged = check(&tuned, Mesh::with_flag(flag), variant);
+                let mesh = Mesh::new(variant, native_flag);
+                let merged = check(&tuned, &inject(mesh, &tuned), mesh);
                 let held: Vec<String> = apps(&merged)
                     .into_iter()
                     .filter(|(_, pre_stop, _)| pre_stop.contains(r#""hold""#))
                     .map(|(n, _, _)| n)
                     .collect();
                 let want: &[&str] = if holds { &["hello"] } else { &[] };
-                assert_eq!(held, want, "{name} hold={value} {variant:?}\n{merged}");
+                assert_eq!(held, want, "{annotations:?} hold={value} {mesh:?}\n{merged}");
             }
         }
     }
 }
 
 #[test]
-#[ignore = "needs Go, kubectl and kubernetes-validate (`bash scripts/test-tools`): `bash scripts/test` runs it"]
+#[ignore = "needs root and the control plane built from source (`bash scripts/test`)"]
 fn a_pods_envoy_drain_annotations_reach_its_hook_and_disabled_leaves_the_pod_to_istio() {
-    for (fixture_name, istios_own) in [("classic.yaml", ""), ("native-hold.yaml", "pilot-agent")] {
-        let (pod, flag) = fixture(fixture_name);
-        let mesh = Mesh::with_flag(flag);
+    for (annotations, native_flag, istios_own) in
+        [(&[HOLDS_APPLICATION][..], false, ""), (&[][..], true, "pilot-agent")]
+    {
+        let pod = hello(annotations);
         // Every envoy-drain.io/ annotation is passed on, good or bad: the hook warns about a
         // bad one and keeps its flags (tests/cli.rs), so a typo never costs the pod its wait.
         let tuned = [
@@ -770,57 +710,229 @@ fn a_pods_envoy_drain_annotations_reach_its_hook_and_disabled_leaves_the_pod_to_
         .iter()
         .fold(pod.clone(), |p, (k, v)| annotate(&p, k, v));
         for variant in [Variant::Install, Variant::Image] {
-            let pre_stop = proxy(&check(&tuned, mesh, variant)).pre_stop;
+            let mesh = Mesh::new(variant, native_flag);
+            let pre_stop = proxy(&check(&tuned, &inject(mesh, &tuned), mesh)).pre_stop;
             assert!(
                 pre_stop.ends_with(
                     r#""--pod-annotation=envoy-drain.io/count=requests","--pod-annotation=envoy-drain.io/deadline=10m","--pod-annotation=envoy-drain.io/disabled=yes","--pod-annotation=envoy-drain.io/min-drain=2 \"mins\" please"]"#
                 ),
-                "{fixture_name} {variant:?}: {pre_stop}"
+                "{mesh:?}: {pre_stop}"
             );
         }
         // The kill switch: nothing rendered, so the pod keeps Istio's own preStop (a native
         // sidecar's pilot-agent drain; none on a classic one). The hook trims the value, and so
         // does the template: " true" once got neither envoy-drain's wait nor a kill switch.
-        for (off, variant) in [
-            (annotate(&pod, "envoy-drain.io/disabled", "true"), Variant::Install),
-            (annotate(&pod, "envoy-drain.io/disabled", " true "), Variant::Image),
-        ] {
-            let kept = check(&off, mesh, variant);
-            assert_eq!(proxy(&kept).pre_stop, proxy(&pod).pre_stop);
+        for (value, variant) in [("true", Variant::Install), (" true ", Variant::Image)] {
+            let off = annotate(&pod, "envoy-drain.io/disabled", value);
+            let mesh = Mesh::new(variant, native_flag);
+            let injected = inject(mesh, &off);
+            let kept = check(&off, &injected, mesh);
+            assert_eq!(proxy(&kept).pre_stop, proxy(&injected.1).pre_stop);
             assert!(
                 proxy(&kept).pre_stop.contains(istios_own),
-                "{fixture_name}: {}",
+                "{mesh:?}: {}",
                 proxy(&kept).pre_stop
             );
         }
     }
 }
 
-#[test]
-#[ignore = "needs Go, kubectl, kubernetes-validate (`bash scripts/test-tools`) and Istio's goldens in \
-            ../shared/istio-goldens: `bash scripts/test` runs it"]
-fn a_gateway_drains_every_listener_and_counts_requests_even_where_sidecars_are_native() {
+/// Istio's goldens: ENVOY_DRAIN_ISTIO_GOLDENS, else `../shared/istio-goldens` beside the
+/// repository (its README: every `*.yaml.injected` of istio/istio at a pinned commit).
+fn goldens() -> PathBuf {
+    let dir = std::env::var_os("ENVOY_DRAIN_ISTIO_GOLDENS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo("../shared/istio-goldens"));
+    assert!(
+        dir.is_dir(),
+        "NOT RUN: Istio's injected goldens are not at {} (set ENVOY_DRAIN_ISTIO_GOLDENS to a \
+         directory of istio/istio's pkg/kube/inject/testdata/inject/*.injected)",
+        dir.display()
+    );
+    dir
+}
+
+/// The workloads of Istio's injection tests as pods: (golden, whether Istio's test made its
+/// proxy native, the pod as JSON), by tests/inject/inputs.py.
+fn istios_workloads() -> Vec<(String, bool, String)> {
     let mut cmd = Command::new(repo("target/tools-venv/bin/python"));
-    cmd.arg(repo("tests/inject/goldens.py")).arg(goldens());
-    let listed = output(cmd, "splitting the goldens into pods");
-    let gateways: Vec<(&str, &str)> = listed
+    cmd.arg(repo("tests/inject/inputs.py")).arg(goldens()).arg(components().join("istio-inject"));
+    let out = cmd.output().expect("the tools' Python with PyYAML (`bash scripts/test-tools`)");
+    assert!(out.status.success(), "inputs.py: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter_map(|l| l.split_once('\t'))
-        .filter(|(golden, _)| golden.starts_with("gateway"))
+        .map(|l| {
+            let mut f = l.splitn(3, '\t');
+            let (golden, native, pod) = (f.next(), f.next(), f.next());
+            let (Some(golden), Some(native), Some(pod)) = (golden, native, pod) else {
+                panic!("inputs.py printed {l:?}")
+            };
+            assert_ne!(native, "missing", "{golden}: no workload of Istio's test makes it");
+            (golden.to_string(), native == "native", pod.to_string())
+        })
+        .collect()
+}
+
+/// An API server's message with the list indexes it names left out (`volumes[11]`: ours moves
+/// Istio's by one).
+fn without_indexes(message: &str) -> String {
+    let mut out = String::new();
+    let mut in_index = false;
+    for c in message.chars() {
+        match c {
+            '[' => in_index = true,
+            ']' => in_index = false,
+            _ if in_index && c.is_ascii_digit() => continue,
+            _ => {}
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A workload as a cluster running envoy-drain has it: a pod that names its own templates (a
+/// gateway's `gateway`) lists envoy-drain too, as docs/install.md says.
+fn as_operators_have_it(pod: &str) -> String {
+    match Facts::of(pod).annotation("inject.istio.io/templates") {
+        Some(t) if !t.contains("envoy-drain") => {
+            annotate(pod, "inject.istio.io/templates", &format!("{t},envoy-drain"))
+        }
+        _ => pod.to_string(),
+    }
+}
+
+#[test]
+#[ignore = "needs root, the control plane built from source (`bash scripts/test`) and Istio's \
+            goldens in ../shared/istio-goldens"]
+fn both_templates_reach_every_workload_of_istios_own_injection_tests() {
+    let workloads = istios_workloads();
+    // Each in the mesh whose flag put its proxy where Istio's test did (a gateway's proxy is
+    // always a container: there the flag on, the default of new clusters and the one where a
+    // template could go wrong), with both templates, and held.
+    let mut cases: Vec<(Mesh, &str, String)> = Vec::new();
+    for (golden, native, pod) in &workloads {
+        let pod = as_operators_have_it(pod);
+        let flag = *native || Facts::of(&pod).gateway();
+        for variant in [Variant::Install, Variant::Image] {
+            cases.push((Mesh::new(variant, flag), golden, pod.clone()));
+        }
+        cases.push((
+            Mesh::new(Variant::Install, flag),
+            golden,
+            annotate(&pod, "envoy-drain.io/hold", "true"),
+        ));
+    }
+    let mut failed = Vec::new();
+    let mut refused = std::collections::BTreeMap::new();
+    let mut checked = 0;
+    for mesh in MESHES {
+        let mine: Vec<&(Mesh, &str, String)> =
+            cases.iter().filter(|(m, _, _)| m.revision() == mesh.revision()).collect();
+        let pods: Vec<String> = mine.iter().map(|(_, _, p)| p.clone()).collect();
+        let injected = inject_all(mesh, &pods);
+        // Two workers: each check runs kubectl a few times.
+        let results: Vec<(String, Result<(), String>)> = std::thread::scope(|s| {
+            let halves: Vec<_> = mine
+                .iter()
+                .zip(&injected)
+                .collect::<Vec<_>>()
+                .chunks(mine.len().div_ceil(2).max(1))
+                .map(|half| {
+                    let half = half.to_vec();
+                    s.spawn(move || {
+                        half.into_iter()
+                            .map(|((mesh, golden, pod), got)| {
+                                let outcome = match (&got.pod, &got.istios) {
+                                    (Ok(made), Ok(istios)) => std::panic::catch_unwind(|| {
+                                        check(pod, &(made.clone(), istios.clone()), *mesh);
+                                    })
+                                    .map_err(|_| "failed its checks".to_string()),
+                                    // What the API server refuses as Istio injects it, it
+                                    // refuses with the template too.
+                                    (Err(ours), Err(istios)) => {
+                                        let why = |e: &str| {
+                                            e.rsplit_once(" is ").map(|(_, w)| without_indexes(w))
+                                        };
+                                        if why(ours) == why(istios) {
+                                            Err(format!(
+                                                "refused: {}",
+                                                why(istios).unwrap_or_default()
+                                            ))
+                                        } else {
+                                            Err(format!("refused otherwise: {ours} / {istios}"))
+                                        }
+                                    }
+                                    (made, istios) => {
+                                        Err(format!("one refused: {made:?} / {istios:?}"))
+                                    }
+                                };
+                                (golden.to_string(), outcome)
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            halves.into_iter().flat_map(|h| h.join().expect("a worker")).collect()
+        });
+        for (golden, outcome) in results {
+            match outcome {
+                Ok(()) => checked += 1,
+                Err(e) if e.starts_with("refused: ") => {
+                    refused.insert(golden, e);
+                }
+                Err(e) => failed.push(format!("{} {golden}: {e}", mesh.revision())),
+            }
+        }
+    }
+    assert!(failed.is_empty(), "workloads that failed their checks: {failed:#?}");
+    eprintln!(
+        "checked {checked} injections of {} pods of {} goldens; refused as written: {:?}",
+        workloads.len(),
+        workloads.iter().map(|(g, _, _)| g).collect::<std::collections::BTreeSet<_>>().len(),
+        refused.keys()
+    );
+    // Pods the API server refuses whether the template runs or not: no containers once Istio
+    // moves the only one, istio-proxy, to the init containers; the spire template of Istio's own
+    // test patching `containers` where the native proxy is an init container, which leaves an
+    // istio-proxy without an image there (istio/istio#56455); a configMap item at an absolute
+    // path. Istio's goldens show them as injected: its test never asks an API server.
+    assert_eq!(
+        refused.keys().collect::<Vec<_>>(),
+        [
+            "only-proxy-container.yaml.injected",
+            "sidecar-spire.yaml.injected",
+            "user-volume.yaml.injected"
+        ],
+        "{refused:#?}"
+    );
+    assert!(
+        workloads.len() >= 100,
+        "Istio's tests inject over 100 workloads; {} found",
+        workloads.len()
+    );
+}
+
+#[test]
+#[ignore = "needs root, the control plane built from source (`bash scripts/test`) and Istio's \
+            goldens in ../shared/istio-goldens"]
+fn a_gateway_drains_every_listener_and_counts_requests_even_where_sidecars_are_native() {
+    let gateways: Vec<(String, bool, String)> = istios_workloads()
+        .into_iter()
+        .filter(|(golden, _, _)| golden.starts_with("gateway"))
         .collect();
     assert_eq!(
-        gateways.iter().map(|(g, _)| *g).collect::<Vec<_>>(),
+        gateways.iter().map(|(g, _, _)| g.as_str()).collect::<Vec<_>>(),
         [
             "gateway-spire.yaml.injected",
             "gateway-with-default-container.yaml.injected",
             "gateway.yaml.injected"
         ]
     );
-    for (golden, pod) in gateways {
-        let (pod, mesh) = as_operators_have_it(pod);
-        assert!(mesh.native_flag, "{golden}: the flag that could misplace it");
+    for (golden, _, pod) in gateways {
+        let pod = as_operators_have_it(&pod);
         for variant in [Variant::Install, Variant::Image] {
-            let merged = check(&pod, mesh, variant);
+            let mesh = Mesh::new(variant, true);
+            let merged = check(&pod, &inject(mesh, &pod), mesh);
             let after = proxy(&merged);
             assert!(!after.in_init, "{golden}: a gateway's proxy is a container");
             assert!(

@@ -882,8 +882,8 @@ fn without_a_mesh_hold_sees_connections_that_left_no_socket_but_never_the_nodes_
 }
 
 /// `hold` as examples/hold-policy.yaml writes it for a pod without a mesh whose readiness probes
-/// are a tcpSocket and an httpGet every second (tests/inject/policy.rs checks the policy writes
-/// that), without its log file.
+/// are a tcpSocket and an httpGet every second (tests/admission.rs checks that the API server
+/// writes that), without its log file.
 const POLICY_HOLD: [&str; 7] =
     ["hold", "--preset", "none", "--deadline", "20s", "--probe-periods", "1s,1s"];
 

@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod app;
+pub mod cluster;
 pub mod envoy;
 pub mod h2;
 pub mod hostile;

@@ -1,0 +1,679 @@
+//! A real Kubernetes control plane for one test: etcd, kube-apiserver, kube-controller-manager
+//! and kube-scheduler, built from their sources by scripts/components (ENVOY_DRAIN_COMPONENTS
+//! names the directory it prints), and on request Kyverno's admission controller and istiod,
+//! which the API server calls as webhooks. Everything runs in a network namespace of the test's
+//! own: every port is free whatever else runs, and each process is killed when the test's thread
+//! ends (netns.rs), also when it fails; Drop stops them and removes their files.
+//!
+//! There is no kubelet: two Node objects (one Linux, one Windows) are made Ready once, so the
+//! scheduler binds pods to them, and the node lifecycle controller is given ten minutes before it
+//! would mark them unreachable for the heartbeats no kubelet sends.
+
+use super::netns::Netns;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The directory scripts/components prints: bin/ (the binaries), kyverno-crds/, istio-inject/
+/// (the pods of Istio's injection tests) and `versions`.
+pub fn components() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if let Some(dir) = std::env::var_os("ENVOY_DRAIN_COMPONENTS") {
+                return PathBuf::from(dir);
+            }
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/components");
+            let out = Command::new("bash")
+                .arg(&script)
+                .stderr(Stdio::inherit())
+                .output()
+                .unwrap_or_else(|e| panic!("NOT RUN: {}: {e}", script.display()));
+            assert!(
+                out.status.success(),
+                "NOT RUN: {} failed ({}): the control plane is built from source there",
+                script.display(),
+                out.status
+            );
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        })
+        .clone()
+}
+
+/// The service account volume is named kube-api-access-<5 random characters>.
+pub fn without_token_suffix(spec: &str) -> String {
+    let mut out = String::new();
+    let mut rest = spec;
+    while let Some(at) = rest.find("kube-api-access-") {
+        let end = at + "kube-api-access-".len();
+        out.push_str(&rest[..end]);
+        rest = rest.get(end + 5..).unwrap_or_default();
+    }
+    out + rest
+}
+
+/// What a kubectl run printed.
+pub struct Kubectl {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+struct Process {
+    /// The program, and the revision of an istiod.
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+pub struct ControlPlane {
+    pub dir: PathBuf,
+    netns: Netns,
+    bin: PathBuf,
+    processes: Mutex<Vec<Process>>,
+}
+
+/// Every wait for the control plane is bounded by this.
+const START: Duration = Duration::from_secs(90);
+
+impl ControlPlane {
+    /// etcd, the API server (ready), the controllers, the scheduler and two Ready nodes.
+    pub fn start(name: &str) -> ControlPlane {
+        let cp = ControlPlane {
+            dir: super::temp_dir(&format!("control-plane-{name}")),
+            netns: Netns::new(),
+            bin: components().join("bin"),
+            processes: Mutex::new(Vec::new()),
+        };
+        cp.credentials();
+        let data = cp.path("etcd");
+        cp.spawn(
+            "etcd",
+            &[
+                "--data-dir",
+                &data,
+                "--listen-client-urls",
+                "http://127.0.0.1:2379",
+                "--advertise-client-urls",
+                "http://127.0.0.1:2379",
+                "--listen-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-advertise-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-cluster",
+                "default=http://127.0.0.1:2380",
+                // A test's data: nothing to keep across a crash.
+                "--unsafe-no-fsync",
+                "--log-level",
+                "warn",
+            ],
+            &[],
+        );
+        let (pki, sa_pub, sa_key, tokens) =
+            (cp.path("pki"), cp.path("sa.pub"), cp.path("sa.key"), cp.path("tokens.csv"));
+        cp.spawn(
+            "kube-apiserver",
+            &[
+                "--etcd-servers",
+                "http://127.0.0.1:2379",
+                "--bind-address",
+                "127.0.0.1",
+                "--advertise-address",
+                "127.0.0.1",
+                "--secure-port",
+                "6443",
+                "--cert-dir",
+                &pki,
+                "--service-account-key-file",
+                &sa_pub,
+                "--service-account-signing-key-file",
+                &sa_key,
+                "--service-account-issuer",
+                "https://kubernetes.default.svc.cluster.local",
+                "--authorization-mode",
+                "Node,RBAC",
+                "--token-auth-file",
+                &tokens,
+                // On top of the defaults (NamespaceLifecycle, LimitRanger, ServiceAccount, PodSecurity,
+                // MutatingAdmissionPolicy, the webhooks, ResourceQuota ...): what kubeadm adds.
+                "--enable-admission-plugins",
+                "NodeRestriction",
+                "--service-cluster-ip-range",
+                "10.96.0.0/16",
+            ],
+            &[],
+        );
+        cp.wait_for("the API server's /readyz", || {
+            cp.kubectl(&["get", "--raw", "/readyz"]).ok.then_some(())
+        });
+        let kubeconfig = cp.path("kubeconfig");
+        let ca = cp.path("pki/apiserver.crt");
+        cp.spawn(
+            "kube-controller-manager",
+            &[
+                "--kubeconfig",
+                &kubeconfig,
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                "0",
+                "--leader-elect=false",
+                "--service-account-private-key-file",
+                &sa_key,
+                "--root-ca-file",
+                &ca,
+                "--node-monitor-grace-period",
+                "10m",
+            ],
+            &[],
+        );
+        cp.spawn(
+            "kube-scheduler",
+            &[
+                "--kubeconfig",
+                &kubeconfig,
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                "0",
+                "--leader-elect=false",
+            ],
+            &[],
+        );
+        cp.nodes();
+        cp
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).to_str().expect("a UTF-8 temporary path").to_string()
+    }
+
+    /// The service account key pair, one admin token (system:masters) for kubectl, the
+    /// controllers, istiod and Kyverno, and a kubeconfig with it.
+    fn credentials(&self) {
+        let key = self.path("sa.key");
+        let made = Command::new("openssl")
+            .args(["genrsa", "-out", &key, "2048"])
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl (scripts/test-tools installs it)");
+        assert!(made.success(), "openssl genrsa");
+        let public = Command::new("openssl")
+            .args(["rsa", "-in", &key, "-pubout", "-out", &self.path("sa.pub")])
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl");
+        assert!(public.success(), "openssl rsa -pubout");
+        std::fs::write(
+            self.dir.join("tokens.csv"),
+            "envoy-drain-test,admin,admin,\"system:masters\"\n",
+        )
+        .expect("the token file");
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: \
+             https://127.0.0.1:6443\n    certificate-authority: {}\nusers:\n- name: admin\n  \
+             user:\n    token: envoy-drain-test\ncontexts:\n- name: test\n  context:\n    cluster: \
+             test\n    user: admin\ncurrent-context: test\n",
+            self.path("pki/apiserver.crt")
+        );
+        std::fs::write(self.dir.join("kubeconfig"), kubeconfig).expect("the kubeconfig");
+    }
+
+    /// Starts a component in the namespace, its output in `<dir>/<name>.log`.
+    fn spawn(&self, name: &str, args: &[&str], env: &[(&str, &str)]) {
+        self.spawn_in(name, name, &self.dir, args, env);
+    }
+
+    /// The same, run in `dir` (its log there too), known as `label`.
+    fn spawn_in(
+        &self,
+        program: &str,
+        label: &str,
+        dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) {
+        let log = dir.join(format!("{program}.log"));
+        let file = std::fs::File::create(&log).expect("a log file");
+        let mut cmd = self.netns.command(self.bin.join(program).to_str().expect("UTF-8"));
+        cmd.args(args)
+            .envs(env.iter().copied())
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("the log file"))
+            .stderr(file);
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("NOT RUN: {program}: {e}"));
+        let process = Process { name: label.to_string(), child, log };
+        self.processes.lock().expect("the processes").push(process);
+    }
+
+    /// The last lines of a component's log.
+    pub fn log_tail(&self, name: &str, lines: usize) -> String {
+        let processes = self.processes.lock().expect("the processes");
+        let Some(p) = processes.iter().find(|p| p.name == name) else {
+            return format!("({name} was never started)");
+        };
+        let text = std::fs::read_to_string(&p.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Fails the test, with its log, if a component has exited.
+    fn all_running(&self) {
+        let mut dead = None;
+        for p in self.processes.lock().expect("the processes").iter_mut() {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                dead = Some((p.name.clone(), status));
+                break;
+            }
+        }
+        if let Some((name, status)) = dead {
+            panic!("{name} exited ({status}):\n{}", self.log_tail(&name, 40));
+        }
+    }
+
+    /// Polls `f` (every 100 ms, at most `START`) until it gives a value; fails naming `what`
+    /// if a component exits first or time runs out.
+    pub fn wait_for<T>(&self, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+        self.wait_within(what, START, &mut f)
+    }
+
+    pub fn wait_within<T>(
+        &self,
+        what: &str,
+        within: Duration,
+        f: &mut dyn FnMut() -> Option<T>,
+    ) -> T {
+        let start = Instant::now();
+        loop {
+            if let Some(v) = f() {
+                return v;
+            }
+            self.all_running();
+            if start.elapsed() > within {
+                let mut logs = String::new();
+                let names: Vec<String> = self
+                    .processes
+                    .lock()
+                    .expect("the processes")
+                    .iter()
+                    .map(|p| p.name.clone())
+                    .collect();
+                for name in names {
+                    let _ = write!(logs, "\n--- {name}:\n{}", self.log_tail(&name, 15));
+                }
+                panic!("waited {within:?} for {what}{logs}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// kubectl (the one built with the API server) against this control plane.
+    pub fn kubectl_command(&self) -> Command {
+        let mut cmd = self.netns.command(self.bin.join("kubectl").to_str().expect("UTF-8"));
+        cmd.env("KUBECONFIG", self.dir.join("kubeconfig")).stdin(Stdio::null());
+        cmd
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> Kubectl {
+        self.kubectl_with(args, None)
+    }
+
+    /// kubectl with `input` on its stdin (`-f -`).
+    pub fn kubectl_with(&self, args: &[&str], input: Option<&str>) -> Kubectl {
+        let mut cmd = self.kubectl_command();
+        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        if input.is_some() {
+            cmd.stdin(Stdio::piped());
+        }
+        let mut child = cmd.spawn().expect("kubectl");
+        // Written from another thread: kubectl prints while it reads, and a full pipe each way
+        // would stop both.
+        let out = std::thread::scope(|s| {
+            if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+                s.spawn(move || stdin.write_all(text.as_bytes()));
+            }
+            child.wait_with_output().expect("kubectl's output")
+        });
+        Kubectl {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// kubectl that must succeed: its stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        self.ok_with(args, None)
+    }
+
+    pub fn ok_with(&self, args: &[&str], input: Option<&str>) -> String {
+        let out = self.kubectl_with(args, input);
+        assert!(out.ok, "kubectl {}: {}", args.join(" "), out.stderr);
+        out.stdout
+    }
+
+    /// A namespace from a file of the repo (or YAML text), once its default service account,
+    /// which pods need, exists.
+    pub fn namespace(&self, yaml: &str, name: &str) {
+        self.ok_with(&["apply", "-f", "-"], Some(yaml));
+        self.wait_for(&format!("the service account of namespace {name}"), || {
+            self.kubectl(&["get", "serviceaccount", "default", "-n", name]).ok.then_some(())
+        });
+    }
+
+    /// A Linux and a Windows node, Ready, with room for many pods.
+    fn nodes(&self) {
+        let now = Command::new("date").args(["-u", "+%Y-%m-%dT%H:%M:%SZ"]).output().expect("date");
+        let now = String::from_utf8_lossy(&now.stdout).trim().to_string();
+        for (name, os, ip) in
+            [("node-linux", "linux", "10.0.0.1"), ("node-windows", "windows", "10.0.0.2")]
+        {
+            self.ok_with(
+                &["apply", "-f", "-"],
+                Some(&format!(
+                    "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels:\n    \
+                     kubernetes.io/os: {os}\n    kubernetes.io/arch: amd64\n    \
+                     kubernetes.io/hostname: {name}\n"
+                )),
+            );
+            let room = r#"{"cpu":"16","memory":"64Gi","pods":"250"}"#;
+            let status = format!(
+                r#"{{"status":{{"conditions":[{{"type":"Ready","status":"True","reason":"KubeletReady","message":"no kubelet: set once by the test","lastHeartbeatTime":"{now}","lastTransitionTime":"{now}"}}],"capacity":{room},"allocatable":{room},"addresses":[{{"type":"InternalIP","address":"{ip}"}}],"nodeInfo":{{"kubeletVersion":"v1.36.3","operatingSystem":"{os}","architecture":"amd64","machineID":"","systemUUID":"","bootID":"","kernelVersion":"","osImage":"","containerRuntimeVersion":"","kubeProxyVersion":""}}}}}}"#
+            );
+            self.ok(&[
+                "patch",
+                "node",
+                name,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &status,
+            ]);
+        }
+        // The node lifecycle controller takes the not-ready taint (TaintNodesByCondition) away
+        // once it sees them Ready.
+        self.wait_for("the nodes to be schedulable", || {
+            let taints = self.ok(&["get", "nodes", "-o", "jsonpath={.items[*].spec.taints}"]);
+            taints.trim().is_empty().then_some(())
+        });
+    }
+
+    /// The MutatingAdmissionPolicy metrics: (policy, binding, error type, count) for each row
+    /// of apiserver_mutating_admission_policy_check_total.
+    pub fn policy_checks(&self) -> Vec<(String, String, String, u64)> {
+        let metrics = self.ok(&["get", "--raw", "/metrics"]);
+        metrics
+            .lines()
+            .filter_map(|l| l.strip_prefix("apiserver_mutating_admission_policy_check_total{"))
+            .filter_map(|l| {
+                let (labels, count) = l.split_once("} ")?;
+                let label = |name: &str| {
+                    let at = labels.find(&format!("{name}=\""))? + name.len() + 2;
+                    Some(labels[at..].split('"').next()?.to_string())
+                };
+                Some((
+                    label("policy")?,
+                    label("policy_binding")?,
+                    label("error_type")?,
+                    count.trim().parse().ok()?,
+                ))
+            })
+            .collect()
+    }
+
+    /// Kyverno's admission controller, run out of the cluster as Kyverno's own development setup
+    /// does (kyverno/kyverno .vscode/launch.json, "Launch Kyverno"): its CRDs, its namespace and
+    /// ConfigMaps, and the controller registering its webhooks at 127.0.0.1:9443 with a CA of its
+    /// own. Returns once its webhook configurations exist.
+    pub fn start_kyverno(&self) {
+        let crds = components().join("kyverno-crds");
+        self.ok(&["apply", "--server-side", "-f", crds.to_str().expect("UTF-8")]);
+        self.ok_with(
+            &["apply", "-f", "-"],
+            Some(
+                "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: kyverno\n---\napiVersion: v1\n\
+                 kind: ConfigMap\nmetadata:\n  name: kyverno\n  namespace: kyverno\n---\n\
+                 apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kyverno-metrics\n  \
+                 namespace: kyverno\n",
+            ),
+        );
+        let kubeconfig = self.path("kubeconfig");
+        self.spawn(
+            "kyverno",
+            &[
+                "--kubeconfig", &kubeconfig,
+                "--serverIP=127.0.0.1:9443",
+                "--caSecretName=kyverno-svc.kyverno.svc.kyverno-tls-ca",
+                "--tlsSecretName=kyverno-svc.kyverno.svc.kyverno-tls-pair",
+                "--backgroundServiceAccountName=system:serviceaccount:kyverno:kyverno-background-controller",
+                "--reportsServiceAccountName=system:serviceaccount:kyverno:kyverno-reports-controller",
+            ],
+            &[
+                ("KYVERNO_NAMESPACE", "kyverno"),
+                ("KYVERNO_SERVICEACCOUNT_NAME", "kyverno-admission-controller"),
+                ("KYVERNO_DEPLOYMENT", "kyverno-admission-controller"),
+                ("KYVERNO_POD_NAME", "kyverno-admission-controller-0"),
+                ("INIT_CONFIG", "kyverno"),
+                ("METRICS_CONFIG", "kyverno-metrics"),
+            ],
+        );
+        self.wait_for("Kyverno's webhooks", || {
+            let hooks = self.ok(&["get", "mutatingwebhookconfigurations", "-o", "name"]);
+            hooks.contains("kyverno-resource-mutating-webhook-cfg").then_some(())
+        });
+    }
+
+    /// Waits until Kyverno serves the MutatingPolicy `name`: ready, and its webhook registered.
+    pub fn wait_for_kyverno_policy(&self, name: &str) {
+        self.wait_for(&format!("Kyverno's webhook for MutatingPolicy {name}"), || {
+            let urls = self.ok(&[
+                "get",
+                "mutatingwebhookconfiguration",
+                "kyverno-resource-mutating-webhook-cfg",
+                "-o",
+                "jsonpath={.webhooks[*].clientConfig.url}",
+            ]);
+            urls.contains(&format!("/mpol/{name}")).then_some(())
+        });
+    }
+}
+
+impl ControlPlane {
+    /// One control plane for all the tests of a test binary, started and set up by `setup` once,
+    /// on a thread that lives as long as the process: its components end with the process (each
+    /// is killed when the thread that started it ends), and an exit handler stops them and
+    /// removes their files when the tests are done. A failed start fails every test that asks.
+    pub fn shared(name: &'static str, setup: fn(&ControlPlane)) -> &'static ControlPlane {
+        static SHARED: OnceLock<Result<&'static ControlPlane, String>> = OnceLock::new();
+        let made = SHARED.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let started = std::panic::catch_unwind(|| {
+                    let cp = ControlPlane::start(name);
+                    setup(&cp);
+                    cp
+                });
+                let Ok(cp) = started.map_err(|e| {
+                    let message = e.downcast_ref::<String>().cloned();
+                    let _ = tx.send(Err(message.unwrap_or_else(|| "a panic".to_string())));
+                }) else {
+                    return;
+                };
+                let cp: &'static ControlPlane = Box::leak(Box::new(cp));
+                let _ = LEFT.set(cp);
+                extern "C" fn stop_at_exit() {
+                    if let Some(cp) = LEFT.get() {
+                        cp.stop();
+                    }
+                }
+                // SAFETY: registers a plain function without arguments to run at exit.
+                unsafe { libc::atexit(stop_at_exit) };
+                let _ = tx.send(Ok(cp));
+                loop {
+                    std::thread::park();
+                }
+            });
+            rx.recv().unwrap_or_else(|_| Err("the control plane's thread ended".to_string()))
+        });
+        static LEFT: OnceLock<&'static ControlPlane> = OnceLock::new();
+        made.as_ref().map(|cp| *cp).unwrap_or_else(|e| panic!("the shared control plane: {e}"))
+    }
+
+    /// Kills every component and removes the files.
+    fn stop(&self) {
+        if let Ok(mut processes) = self.processes.lock() {
+            for p in processes.iter_mut().rev() {
+                let _ = p.child.kill();
+                let _ = p.child.wait();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+
+    /// An Istio control plane revision, as `helm install` of Istio's istiod chart with `values`
+    /// (the text of a values file) and `--set revision=<revision>` makes it: istioctl renders
+    /// Istio's own charts (the ones it embeds) into CRDs, RBAC, the mesh and injection ConfigMaps
+    /// and the injection webhook's configuration, which are applied; in place of the chart's
+    /// Deployment and Service, pilot-discovery runs here as that Deployment runs it (its
+    /// arguments and environment, `env` on top), its webhook at https://localhost:<port>/inject
+    /// (ISTIOD_CUSTOM_HOST puts localhost in the certificate istiod makes itself). Its validation
+    /// webhook is left out. `overlays` are IstioOperator files laid over the values, as
+    /// `istioctl install -f` lays them; `index` spaces its ports from other revisions'. Returns
+    /// once the webhook's certificate is in place.
+    pub fn start_istiod(
+        &self,
+        revision: &str,
+        values: &str,
+        overlays: &[&Path],
+        index: u16,
+        env: &[(&str, &str)],
+    ) {
+        let dir = self.dir.join(format!("istiod-{revision}"));
+        std::fs::create_dir_all(&dir).expect("istiod's directory");
+        let mut iop = String::from(
+            "apiVersion: install.istio.io/v1alpha1\nkind: IstioOperator\nspec:\n  values:\n",
+        );
+        for line in values.lines() {
+            let _ = writeln!(iop, "    {line}");
+        }
+        let iop_file = dir.join("iop.yaml");
+        std::fs::write(&iop_file, iop).expect("the IstioOperator file");
+        let rendered = Command::new(self.bin.join("istioctl"))
+            .args(["manifest", "generate", "--set", "profile=minimal", "--set"])
+            .arg(format!("revision={revision}"))
+            .arg("-f")
+            .arg(&iop_file)
+            .args(overlays.iter().flat_map(|o| [Path::new("-f"), o]))
+            .output()
+            .expect("istioctl");
+        assert!(
+            rendered.status.success(),
+            "istioctl manifest generate: {}",
+            String::from_utf8_lossy(&rendered.stderr)
+        );
+        let rendered = String::from_utf8_lossy(&rendered.stdout);
+        let skipped = ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"];
+        let kept: Vec<&str> = rendered
+            .split("\n---\n")
+            .filter(|doc| {
+                let kind = doc.lines().find_map(|l| l.strip_prefix("kind: ")).unwrap_or_default();
+                !skipped.contains(&kind.trim()) && kind.trim() != "ValidatingWebhookConfiguration"
+            })
+            .collect();
+        self.ok_with(
+            &["apply", "-f", "-"],
+            Some("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: istio-system\n"),
+        );
+        self.ok_with(&["apply", "--server-side", "-f", "-"], Some(&kept.join("\n---\n")));
+        let webhook = format!("istio-sidecar-injector-{revision}");
+        let hooks = self.ok(&[
+            "get",
+            "mutatingwebhookconfiguration",
+            &webhook,
+            "-o",
+            "jsonpath={range .webhooks[*]}{.clientConfig.service.path}{\"\\n\"}{end}",
+        ]);
+        let port = |k: u16| 20000 + 100 * index + k;
+        for (i, path) in hooks.lines().enumerate() {
+            let url = format!("https://localhost:{}{path}", port(17));
+            let patch = format!(
+                r#"[{{"op":"replace","path":"/webhooks/{i}/clientConfig","value":{{"url":"{url}"}}}}]"#
+            );
+            self.ok(&[
+                "patch",
+                "mutatingwebhookconfiguration",
+                &webhook,
+                "--type",
+                "json",
+                "-p",
+                &patch,
+            ]);
+        }
+        let kubeconfig = self.path("kubeconfig");
+        let addr = |k: u16| format!(":{}", port(k));
+        let mut all_env = vec![
+            ("REVISION", revision),
+            ("PILOT_CERT_PROVIDER", "istiod"),
+            ("POD_NAME", "istiod-0"),
+            ("POD_NAMESPACE", "istio-system"),
+            ("SERVICE_ACCOUNT", "istiod"),
+            ("KUBECONFIG", &kubeconfig),
+            ("CA_TRUSTED_NODE_ACCOUNTS", "istio-system/ztunnel"),
+            ("PILOT_TRACE_SAMPLING", "1"),
+            ("PILOT_ENABLE_ANALYSIS", "false"),
+            ("CLUSTER_ID", "Kubernetes"),
+            ("GOMAXPROCS", "2"),
+            ("PLATFORM", ""),
+            ("ISTIOD_CUSTOM_HOST", "localhost"),
+            ("INJECTION_WEBHOOK_CONFIG_NAME", &webhook),
+        ];
+        all_env.extend_from_slice(env);
+        let (grpc, secure, https, http, monitoring) =
+            (addr(10), addr(12), addr(17), addr(80), addr(14));
+        self.spawn_in(
+            "pilot-discovery",
+            &format!("istiod {revision}"),
+            &dir,
+            &[
+                "discovery",
+                "--monitoringAddr",
+                &monitoring,
+                "--grpcAddr",
+                &grpc,
+                "--secureGRPCAddr",
+                &secure,
+                "--httpsAddr",
+                &https,
+                "--httpAddr",
+                &http,
+                "--log_output_level=default:info",
+                "--domain",
+                "cluster.local",
+                "--keepaliveMaxServerConnectionAge",
+                "30m",
+            ],
+            &all_env,
+        );
+        self.wait_for(&format!("istiod {revision}'s webhook certificate"), || {
+            let ca = self.ok(&[
+                "get",
+                "mutatingwebhookconfiguration",
+                &webhook,
+                "-o",
+                "jsonpath={.webhooks[*].clientConfig.caBundle}",
+            ]);
+            let all = ca.split_whitespace().count() == hooks.lines().count();
+            all.then_some(())
+        });
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
