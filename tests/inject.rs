@@ -64,25 +64,61 @@ impl Mesh {
     }
 }
 
-/// The control plane with the four revisions, started once for this file's tests.
+/// The image the tests set in the template, as docs/install.md says to.
+const IMAGE: &str = "registry.example.com/envoy-drain:0.1.0";
+
+/// A values file as shipped, with the image set in its template or not.
+fn values(variant: Variant, image: Option<&str>) -> String {
+    let text = std::fs::read_to_string(repo(variant.values())).expect("the values file");
+    let unset = "{{- $image := \"\" }}";
+    assert!(text.contains(unset), "{}: the template's $image, unset", variant.values());
+    match image {
+        Some(image) => text.replace(unset, &format!("{{{{- $image := \"{image}\" }}}}")),
+        None => text,
+    }
+}
+
+/// A namespace whose pods the revision injects, with a ResourceQuota on cpu and memory and no
+/// LimitRange when asked.
+fn namespace(name: &str, revision: &str, quota: bool) -> String {
+    let mut yaml = format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels:\n    \
+         istio.io/rev: {revision}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata:\n  \
+         name: non-default\n  namespace: {name}\n"
+    );
+    if quota {
+        yaml.push_str(&format!(
+            "---\napiVersion: v1\nkind: ResourceQuota\nmetadata:\n  name: compute\n  \
+             namespace: {name}\nspec:\n  hard:\n    requests.cpu: \"8\"\n    requests.memory: \
+             16Gi\n    limits.cpu: \"16\"\n    limits.memory: 32Gi\n"
+        ));
+    }
+    yaml
+}
+
+/// The revision whose values file is left as shipped: the image not set.
+const UNSET: &str = "install-unset";
+
+/// The control plane with the four revisions (and one with the image unset), started once for
+/// this file's tests.
 fn cluster() -> &'static ControlPlane {
     ControlPlane::shared("inject", |cp| {
+        let spire = components().join("istio-inject/spire-template.iop.yaml");
         for (index, mesh) in (0u16..).zip(MESHES) {
-            let values = std::fs::read_to_string(repo(mesh.variant.values())).expect("values");
+            let values = values(mesh.variant, Some(IMAGE));
             let flag = mesh.native_flag.to_string();
-            // The template two of Istio's test workloads ask for, as their test sets it up.
-            let spire = components().join("istio-inject/spire-template.iop.yaml");
+            // The template two of Istio's test workloads ask for, as their test sets it up, and
+            // (below) the service account one of them runs as.
             let env = [("ENABLE_NATIVE_SIDECARS", flag.as_str())];
-            cp.start_istiod(&mesh.revision(), &values, &[&spire], index, &env);
-            // With the service account one of those workloads runs as.
-            let ns = format!(
-                "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {0}\n  labels:\n    \
-                 istio.io/rev: {0}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata:\n  \
-                 name: non-default\n  namespace: {0}\n",
-                mesh.revision()
-            );
-            cp.namespace(&ns, &mesh.revision());
+            let revision = mesh.revision();
+            cp.start_istiod(&revision, &values, &[&spire], index, &env);
+            cp.namespace(&namespace(&revision, &revision, false), &revision);
+            let quota = format!("{revision}-quota");
+            cp.namespace(&namespace(&quota, &revision, true), &quota);
         }
+        let env = [("ENABLE_NATIVE_SIDECARS", "true")];
+        cp.start_istiod(UNSET, &values(Variant::Install, None), &[], 4, &env);
+        cp.namespace(&namespace(UNSET, UNSET, false), UNSET);
     })
 }
 
@@ -170,6 +206,11 @@ struct Injected {
 /// Creates each pod (JSON) twice in the mesh's namespace, as written and disabled, in one
 /// kubectl (a server-side dry run).
 fn inject_all(mesh: Mesh, pods: &[String]) -> Vec<Injected> {
+    inject_into(&mesh.revision(), pods)
+}
+
+/// The same, in the namespace `namespace`.
+fn inject_into(namespace: &str, pods: &[String]) -> Vec<Injected> {
     let cp = cluster();
     let mut docs = String::new();
     for (i, pod) in pods.iter().enumerate() {
@@ -183,7 +224,7 @@ fn inject_all(mesh: Mesh, pods: &[String]) -> Vec<Injected> {
         &[
             "create",
             "-n",
-            &mesh.revision(),
+            namespace,
             "--dry-run=server",
             "-f",
             "-",
@@ -412,14 +453,14 @@ fn check(written: &str, injected: &(String, String), mesh: Mesh) -> String {
             // Not at /envoy-drain, the image's own binary: a volume there would be a directory
             // mounted over a file, which the runtime refuses.
             assert!(
-                install.contains(r#""image":"envoy-drain:0.1.0""#)
+                install.contains(&format!(r#""image":"{IMAGE}""#))
                     && install.contains(r#""args":["install","/envoy-drain-volume"]"#)
                     && install.contains(r#""mountPath":"/envoy-drain-volume""#),
                 "the install init container fills the volume: {install}\n{merged}"
             );
         }
         Variant::Image => {
-            assert!(volume.contains(r#""reference":"envoy-drain:0.1.0""#), "{volume}\n{merged}");
+            assert!(volume.contains(&format!(r#""reference":"{IMAGE}""#)), "{volume}\n{merged}");
             assert!(install.is_empty(), "no init container: {install}\n{merged}");
         }
     }
@@ -944,4 +985,43 @@ fn a_gateway_drains_every_listener_and_counts_requests_even_where_sidecars_are_n
             );
         }
     }
+}
+
+#[test]
+#[ignore = "needs root and the control plane built from source (`bash scripts/test`)"]
+fn nothing_is_injected_until_the_image_is_set_and_the_install_passes_a_quota_and_a_root_pod() {
+    // The values file as shipped: Istio's injection alone, of every shape of pod.
+    for annotations in [&[][..], &[("envoy-drain.io/hold", "true")][..], &[HOLDS_APPLICATION][..]] {
+        let pod = hello(annotations);
+        let got = inject_into(UNSET, &[pod]).remove(0);
+        let made = got.pod.unwrap_or_else(|e| panic!("{annotations:?}: {e}"));
+        let without = |p: &str| p.replace("envoy-drain.io/hold", "");
+        assert!(!without(&made).contains("envoy-drain"), "{annotations:?}: {made}");
+    }
+    // Set, in a namespace with a ResourceQuota on cpu and memory and no LimitRange: a pod whose
+    // own containers set theirs is admitted with ours, as Istio's own are.
+    let sized = set(
+        &hello(&[]),
+        r#"{"spec":{"containers":[{"name":"hello","image":"fake.docker.io/google-samples/hello-go-gke:1.0","resources":{"requests":{"cpu":"100m","memory":"64Mi"},"limits":{"cpu":"100m","memory":"64Mi"}}}]}}"#,
+    );
+    for native_flag in [false, true] {
+        let mesh = Mesh::new(Variant::Install, native_flag);
+        let got = inject_into(&format!("{}-quota", mesh.revision()), std::slice::from_ref(&sized))
+            .remove(0);
+        let made = got.pod.unwrap_or_else(|e| panic!("{mesh:?}: refused under a quota: {e}"));
+        let istios = got.istios.unwrap_or_else(|e| panic!("{mesh:?}: Istio's own refused: {e}"));
+        check(&sized, &(made, istios), mesh);
+    }
+    // A pod that runs as root: ours runs as the image's user, so runAsNonRoot holds at start.
+    let root = set(&hello(&[]), r#"{"spec":{"securityContext":{"runAsUser":0}}}"#);
+    let mesh = Mesh::new(Variant::Install, true);
+    let made = check(&root, &inject(mesh, &root), mesh);
+    let f = fields(
+        &made,
+        &["{.spec.initContainers[?(@.name==\"envoy-drain-install\")].securityContext}".into()],
+    );
+    assert_eq!(
+        f[0],
+        r#"{"allowPrivilegeEscalation":false,"capabilities":{"drop":["ALL"]},"readOnlyRootFilesystem":true,"runAsGroup":65532,"runAsNonRoot":true,"runAsUser":65532,"seccompProfile":{"type":"RuntimeDefault"}}"#
+    );
 }

@@ -82,6 +82,17 @@ const START: Duration = Duration::from_secs(90);
 impl ControlPlane {
     /// etcd, the API server (ready), the controllers, the scheduler and two Ready nodes.
     pub fn start(name: &str) -> ControlPlane {
+        ControlPlane::start_with(name, "kube-apiserver", &[], true)
+    }
+
+    /// etcd and `program` (an API server of components/bin) given `flags` besides its own, with
+    /// the controllers, the scheduler and the nodes or without them.
+    pub fn start_with(
+        name: &str,
+        program: &str,
+        flags: &[&str],
+        controllers: bool,
+    ) -> ControlPlane {
         let cp = ControlPlane {
             dir: super::temp_dir(&format!("control-plane-{name}")),
             netns: Netns::new(),
@@ -89,100 +100,58 @@ impl ControlPlane {
             processes: Mutex::new(Vec::new()),
         };
         cp.credentials();
-        let data = cp.path("etcd");
-        cp.spawn(
-            "etcd",
-            &[
-                "--data-dir",
-                &data,
-                "--listen-client-urls",
-                "http://127.0.0.1:2379",
-                "--advertise-client-urls",
-                "http://127.0.0.1:2379",
-                "--listen-peer-urls",
-                "http://127.0.0.1:2380",
-                "--initial-advertise-peer-urls",
-                "http://127.0.0.1:2380",
-                "--initial-cluster",
-                "default=http://127.0.0.1:2380",
-                // A test's data: nothing to keep across a crash.
-                "--unsafe-no-fsync",
-                "--log-level",
-                "warn",
-            ],
-            &[],
-        );
-        let (pki, sa_pub, sa_key, tokens) =
-            (cp.path("pki"), cp.path("sa.pub"), cp.path("sa.key"), cp.path("tokens.csv"));
-        cp.spawn(
-            "kube-apiserver",
-            &[
-                "--etcd-servers",
-                "http://127.0.0.1:2379",
-                "--bind-address",
-                "127.0.0.1",
-                "--advertise-address",
-                "127.0.0.1",
-                "--secure-port",
-                "6443",
-                "--cert-dir",
-                &pki,
-                "--service-account-key-file",
-                &sa_pub,
-                "--service-account-signing-key-file",
-                &sa_key,
-                "--service-account-issuer",
-                "https://kubernetes.default.svc.cluster.local",
-                "--authorization-mode",
-                "Node,RBAC",
-                "--token-auth-file",
-                &tokens,
-                // On top of the defaults (NamespaceLifecycle, LimitRanger, ServiceAccount, PodSecurity,
-                // MutatingAdmissionPolicy, the webhooks, ResourceQuota ...): what kubeadm adds.
-                "--enable-admission-plugins",
-                "NodeRestriction",
-                "--service-cluster-ip-range",
-                "10.96.0.0/16",
-            ],
-            &[],
-        );
+        let etcd = [
+            format!("--data-dir={}", cp.path("etcd")),
+            "--listen-client-urls=http://127.0.0.1:2379".into(),
+            "--advertise-client-urls=http://127.0.0.1:2379".into(),
+            "--listen-peer-urls=http://127.0.0.1:2380".into(),
+            "--initial-advertise-peer-urls=http://127.0.0.1:2380".into(),
+            "--initial-cluster=default=http://127.0.0.1:2380".into(),
+            // A test's data: nothing to keep across a crash.
+            "--unsafe-no-fsync".into(),
+            "--log-level=warn".into(),
+        ];
+        cp.spawn("etcd", &etcd.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+        let mut own = vec![
+            "--etcd-servers=http://127.0.0.1:2379".to_string(),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            "--secure-port=6443".into(),
+            format!("--cert-dir={}", cp.path("pki")),
+            format!("--service-account-key-file={}", cp.path("sa.pub")),
+            format!("--service-account-signing-key-file={}", cp.path("sa.key")),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            "--authorization-mode=Node,RBAC".into(),
+            format!("--token-auth-file={}", cp.path("tokens.csv")),
+            // On top of the defaults (NamespaceLifecycle, LimitRanger, ServiceAccount, PodSecurity,
+            // MutatingAdmissionPolicy, the webhooks, ResourceQuota ...): what kubeadm adds.
+            "--enable-admission-plugins=NodeRestriction".into(),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+        ];
+        own.extend(flags.iter().map(|f| f.to_string()));
+        let own: Vec<&str> = own.iter().map(String::as_str).collect();
+        cp.spawn_in(program, program, &cp.dir, &own, &[]);
         cp.wait_for("the API server's /readyz", || {
             cp.kubectl(&["get", "--raw", "/readyz"]).ok.then_some(())
         });
-        let kubeconfig = cp.path("kubeconfig");
-        let ca = cp.path("pki/apiserver.crt");
-        cp.spawn(
-            "kube-controller-manager",
-            &[
-                "--kubeconfig",
-                &kubeconfig,
-                "--bind-address",
-                "127.0.0.1",
-                "--secure-port",
-                "0",
-                "--leader-elect=false",
-                "--service-account-private-key-file",
-                &sa_key,
-                "--root-ca-file",
-                &ca,
-                "--node-monitor-grace-period",
-                "10m",
-            ],
-            &[],
-        );
-        cp.spawn(
-            "kube-scheduler",
-            &[
-                "--kubeconfig",
-                &kubeconfig,
-                "--bind-address",
-                "127.0.0.1",
-                "--secure-port",
-                "0",
-                "--leader-elect=false",
-            ],
-            &[],
-        );
+        if !controllers {
+            return cp;
+        }
+        let kubeconfig = format!("--kubeconfig={}", cp.path("kubeconfig"));
+        let controllers = [
+            kubeconfig.clone(),
+            "--bind-address=127.0.0.1".into(),
+            "--secure-port=0".into(),
+            "--leader-elect=false".into(),
+            format!("--service-account-private-key-file={}", cp.path("sa.key")),
+            format!("--root-ca-file={}", cp.path("pki/apiserver.crt")),
+            "--node-monitor-grace-period=10m".into(),
+        ];
+        let controllers: Vec<&str> = controllers.iter().map(String::as_str).collect();
+        cp.spawn("kube-controller-manager", &controllers, &[]);
+        let scheduler =
+            [&kubeconfig, "--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false"];
+        cp.spawn("kube-scheduler", &scheduler, &[]);
         cp.nodes();
         cp
     }
@@ -356,8 +325,8 @@ impl ControlPlane {
         out.stdout
     }
 
-    /// A namespace from a file of the repo (or YAML text), once its default service account,
-    /// which pods need, exists.
+    /// A namespace from YAML text, once its default service account, which pods need, exists
+    /// (the controllers make it; without them, the text must).
     pub fn namespace(&self, yaml: &str, name: &str) {
         self.ok_with(&["apply", "-f", "-"], Some(yaml));
         self.wait_for(&format!("the service account of namespace {name}"), || {
