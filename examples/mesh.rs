@@ -22,6 +22,7 @@
 mod support {
     pub mod agent;
     pub mod app;
+    pub mod built;
     pub mod envoy;
     pub mod h2;
     pub mod http;

@@ -12,9 +12,9 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
-use support::cluster::{ControlPlane, components, without_token_suffix};
+use support::cluster::{ControlPlane, fields, json_string, without_token_suffix};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/inject/policy");
 
@@ -364,8 +364,11 @@ fn operate(form: Form) -> Run {
     let image_in = |namespace: &'static str| {
         let got = admit(&cp, namespace, &["web"], &mut Vec::new()).remove(0).1;
         let Admitted::Pod { spec, .. } = got else { return String::new() };
-        fields(&spec, &["{.spec.initContainers[?(@.name==\"envoy-drain-install\")].image}".into()])
-            .remove(0)
+        spec_fields(
+            &spec,
+            &["{.spec.initContainers[?(@.name==\"envoy-drain-install\")].image}".into()],
+        )
+        .remove(0)
     };
     set("image", "registry.example.com/envoy-drain:0.1.1\n");
     let newline = cp.wait_for("the image from a value with a newline", || {
@@ -440,37 +443,16 @@ fn runs() -> &'static [Run; 2] {
     made.as_ref().unwrap_or_else(|e| panic!("the operator's run failed: {e}"))
 }
 
-/// Several JSONPath queries on a pod spec (JSON), with kubectl's own evaluator, offline.
-fn fields(spec: &str, paths: &[String]) -> Vec<String> {
-    const SEPARATOR: &str = "\n<<envoy-drain>>\n";
-    let joined = paths.join(&format!("{{\"{}\"}}", SEPARATOR.escape_default()));
-    let pod =
-        format!(r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"p"}},"spec":{spec}}}"#);
-    let mut cmd = Command::new(components().join("bin/kubectl"));
-    cmd.env("KUBECONFIG", "/dev/null")
-        .args(["patch", "--local", "--type", "merge", "-p", "{}", "-f", "-", "-o"])
-        .arg(format!("jsonpath={joined}"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("kubectl");
-    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), pod.as_bytes())
-        .expect("kubectl's stdin");
-    let out = child.wait_with_output().expect("kubectl");
-    assert!(out.status.success(), "kubectl's jsonpath: {}", String::from_utf8_lossy(&out.stderr));
-    let got: Vec<String> =
-        String::from_utf8_lossy(&out.stdout).split(SEPARATOR).map(str::to_string).collect();
-    assert_eq!(got.len(), paths.len(), "{paths:?}: {got:?}");
-    got
+/// Several JSONPath queries on a pod spec (JSON), with kubectl's own evaluator.
+fn spec_fields(spec: &str, paths: &[String]) -> Vec<String> {
+    fields(
+        &format!(r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"p"}},"spec":{spec}}}"#),
+        paths,
+    )
 }
 
 fn of(container: &str, field: &str) -> String {
     format!("{{.spec.containers[?(@.name==\"{container}\")].{field}}}")
-}
-
-/// A JSON string, as kubectl's jsonpath prints one.
-fn json_string(s: &str) -> String {
-    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
 /// The preStop command a container gets, as kubectl's jsonpath prints it.
@@ -511,7 +493,8 @@ fn the_install_applies_without_a_warning_and_changes_nothing_until_its_configmap
             }
         }
         // The Deployment made before: its pod as written, the one of its next rollout served.
-        let f = |spec: &str| fields(spec, &[of("productpage", "lifecycle.preStop.exec.command")]);
+        let f =
+            |spec: &str| spec_fields(spec, &[of("productpage", "lifecycle.preStop.exec.command")]);
         assert_eq!(f(&run.early.0), [""], "{form:?}");
         assert_eq!(f(&run.early.1), [hold("ambient", 20, "5s", Some("15001,15053"))], "{form:?}");
     }
@@ -573,7 +556,7 @@ fn each_container_without_a_prestop_gets_the_hold_of_its_namespace_and_a_deadlin
                 ("short-grace", "ratings", 7, "none"),
             ] {
                 let what = format!("{form:?}: {pod} in {namespace}");
-                let f = fields(
+                let f = spec_fields(
                     run.served[&(namespace, pod)].spec(),
                     &[
                         of(container, "lifecycle.preStop.exec.command"),
@@ -599,7 +582,7 @@ fn each_container_without_a_prestop_gets_the_hold_of_its_namespace_and_a_deadlin
             }
             // What the pod had stays: the shipper's own preStop, the app's postStart, the first
             // init container, the web app's volume and probes.
-            let f = fields(
+            let f = spec_fields(
                 run.served[&(namespace, "two-containers")].spec(),
                 &[
                     of("shipper", "lifecycle.preStop.exec.command"),
@@ -612,7 +595,7 @@ fn each_container_without_a_prestop_gets_the_hold_of_its_namespace_and_a_deadlin
             assert_eq!(f[1], "kube-api-access-", "{form:?} {namespace}: the shipper gets nothing");
             assert_eq!(f[2], r#"["/bin/warm-cache"]"#, "{form:?} {namespace}");
             assert_eq!(f[3], "migrate envoy-drain-install", "{form:?} {namespace}: ours last");
-            let f = fields(
+            let f = spec_fields(
                 run.served[&(namespace, "web")].spec(),
                 &[
                     "{.spec.containers[0].volumeMounts[*].name}".into(),
@@ -646,7 +629,7 @@ fn the_readiness_probes_the_kubelet_keeps_sending_and_the_ports_the_pod_names_re
         for (namespace, preset, ignore) in
             [("shop", "ambient", "15001,15053,9091,9090"), ("batch", "none", "9091,9090")]
         {
-            let f = fields(
+            let f = spec_fields(
                 run.served[&(namespace, "probes")].spec(),
                 &[of("catalog", "lifecycle.preStop.exec.command")],
             );
@@ -657,7 +640,7 @@ fn the_readiness_probes_the_kubelet_keeps_sending_and_the_ports_the_pod_names_re
                 run.form
             );
             // An annotation that is not a list of ports is left out, never passed to exit 2.
-            let f = fields(
+            let f = spec_fields(
                 run.served[&(namespace, "bad-annotation")].spec(),
                 &[of("cart", "lifecycle.preStop.exec.command")],
             );
@@ -733,7 +716,7 @@ fn no_pod_is_refused_for_what_the_policy_adds_under_the_restricted_level_a_quota
         }
         // A pod without resources of its own, under a quota, admitted with the LimitRange's; our
         // init container keeps its own.
-        let f = fields(
+        let f = spec_fields(
             run.served[&("vault", "hardened")].spec(),
             &[
                 "{.spec.containers[0].resources}".into(),
@@ -749,7 +732,7 @@ fn no_pod_is_refused_for_what_the_policy_adds_under_the_restricted_level_a_quota
             "{form:?}"
         );
         // A pod that runs as root keeps ours as 65532, which then starts.
-        let f = fields(
+        let f = spec_fields(
             run.served[&("shop", "root")].spec(),
             &["{.spec.initContainers[0].securityContext.runAsUser} {.spec.initContainers[0].securityContext.runAsGroup} {.spec.initContainers[0].securityContext.runAsNonRoot}".into()],
         );
@@ -764,7 +747,7 @@ fn the_pods_deployments_make_get_what_a_pod_created_alone_gets_and_are_bound_to_
         for ((namespace, pod), (node, spec)) in &run.deployed {
             let alone = run.served[&(*namespace, *pod)].spec();
             let hooks = |spec: &str| {
-                fields(
+                spec_fields(
                     spec,
                     &[
                         "{.spec.containers[*].lifecycle.preStop.exec.command}".into(),
@@ -817,7 +800,7 @@ fn both_forms_make_the_same_pod_of_every_pod_in_every_namespace_and_never_fail()
 #[ignore = "needs root and the control plane built from source (`bash scripts/test`)"]
 fn consuls_policy_gives_the_injected_dataplane_its_prestop_and_leaves_other_pods_alone() {
     let policy = &runs()[0];
-    let f = fields(
+    let f = spec_fields(
         policy.consul[0].spec(),
         &[of("consul-dataplane", "lifecycle.preStop.exec.command"), of("reviews", "lifecycle")],
     );
@@ -859,7 +842,7 @@ fn every_command_the_policies_write_runs_without_a_usage_error() {
     for run in runs() {
         for got in run.served.values().chain(&run.consul) {
             if let Admitted::Pod { spec, .. } = got {
-                let listed = fields(
+                let listed = spec_fields(
                     spec,
                     &["{range .spec.containers[*]}{.lifecycle.preStop.exec.command}{\"\\n\"}{end}"
                         .into()],
@@ -946,7 +929,7 @@ fn on_kubernetes_1_34_the_policy_is_refused_as_v1_and_serves_as_v1beta1_where_th
         else {
             return None;
         };
-        let f = fields(&spec, &[of("productpage", "lifecycle.preStop.exec.command")]);
+        let f = spec_fields(&spec, &[of("productpage", "lifecycle.preStop.exec.command")]);
         (!f[0].is_empty()).then(|| f[0].clone())
     });
     assert_eq!(command, hold("ambient", 20, "5s", Some("15001,15053")));

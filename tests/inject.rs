@@ -14,8 +14,10 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use support::cluster::{ControlPlane, components, without_token_suffix};
+use std::process::Command;
+use support::cluster::{
+    ControlPlane, components, fields, json_string, printed, without_token_suffix,
+};
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -122,61 +124,13 @@ fn cluster() -> &'static ControlPlane {
     })
 }
 
-/// Runs a local kubectl (offline: no server is asked anything) with `input` on its stdin.
-fn local(args: &[&str], input: &str) -> String {
-    let mut cmd = Command::new(components().join("bin/kubectl"));
-    cmd.env("KUBECONFIG", "/dev/null")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("kubectl");
-    // From another thread: kubectl prints while it reads.
-    let out = std::thread::scope(|s| {
-        if let Some(mut stdin) = child.stdin.take() {
-            s.spawn(move || std::io::Write::write_all(&mut stdin, input.as_bytes()));
-        }
-        child.wait_with_output().expect("kubectl")
-    });
-    assert!(
-        out.status.success(),
-        "kubectl {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("text")
-}
-
-/// Several JSONPath queries on a pod (JSON or YAML) at once, with kubectl's own evaluator.
-fn fields(pod: &str, paths: &[String]) -> Vec<String> {
-    const SEPARATOR: &str = "\n<<envoy-drain>>\n";
-    let joined = paths.join(&format!("{{\"{}\"}}", SEPARATOR.escape_default()));
-    let got: Vec<String> = query(pod, &joined).split(SEPARATOR).map(str::to_string).collect();
-    assert_eq!(got.len(), paths.len(), "{paths:?}: {got:?}");
-    got
-}
-
 fn query(pod: &str, path: &str) -> String {
-    local(
-        &[
-            "patch",
-            "--local",
-            "--type",
-            "merge",
-            "-p",
-            "{}",
-            "-f",
-            "-",
-            "-o",
-            &format!("jsonpath={path}"),
-        ],
-        pod,
-    )
+    printed(pod, "{}", &format!("jsonpath={path}"))
 }
 
 /// The pod (JSON) with a JSON merge patch applied.
 fn set(pod: &str, patch: &str) -> String {
-    local(&["patch", "--local", "--type", "merge", "-f", "-", "-o", "json", "-p", patch], pod)
+    printed(pod, patch, "json")
 }
 
 /// The pod (JSON) with one annotation set.
@@ -189,11 +143,6 @@ fn annotate(pod: &str, name: &str, value: &str) -> String {
             json_string(value)
         ),
     )
-}
-
-/// A JSON string, as kubectl's jsonpath prints one.
-fn json_string(s: &str) -> String {
-    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
 /// What a pod became in a mesh: injected with the template, and without it (Istio's own). A pod
@@ -295,21 +244,11 @@ impl Facts {
 
 /// The pod's annotations, sorted by name (as the template's range gives them).
 fn annotations(pod: &str) -> Vec<(String, String)> {
-    // Go templates print a map's keys in order, values as JSON strings.
-    let listed = local(
-        &[
-            "patch",
-            "--local",
-            "--type",
-            "merge",
-            "-p",
-            "{}",
-            "-f",
-            "-",
-            "-o",
-            "go-template={{range $k, $v := .metadata.annotations}}{{$k}}\t{{printf \"%q\" $v}}\n{{end}}",
-        ],
+    // Go templates print a map's keys in order; %q quotes the values.
+    let listed = printed(
         pod,
+        "{}",
+        "go-template={{range $k, $v := .metadata.annotations}}{{$k}}\t{{printf \"%q\" $v}}\n{{end}}",
     );
     listed
         .lines()

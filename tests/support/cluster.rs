@@ -21,24 +21,10 @@ use std::time::{Duration, Instant};
 /// (the pods of Istio's injection tests) and `versions`.
 pub fn components() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let what = "the control plane is built from source there";
     BUILT
         .get_or_init(|| {
-            if let Some(dir) = std::env::var_os("ENVOY_DRAIN_COMPONENTS") {
-                return PathBuf::from(dir);
-            }
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/components");
-            let out = Command::new("bash")
-                .arg(&script)
-                .stderr(Stdio::inherit())
-                .output()
-                .unwrap_or_else(|e| panic!("NOT RUN: {}: {e}", script.display()));
-            assert!(
-                out.status.success(),
-                "NOT RUN: {} failed ({}): the control plane is built from source there",
-                script.display(),
-                out.status
-            );
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+            super::built::built_by("ENVOY_DRAIN_COMPONENTS", "scripts/components", what)
         })
         .clone()
 }
@@ -53,6 +39,48 @@ pub fn without_token_suffix(spec: &str) -> String {
         rest = rest.get(end + 5..).unwrap_or_default();
     }
     out + rest
+}
+
+/// Runs `cmd` with `input` on its stdin, written from another thread: kubectl prints while it
+/// reads, and a full pipe each way would stop both.
+fn output_with(mut cmd: Command, input: Option<&str>) -> std::process::Output {
+    cmd.stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("NOT RUN: {cmd:?}: {e}"));
+    std::thread::scope(|s| {
+        if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+            s.spawn(move || stdin.write_all(text.as_bytes()));
+        }
+        child.wait_with_output().expect("the command's output")
+    })
+}
+
+/// The components' kubectl run offline (no server is asked anything) on `object`: `output` (a
+/// `-o` of kubectl's: `jsonpath=...`, `go-template=...`, `json`) of it, with `patch` applied (a
+/// JSON merge patch).
+pub fn printed(object: &str, patch: &str, output: &str) -> String {
+    let mut cmd = Command::new(components().join("bin/kubectl"));
+    cmd.env("KUBECONFIG", "/dev/null").args(["patch", "--local", "--type", "merge", "-p", patch]);
+    cmd.args(["-f", "-", "-o", output]);
+    let out = output_with(cmd, Some(object));
+    assert!(out.status.success(), "kubectl -o {output}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("text")
+}
+
+/// Several JSONPath queries on an object (JSON or YAML) at once, with kubectl's own evaluator.
+pub fn fields(object: &str, paths: &[String]) -> Vec<String> {
+    const SEPARATOR: &str = "\n<<envoy-drain>>\n";
+    let joined = paths.join(&format!("{{\"{}\"}}", SEPARATOR.escape_default()));
+    let printed = printed(object, "{}", &format!("jsonpath={joined}"));
+    let got: Vec<String> = printed.split(SEPARATOR).map(str::to_string).collect();
+    assert_eq!(got.len(), paths.len(), "{paths:?}: {got:?}");
+    got
+}
+
+/// A JSON string, as kubectl's jsonpath prints one.
+pub fn json_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
 /// What a kubectl run printed.
@@ -220,7 +248,7 @@ impl ControlPlane {
     }
 
     /// The last lines of a component's log.
-    pub fn log_tail(&self, name: &str, lines: usize) -> String {
+    fn log_tail(&self, name: &str, lines: usize) -> String {
         let processes = self.processes.lock().expect("the processes");
         let Some(p) = processes.iter().find(|p| p.name == name) else {
             return format!("({name} was never started)");
@@ -247,23 +275,13 @@ impl ControlPlane {
     /// Polls `f` (every 100 ms, at most `START`) until it gives a value; fails naming `what`
     /// if a component exits first or time runs out.
     pub fn wait_for<T>(&self, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-        self.wait_within(what, START, &mut f)
-    }
-
-    pub fn wait_within<T>(
-        &self,
-        what: &str,
-        within: Duration,
-        f: &mut dyn FnMut() -> Option<T>,
-    ) -> T {
         let start = Instant::now();
         loop {
             if let Some(v) = f() {
                 return v;
             }
             self.all_running();
-            if start.elapsed() > within {
-                let mut logs = String::new();
+            if start.elapsed() > START {
                 let names: Vec<String> = self
                     .processes
                     .lock()
@@ -271,42 +289,26 @@ impl ControlPlane {
                     .iter()
                     .map(|p| p.name.clone())
                     .collect();
+                let mut logs = String::new();
                 for name in names {
                     let _ = write!(logs, "\n--- {name}:\n{}", self.log_tail(&name, 15));
                 }
-                panic!("waited {within:?} for {what}{logs}");
+                panic!("waited {START:?} for {what}{logs}");
             }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
     /// kubectl (the one built with the API server) against this control plane.
-    pub fn kubectl_command(&self) -> Command {
-        let mut cmd = self.netns.command(self.bin.join("kubectl").to_str().expect("UTF-8"));
-        cmd.env("KUBECONFIG", self.dir.join("kubeconfig")).stdin(Stdio::null());
-        cmd
-    }
-
     pub fn kubectl(&self, args: &[&str]) -> Kubectl {
         self.kubectl_with(args, None)
     }
 
     /// kubectl with `input` on its stdin (`-f -`).
     pub fn kubectl_with(&self, args: &[&str], input: Option<&str>) -> Kubectl {
-        let mut cmd = self.kubectl_command();
-        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
-        if input.is_some() {
-            cmd.stdin(Stdio::piped());
-        }
-        let mut child = cmd.spawn().expect("kubectl");
-        // Written from another thread: kubectl prints while it reads, and a full pipe each way
-        // would stop both.
-        let out = std::thread::scope(|s| {
-            if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-                s.spawn(move || stdin.write_all(text.as_bytes()));
-            }
-            child.wait_with_output().expect("kubectl's output")
-        });
+        let mut cmd = self.netns.command(self.bin.join("kubectl").to_str().expect("UTF-8"));
+        cmd.env("KUBECONFIG", self.dir.join("kubeconfig")).args(args);
+        let out = output_with(cmd, input);
         Kubectl {
             ok: out.status.success(),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -458,6 +460,7 @@ impl ControlPlane {
     /// removes their files when the tests are done. A failed start fails every test that asks.
     pub fn shared(name: &'static str, setup: fn(&ControlPlane)) -> &'static ControlPlane {
         static SHARED: OnceLock<Result<&'static ControlPlane, String>> = OnceLock::new();
+        static LEFT: OnceLock<&'static ControlPlane> = OnceLock::new();
         let made = SHARED.get_or_init(|| {
             let (tx, rx) = std::sync::mpsc::channel();
             std::thread::spawn(move || {
@@ -488,7 +491,6 @@ impl ControlPlane {
             });
             rx.recv().unwrap_or_else(|_| Err("the control plane's thread ended".to_string()))
         });
-        static LEFT: OnceLock<&'static ControlPlane> = OnceLock::new();
         made.as_ref().map(|cp| *cp).unwrap_or_else(|e| panic!("the shared control plane: {e}"))
     }
 
@@ -545,12 +547,18 @@ impl ControlPlane {
             String::from_utf8_lossy(&rendered.stderr)
         );
         let rendered = String::from_utf8_lossy(&rendered.stdout);
-        let skipped = ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"];
+        let skipped = [
+            "Deployment",
+            "Service",
+            "HorizontalPodAutoscaler",
+            "PodDisruptionBudget",
+            "ValidatingWebhookConfiguration",
+        ];
         let kept: Vec<&str> = rendered
             .split("\n---\n")
             .filter(|doc| {
                 let kind = doc.lines().find_map(|l| l.strip_prefix("kind: ")).unwrap_or_default();
-                !skipped.contains(&kind.trim()) && kind.trim() != "ValidatingWebhookConfiguration"
+                !skipped.contains(&kind.trim())
             })
             .collect();
         self.ok_with(

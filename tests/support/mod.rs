@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod app;
+pub mod built;
 pub mod cluster;
 pub mod envoy;
 pub mod h2;

@@ -43,25 +43,9 @@ const PORT: u64 = 8080;
 /// `../shared/ztunnel/build.sh` (about 9 minutes the first time; `ZTUNNEL_BIN` names a built one).
 pub fn binaries() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let what = "ztunnel is needed for ambient mode";
     BUILT
-        .get_or_init(|| {
-            if let Some(dir) = std::env::var_os("ZTUNNEL_BIN") {
-                return PathBuf::from(dir);
-            }
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/ztunnel/build.sh");
-            let out = Command::new("bash")
-                .arg(&script)
-                .stderr(Stdio::inherit())
-                .output()
-                .unwrap_or_else(|e| panic!("NOT RUN: {}: {e}", script.display()));
-            assert!(
-                out.status.success(),
-                "NOT RUN: {} failed ({}): ztunnel is needed for ambient mode",
-                script.display(),
-                out.status
-            );
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        })
+        .get_or_init(|| super::built::built_by("ZTUNNEL_BIN", "../shared/ztunnel/build.sh", what))
         .clone()
 }
 
