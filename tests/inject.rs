@@ -964,3 +964,51 @@ fn nothing_is_injected_until_the_image_is_set_and_the_install_passes_a_quota_and
         r#"{"allowPrivilegeEscalation":false,"capabilities":{"drop":["ALL"]},"readOnlyRootFilesystem":true,"runAsGroup":65532,"runAsNonRoot":true,"runAsUser":65532,"seccompProfile":{"type":"RuntimeDefault"}}"#
     );
 }
+
+/// An example manifest's workload (examples/NAME) as a pod.
+fn example(name: &str) -> String {
+    let text = std::fs::read_to_string(repo(&format!("examples/{name}"))).expect("the example");
+    let template = query(&text, "{.spec.template}");
+    set(
+        &format!(r#"{{"apiVersion":"v1","kind":"Pod",{}"#, &template[1..]),
+        r#"{"metadata":{"name":"example"}}"#,
+    )
+}
+
+#[test]
+#[ignore = "needs root and the control plane built from source (`bash scripts/test`)"]
+fn the_one_pod_examples_keep_their_hook_through_istios_injection_on_either_kind_of_mesh() {
+    // (example, istio-proxy an init container, its preStop's first flag after `run`)
+    for (name, in_init, flag) in [
+        ("deployment.yaml", false, "--then-quit"),
+        ("native-sidecar.yaml", true, "--drain=agent"),
+        ("ingress-gateway.yaml", false, "--drain=all"),
+    ] {
+        let pod = example(name);
+        let own = query(
+            &pod,
+            "{.spec.containers[?(@.name==\"istio-proxy\")].lifecycle.preStop.exec.command}{.spec.initContainers[?(@.name==\"istio-proxy\")].lifecycle.preStop.exec.command}",
+        );
+        assert!(own.contains(&format!("\"run\",\"{flag}\"")), "{name}: {own}");
+        for native_flag in [false, true] {
+            // Istio's injection alone: the template disabled by the pod's annotation.
+            let mesh = Mesh::new(Variant::Install, native_flag);
+            let (_, istios) = inject(mesh, &pod);
+            let proxy = proxy(&istios);
+            let what = format!("{name} where the mesh's native flag is {native_flag}");
+            assert_eq!(proxy.in_init, in_init, "{what}: istio-proxy where the example says");
+            assert_eq!(proxy.pre_stop, own, "{what}: the example's own preStop");
+            assert!(
+                proxy.mounts.contains(r#""mountPath":"/envoy-drain""#),
+                "{what}: {}",
+                proxy.mounts
+            );
+            no_stub(&istios);
+            let install = fields(
+                &istios,
+                &["{.spec.initContainers[?(@.name==\"envoy-drain-install\")].securityContext.runAsUser} {.spec.initContainers[?(@.name==\"envoy-drain-install\")].resources.limits.cpu}".into()],
+            );
+            assert_eq!(install, ["65532 10m"], "{what}: a root pod's and a quota's");
+        }
+    }
+}
