@@ -14,7 +14,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::OnceLock;
-use support::cluster::{ControlPlane, fields, json_string, without_token_suffix};
+use support::cluster::{ControlPlane, Nodes, fields, json_string, without_token_suffix};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/inject/policy");
 
@@ -894,7 +894,7 @@ fn on_kubernetes_1_34_the_policy_is_refused_as_v1_and_serves_as_v1beta1_where_th
             "--feature-gates=MutatingAdmissionPolicy=true",
             "--runtime-config=admissionregistration.k8s.io/v1beta1=true",
         ],
-        false,
+        Nodes::None,
     );
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hold-policy.yaml");
     let v1 = cp.kubectl(&["apply", "-f", file]);

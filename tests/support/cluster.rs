@@ -5,9 +5,10 @@
 //! own: every port is free whatever else runs, and each process is killed when the test's thread
 //! ends (netns.rs), also when it fails; Drop stops them and removes their files.
 //!
-//! There is no kubelet: two Node objects (one Linux, one Windows) are made Ready once, so the
-//! scheduler binds pods to them, and the node lifecycle controller is given ten minutes before it
-//! would mark them unreachable for the heartbeats no kubelet sends.
+//! Without a kubelet (`Nodes::Objects`), two Node objects (one Linux, one Windows) are made Ready
+//! once, so the scheduler binds pods to them, and the node lifecycle controller is given ten
+//! minutes before it would mark them unreachable for the heartbeats no kubelet sends. With one
+//! (`Nodes::Kubelet`, node.rs), the kubelet registers its node itself.
 
 use super::netns::Netns;
 use std::fmt::Write as _;
@@ -107,20 +108,32 @@ pub struct ControlPlane {
 /// Every wait for the control plane is bounded by this.
 const START: Duration = Duration::from_secs(90);
 
+/// What the controllers and the scheduler have to bind pods to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Nodes {
+    /// No controllers, no scheduler, no nodes: the API server alone.
+    None,
+    /// Two Node objects made Ready by the test, no kubelet.
+    Objects,
+    /// The node a kubelet registers (node.rs).
+    Kubelet,
+}
+
+/// The bearer tokens of the node's components, as the API server knows them: the kubelet as the
+/// node `node-1` (the Node authorizer and NodeRestriction judge it), kube-proxy as the user
+/// system:node-proxier is bound to by default.
+pub const KUBELET_TOKEN: &str = "envoy-drain-kubelet";
+pub const KUBE_PROXY_TOKEN: &str = "envoy-drain-kube-proxy";
+
 impl ControlPlane {
     /// etcd, the API server (ready), the controllers, the scheduler and two Ready nodes.
     pub fn start(name: &str) -> ControlPlane {
-        ControlPlane::start_with(name, "kube-apiserver", &[], true)
+        ControlPlane::start_with(name, "kube-apiserver", &[], Nodes::Objects)
     }
 
     /// etcd and `program` (an API server of components/bin) given `flags` besides its own, with
-    /// the controllers, the scheduler and the nodes or without them.
-    pub fn start_with(
-        name: &str,
-        program: &str,
-        flags: &[&str],
-        controllers: bool,
-    ) -> ControlPlane {
+    /// the controllers, the scheduler and `nodes`.
+    pub fn start_with(name: &str, program: &str, flags: &[&str], nodes: Nodes) -> ControlPlane {
         let cp = ControlPlane {
             dir: super::temp_dir(&format!("control-plane-{name}")),
             netns: Netns::new(),
@@ -162,7 +175,7 @@ impl ControlPlane {
         cp.wait_for("the API server's /readyz", || {
             cp.kubectl(&["get", "--raw", "/readyz"]).ok.then_some(())
         });
-        if !controllers {
+        if nodes == Nodes::None {
             return cp;
         }
         let kubeconfig = format!("--kubeconfig={}", cp.path("kubeconfig"));
@@ -180,11 +193,13 @@ impl ControlPlane {
         let scheduler =
             [&kubeconfig, "--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false"];
         cp.spawn("kube-scheduler", &scheduler, &[]);
-        cp.nodes();
+        if nodes == Nodes::Objects {
+            cp.nodes();
+        }
         cp
     }
 
-    fn path(&self, name: &str) -> String {
+    pub fn path(&self, name: &str) -> String {
         self.dir.join(name).to_str().expect("a UTF-8 temporary path").to_string()
     }
 
@@ -206,7 +221,11 @@ impl ControlPlane {
         assert!(public.success(), "openssl rsa -pubout");
         std::fs::write(
             self.dir.join("tokens.csv"),
-            "envoy-drain-test,admin,admin,\"system:masters\"\n",
+            format!(
+                "envoy-drain-test,admin,admin,\"system:masters\"\n\
+                 {KUBELET_TOKEN},system:node:node-1,node-1,\"system:nodes\"\n\
+                 {KUBE_PROXY_TOKEN},system:kube-proxy,kube-proxy\n"
+            ),
         )
         .expect("the token file");
         let kubeconfig = format!(
@@ -217,6 +236,16 @@ impl ControlPlane {
             self.path("pki/apiserver.crt")
         );
         std::fs::write(self.dir.join("kubeconfig"), kubeconfig).expect("the kubeconfig");
+    }
+
+    /// `program` (a path, or a name on PATH) to run in the control plane's network namespace.
+    pub fn command(&self, program: &str) -> Command {
+        self.netns.command(program)
+    }
+
+    /// A component of components/bin.
+    pub fn bin(&self, name: &str) -> PathBuf {
+        self.bin.join(name)
     }
 
     /// Starts a component in the namespace, its output in `<dir>/<name>.log`.

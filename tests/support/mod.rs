@@ -14,6 +14,7 @@ pub mod http;
 pub mod kubelet;
 pub mod mesh;
 pub mod netns;
+pub mod node;
 pub mod pod;
 pub mod running;
 pub mod ztunnel;

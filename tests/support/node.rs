@@ -1,0 +1,425 @@
+//! A real Kubernetes node for a test's control plane (cluster.rs): the kubelet, containerd with
+//! runc and the CNI plugins bridge, host-local and loopback, and kube-proxy in iptables mode, all
+//! built from their sources by scripts/components. They run in the control plane's network
+//! namespace, which is the node's own network (10.0.0.1 on eth0); pods get 10.244.0.0/24 on the
+//! bridge cni0 and their own namespaces, as on any node; Services' cluster IPs are kube-proxy's
+//! rules in the node's namespace. Images are made here from the machine's own files (no registry
+//! is reached) and imported into containerd.
+//!
+//! What this machine asks of them (each a setting of theirs, not a change of their code): it has
+//! cgroup v1 only, which the kubelet refuses from 1.35 unless told (`failCgroupV1: false`,
+//! pkg/kubelet/apis/config/validation/validation_linux.go); its root lacks CAP_SYS_RESOURCE, so
+//! containerd must not lower a container's OOM score below its own (`restrict_oom_score_adj`,
+//! which containerd offers for the same case in rootless setups); and the node's cgroups live
+//! under a root of their own (`cgroupRoot`), removed at the end.
+//!
+//! Drop stops the kubelet, kills every process in the node's cgroups and containerd's shims,
+//! unmounts what they mounted (rootfs, volumes, the pods' network namespaces) and removes the
+//! cgroups and the files, also when the test failed.
+
+use super::cluster::{ControlPlane, KUBE_PROXY_TOKEN, KUBELET_TOKEN};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const NODE_IP: &str = "10.0.0.1";
+const CGROUP_CONTROLLERS: [&str; 9] =
+    ["systemd", "cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids"];
+
+/// An image for the node: `files` copied from this machine (with the libraries each program
+/// loads, as `ldd` names them) to the same paths, and `extra` (content, path in the image).
+pub struct Image<'a> {
+    pub name: &'a str,
+    pub entrypoint: &'a [&'a str],
+    pub files: &'a [&'a str],
+    pub extra: &'a [(&'a Path, &'a str)],
+}
+
+pub struct Node<'a> {
+    cp: &'a ControlPlane,
+    dir: PathBuf,
+    cgroup: String,
+    processes: Vec<Child>,
+    containerd: u32,
+}
+
+impl<'a> Node<'a> {
+    /// Starts the node's components and imports `images`; returns once the node is Ready.
+    pub fn start(cp: &'a ControlPlane, images: &[Image]) -> Node<'a> {
+        sweep_stale();
+        let dir = PathBuf::from(cp.path("node"));
+        std::fs::create_dir_all(dir.join("cni")).expect("the node's directory");
+        let mut node = Node {
+            cp,
+            cgroup: format!("envoy-drain-node-{}", std::process::id()),
+            dir,
+            processes: Vec::new(),
+            containerd: 0,
+        };
+        for c in CGROUP_CONTROLLERS {
+            std::fs::create_dir_all(format!("/sys/fs/cgroup/{c}/{}", node.cgroup))
+                .unwrap_or_else(|e| panic!("NOT RUN: the node's cgroup in {c}: {e}"));
+        }
+        for args in [
+            "link add eth0 type veth peer name eth0-peer",
+            &format!("addr add {NODE_IP}/24 dev eth0"),
+            "link set eth0 up",
+            "link set eth0-peer up",
+            "route add default dev eth0",
+        ] {
+            let ok = cp.command("ip").args(args.split(' ')).status().expect("ip");
+            assert!(ok.success(), "ip {args}");
+        }
+        node.containerd();
+        for image in images {
+            node.import(image);
+        }
+        node.kubelet();
+        cp.wait_for("the kubelet's node to be Ready", || {
+            let ready = cp.kubectl(&[
+                "get",
+                "node",
+                "node-1",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+            ]);
+            (ready.stdout.trim() == "True").then_some(())
+        });
+        node
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).to_str().expect("a UTF-8 temporary path").to_string()
+    }
+
+    fn kubeconfig(&self, name: &str, token: &str) -> String {
+        let path = self.path(&format!("{name}.kubeconfig"));
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: \
+                 https://127.0.0.1:6443\n    certificate-authority: {}\nusers:\n- name: {name}\n  \
+                 user:\n    token: {token}\ncontexts:\n- name: test\n  context:\n    cluster: \
+                 test\n    user: {name}\ncurrent-context: test\n",
+                self.cp.path("pki/apiserver.crt")
+            ),
+        )
+        .expect("a kubeconfig");
+        path
+    }
+
+    /// Starts `program` of components/bin with the components on PATH (containerd runs runc and
+    /// its shim from there), its output in `<node>/<program>.log`.
+    fn spawn(&mut self, program: &str, args: &[&str]) {
+        let log = std::fs::File::create(self.dir.join(format!("{program}.log"))).expect("a log");
+        let path =
+            format!("{}:{}", self.cp.bin("").display(), std::env::var("PATH").unwrap_or_default());
+        let child = self
+            .cp
+            .command(self.cp.bin(program).to_str().expect("UTF-8"))
+            .args(args)
+            .env("PATH", path)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("the log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("NOT RUN: {program}: {e}"));
+        self.processes.push(child);
+    }
+
+    fn containerd(&mut self) {
+        let config = format!(
+            "version = 3\nroot = \"{root}\"\nstate = \"{state}\"\n[grpc]\n  address = \
+             \"{socket}\"\n[plugins.'io.containerd.cri.v1.runtime']\n  restrict_oom_score_adj = \
+             true\n  [plugins.'io.containerd.cri.v1.runtime'.cni]\n    bin_dirs = [\"{bin}\"]\n    \
+             conf_dir = \"{cni}\"\n[plugins.'io.containerd.cri.v1.images'.pinned_images]\n  \
+             sandbox = \"localhost/pause:test\"\n",
+            root = self.path("containerd/root"),
+            state = self.path("containerd/state"),
+            socket = self.path("containerd.sock"),
+            bin = self.cp.bin("").display(),
+            cni = self.path("cni"),
+        );
+        std::fs::write(self.dir.join("containerd.toml"), config).expect("containerd's config");
+        std::fs::write(
+            self.dir.join("cni/10-pods.conflist"),
+            format!(
+                r#"{{"cniVersion":"1.0.0","name":"pods","plugins":[{{"type":"bridge","bridge":"cni0","isGateway":true,"ipam":{{"type":"host-local","ranges":[[{{"subnet":"10.244.0.0/24"}}]],"routes":[{{"dst":"0.0.0.0/0"}}],"dataDir":"{}"}}}},{{"type":"loopback"}}]}}"#,
+                self.path("ipam")
+            ),
+        )
+        .expect("the CNI configuration");
+        let config = self.path("containerd.toml");
+        self.spawn("containerd", &["--config", &config]);
+        self.containerd = self.processes.last().map_or(0, Child::id);
+        let socket = self.dir.join("containerd.sock");
+        self.cp.wait_for("containerd's socket", || socket.exists().then_some(()));
+        let pause = self.cp.bin("pause");
+        let pause = pause.to_str().expect("UTF-8");
+        self.import(&Image {
+            name: "localhost/pause:test",
+            entrypoint: &["/pause"],
+            files: &[],
+            extra: &[(Path::new(pause), "/pause")],
+        });
+    }
+
+    /// Makes `image` (an OCI image layout of one layer) and imports it into containerd's
+    /// namespace for Kubernetes.
+    pub fn import(&self, image: &Image) {
+        let work = self.dir.join("images").join(image.name.replace(['/', ':'], "_"));
+        let root = work.join("rootfs");
+        std::fs::create_dir_all(root.join("tmp")).expect("the image's root");
+        let copy = |from: &Path, to: &str| {
+            let target = root.join(to.trim_start_matches('/'));
+            std::fs::create_dir_all(target.parent().expect("a parent")).expect("a directory");
+            let ok = Command::new("cp").arg("-a").arg(from).arg(&target).status().expect("cp");
+            assert!(ok.success(), "cp {} {}", from.display(), target.display());
+        };
+        for file in image.files {
+            copy(Path::new(file), file);
+            let ldd = Command::new("ldd").arg(file).output().expect("ldd");
+            for lib in String::from_utf8_lossy(&ldd.stdout).split_whitespace() {
+                if lib.starts_with('/') {
+                    let real = std::fs::canonicalize(lib).expect("a library");
+                    copy(&real, lib);
+                }
+            }
+        }
+        for (from, to) in image.extra {
+            copy(&std::fs::canonicalize(from).expect("an image's file"), to);
+        }
+        let layout = work.join("layout");
+        std::fs::create_dir_all(layout.join("blobs/sha256")).expect("the layout");
+        let layer = work.join("layer.tar");
+        let ok = Command::new("tar")
+            .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
+            .arg(&root)
+            .arg("-cf")
+            .arg(&layer)
+            .arg(".")
+            .status()
+            .expect("tar");
+        assert!(ok.success(), "tar of {}", image.name);
+        let blob = |bytes: Vec<u8>| -> (String, usize) {
+            let path = work.join("blob");
+            std::fs::write(&path, &bytes).expect("a blob");
+            let sum = Command::new("sha256sum").arg(&path).output().expect("sha256sum");
+            let digest = String::from_utf8_lossy(&sum.stdout)[..64].to_string();
+            std::fs::rename(&path, layout.join("blobs/sha256").join(&digest)).expect("a blob");
+            (format!("sha256:{digest}"), bytes.len())
+        };
+        let (layer_digest, layer_size) = blob(std::fs::read(&layer).expect("the layer"));
+        let entrypoint: Vec<String> =
+            image.entrypoint.iter().map(|a| super::cluster::json_string(a)).collect();
+        let (config, config_size) = blob(
+            format!(
+                r#"{{"architecture":"amd64","os":"linux","config":{{"Entrypoint":[{}]}},"rootfs":{{"type":"layers","diff_ids":["{layer_digest}"]}}}}"#,
+                entrypoint.join(",")
+            )
+            .into_bytes(),
+        );
+        let (manifest, manifest_size) = blob(
+            format!(
+                r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"{config}","size":{config_size}}},"layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"{layer_digest}","size":{layer_size}}}]}}"#
+            )
+            .into_bytes(),
+        );
+        std::fs::write(
+            layout.join("index.json"),
+            format!(
+                r#"{{"schemaVersion":2,"manifests":[{{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"{manifest}","size":{manifest_size},"annotations":{{"io.containerd.image.name":"{}"}}}}]}}"#,
+                image.name
+            ),
+        )
+        .expect("the index");
+        std::fs::write(layout.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)
+            .expect("oci-layout");
+        let archive = work.join("image.tar");
+        let ok = Command::new("tar")
+            .arg("-C")
+            .arg(&layout)
+            .arg("-cf")
+            .arg(&archive)
+            .args(["oci-layout", "index.json", "blobs"])
+            .status()
+            .expect("tar");
+        assert!(ok.success(), "tar of {}'s layout", image.name);
+        let socket = self.path("containerd.sock");
+        let out = self
+            .cp
+            .command(self.cp.bin("ctr").to_str().expect("UTF-8"))
+            .args(["--address", &socket, "--namespace", "k8s.io", "images", "import"])
+            .arg(&archive)
+            .output()
+            .expect("ctr");
+        assert!(out.status.success(), "ctr images import {}: {out:?}", image.name);
+        let _ = std::fs::remove_dir_all(&work);
+    }
+
+    /// The kubelet's own API is open (anonymous, always allowed): only the test's namespace
+    /// reaches it.
+    fn kubelet(&mut self) {
+        let config = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+             failCgroupV1: false\nfailSwapOn: false\ncgroupDriver: cgroupfs\ncgroupRoot: /{}\n\
+             enforceNodeAllocatable: []\ncontainerRuntimeEndpoint: unix://{}\n\
+             authentication: {{anonymous: {{enabled: true}}, webhook: {{enabled: false}}}}\n\
+             authorization: {{mode: AlwaysAllow}}\npodLogsDir: {}\nresolvConf: \"\"\n\
+             readOnlyPort: 0\nhealthzPort: 0\nlocalStorageCapacityIsolation: false\n\
+             evictionHard: {{}}\nimageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\n",
+            self.cgroup,
+            self.path("containerd.sock"),
+            self.path("pod-logs"),
+        );
+        std::fs::write(self.dir.join("kubelet.yaml"), config).expect("the kubelet's config");
+        let kubeconfig = self.kubeconfig("kubelet", KUBELET_TOKEN);
+        let (config, root) = (self.path("kubelet.yaml"), self.path("kubelet"));
+        self.spawn(
+            "kubelet",
+            &[
+                &format!("--kubeconfig={kubeconfig}"),
+                &format!("--config={config}"),
+                &format!("--root-dir={root}"),
+                "--hostname-override=node-1",
+                &format!("--node-ip={NODE_IP}"),
+            ],
+        );
+        let kubeconfig = self.kubeconfig("kube-proxy", KUBE_PROXY_TOKEN);
+        self.spawn(
+            "kube-proxy",
+            &[
+                &format!("--kubeconfig={kubeconfig}"),
+                "--hostname-override=node-1",
+                "--proxy-mode=iptables",
+                "--cluster-cidr=10.244.0.0/16",
+                // The conntrack table's size is the machine's, not a namespace's to set.
+                "--conntrack-max-per-core=0",
+            ],
+        );
+    }
+
+    /// The last lines of a node component's log.
+    pub fn log_tail(&self, program: &str, lines: usize) -> String {
+        let text =
+            std::fs::read_to_string(self.dir.join(format!("{program}.log"))).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for Node<'_> {
+    fn drop(&mut self) {
+        // The kubelet and kube-proxy first (nothing restarts a container then), containerd last.
+        let socket = self.path("containerd.sock");
+        for mut p in std::mem::take(&mut self.processes).into_iter().rev() {
+            if p.id() == self.containerd {
+                remove(&self.cgroup, &self.dir, &socket);
+            }
+            let _ = p.kill();
+            let _ = p.wait();
+        }
+        remove(&self.cgroup, &self.dir, &socket);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Kills every process of the node's cgroups and every shim of its containerd, then removes the
+/// cgroups (each waits, within a bound, for its processes to be gone).
+fn remove(cgroup: &str, dir: &Path, socket: &str) {
+    for pid in shims(socket) {
+        // SAFETY: a signal to a process of this node.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let pids = format!("/sys/fs/cgroup/pids/{cgroup}");
+    for group in groups(Path::new(&pids)) {
+        for pid in std::fs::read_to_string(group.join("cgroup.procs")).unwrap_or_default().lines() {
+            if let Ok(pid) = pid.parse::<i32>() {
+                // SAFETY: a signal to a process of this node's cgroup.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+    unmount_under(dir);
+    let until = Instant::now() + Duration::from_secs(10);
+    for c in CGROUP_CONTROLLERS {
+        let top = PathBuf::from(format!("/sys/fs/cgroup/{c}/{cgroup}"));
+        let mut all = groups(&top);
+        all.reverse();
+        for group in all {
+            while std::fs::remove_dir(&group).is_err() && group.exists() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// `top` and every cgroup under it, parents before children.
+fn groups(top: &Path) -> Vec<PathBuf> {
+    let mut all = Vec::new();
+    let mut next = vec![top.to_path_buf()];
+    while let Some(g) = next.pop() {
+        if let Ok(entries) = std::fs::read_dir(&g) {
+            next.extend(entries.flatten().filter(|e| e.path().is_dir()).map(|e| e.path()));
+            all.push(g);
+        }
+    }
+    all.sort_by_key(|p| p.components().count());
+    all
+}
+
+/// The shims containerd at `socket` started (they outlive it, as they are meant to).
+fn shims(socket: &str) -> Vec<i32> {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
+    if socket.is_empty() {
+        return Vec::new();
+    }
+    procs
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let ours = args.first()?.ends_with(b"containerd-shim-runc-v2")
+                && args.contains(&socket.as_bytes());
+            ours.then_some(pid)
+        })
+        .collect()
+}
+
+/// Detaches every mount under `dir`, the deepest first.
+fn unmount_under(dir: &Path) {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let prefix = dir.to_str().unwrap_or_default();
+    let mut points: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| !prefix.is_empty() && p.starts_with(prefix))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in points {
+        let Ok(c) = std::ffi::CString::new(p) else { continue };
+        // SAFETY: a NUL-terminated path; MNT_DETACH only detaches.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// What a test process killed before its Drop ran left behind: the cgroups, shims and mounts of
+/// a node whose process is gone.
+fn sweep_stale() {
+    let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup/pids") else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(pid) = name.strip_prefix("envoy-drain-node-") else { continue };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let dirs = std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten();
+        for d in dirs.filter(|d| d.file_name().to_string_lossy().ends_with(&format!("-{pid}"))) {
+            let node = d.path().join("node");
+            remove(&name, &node, &node.join("containerd.sock").to_string_lossy());
+            let _ = std::fs::remove_dir_all(d.path());
+        }
+        remove(&name, Path::new(""), "");
+    }
+}
