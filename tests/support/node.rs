@@ -131,7 +131,7 @@ impl<'a> Node<'a> {
         let config = format!(
             "version = 3\nroot = \"{root}\"\nstate = \"{state}\"\n[grpc]\n  address = \
              \"{socket}\"\n[plugins.'io.containerd.cri.v1.runtime']\n  restrict_oom_score_adj = \
-             true\n  [plugins.'io.containerd.cri.v1.runtime'.cni]\n    bin_dirs = [\"{bin}\"]\n    \
+             true\n  netns_mounts_under_state_dir = true\n  [plugins.'io.containerd.cri.v1.runtime'.cni]\n    bin_dirs = [\"{bin}\"]\n    \
              conf_dir = \"{cni}\"\n[plugins.'io.containerd.cri.v1.images'.pinned_images]\n  \
              sandbox = \"localhost/pause:test\"\n",
             root = self.path("containerd/root"),
@@ -342,8 +342,11 @@ fn remove(cgroup: &str, dir: &Path, socket: &str) {
     }
     unmount_under(dir);
     let until = Instant::now() + Duration::from_secs(10);
-    for c in CGROUP_CONTROLLERS {
-        let top = PathBuf::from(format!("/sys/fs/cgroup/{c}/{cgroup}"));
+    // Every hierarchy: runc also makes the pods' cgroups in the cgroup v2 one that a hybrid
+    // machine like this mounts at /sys/fs/cgroup/unified.
+    let hierarchies = std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten();
+    for h in hierarchies {
+        let top = h.path().join(cgroup);
         let mut all = groups(&top);
         all.reverse();
         for group in all {
