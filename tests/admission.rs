@@ -577,7 +577,8 @@ fn each_container_without_a_prestop_gets_the_hold_of_its_namespace_and_a_deadlin
                 assert_eq!(f[3], "4Mi", "{what}");
                 // Without a mesh the kubelet probes from the node, whose addresses the downward
                 // API gives; in ambient mode istio-cni sends them from 169.254.7.127.
-                let node = if preset == "none" { "status.hostIPs" } else { "" };
+                let node =
+                    if preset == "none" && pod != "two-containers" { "status.hostIPs" } else { "" };
                 assert_eq!(f[4], node, "{what}");
             }
             // What the pod had stays: the shipper's own preStop, the app's postStart, the first
@@ -589,8 +590,12 @@ fn each_container_without_a_prestop_gets_the_hold_of_its_namespace_and_a_deadlin
                     of("shipper", "volumeMounts[*].name"),
                     of("orders", "lifecycle.postStart.exec.command"),
                     "{.spec.initContainers[*].name}".into(),
+                    of("orders", "env[*].name"),
+                    of("orders", "env[*].value"),
                 ],
             );
+            assert_eq!(f[4], "ENVOY_DRAIN_NODE_IPS", "{form:?} {namespace}: the app's own, once");
+            assert_eq!(f[5], "10.1.2.3", "{form:?} {namespace}: the app's own value");
             assert_eq!(f[0], r#"["/fluent-bit/bin/flush"]"#, "{form:?} {namespace}");
             assert_eq!(f[1], "kube-api-access-", "{form:?} {namespace}: the shipper gets nothing");
             assert_eq!(f[2], r#"["/bin/warm-cache"]"#, "{form:?} {namespace}");
