@@ -117,6 +117,8 @@ struct Run {
     /// The ConfigMap without an image, then none at all.
     no_image: Everywhere,
     deleted: Everywhere,
+    /// The file deleted and applied again, the ConfigMap (the image alone) created again.
+    reinstalled: Everywhere,
     /// The pods the Deployments' ReplicaSets made while the image was set: (namespace, pod
     /// fixture) -> (node, spec).
     deployed: BTreeMap<(&'static str, &'static str), (String, String)>,
@@ -393,10 +395,37 @@ fn operate(form: Form) -> Run {
     cp.ok(&["delete", "configmap", "envoy-drain", "-n", "envoy-drain"]);
     wait_until(&cp, &written, "shop", false);
     let deleted = admit_everywhere(&cp, &mut warnings);
+    // The API server's own count of the policy's evaluations, before a restart resets it.
+    let checks = if form == Form::AdmissionPolicy { cp.policy_checks() } else { Vec::new() };
 
-    let (mut checks, mut consul) = (Vec::new(), Vec::new());
+    // The whole rollback, then the install again, as docs/install.md says: the ConfigMap deleted
+    // (above), then the file (its namespace with it); the file applied again, the ConfigMap
+    // created again, and, for the API server's form, the API server restarted: kube-apiserver
+    // stops its ConfigMap informer with the last binding that names that kind and never starts
+    // it again (kubernetes/kubernetes#130887), so it keeps what it last saw until it restarts.
+    // The pods are served as before.
+    let file = format!("{repo}{}", form.file());
+    cp.ok(&["delete", "-f", &file, "--wait=true", "--timeout=60s"]);
+    cp.ok(&["apply", "-f", &file]);
+    if form == Form::Kyverno {
+        cp.wait_for_kyverno_policy("envoy-drain-hold");
+    }
+    cp.ok(&[
+        "create",
+        "configmap",
+        "envoy-drain",
+        "-n",
+        "envoy-drain",
+        "--from-literal=image=registry.example.com/envoy-drain:0.1.0",
+    ]);
     if form == Form::AdmissionPolicy {
-        checks = cp.policy_checks();
+        cp.restart("kube-apiserver");
+    }
+    wait_until(&cp, &written, "shop", true);
+    let reinstalled = admit_everywhere(&cp, &mut warnings);
+
+    let mut consul = Vec::new();
+    if form == Form::AdmissionPolicy {
         cp.ok(&["apply", "-f", &format!("{repo}examples/consul.yaml")]);
         let consul_written =
             admit(&cp, "default", &["consul-injected"], &mut Vec::new()).remove(0).1;
@@ -415,6 +444,7 @@ fn operate(form: Form) -> Run {
         served,
         no_image,
         deleted,
+        reinstalled,
         deployed,
         early: (early_before.2, early_after.2),
         newline,
@@ -491,6 +521,10 @@ fn the_install_applies_without_a_warning_and_changes_nothing_until_its_configmap
             for (key, got) in state {
                 assert_eq!(*got, run.written[key], "{form:?} {what}: {key:?}");
             }
+        }
+        // Deleted and installed again, it serves every pod as it did.
+        for (key, got) in &run.reinstalled {
+            assert_eq!(*got, run.served[key], "{form:?} installed again: {key:?}");
         }
         // The Deployment made before: its pod as written, the one of its next rollout served.
         let f =

@@ -96,6 +96,8 @@ struct Process {
     name: String,
     child: Child,
     log: PathBuf,
+    /// How it was started: the program, its directory, arguments and environment.
+    started: (String, PathBuf, Vec<String>, Vec<(String, String)>),
 }
 
 pub struct ControlPlane {
@@ -134,8 +136,12 @@ impl ControlPlane {
     /// etcd and `program` (an API server of components/bin) given `flags` besides its own, with
     /// the controllers, the scheduler and `nodes`.
     pub fn start_with(name: &str, program: &str, flags: &[&str], nodes: Nodes) -> ControlPlane {
+        let dir = std::env::temp_dir()
+            .join(format!("envoy-drain-control-plane-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
         let cp = ControlPlane {
-            dir: super::temp_dir(&format!("control-plane-{name}")),
+            dir,
             netns: Netns::new(),
             bin: components().join("bin"),
             processes: Mutex::new(Vec::new()),
@@ -272,8 +278,33 @@ impl ControlPlane {
             .stdout(file.try_clone().expect("the log file"))
             .stderr(file);
         let child = cmd.spawn().unwrap_or_else(|e| panic!("NOT RUN: {program}: {e}"));
-        let process = Process { name: label.to_string(), child, log };
+        let started = (
+            program.to_string(),
+            dir.to_path_buf(),
+            args.iter().map(|a| a.to_string()).collect(),
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        );
+        let process = Process { name: label.to_string(), child, log, started };
         self.processes.lock().expect("the processes").push(process);
+    }
+
+    /// Stops the component known as `label` and starts it again as it was started, as a node
+    /// restarts a static pod; returns once the API server is ready.
+    pub fn restart(&self, label: &str) {
+        let mut p = {
+            let mut processes = self.processes.lock().expect("the processes");
+            let at = processes.iter().position(|p| p.name == label).expect("a started component");
+            processes.remove(at)
+        };
+        let _ = p.child.kill();
+        let _ = p.child.wait();
+        let (program, dir, args, env) = p.started;
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        self.spawn_in(&program, label, &dir, &args, &env);
+        self.wait_for("the API server's /readyz", || {
+            self.kubectl(&["get", "--raw", "/readyz"]).ok.then_some(())
+        });
     }
 
     /// The last lines of a component's log.

@@ -16,6 +16,7 @@ pub mod mesh;
 pub mod netns;
 pub mod node;
 pub mod pod;
+pub mod rollout;
 pub mod running;
 pub mod ztunnel;
 

@@ -283,6 +283,8 @@ impl<'a> Node<'a> {
                 &format!("--root-dir={root}"),
                 "--hostname-override=node-1",
                 &format!("--node-ip={NODE_IP}"),
+                // Its probes' failures, which explain a lost request (rollout.rs).
+                "--v=1",
             ],
         );
         let kubeconfig = self.kubeconfig("kube-proxy", KUBE_PROXY_TOKEN);
@@ -297,6 +299,11 @@ impl<'a> Node<'a> {
                 "--conntrack-max-per-core=0",
             ],
         );
+    }
+
+    /// Where the kubelet writes the containers' logs: <namespace>_<pod>_<uid>/<container>/0.log.
+    pub fn pod_logs(&self) -> PathBuf {
+        self.dir.join("pod-logs")
     }
 
     /// The last lines of a node component's log.
@@ -341,11 +348,11 @@ fn remove(cgroup: &str, dir: &Path, socket: &str) {
         }
     }
     unmount_under(dir);
-    let until = Instant::now() + Duration::from_secs(10);
     // Every hierarchy: runc also makes the pods' cgroups in the cgroup v2 one that a hybrid
     // machine like this mounts at /sys/fs/cgroup/unified.
     let hierarchies = std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten();
     for h in hierarchies {
+        let until = Instant::now() + Duration::from_secs(5);
         let top = h.path().join(cgroup);
         let mut all = groups(&top);
         all.reverse();
@@ -410,9 +417,14 @@ fn unmount_under(dir: &Path) {
 /// What a test process killed before its Drop ran left behind: the cgroups, shims and mounts of
 /// a node whose process is gone.
 fn sweep_stale() {
-    let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup/pids") else { return };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
+    let hierarchies = std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten();
+    let mut names: Vec<String> = hierarchies
+        .flat_map(|h| std::fs::read_dir(h.path()).into_iter().flatten().flatten())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    names.sort();
+    names.dedup();
+    for name in names {
         let Some(pid) = name.strip_prefix("envoy-drain-node-") else { continue };
         if Path::new(&format!("/proc/{pid}")).exists() {
             continue;
