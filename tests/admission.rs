@@ -300,14 +300,9 @@ fn operate(form: Form) -> Run {
     let before_configmap = admit_everywhere(&cp, &mut warnings);
 
     // The README's ConfigMap: a trial on labelled namespaces.
-    cp.ok(&[
-        "create",
-        "configmap",
-        "envoy-drain",
-        "-n",
-        "envoy-drain",
-        "--from-literal=image=registry.example.com/envoy-drain:0.1.0",
-        "--from-literal=ambientNamespaces=labelled",
+    cp.hold_settings(&[
+        "image=registry.example.com/envoy-drain:0.1.0",
+        "ambientNamespaces=labelled",
     ]);
     wait_until(&cp, &written, "staging", true);
     let labelled = admit_everywhere(&cp, &mut warnings);
@@ -410,14 +405,7 @@ fn operate(form: Form) -> Run {
     if form == Form::Kyverno {
         cp.wait_for_kyverno_policy("envoy-drain-hold");
     }
-    cp.ok(&[
-        "create",
-        "configmap",
-        "envoy-drain",
-        "-n",
-        "envoy-drain",
-        "--from-literal=image=registry.example.com/envoy-drain:0.1.0",
-    ]);
+    cp.hold_settings(&["image=registry.example.com/envoy-drain:0.1.0"]);
     if form == Form::AdmissionPolicy {
         cp.restart("kube-apiserver");
     }

@@ -387,6 +387,16 @@ impl ControlPlane {
         out.stdout
     }
 
+    /// The hold policies' settings as the README creates them: `kubectl create configmap
+    /// envoy-drain -n envoy-drain --from-literal=<each of literals>`.
+    pub fn hold_settings(&self, literals: &[&str]) {
+        let mut args = vec!["create", "configmap", "envoy-drain", "-n", "envoy-drain"];
+        let literals: Vec<String> =
+            literals.iter().map(|l| format!("--from-literal={l}")).collect();
+        args.extend(literals.iter().map(String::as_str));
+        self.ok(&args);
+    }
+
     /// A namespace from YAML text, once its default service account, which pods need, exists
     /// (the controllers make it; without them, the text must).
     pub fn namespace(&self, yaml: &str, name: &str) {

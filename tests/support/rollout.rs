@@ -130,14 +130,7 @@ pub fn run(shutdown: Shutdown, clients: Clients) -> Row {
         ],
     );
     cp.ok(&["apply", "-f", POLICY]);
-    cp.ok(&[
-        "create",
-        "configmap",
-        "envoy-drain",
-        "-n",
-        "envoy-drain",
-        "--from-literal=image=localhost/envoy-drain:test",
-    ]);
+    cp.hold_settings(&["image=localhost/envoy-drain:test"]);
     let (namespace, deployment) = workload(shutdown);
     cp.namespace(&namespace, "shop");
     if shutdown == Shutdown::Hold {
