@@ -170,6 +170,15 @@ pub fn run(shutdown: Shutdown, clients: Clients) -> Row {
         hooks.lines().filter_map(|l| l.split_whitespace().next()).map(String::from).collect();
     let logs = Logs::follow(node.pod_logs());
     let ip = cp.ok(&["get", "service", "-n", "shop", "app", "-o", "jsonpath={.spec.clusterIP}"]);
+    // kube-proxy writes the Service's rules a moment after the pods are ready (until then it
+    // refuses connections to the cluster IP): the load starts once 30 requests in a row answer.
+    cp.wait_for("the Service to answer from the node", || {
+        let url = format!("http://{ip}/local/0");
+        let probe = ["-n", "30", "-c", "1", "-disable-keepalive", "-t", "2", url.as_str()];
+        let out = cp.command("hey").args(probe).output().ok()?;
+        let (ok, failed) = tally(&String::from_utf8_lossy(&out.stdout));
+        (ok == 30 && failed.is_empty()).then_some(())
+    });
     let mut hey = cp.command("hey");
     hey.args(["-z", "60s", "-q", "10", "-c", "10", "-t", "10"]);
     if clients == Clients::NewConn {
