@@ -30,6 +30,13 @@ pub fn components() -> PathBuf {
         .clone()
 }
 
+/// The last `lines` lines of a log file (none if it cannot be read).
+pub fn tail(log: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
 /// The service account volume is named kube-api-access-<5 random characters>.
 pub fn without_token_suffix(spec: &str) -> String {
     let mut out = String::new();
@@ -313,9 +320,7 @@ impl ControlPlane {
         let Some(p) = processes.iter().find(|p| p.name == name) else {
             return format!("({name} was never started)");
         };
-        let text = std::fs::read_to_string(&p.log).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        tail(&p.log, lines)
     }
 
     /// Fails the test, with its log, if a component has exited.

@@ -111,7 +111,7 @@ impl<'a> Node<'a> {
     /// Starts `program` of components/bin with the components on PATH (containerd runs runc and
     /// its shim from there), its output in `<node>/<program>.log`.
     fn spawn(&mut self, program: &str, args: &[&str]) {
-        let log = std::fs::File::create(self.dir.join(format!("{program}.log"))).expect("a log");
+        let log = std::fs::File::create(self.log(program)).expect("a log");
         let path =
             format!("{}:{}", self.cp.bin("").display(), std::env::var("PATH").unwrap_or_default());
         let child = self
@@ -308,10 +308,12 @@ impl<'a> Node<'a> {
 
     /// The last lines of a node component's log.
     pub fn log_tail(&self, program: &str, lines: usize) -> String {
-        let text =
-            std::fs::read_to_string(self.dir.join(format!("{program}.log"))).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        super::cluster::tail(&self.log(program), lines)
+    }
+
+    /// A node component's log file.
+    pub fn log(&self, program: &str) -> PathBuf {
+        self.dir.join(format!("{program}.log"))
     }
 }
 

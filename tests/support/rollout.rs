@@ -214,7 +214,7 @@ pub fn run(shutdown: Shutdown, clients: Clients) -> Row {
             lines.map_or((None, "(no log read)".to_string()), |(_, text)| hold_end(text))
         })
         .collect();
-    let kubelet = std::fs::read_to_string(node.pod_logs().with_file_name("kubelet.log"));
+    let kubelet = std::fs::read_to_string(node.log("kubelet"));
     let probes = kubelet.unwrap_or_default().lines().filter(|l| l.contains("Probe failed")).count();
     let diagnosis =
         format!("{probes} failed probes; kube-proxy:\n{}", node.log_tail("kube-proxy", 6));
