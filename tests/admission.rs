@@ -414,9 +414,11 @@ fn operate(form: Form) -> Run {
 
     let mut consul = Vec::new();
     if form == Form::AdmissionPolicy {
-        cp.ok(&["apply", "-f", &format!("{repo}examples/consul.yaml")]);
+        // The pod as written, read before the policy exists: read after it, it may be served
+        // already, and no change would ever come.
         let consul_written =
             admit(&cp, "default", &["consul-injected"], &mut Vec::new()).remove(0).1;
+        cp.ok(&["apply", "-f", &format!("{repo}examples/consul.yaml")]);
         consul = cp.wait_for("Consul's policy to reach its pod", || {
             let got = admit(&cp, "default", &["consul-injected", "web"], &mut warnings);
             (got[0].1 != consul_written).then(|| got.into_iter().map(|(_, a)| a).collect())
