@@ -1,7 +1,10 @@
 //! The rollout table: `kubectl rollout restart` of three pods under 100 requests a second on a
-//! real node (kubelet, containerd, runc, kube-proxy; tests/support/rollout.rs), one row per app
-//! shutdown x clients. Arguments narrow it down: shutdowns (`none`, `sleep15`, `hold`) and
-//! clients (`new-conn`, `keep-alive`); several of one sort are all run. Run it with
+//! real node (kubelet, containerd, runc, kube-proxy; with sidecars istiod and pilot-agent; in
+//! ambient mode istiod, ztunnel and istio-cni; tests/support/rollout.rs), one row per data plane x
+//! app shutdown x clients. Arguments narrow it down: data planes (`no-mesh`, `classic`, `native`,
+//! `ambient`), shutdowns (`none`, `exit-on-zero`,
+//! `sleep15`, `envoy-drain`), clients (`new-conn`, `keep-alive`) and `debounce=<seconds>` (istiod's
+//! push held back that long); several of one sort are all run. Run it with
 //! `bash examples/rollout.sh [ARG...]`, as root.
 
 #[allow(dead_code)]
@@ -9,70 +12,101 @@
 mod support {
     pub mod built;
     pub mod cluster;
+    pub mod envoy;
+    pub mod h2;
+    pub mod http;
     pub mod netns;
     pub mod node;
     pub mod rollout;
 }
 
-use support::rollout::{Clients, Shutdown, run};
+use std::time::Duration;
+use support::rollout::{Case, Clients, Mesh, Shutdown, run};
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut meshes = Vec::new();
     let mut shutdowns = Vec::new();
     let mut clients = Vec::new();
-    for a in &args {
+    let mut debounce = None;
+    for a in std::env::args().skip(1) {
         match a.as_str() {
+            "no-mesh" => meshes.push(Mesh::None),
+            "classic" => meshes.push(Mesh::Sidecar { native: false }),
+            "native" => meshes.push(Mesh::Sidecar { native: true }),
+            "ambient" => meshes.push(Mesh::Ambient),
             "none" => shutdowns.push(Shutdown::None),
+            "exit-on-zero" => shutdowns.push(Shutdown::ExitOnZero),
             "sleep15" => shutdowns.push(Shutdown::Sleep(15)),
-            "hold" => shutdowns.push(Shutdown::Hold),
+            "envoy-drain" => shutdowns.push(Shutdown::EnvoyDrain),
             "new-conn" => clients.push(Clients::NewConn),
             "keep-alive" => clients.push(Clients::KeepAlive),
-            other => {
-                eprintln!(
-                    "rollout: {other:?}: expected none, sleep15, hold, new-conn or keep-alive"
-                );
-                std::process::exit(2);
-            }
+            other => match other.strip_prefix("debounce=").map(str::parse::<u64>) {
+                Some(Ok(s)) => debounce = Some(Duration::from_secs(s)),
+                _ => {
+                    eprintln!(
+                        "rollout: {other:?}: expected no-mesh, classic, native, ambient, none, \
+                         exit-on-zero, sleep15, envoy-drain, new-conn, keep-alive or \
+                         debounce=<seconds>"
+                    );
+                    std::process::exit(2);
+                }
+            },
         }
     }
+    if meshes.is_empty() {
+        meshes = vec![
+            Mesh::None,
+            Mesh::Sidecar { native: false },
+            Mesh::Sidecar { native: true },
+            Mesh::Ambient,
+        ];
+    }
     if shutdowns.is_empty() {
-        shutdowns = vec![Shutdown::None, Shutdown::Sleep(15), Shutdown::Hold];
+        shutdowns =
+            vec![Shutdown::None, Shutdown::ExitOnZero, Shutdown::Sleep(15), Shutdown::EnvoyDrain];
     }
     if clients.is_empty() {
         clients = vec![Clients::NewConn, Clients::KeepAlive];
     }
     println!(
-        "| mesh | app's preStop | clients | answered 200 | failed | what failed | rollout (to the last old pod gone) | each old pod's hold end after its last request |"
+        "| data plane | shutdown | clients | answered 200 | failed | what failed | rollout (to the last old pod gone) | endpoint out of the client after deletion | each old pod's hold end after its last request |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
-    for &shutdown in &shutdowns {
-        for &client in &clients {
-            let row = run(shutdown, client);
-            let what: Vec<String> = row.failed.iter().map(|(k, n)| format!("{n} {k}")).collect();
-            let holds: Vec<String> = row
-                .holds
-                .iter()
-                .map(|(after, _)| after.map_or("-".to_string(), |a| format!("{a:.1}s")))
-                .collect();
-            println!(
-                "| no mesh | {} | {} | {} | {} | {} | {:.1}s | {} |",
-                match shutdown {
-                    Shutdown::None => "none".to_string(),
-                    Shutdown::Sleep(s) => format!("sleep {s}s"),
-                    Shutdown::Hold => "hold (policy)".to_string(),
-                },
-                match client {
-                    Clients::NewConn => "new-conn",
-                    Clients::KeepAlive => "keep-alive",
-                },
-                row.ok,
-                row.failed_total(),
-                if what.is_empty() { "-".to_string() } else { what.join(", ") },
-                row.took.as_secs_f64(),
-                holds.join(" "),
-            );
-            for (_, summary) in &row.holds {
-                eprintln!("{shutdown:?} {client:?}: {summary}");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for &mesh in &meshes {
+        for &shutdown in &shutdowns {
+            // Without a sidecar there is no proxy in the pod to exit on zero connections.
+            if matches!(mesh, Mesh::None | Mesh::Ambient) && shutdown == Shutdown::ExitOnZero {
+                continue;
+            }
+            for &clients in &clients {
+                let case = Case { mesh, shutdown, clients, debounce };
+                let row = run(case);
+                let what: Vec<String> =
+                    row.failed.iter().map(|(k, n)| format!("{n} {k}")).collect();
+                let seconds = |s: &[Option<f64>]| {
+                    let s: Vec<String> =
+                        s.iter().map(|a| a.map_or("-".into(), |a| format!("{a:.1}s"))).collect();
+                    s.join(" ")
+                };
+                let holds: Vec<Option<f64>> = row.holds.iter().map(|(a, _)| *a).collect();
+                println!(
+                    "| {} | {} | {} | {} | {} | {} | {:.1}s | {} | {} |",
+                    case.mesh_name(),
+                    case.shutdown_name(),
+                    match clients {
+                        Clients::NewConn => "new-conn",
+                        Clients::KeepAlive => "keep-alive",
+                    },
+                    row.ok,
+                    row.failed_total(),
+                    if what.is_empty() { "-".to_string() } else { what.join(", ") },
+                    row.took.as_secs_f64(),
+                    seconds(&row.propagation),
+                    seconds(&holds),
+                );
+                for (_, summary) in &row.holds {
+                    eprintln!("{case:?}: {summary}");
+                }
             }
         }
     }

@@ -1,21 +1,63 @@
-//! `kubectl rollout restart` under load on a real node (tests/support/node.rs, rollout.rs): the
-//! kubelet runs the pods and their preStop hooks and counts their grace period, the Deployment
-//! controller replaces them one after the other, the EndpointSlice controller marks them
-//! terminating and kube-proxy takes them out of the Service's rules. The hook is what
-//! examples/hold-policy.yaml adds, with the image the ConfigMap names. BENCHMARKS §10 has the
-//! other rows (`bash examples/rollout.sh`).
+//! `kubectl rollout restart` under load on a real node (tests/support/node.rs, rollout.rs), one
+//! row per data plane with envoy-drain as a user installs it: the kubelet runs the pods and their
+//! preStop hooks and counts their grace period, the Deployment controller replaces them one after
+//! the other, the EndpointSlice controller marks them terminating, and the client's data path
+//! drops them: kube-proxy without a mesh (the hook examples/hold-policy.yaml adds), istiod's push
+//! to the client's sidecar (examples/istio-template-values.yaml's `run` and `hold`), istiod's
+//! push to the node's ztunnel in ambient mode (the policy's hold). BENCHMARKS §10 has the other
+//! rows (`bash examples/rollout.sh`).
 
 mod support;
 
-use support::rollout::{Clients, Shutdown, run};
+use support::rollout::{Case, Clients, Mesh, Row, Shutdown, run};
+
+/// One node at a time: a node's cgroups and files are named after the test process, and the
+/// figures would be two rollouts' sharing two cores.
+static ONE_NODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn with_envoy_drain(mesh: Mesh) -> Row {
+    let _one = ONE_NODE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let case =
+        Case { mesh, shutdown: Shutdown::EnvoyDrain, clients: Clients::NewConn, debounce: None };
+    let row = run(case);
+    eprintln!(
+        "{}: rollout restart {:.1?}; {} answered 200; endpoints left the client after {:?}; \
+         holds {:?}",
+        case.mesh_name(),
+        row.took,
+        row.ok,
+        row.propagation,
+        row.holds
+    );
+    row
+}
 
 #[test]
 #[ignore = "needs root, the control plane and the node built from source (`bash scripts/test`)"]
 fn a_rollout_without_a_mesh_loses_nothing_with_the_policys_hold() {
-    let row = run(Shutdown::Hold, Clients::NewConn);
-    eprintln!("rollout restart: {:.1?}; {} answered 200; {:?}", row.took, row.ok, row.holds);
-    // 100 a second for 60 s.
-    assert!(row.ok > 5000, "hey's requests were answered: {} ({:?})", row.ok, row.failed);
+    nothing_lost(&with_envoy_drain(Mesh::None));
+}
+
+#[test]
+#[ignore = "needs root, the control plane and the node built from source (`bash scripts/test`)"]
+fn a_rollout_of_native_sidecars_loses_nothing_with_the_templates_run_and_hold() {
+    let row = with_envoy_drain(Mesh::Sidecar { native: true });
+    nothing_lost(&row);
+    // istiod itself took each old pod out of the client's Envoy, some time after its deletion.
+    assert!(row.propagation.iter().all(Option::is_some), "{:?}", row.propagation);
+}
+
+#[test]
+#[ignore = "needs root, the control plane and the node built from source (`bash scripts/test`)"]
+fn a_rollout_in_ambient_mode_loses_nothing_with_the_policys_hold() {
+    let row = with_envoy_drain(Mesh::Ambient);
+    nothing_lost(&row);
+    assert!(row.propagation.iter().all(Option::is_some), "{:?}", row.propagation);
+}
+
+fn nothing_lost(row: &Row) {
+    // 100 a second from 5 s before the restart to 3 s after the last old pod is gone.
+    assert!(row.ok > 2000, "hey's requests were answered: {} ({:?})", row.ok, row.failed);
     assert_eq!(
         row.failed,
         [],
@@ -48,4 +90,29 @@ fn heys_summary_is_read_into_answers_and_named_failures() {
             ("EOF".to_string(), 64),
         ]
     );
+}
+
+#[test]
+fn the_app_pods_in_the_clients_data_path_are_read_from_each_data_plane() {
+    use support::rollout::endpoint_ips;
+    // Envoy's /clusters: every host of the Service's cluster, whatever its health.
+    let clusters = "outbound|80||app.shop.svc.cluster.local::10.244.0.3:8080::cx_active::2\n\
+                    outbound|80||app.shop.svc.cluster.local::10.244.0.3:8080::health_flags::healthy\n\
+                    outbound|80||app.shop.svc.cluster.local::10.244.0.4:8080::health_flags::healthy\n\
+                    outbound|443||kubernetes.default.svc.cluster.local::10.0.0.1:6443::health_flags::healthy\n";
+    assert_eq!(endpoint_ips(clusters), ["10.244.0.3", "10.244.0.4"]);
+    // kube-proxy's rules (iptables-save -t nat).
+    let rules = "-A KUBE-SEP-ABC -p tcp -m comment --comment \"shop/app\" -m tcp -j DNAT \
+                 --to-destination 10.244.0.7:8080\n-A KUBE-SEP-DEF -p tcp -m tcp -j DNAT \
+                 --to-destination 10.0.0.1:6443\n";
+    assert_eq!(endpoint_ips(rules), ["10.244.0.7"]);
+    // ztunnel's /config_dump: the Service's endpoints that are healthy, by pod; a workload's uid
+    // as a value is not an endpoint.
+    let dump = r#"{"services": [{"endpoints": {
+        "Kubernetes//Pod/shop/app-1": {"port": {"80": 8080}, "status": "Healthy",
+          "workloadUid": "Kubernetes//Pod/shop/app-1"},
+        "Kubernetes//Pod/shop/app-2": {"port": {"80": 8080}, "status": "Unhealthy",
+          "workloadUid": "Kubernetes//Pod/shop/app-2"}}}],
+      "workloads": [{"uid": "Kubernetes//Pod/shop/app-3"}]}"#;
+    assert_eq!(endpoint_ips(dump), ["app-1"]);
 }

@@ -168,8 +168,6 @@ impl ControlPlane {
         cp.spawn("etcd", &etcd.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
         let mut own = vec![
             "--etcd-servers=http://127.0.0.1:2379".to_string(),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
             "--secure-port=6443".into(),
             format!("--cert-dir={}", cp.path("pki")),
             format!("--service-account-key-file={}", cp.path("sa.pub")),
@@ -181,7 +179,18 @@ impl ControlPlane {
             // MutatingAdmissionPolicy, the webhooks, ResourceQuota ...): what kubeadm adds.
             "--enable-admission-plugins=NodeRestriction".into(),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
+            // `kubectl logs` and `exec` reach the kubelet at its node's address: no DNS here.
+            "--kubelet-preferred-address-types=InternalIP".into(),
         ];
+        // With a kubelet, pods reach the API server as in a cluster: the `kubernetes` Service, at
+        // the node's address (node.rs). Bound to every address of the test's own namespace, its
+        // self-signed certificate names localhost, which the kubeconfigs use.
+        own.push("--bind-address=0.0.0.0".into());
+        if nodes == Nodes::Kubelet {
+            own.push(format!("--advertise-address={}", super::node::NODE_IP));
+        } else {
+            own.push("--advertise-address=127.0.0.1".into());
+        }
         own.extend(flags.iter().map(|f| f.to_string()));
         let own: Vec<&str> = own.iter().map(String::as_str).collect();
         cp.spawn_in(program, program, &cp.dir, &own, &[]);
@@ -243,7 +252,7 @@ impl ControlPlane {
         .expect("the token file");
         let kubeconfig = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: \
-             https://127.0.0.1:6443\n    certificate-authority: {}\nusers:\n- name: admin\n  \
+             https://localhost:6443\n    certificate-authority: {}\nusers:\n- name: admin\n  \
              user:\n    token: envoy-drain-test\ncontexts:\n- name: test\n  context:\n    cluster: \
              test\n    user: admin\ncurrent-context: test\n",
             self.path("pki/apiserver.crt")
@@ -369,11 +378,16 @@ impl ControlPlane {
         self.kubectl_with(args, None)
     }
 
-    /// kubectl with `input` on its stdin (`-f -`).
-    pub fn kubectl_with(&self, args: &[&str], input: Option<&str>) -> Kubectl {
+    /// kubectl to spawn (`exec` of a long load, a watch).
+    pub fn kubectl_command(&self, args: &[&str]) -> Command {
         let mut cmd = self.netns.command(self.bin.join("kubectl").to_str().expect("UTF-8"));
         cmd.env("KUBECONFIG", self.dir.join("kubeconfig")).args(args);
-        let out = output_with(cmd, input);
+        cmd
+    }
+
+    /// kubectl with `input` on its stdin (`-f -`).
+    pub fn kubectl_with(&self, args: &[&str], input: Option<&str>) -> Kubectl {
+        let out = output_with(self.kubectl_command(args), input);
         Kubectl {
             ok: out.status.success(),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -589,7 +603,8 @@ impl ControlPlane {
     /// (ISTIOD_CUSTOM_HOST puts localhost in the certificate istiod makes itself). Its validation
     /// webhook is left out. `overlays` are IstioOperator files laid over the values, as
     /// `istioctl install -f` lays them; `index` spaces its ports from other revisions'. Returns
-    /// once the webhook's certificate is in place.
+    /// once the webhook's certificate is in place, with the DaemonSets the profile renders (ambient's
+    /// ztunnel and istio-cni), which are not applied: their host paths are the caller's to set.
     pub fn start_istiod(
         &self,
         revision: &str,
@@ -597,7 +612,7 @@ impl ControlPlane {
         overlays: &[&Path],
         index: u16,
         env: &[(&str, &str)],
-    ) {
+    ) -> String {
         let dir = self.dir.join(format!("istiod-{revision}"));
         std::fs::create_dir_all(&dir).expect("istiod's directory");
         let mut iop = String::from(
@@ -628,14 +643,15 @@ impl ControlPlane {
             "HorizontalPodAutoscaler",
             "PodDisruptionBudget",
             "ValidatingWebhookConfiguration",
+            "DaemonSet",
         ];
-        let kept: Vec<&str> = rendered
-            .split("\n---\n")
-            .filter(|doc| {
-                let kind = doc.lines().find_map(|l| l.strip_prefix("kind: ")).unwrap_or_default();
-                !skipped.contains(&kind.trim())
-            })
-            .collect();
+        fn kind_of(doc: &str) -> &str {
+            doc.lines().find_map(|l| l.strip_prefix("kind: ")).unwrap_or_default().trim()
+        }
+        let kept: Vec<&str> =
+            rendered.split("\n---\n").filter(|doc| !skipped.contains(&kind_of(doc))).collect();
+        let daemonsets: Vec<&str> =
+            rendered.split("\n---\n").filter(|doc| kind_of(doc) == "DaemonSet").collect();
         self.ok_with(
             &["apply", "-f", "-"],
             Some("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: istio-system\n"),
@@ -721,6 +737,7 @@ impl ControlPlane {
             let all = ca.split_whitespace().count() == hooks.lines().count();
             all.then_some(())
         });
+        daemonsets.join("\n---\n")
     }
 }
 

@@ -50,6 +50,12 @@ impl Netns {
         Netns { fd }
     }
 
+    /// The namespace process `pid` lives in (a pod's, say).
+    pub fn of_process(pid: u32) -> std::io::Result<Netns> {
+        let fd = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
+        Ok(Netns { fd: OwnedFd::from(fd) })
+    }
+
     /// Runs `f` on a thread inside the namespace. Threads it spawns stay inside.
     pub fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         let fd = self.fd.as_raw_fd();

@@ -26,13 +26,13 @@ pub const NODE_IP: &str = "10.0.0.1";
 const CGROUP_CONTROLLERS: [&str; 9] =
     ["systemd", "cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids"];
 
-/// An image for the node: `files` copied from this machine (with the libraries each program
-/// loads, as `ldd` names them) to the same paths, and `extra` (content, path in the image).
-pub struct Image<'a> {
-    pub name: &'a str,
-    pub entrypoint: &'a [&'a str],
-    pub files: &'a [&'a str],
-    pub extra: &'a [(&'a Path, &'a str)],
+/// An image for the node: `files` copied from this machine to the same paths, and `extra`
+/// (content, path in the image), each program with the libraries it loads (`ldd`).
+pub struct Image {
+    pub name: &'static str,
+    pub entrypoint: Vec<String>,
+    pub files: Vec<String>,
+    pub extra: Vec<(PathBuf, String)>,
 }
 
 pub struct Node<'a> {
@@ -48,7 +48,10 @@ impl<'a> Node<'a> {
     pub fn start(cp: &'a ControlPlane, images: &[Image]) -> Node<'a> {
         sweep_stale();
         let dir = PathBuf::from(cp.path("node"));
-        std::fs::create_dir_all(dir.join("cni")).expect("the node's directory");
+        // cni-bin: where a CNI plugin that a DaemonSet installs goes (istio-cni's).
+        for sub in ["cni", "cni-bin"] {
+            std::fs::create_dir_all(dir.join(sub)).expect("the node's directory");
+        }
         let mut node = Node {
             cp,
             cgroup: format!("envoy-drain-node-{}", std::process::id()),
@@ -88,7 +91,8 @@ impl<'a> Node<'a> {
         node
     }
 
-    fn path(&self, name: &str) -> String {
+    /// A path in the node's directory (removed with the node).
+    pub fn path(&self, name: &str) -> String {
         self.dir.join(name).to_str().expect("a UTF-8 temporary path").to_string()
     }
 
@@ -98,7 +102,7 @@ impl<'a> Node<'a> {
             &path,
             format!(
                 "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: \
-                 https://127.0.0.1:6443\n    certificate-authority: {}\nusers:\n- name: {name}\n  \
+                 https://localhost:6443\n    certificate-authority: {}\nusers:\n- name: {name}\n  \
                  user:\n    token: {token}\ncontexts:\n- name: test\n  context:\n    cluster: \
                  test\n    user: {name}\ncurrent-context: test\n",
                 self.cp.path("pki/apiserver.crt")
@@ -131,13 +135,14 @@ impl<'a> Node<'a> {
         let config = format!(
             "version = 3\nroot = \"{root}\"\nstate = \"{state}\"\n[grpc]\n  address = \
              \"{socket}\"\n[plugins.'io.containerd.cri.v1.runtime']\n  restrict_oom_score_adj = \
-             true\n  netns_mounts_under_state_dir = true\n  [plugins.'io.containerd.cri.v1.runtime'.cni]\n    bin_dirs = [\"{bin}\"]\n    \
+             true\n  netns_mounts_under_state_dir = true\n  [plugins.'io.containerd.cri.v1.runtime'.cni]\n    bin_dirs = [\"{bin}\", \"{own_bin}\"]\n    \
              conf_dir = \"{cni}\"\n[plugins.'io.containerd.cri.v1.images'.pinned_images]\n  \
              sandbox = \"localhost/pause:test\"\n",
             root = self.path("containerd/root"),
             state = self.path("containerd/state"),
             socket = self.path("containerd.sock"),
             bin = self.cp.bin("").display(),
+            own_bin = self.path("cni-bin"),
             cni = self.path("cni"),
         );
         std::fs::write(self.dir.join("containerd.toml"), config).expect("containerd's config");
@@ -154,13 +159,11 @@ impl<'a> Node<'a> {
         self.containerd = self.processes.last().map_or(0, Child::id);
         let socket = self.dir.join("containerd.sock");
         self.cp.wait_for("containerd's socket", || socket.exists().then_some(()));
-        let pause = self.cp.bin("pause");
-        let pause = pause.to_str().expect("UTF-8");
         self.import(&Image {
             name: "localhost/pause:test",
-            entrypoint: &["/pause"],
-            files: &[],
-            extra: &[(Path::new(pause), "/pause")],
+            entrypoint: vec!["/pause".into()],
+            files: vec![],
+            extra: vec![(self.cp.bin("pause"), "/pause".into())],
         });
     }
 
@@ -176,18 +179,22 @@ impl<'a> Node<'a> {
             let ok = Command::new("cp").arg("-a").arg(from).arg(&target).status().expect("cp");
             assert!(ok.success(), "cp {} {}", from.display(), target.display());
         };
-        for file in image.files {
-            copy(Path::new(file), file);
-            let ldd = Command::new("ldd").arg(file).output().expect("ldd");
+        // With the libraries each program loads, as `ldd` names them.
+        let with_libraries = |from: &Path, to: &str| {
+            copy(from, to);
+            let ldd = Command::new("ldd").arg(from).output().expect("ldd");
             for lib in String::from_utf8_lossy(&ldd.stdout).split_whitespace() {
                 if lib.starts_with('/') {
                     let real = std::fs::canonicalize(lib).expect("a library");
                     copy(&real, lib);
                 }
             }
+        };
+        for file in &image.files {
+            with_libraries(Path::new(file), file);
         }
-        for (from, to) in image.extra {
-            copy(&std::fs::canonicalize(from).expect("an image's file"), to);
+        for (from, to) in &image.extra {
+            with_libraries(&std::fs::canonicalize(from).expect("an image's file"), to);
         }
         let layout = work.join("layout");
         std::fs::create_dir_all(layout.join("blobs/sha256")).expect("the layout");

@@ -1,15 +1,36 @@
-//! One `kubectl rollout restart` under load on a real node (node.rs), without a mesh: a
-//! Deployment of three replicas of the app (tests/pod/app.py, which on SIGTERM closes its
-//! listener and finishes the requests in flight, as nginx does), ready by an HTTP probe, behind a
-//! Service whose rules kube-proxy writes; hey sends 100 requests a second to the Service's
-//! cluster IP from the node, from before the restart until after it. The app's shutdown is none,
-//! `preStop: sleep`, or the hook examples/hold-policy.yaml adds (with the image its ConfigMap
-//! names). The pods' logs (the app's events and, through /proc/1/fd/1, the hold's) are read as the
-//! kubelet writes them, before it removes them with the pod.
+//! One `kubectl rollout restart` under load on a real node (node.rs): a Deployment of three
+//! replicas of the app (tests/pod/app.py, which on SIGTERM closes its listener and finishes the
+//! requests in flight, as nginx does), ready by an HTTP probe, behind a Service, and a client pod
+//! from which hey sends 100 requests a second to the Service's cluster IP (`kubectl exec`), from
+//! before the restart until after it. In one of the data planes:
+//! - no mesh: kube-proxy's rules on the node take the client's connections to the pods;
+//! - sidecars: istiod (cluster.rs `start_istiod`, with the template of
+//!   examples/istio-template-values.yaml) injects every pod, the client's included, with its
+//!   istio-proxy: pilot-agent (built from istio.io/istio like istiod) running Envoy, as Istio's
+//!   proxyv2 image does, its capture written by istio-init (`pilot-agent istio-iptables`), its
+//!   certificate from istiod's CA; istiod pushes the Service's endpoints to the client's Envoy.
+//!   Classic (istio-proxy a container) or native (an init container that always restarts), per
+//!   pod by Istio's own annotation;
+//! - ambient: istiod's charts' ztunnel and istio-cni DaemonSets on the node (`ambient`): istio-cni
+//!   captures each pod as it starts and hands it to ztunnel, which carries the client's
+//!   connections over HBONE to the pods it learns from istiod.
+//!
+//! The app's shutdown is none (the pod as written: with a sidecar, Istio's own preStop and
+//! SIGTERM handling), EXIT_ON_ZERO_ACTIVE_CONNECTIONS for the proxy, `preStop: sleep`, or
+//! envoy-drain as installed: the hook examples/hold-policy.yaml adds without a mesh, the template's
+//! `run` and `hold` with sidecars (envoy-drain.io/hold: "true"), the policy's hold in ambient mode.
+//!
+//! Beside the requests' outcomes it measures, for each replaced pod, when its endpoint left the
+//! client's data path after its deletion: the client's Envoy's /clusters (sidecars), ztunnel's
+//! /config_dump (ambient), kube-proxy's rules (no mesh), polled every 100 ms. The pods' logs (the app's events and, through
+//! /proc/1/fd/1, the hold's) are read as the kubelet writes them, before it removes them with the
+//! pod.
 
 use super::cluster::{ControlPlane, Nodes};
+use super::netns::Netns;
 use super::node::{Image, Node};
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,18 +38,37 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const POLICY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hold-policy.yaml");
+const TEMPLATE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/istio-template-values.yaml");
 const APP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pod/app.py");
 /// scripts/build-release's static binary, as the FROM scratch image holds it.
 const RELEASE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/target/dist/amd64/envoy-drain");
+/// istiod's revision, and its xDS and CA address: the node's (node.rs NODE_IP), the port
+/// cluster.rs gives istiod 0.
+const REVISION: &str = "rollout";
+const ISTIOD: &str = "10.0.0.1:20012";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mesh {
+    None,
+    /// Istio's sidecar: classic (`false`) or native (`true`).
+    Sidecar {
+        native: bool,
+    },
+    /// Istio's ambient mode: the node's ztunnel and istio-cni, as istiod's chart installs them.
+    Ambient,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shutdown {
-    /// The pod as written: SIGTERM at deletion.
+    /// The pod as written: SIGTERM at deletion, and with a sidecar Istio's own preStop and drain.
     None,
-    /// Kubernetes' own `preStop: sleep` of that many seconds.
+    /// Istio's EXIT_ON_ZERO_ACTIVE_CONNECTIONS for the proxy (sidecars only).
+    ExitOnZero,
+    /// Kubernetes' own `preStop: sleep` of that many seconds for the app.
     Sleep(u32),
-    /// `envoy-drain hold`, as examples/hold-policy.yaml installs it.
-    Hold,
+    /// envoy-drain: examples/hold-policy.yaml's hold without a mesh; the template's `run` and
+    /// `hold` with sidecars.
+    EnvoyDrain,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,9 +79,42 @@ pub enum Clients {
     KeepAlive,
 }
 
-pub struct Row {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Case {
+    pub mesh: Mesh,
     pub shutdown: Shutdown,
     pub clients: Clients,
+    /// istiod's debounce (PILOT_DEBOUNCE_AFTER, and PILOT_DEBOUNCE_MAX at least as long): a slower
+    /// push. None: Istio's defaults (100 ms, at most 10 s).
+    pub debounce: Option<Duration>,
+}
+
+impl Case {
+    pub fn mesh_name(&self) -> &'static str {
+        match self.mesh {
+            Mesh::None => "no mesh",
+            Mesh::Sidecar { native: false } => "sidecar (classic)",
+            Mesh::Sidecar { native: true } => "sidecar (native)",
+            Mesh::Ambient => "ambient (ztunnel)",
+        }
+    }
+
+    pub fn shutdown_name(&self) -> String {
+        match (self.shutdown, self.mesh) {
+            (Shutdown::None, Mesh::None) => "none".into(),
+            (Shutdown::None, _) => "Istio's default".into(),
+            (Shutdown::ExitOnZero, _) => "EXIT_ON_ZERO_ACTIVE_CONNECTIONS".into(),
+            (Shutdown::Sleep(s), _) => format!("preStop sleep {s}s"),
+            (Shutdown::EnvoyDrain, Mesh::None | Mesh::Ambient) => {
+                "envoy-drain hold (policy)".into()
+            }
+            (Shutdown::EnvoyDrain, _) => "envoy-drain run + hold (template)".into(),
+        }
+    }
+}
+
+pub struct Row {
+    pub case: Case,
     /// Requests answered 200.
     pub ok: u64,
     /// Every other answer and every error, as hey names them.
@@ -51,6 +124,9 @@ pub struct Row {
     /// For each replaced pod: when its hold ended after the last request it received (seconds;
     /// none without a hold), and the hold's summary.
     pub holds: Vec<(Option<f64>, String)>,
+    /// For each replaced pod: seconds from its deletion to its endpoint leaving the client's data
+    /// path (none where that was not seen).
+    pub propagation: Vec<Option<f64>>,
     /// What the node said that explains a failure: the kubelet's probe failures and kube-proxy's
     /// last lines.
     pub diagnosis: String,
@@ -62,14 +138,56 @@ impl Row {
     }
 }
 
-/// The namespace asks for the hold only where the row has it.
-fn workload(shutdown: Shutdown) -> (String, String) {
-    let label = if shutdown == Shutdown::Hold { "enabled" } else { "disabled" };
+/// istiod as the chart installs it with the template, its image set to the node's, and what this
+/// node needs of it: images from the node (hub localhost, tag test); istiod's address without
+/// DNS (the pods have none here), with the name its certificate holds (ISTIOD_SAN, which
+/// pilot-agent offers for this); and Istio's telemetry off, whose filters (istio.stats,
+/// istio.metadata_exchange, istio.alpn) only Istio's own build of Envoy has (istio/proxy, not
+/// buildable here): the proxies run the upstream Envoy of `scripts/envoy`.
+fn istiod_values() -> String {
+    let template = std::fs::read_to_string(TEMPLATE).expect("the template's values");
+    let unset = "{{- $image := \"\" }}";
+    assert!(template.contains(unset), "{TEMPLATE}: $image, unset");
+    let template = template.replace(unset, "{{- $image := \"localhost/envoy-drain:test\" }}");
+    format!(
+        "{template}global:\n  hub: localhost\n  tag: test\n  imagePullPolicy: IfNotPresent\n  \
+         caAddress: {ISTIOD}\nmeshConfig:\n  defaultConfig:\n    discoveryAddress: {ISTIOD}\n    \
+         proxyMetadata:\n      ISTIOD_SAN: istiod-{REVISION}.istio-system.svc\n  \
+         defaultProviders:\n    metrics: []\ntelemetry:\n  enabled: false\n"
+    )
+}
+
+/// The namespace, labelled for the row's data plane; the app's Deployment and Service; the
+/// client's Deployment.
+fn workload(case: Case) -> (String, String) {
+    let hold = if case.shutdown == Shutdown::EnvoyDrain { "enabled" } else { "disabled" };
+    let labels = match case.mesh {
+        Mesh::None => format!("envoy-drain.io/hold: {hold}"),
+        Mesh::Sidecar { .. } => format!("istio.io/rev: {REVISION}"),
+        Mesh::Ambient => {
+            format!("envoy-drain.io/hold: {hold}, istio.io/dataplane-mode: ambient")
+        }
+    };
     let namespace = format!(
-        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: shop\n  labels: \
-         {{envoy-drain.io/hold: {label}}}\n"
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: shop\n  labels: {{{labels}}}\n"
     );
-    let pre_stop = match shutdown {
+    let mut annotations = Vec::new();
+    if let Mesh::Sidecar { native } = case.mesh {
+        annotations.push(format!("sidecar.istio.io/nativeSidecar: '{native}'"));
+        if case.shutdown == Shutdown::EnvoyDrain {
+            annotations.push("envoy-drain.io/hold: 'true'".to_string());
+        } else {
+            annotations.push("envoy-drain.io/disabled: 'true'".to_string());
+        }
+        if case.shutdown == Shutdown::ExitOnZero {
+            annotations.push(
+                "proxy.istio.io/config: '{\"proxyMetadata\": \
+                 {\"EXIT_ON_ZERO_ACTIVE_CONNECTIONS\": \"true\"}}'"
+                    .to_string(),
+            );
+        }
+    }
+    let pre_stop = match case.shutdown {
         Shutdown::Sleep(s) => {
             format!("\n        lifecycle:\n          preStop:\n            sleep: {{seconds: {s}}}")
         }
@@ -83,7 +201,9 @@ spec:
   replicas: 3
   selector: {{matchLabels: {{app: app}}}}
   template:
-    metadata: {{labels: {{app: app}}}}
+    metadata:
+      labels: {{app: app}}
+      annotations: {{{}}}
     spec:
       containers:
       - name: app
@@ -99,41 +219,155 @@ kind: Service
 metadata: {{name: app, namespace: shop}}
 spec:
   selector: {{app: app}}
-  ports: [{{port: 80, targetPort: 8080}}]
-"
+  ports: [{{name: http, port: 80, targetPort: 8080}}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: client, namespace: shop}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: client}}}}
+  template:
+    metadata:
+      labels: {{app: client}}
+      annotations: {{envoy-drain.io/disabled: 'true'}}
+    spec:
+      containers:
+      - name: client
+        image: localhost/client:test
+",
+        annotations.join(", ")
     );
     (namespace, deployment)
 }
 
+/// The node's images: the app, envoy-drain's FROM scratch content, the client (Kubernetes' pause
+/// program, and hey to exec); with sidecars Istio's proxyv2 as its Dockerfile lays it out
+/// (pilot/docker/Dockerfile.proxyv2: pilot-agent, Envoy, the bootstrap template); in ambient
+/// mode ztunnel and install-cni (istio-cni's node agent and plugin).
+fn images(cp: &ControlPlane, mesh: Mesh, envoy: &Path, bootstrap: &Path) -> Vec<Image> {
+    let mut images = vec![
+        Image {
+            name: "localhost/app:test",
+            entrypoint: vec!["/usr/bin/python3.11".into(), "/app.py".into()],
+            files: vec!["/usr/bin/python3.11".into(), "/usr/lib/python3.11".into()],
+            extra: vec![(APP.into(), "/app.py".into())],
+        },
+        Image {
+            name: "localhost/envoy-drain:test",
+            entrypoint: vec!["/envoy-drain".into()],
+            files: vec![],
+            extra: vec![(RELEASE.into(), "/envoy-drain".into())],
+        },
+        Image {
+            name: "localhost/client:test",
+            entrypoint: vec!["/pause".into()],
+            files: vec!["/usr/bin/hey".into()],
+            extra: vec![(cp.bin("pause"), "/pause".into())],
+        },
+    ];
+    // iptables for istio-init and istio-cni: the machine's nft and legacy builds, under every
+    // name istio-iptables looks for, with the modules the rules load.
+    let mut iptables = Vec::new();
+    for (multi, kinds) in [
+        ("/usr/sbin/xtables-nft-multi", ["", "-nft"]),
+        ("/usr/sbin/xtables-legacy-multi", ["-legacy", "-legacy"]),
+    ] {
+        for kind in kinds {
+            for family in ["iptables", "ip6tables"] {
+                for tool in ["", "-save", "-restore"] {
+                    iptables.push((multi.into(), format!("/usr/sbin/{family}{kind}{tool}")));
+                }
+            }
+        }
+    }
+    let modules = vec!["/usr/lib/x86_64-linux-gnu/xtables".to_string()];
+    match mesh {
+        Mesh::None => {}
+        Mesh::Sidecar { .. } => {
+            let mut extra = vec![
+                (cp.bin("pilot-agent"), "/usr/local/bin/pilot-agent".to_string()),
+                (envoy.to_path_buf(), "/usr/local/bin/envoy".into()),
+                (bootstrap.to_path_buf(), "/var/lib/istio/envoy/envoy_bootstrap_tmpl.json".into()),
+            ];
+            extra.extend(iptables);
+            images.push(Image {
+                name: "localhost/proxyv2:test",
+                entrypoint: vec!["/usr/local/bin/pilot-agent".into()],
+                files: modules,
+                extra,
+            });
+        }
+        // As Istio's images lay them out (pilot/docker/Dockerfile.ztunnel is ztunnel's own
+        // repository's; cni/deployments/kubernetes/Dockerfile.install-cni: install-cni on the
+        // PATH, the plugin in /opt/cni/bin).
+        Mesh::Ambient => {
+            let ztunnel = super::built::built_by(
+                "ZTUNNEL_BIN",
+                "../shared/ztunnel/build.sh",
+                "ztunnel is built from ../shared/ztunnel",
+            );
+            images.push(Image {
+                name: "localhost/ztunnel:test",
+                entrypoint: vec!["/usr/local/bin/ztunnel".into()],
+                files: vec![],
+                extra: vec![(ztunnel.join("ztunnel"), "/usr/local/bin/ztunnel".into())],
+            });
+            let mut extra = vec![
+                (cp.bin("install-cni"), "/usr/local/bin/install-cni".to_string()),
+                (cp.bin("istio-cni"), "/opt/cni/bin/istio-cni".into()),
+            ];
+            extra.extend(iptables);
+            images.push(Image {
+                name: "localhost/install-cni:test",
+                entrypoint: vec!["/usr/local/bin/install-cni".into()],
+                files: modules,
+                extra,
+            });
+        }
+    }
+    images
+}
+
 /// Runs one rollout and reads what it did.
-pub fn run(shutdown: Shutdown, clients: Clients) -> Row {
+pub fn run(case: Case) -> Row {
     assert!(
         Path::new(RELEASE).exists(),
         "NOT RUN: {RELEASE} is missing: `bash scripts/build-release` makes it"
     );
+    let envoy = super::envoy::required();
     let cp = ControlPlane::start_with("rollout", "kube-apiserver", &[], Nodes::Kubelet);
-    let node = Node::start(
-        &cp,
-        &[
-            Image {
-                name: "localhost/app:test",
-                entrypoint: &["/usr/bin/python3.11", "/app.py"],
-                files: &["/usr/bin/python3.11", "/usr/lib/python3.11"],
-                extra: &[(Path::new(APP), "/app.py")],
-            },
-            Image {
-                name: "localhost/envoy-drain:test",
-                entrypoint: &["/envoy-drain"],
-                files: &[],
-                extra: &[(Path::new(RELEASE), "/envoy-drain")],
-            },
-        ],
-    );
-    cp.ok(&["apply", "-f", POLICY]);
-    cp.hold_settings(&["image=localhost/envoy-drain:test"]);
-    let (namespace, deployment) = workload(shutdown);
+    let bootstrap = super::cluster::components().join("istio-bootstrap.json");
+    let node = Node::start(&cp, &images(&cp, case.mesh, &envoy, &bootstrap));
+    // Kept to the end: ambient's node init (dropped before the node).
+    let _init = match case.mesh {
+        Mesh::None => {
+            cp.ok(&["apply", "-f", POLICY]);
+            cp.hold_settings(&["image=localhost/envoy-drain:test"]);
+            None
+        }
+        Mesh::Sidecar { .. } => {
+            let debounce = case.debounce.map(|d| format!("{}ms", d.as_millis()));
+            let mut env = vec![
+                ("PILOT_ENABLE_METADATA_EXCHANGE", "false"),
+                ("PILOT_ENABLE_ALPN_FILTER", "false"),
+            ];
+            if let Some(d) = &debounce {
+                env.push(("PILOT_DEBOUNCE_AFTER", d));
+                env.push(("PILOT_DEBOUNCE_MAX", d));
+            }
+            cp.start_istiod(REVISION, &istiod_values(), &[], 0, &env);
+            None
+        }
+        Mesh::Ambient => {
+            cp.ok(&["apply", "-f", POLICY]);
+            cp.hold_settings(&["image=localhost/envoy-drain:test"]);
+            Some(ambient(&cp, &node, case.debounce))
+        }
+    };
+    let (namespace, deployment) = workload(case);
     cp.namespace(&namespace, "shop");
-    if shutdown == Shutdown::Hold {
+    if !matches!(case.mesh, Mesh::Sidecar { .. }) && case.shutdown == Shutdown::EnvoyDrain {
         // The API server serves a policy once its informers have the ConfigMap: the Deployment
         // comes after a dry run shows the hook.
         let probe = "apiVersion: v1\nkind: Pod\nmetadata: {name: probe, namespace: shop}\nspec:\n  \
@@ -145,51 +379,74 @@ pub fn run(shutdown: Shutdown, clients: Clients) -> Row {
         });
     }
     cp.ok_with(&["apply", "-f", "-"], Some(&deployment));
-    let status = ["rollout", "status", "-n", "shop", "deployment/app", "--timeout=90s"];
-    let rolled = cp.kubectl(&status);
-    assert!(rolled.ok, "the first rollout: {}\n{}", rolled.stderr, node.log_tail("kubelet", 4));
+    for deployment in ["deployment/app", "deployment/client"] {
+        let status = ["rollout", "status", "-n", "shop", deployment, "--timeout=90s"];
+        let rolled = cp.kubectl(&status);
+        assert!(rolled.ok, "{deployment}: {}\n{}", rolled.stderr, node.log_tail("kubelet", 4));
+    }
     let hooks = cp.ok(&[
         "get",
         "pods",
         "-n",
         "shop",
+        "-l",
+        "app=app",
         "-o",
-        "jsonpath={range .items[*]}{.metadata.name} {.spec.containers[0].lifecycle.preStop}{\"\\n\"}{end}",
+        "jsonpath={range .items[*]}{.metadata.name} {.spec.containers[?(@.name==\"app\")].lifecycle.preStop}{\"\\n\"}{end}",
     ]);
-    let expected = match shutdown {
-        Shutdown::None => "",
+    let expected = match case.shutdown {
+        Shutdown::None | Shutdown::ExitOnZero => "",
         Shutdown::Sleep(_) => "\"sleep\"",
-        Shutdown::Hold => "\"hold\"",
+        Shutdown::EnvoyDrain => "\"hold\"",
     };
     assert_eq!(hooks.lines().count(), 3, "{hooks}");
     assert!(
         hooks.lines().all(|h| expected.is_empty() != h.contains('{') && h.contains(expected)),
-        "each pod's preStop is the row's ({shutdown:?}): {hooks}"
+        "each pod's app preStop is the row's ({:?}): {hooks}",
+        case.shutdown
     );
     let old: Vec<String> =
         hooks.lines().filter_map(|l| l.split_whitespace().next()).map(String::from).collect();
+    let client = cp.ok(&[
+        "get",
+        "pods",
+        "-n",
+        "shop",
+        "-l",
+        "app=client",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
     let logs = Logs::follow(node.pod_logs());
     let ip = cp.ok(&["get", "service", "-n", "shop", "app", "-o", "jsonpath={.spec.clusterIP}"]);
-    // kube-proxy writes the Service's rules a moment after the pods are ready (until then it
-    // refuses connections to the cluster IP): the load starts once 30 requests in a row answer.
-    cp.wait_for("the Service to answer from the node", || {
-        let url = format!("http://{ip}/local/0");
+    let hey = |args: &[&str]| {
+        let mut cmd = cp.kubectl_command(&["exec", "-n", "shop", &client, "-c", "client", "--"]);
+        cmd.arg("/usr/bin/hey").args(args);
+        cmd
+    };
+    let url = format!("http://{ip}/local/0");
+    // The Service's rules (kube-proxy) or endpoints (istiod) reach the client a moment after the
+    // pods are ready: the load starts once 30 requests in a row answer.
+    cp.wait_for("the Service to answer the client", || {
         let probe = ["-n", "30", "-c", "1", "-disable-keepalive", "-t", "2", url.as_str()];
-        let out = cp.command("hey").args(probe).output().ok()?;
+        let out = hey(&probe).output().ok()?;
         let (ok, failed) = tally(&String::from_utf8_lossy(&out.stdout));
         (ok == 30 && failed.is_empty()).then_some(())
     });
-    let mut hey = cp.command("hey");
-    hey.args(["-z", "60s", "-q", "10", "-c", "10", "-t", "10"]);
-    if clients == Clients::NewConn {
-        hey.arg("-disable-keepalive");
+    let seen = Endpoints::follow(&cp, case.mesh, &client);
+    let deleted = Deletions::follow(&cp);
+    // Until told to stop (below), at most two minutes.
+    let mut load = vec!["-z", "120s", "-q", "10", "-c", "10", "-t", "10"];
+    if case.clients == Clients::NewConn {
+        load.push("-disable-keepalive");
     }
-    let hey = hey
-        .arg(format!("http://{ip}/local/0.05"))
+    let slow = format!("http://{ip}/local/0.05");
+    load.push(&slow);
+    let hey = hey(&load)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("NOT RUN: hey (scripts/test-tools installs it)");
+        .expect("NOT RUN: kubectl exec of hey");
     // The load runs a while before the rollout, as it does before a user's.
     std::thread::sleep(Duration::from_secs(5));
     let restarted = Instant::now();
@@ -204,9 +461,16 @@ pub fn run(shutdown: Shutdown, clients: Clients) -> Row {
     let gone = cp.kubectl(&wait);
     assert!(gone.ok, "the old pods to be gone: {}", gone.stderr);
     let took = restarted.elapsed();
+    // A few more seconds of load on the new pods alone, then hey stops as on Ctrl-C (SIGINT:
+    // it finishes the requests in flight and prints its summary).
+    std::thread::sleep(Duration::from_secs(3));
+    let load_pid = process_running(&slow).expect("hey's process in the client pod");
+    // SAFETY: a signal to the load generator this test started.
+    unsafe { libc::kill(load_pid as i32, libc::SIGINT) };
     let out = hey.wait_with_output().expect("hey's output");
     let (ok, failed) = tally(&String::from_utf8_lossy(&out.stdout));
     let logs = logs.stop();
+    let (seen, deleted) = (seen.stop(), deleted.stop());
     let holds = old
         .iter()
         .map(|pod| {
@@ -214,11 +478,338 @@ pub fn run(shutdown: Shutdown, clients: Clients) -> Row {
             lines.map_or((None, "(no log read)".to_string()), |(_, text)| hold_end(text))
         })
         .collect();
+    let propagation = old
+        .iter()
+        .map(|pod| {
+            let (at, ip) = deleted.get(pod)?;
+            let left = seen.get(ip).or_else(|| seen.get(pod))?;
+            Some(left.saturating_duration_since(*at).as_secs_f64())
+        })
+        .collect();
     let kubelet = std::fs::read_to_string(node.log("kubelet"));
     let probes = kubelet.unwrap_or_default().lines().filter(|l| l.contains("Probe failed")).count();
-    let diagnosis =
-        format!("{probes} failed probes; kube-proxy:\n{}", node.log_tail("kube-proxy", 6));
-    Row { shutdown, clients, ok, failed, took, holds, diagnosis }
+    let diagnosis = format!(
+        "{probes} failed probes; hey: {}; kube-proxy:\n{}",
+        String::from_utf8_lossy(&out.stderr).trim(),
+        node.log_tail("kube-proxy", 6)
+    );
+    Row { case, ok, failed, took, holds, propagation, diagnosis }
+}
+
+/// istiod with ambient's profile, and the ztunnel and istio-cni DaemonSets its charts render, as
+/// installed on a node whose host paths are the test's: the CNI configuration and plugins
+/// (containerd's in node.rs), the pods' network namespaces (containerd's, under its state
+/// directory, mounted at the same path under /host, where istio-cni looks for a path the plugin
+/// hands it), and the sockets istio-cni and ztunnel share. ztunnel and the plugin reach istiod at
+/// the node's address, with the name its certificate holds (ztunnel's ALT_XDS_HOSTNAME and
+/// ALT_CA_HOSTNAME). istio-cni shares the node's network namespace (the chart's
+/// `ambient.shareHostNetworkNamespace`): by default it enters the namespace of the machine's PID 1
+/// for the node's rules, and the node's network here is the test's own namespace. Returns once
+/// both DaemonSets' pods are ready.
+fn ambient(cp: &ControlPlane, node: &Node, debounce: Option<Duration>) -> NodeInit {
+    let san = format!("istiod-{REVISION}.istio-system.svc");
+    let overlay = format!(
+        "apiVersion: install.istio.io/v1alpha1\nkind: IstioOperator\nspec:\n  components:\n    \
+         cni: {{enabled: true}}\n    ztunnel: {{enabled: true}}\n  values:\n    profile: ambient\n    \
+         global: {{variant: \"\"}}\n    ztunnel:\n      caAddress: {ISTIOD}\n      xdsAddress: \
+         {ISTIOD}\n      env: {{ALT_XDS_HOSTNAME: {san}, ALT_CA_HOSTNAME: {san}}}\n"
+    );
+    let file = node.path("ambient.iop.yaml");
+    std::fs::write(&file, overlay).expect("the ambient overlay");
+    let debounce = debounce.map(|d| format!("{}ms", d.as_millis()));
+    let mut env = vec![("PILOT_ENABLE_AMBIENT", "true")];
+    if let Some(d) = &debounce {
+        env.push(("PILOT_DEBOUNCE_AFTER", d));
+        env.push(("PILOT_DEBOUNCE_MAX", d));
+    }
+    let values = "global: {hub: localhost, tag: test, imagePullPolicy: IfNotPresent}\n";
+    let daemonsets = cp.start_istiod(REVISION, values, &[Path::new(&file)], 0, &env);
+    let netns = node.path("containerd/state/io.containerd.grpc.v1.cri/netns");
+    std::fs::create_dir_all(&netns).expect("containerd's directory of network namespaces");
+    // istio-cni mounts it HostToContainer: the pods' namespaces that containerd mounts there later
+    // must reach its container, which a shared mount does (node.rs unmounts it at the end).
+    for args in [vec!["--bind", &netns, &netns], vec!["--make-shared", &netns]] {
+        let ok = std::process::Command::new("mount").args(&args).status().expect("mount");
+        assert!(ok.success(), "mount {args:?}");
+    }
+    let (cni_run, ztunnel_run) = (node.path("istio-cni"), node.path("ztunnel"));
+    let init = NodeInit::start(cp, &node.path("proc"));
+    let daemonsets = daemonsets
+        .replace("path: /opt/cni/bin", &format!("path: {}", node.path("cni-bin")))
+        .replace("path: /etc/cni/net.d", &format!("path: {}", node.path("cni")))
+        .replace("path: /proc\n", &format!("path: {}\n", node.path("proc")))
+        .replace("path: /var/run/netns", &format!("path: {netns}"))
+        .replace("mountPath: /host/var/run/netns", &format!("mountPath: /host{netns}"))
+        .replace("path: /var/run/istio-cni", &format!("path: {cni_run}"))
+        .replace("path: /var/run/ztunnel", &format!("path: {ztunnel_run}"))
+        // What the istio-cni chart renders with `ambient.shareHostNetworkNamespace` (which
+        // istioctl's schema does not take): hostNetwork, and no switch to PID 1's namespace.
+        .replace("    spec:\n      containers:\n      - args:\n        - --log_output_level", "    spec:\n      hostNetwork: true\n      dnsPolicy: ClusterFirstWithHostNet\n      containers:\n      - args:\n        - --log_output_level")
+        .replace("        - name: ALLOW_SWITCH_TO_HOST_NS\n          value: \"true\"\n", "")
+        .replace(
+            "- name: REPAIR_SIDECAR_ANNOTATION",
+            &format!(
+                "- name: CNI_AGENT_RUN_DIR\n          value: {cni_run}\n        \
+                 - name: REPAIR_SIDECAR_ANNOTATION"
+            ),
+        );
+    // The agent's directory is where the plugin (run by containerd, outside any container) finds
+    // the agent's socket: the same path inside the agent's container.
+    let daemonsets = daemonsets
+        .replace("- mountPath: /var/run/istio-cni\n", &format!("- mountPath: {cni_run}\n"));
+    assert!(
+        daemonsets.contains("CNI_AGENT_RUN_DIR")
+            && daemonsets.contains("hostNetwork: true")
+            && !daemonsets.contains("ALLOW_SWITCH_TO_HOST_NS"),
+        "istio-cni's DaemonSet as rendered: {daemonsets}"
+    );
+    cp.ok_with(&["apply", "-f", "-"], Some(&daemonsets));
+    for ds in ["daemonset/istio-cni-node", "daemonset/ztunnel"] {
+        let status = ["rollout", "status", "-n", "istio-system", ds, "--timeout=90s"];
+        let rolled = cp.kubectl(&status);
+        assert!(rolled.ok, "{ds}: {}\n{}", rolled.stderr, node.log_tail("kubelet", 6));
+    }
+    init
+}
+
+/// The node's /proc as istio-cni reads it: a process table whose PID 1 lives in the node's
+/// network namespace, which istio-cni takes for the host's (podcgroupns_linux.go
+/// `statHostNetns` reads `1/ns/net`). This machine's own PID 1 is outside the test's reach
+/// (reading its namespace is refused, also to root): an init of the node's own, in a PID
+/// namespace of its own, whose proc is mounted at `path`. istio-cni finds a new pod's namespace
+/// by the path its CNI plugin hands it; the table serves it only for pods that ran before it
+/// started, which here are none.
+struct NodeInit {
+    child: std::process::Child,
+}
+
+impl NodeInit {
+    fn start(cp: &ControlPlane, path: &str) -> NodeInit {
+        std::fs::create_dir_all(path).expect("the node's proc");
+        let child = cp
+            .command("unshare")
+            .args(["--pid", "--fork", "--kill-child", "sleep", "3600"])
+            .spawn()
+            .expect("unshare (util-linux)");
+        let init = cp.wait_for("the node's init", || {
+            let children = std::fs::read_to_string(format!(
+                "/proc/{}/task/{}/children",
+                child.id(),
+                child.id()
+            ))
+            .ok()?;
+            children.split_whitespace().next().map(String::from)
+        });
+        let mounted = std::process::Command::new("nsenter")
+            .args(["--target", &init, "--pid", "--", "mount", "-t", "proc", "proc", path])
+            .status()
+            .expect("nsenter (util-linux)");
+        assert!(mounted.success(), "the node's proc at {path}");
+        NodeInit { child }
+    }
+}
+
+impl Drop for NodeInit {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// When each app pod left the client's data path, polled every 100 ms: the client's Envoy's
+/// /clusters (admin on 127.0.0.1:15000 in its pod, which the test enters), kube-proxy's DNAT
+/// rules in the node's namespace, or the node's ztunnel's /config_dump (in its pod).
+struct Endpoints {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<BTreeMap<String, Instant>>,
+}
+
+impl Endpoints {
+    fn follow(cp: &ControlPlane, mesh: Mesh, client: &str) -> Endpoints {
+        let stop = Arc::new(AtomicBool::new(false));
+        let read: Box<dyn FnMut() -> Option<String> + Send> = match mesh {
+            Mesh::None => {
+                let mut save = cp.command("iptables-save");
+                save.args(["-t", "nat"]);
+                Box::new(move || {
+                    let out = save.output().ok()?;
+                    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+                })
+            }
+            Mesh::Sidecar { .. } => {
+                let pid = process_of(client, "pilot-agent")
+                    .unwrap_or_else(|| panic!("the client pod {client}'s pilot-agent"));
+                let netns = Netns::of_process(pid).expect("the client pod's network namespace");
+                Box::new(move || netns.enter(|| admin_get("127.0.0.1:15000", "/clusters")))
+            }
+            Mesh::Ambient => {
+                let ztunnel = cp.ok(&[
+                    "get",
+                    "pods",
+                    "-n",
+                    "istio-system",
+                    "-l",
+                    "app=ztunnel",
+                    "-o",
+                    "jsonpath={.items[0].metadata.name}",
+                ]);
+                let pid = process_of(&ztunnel, "ztunnel")
+                    .unwrap_or_else(|| panic!("the node's ztunnel {ztunnel}"));
+                let netns = Netns::of_process(pid).expect("ztunnel's network namespace");
+                Box::new(move || netns.enter(|| admin_get("127.0.0.1:15000", "/config_dump")))
+            }
+        };
+        let thread = {
+            let stop = Arc::clone(&stop);
+            let mut read = read;
+            std::thread::spawn(move || {
+                let mut present: BTreeMap<String, bool> = BTreeMap::new();
+                let mut left = BTreeMap::new();
+                // Bounded: the rollout's own bounds end it, and so does this count.
+                for _ in 0..1500 {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    if let Some(text) = read() {
+                        let now: Vec<String> = endpoint_ips(&text);
+                        for ip in &now {
+                            present.insert(ip.clone(), true);
+                        }
+                        for (ip, was) in present.iter_mut() {
+                            if *was && !now.contains(ip) {
+                                *was = false;
+                                left.insert(ip.clone(), Instant::now());
+                            }
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                left
+            })
+        };
+        Endpoints { stop, thread }
+    }
+
+    /// Each address that was listed and then left, with when.
+    fn stop(self) -> BTreeMap<String, Instant> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// What names each app pod in the client's data path: its address in Envoy's /clusters
+/// (`outbound|80||app.shop...::10.244.0.3:8080::health_flags::healthy`) or kube-proxy's rules
+/// (`-j DNAT ... --to-destination 10.244.0.3:8080`); its name among the Service's endpoints
+/// that ztunnel's /config_dump holds as healthy (`"Kubernetes//Pod/shop/app-...": {"port": ...,
+/// "status": "Healthy", ...}`; istiod marks a terminating pod's otherwise).
+pub fn endpoint_ips(text: &str) -> Vec<String> {
+    let mut ips: Vec<String> = text
+        .lines()
+        .filter_map(|l| {
+            if let Some(rest) = l.strip_prefix("outbound|80||app.shop.svc.cluster.local::") {
+                return rest.contains("::health_flags::").then(|| rest.split(':').next())?;
+            }
+            let (_, to) = l.split_once("--to-destination ")?;
+            to.strip_suffix(":8080")
+        })
+        .map(String::from)
+        .collect();
+    let key = "\"Kubernetes//Pod/shop/";
+    let mut rest = text;
+    while let Some(at) = rest.find(key) {
+        rest = &rest[at + key.len()..];
+        let Some((name, after)) = rest.split_once('"') else { break };
+        // A key of the endpoints (a workload's uid as a value is not followed by an object).
+        if !after.starts_with(": {") {
+            continue;
+        }
+        let status = after.split_once("\"status\": \"").map(|(_, s)| s.split('"').next());
+        if status == Some(Some("Healthy")) {
+            ips.push(name.to_string());
+        }
+    }
+    ips.sort();
+    ips.dedup();
+    ips
+}
+
+/// One GET to an admin API: the body, or none.
+fn admin_get(addr: &str, path: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// A process `program` of the pod `pod` (its POD_NAME, which Istio's injection sets).
+fn process_of(pod: &str, program: &str) -> Option<u32> {
+    let want = format!("POD_NAME={pod}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        let environ = std::fs::read(e.path().join("environ")).ok()?;
+        let ours =
+            comm.trim() == program && environ.split(|b| *b == 0).any(|v| v == want.as_bytes());
+        ours.then_some(pid)
+    })
+}
+
+/// The process whose command line holds `arg` (hey in the client pod, seen from the node).
+fn process_running(arg: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        let ours = comm.trim() == "hey" && cmdline.split(|b| *b == 0).any(|a| a == arg.as_bytes());
+        ours.then_some(pid)
+    })
+}
+
+/// When the test saw each app pod marked for deletion (a watch of the API server), and its address.
+struct Deletions {
+    child: std::process::Child,
+    thread: std::thread::JoinHandle<BTreeMap<String, (Instant, String)>>,
+}
+
+impl Deletions {
+    fn follow(cp: &ControlPlane) -> Deletions {
+        let mut child = cp
+            .kubectl_command(&[
+                "get",
+                "pods",
+                "-n",
+                "shop",
+                "-l",
+                "app=app",
+                "--watch",
+                "-o",
+                "jsonpath={.metadata.name} {.status.podIP} {.metadata.deletionTimestamp}{\"\\n\"}",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("kubectl get --watch");
+        let out = child.stdout.take().expect("its output");
+        let thread = std::thread::spawn(move || {
+            let mut deleted = BTreeMap::new();
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let mut parts = line.split_whitespace();
+                if let (Some(pod), Some(ip), Some(_)) = (parts.next(), parts.next(), parts.next()) {
+                    deleted.entry(pod.to_string()).or_insert((Instant::now(), ip.to_string()));
+                }
+            }
+            deleted
+        });
+        Deletions { child, thread }
+    }
+
+    fn stop(mut self) -> BTreeMap<String, (Instant, String)> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.thread.join().unwrap_or_default()
+    }
 }
 
 /// What hey printed: requests answered 200, and each other status or error with its count
