@@ -101,7 +101,7 @@ impl Case {
 
     pub fn shutdown_name(&self) -> String {
         match (self.shutdown, self.mesh) {
-            (Shutdown::None, Mesh::None) => "none".into(),
+            (Shutdown::None, Mesh::None | Mesh::Ambient) => "none".into(),
             (Shutdown::None, _) => "Istio's default".into(),
             (Shutdown::ExitOnZero, _) => "EXIT_ON_ZERO_ACTIVE_CONNECTIONS".into(),
             (Shutdown::Sleep(s), _) => format!("preStop sleep {s}s"),
