@@ -405,6 +405,21 @@ pub fn run(case: Case) -> Row {
         "each pod's app preStop is the row's ({:?}): {hooks}",
         case.shutdown
     );
+    if let Mesh::Sidecar { native } = case.mesh {
+        // The proxy where the ordering puts it, with the template's `run` only in its rows.
+        let field = if native { "initContainers" } else { "containers" };
+        let path = format!(
+            "jsonpath={{range .items[*]}}{{.spec.{field}[?(@.name==\"istio-proxy\")].\
+             lifecycle.preStop.exec.command}}{{\"\\n\"}}{{end}}"
+        );
+        let proxies = cp.ok(&["get", "pods", "-n", "shop", "-l", "app=app", "-o", &path]);
+        let ours = case.shutdown == Shutdown::EnvoyDrain;
+        assert_eq!(proxies.lines().count(), 3, "{proxies}");
+        assert!(
+            proxies.lines().all(|p| p.contains("\"/envoy-drain/envoy-drain\",\"run\"") == ours),
+            "each pod's istio-proxy ({field}) preStop is the row's: {proxies}"
+        );
+    }
     let old: Vec<String> =
         hooks.lines().filter_map(|l| l.split_whitespace().next()).map(String::from).collect();
     let client = cp.ok(&[
