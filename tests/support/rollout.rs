@@ -66,8 +66,8 @@ pub enum Shutdown {
     ExitOnZero,
     /// Kubernetes' own `preStop: sleep` of that many seconds for the app.
     Sleep(u32),
-    /// envoy-drain: examples/hold-policy.yaml's hold without a mesh; the template's `run` and
-    /// `hold` with sidecars.
+    /// envoy-drain: examples/hold-policy.yaml's hold without a sidecar (no mesh, ambient); the
+    /// template's `run` and `hold` with sidecars.
     EnvoyDrain,
 }
 
@@ -127,8 +127,8 @@ pub struct Row {
     /// For each replaced pod: seconds from its deletion to its endpoint leaving the client's data
     /// path (none where that was not seen).
     pub propagation: Vec<Option<f64>>,
-    /// What the node said that explains a failure: the kubelet's probe failures and kube-proxy's
-    /// last lines.
+    /// What explains a failure: the kubelet's probe failures, hey's errors and kube-proxy's last
+    /// lines.
     pub diagnosis: String,
 }
 
@@ -384,6 +384,7 @@ pub fn run(case: Case) -> Row {
         let rolled = cp.kubectl(&status);
         assert!(rolled.ok, "{deployment}: {}\n{}", rolled.stderr, node.log_tail("kubelet", 4));
     }
+    assert_captured(&cp, case.mesh);
     let hooks = cp.ok(&[
         "get",
         "pods",
@@ -450,8 +451,8 @@ pub fn run(case: Case) -> Row {
     });
     let seen = Endpoints::follow(&cp, case.mesh, &client);
     let deleted = Deletions::follow(&cp);
-    // Until told to stop (below), at most two minutes.
-    let mut load = vec!["-z", "120s", "-q", "10", "-c", "10", "-t", "10"];
+    // Until told to stop (below), at most five minutes.
+    let mut load = vec!["-z", "300s", "-q", "10", "-c", "10", "-t", "10"];
     if case.clients == Clients::NewConn {
         load.push("-disable-keepalive");
     }
@@ -475,6 +476,7 @@ pub fn run(case: Case) -> Row {
     wait.extend(old_pods.iter().map(String::as_str));
     let gone = cp.kubectl(&wait);
     assert!(gone.ok, "the old pods to be gone: {}", gone.stderr);
+    assert_captured(&cp, case.mesh);
     let took = restarted.elapsed();
     // A few more seconds of load on the new pods alone, then hey stops as on Ctrl-C (SIGINT:
     // it finishes the requests in flight and prints its summary).
@@ -483,7 +485,13 @@ pub fn run(case: Case) -> Row {
     // SAFETY: a signal to the load generator this test started.
     unsafe { libc::kill(load_pid as i32, libc::SIGINT) };
     let out = hey.wait_with_output().expect("hey's output");
-    let (ok, failed) = tally(&String::from_utf8_lossy(&out.stdout));
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && report.contains("Summary:"),
+        "hey's report, whole: {report}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (ok, failed) = tally(&report);
     let logs = logs.stop();
     let (seen, deleted) = (seen.stop(), deleted.stop());
     let holds = old
@@ -498,7 +506,11 @@ pub fn run(case: Case) -> Row {
         .map(|pod| {
             let (at, ip) = deleted.get(pod)?;
             let left = seen.get(ip).or_else(|| seen.get(pod))?;
-            Some(left.saturating_duration_since(*at).as_secs_f64())
+            // Negative where the data path dropped it before the watch saw the deletion.
+            Some(match left.checked_duration_since(*at) {
+                Some(after) => after.as_secs_f64(),
+                None => -at.duration_since(*left).as_secs_f64(),
+            })
         })
         .collect();
     let kubelet = std::fs::read_to_string(node.log("kubelet"));
@@ -549,35 +561,47 @@ fn ambient(cp: &ControlPlane, node: &Node, debounce: Option<Duration>) -> NodeIn
     }
     let (cni_run, ztunnel_run) = (node.path("istio-cni"), node.path("ztunnel"));
     let init = NodeInit::start(cp, &node.path("proc"));
-    let daemonsets = daemonsets
-        .replace("path: /opt/cni/bin", &format!("path: {}", node.path("cni-bin")))
-        .replace("path: /etc/cni/net.d", &format!("path: {}", node.path("cni")))
-        .replace("path: /proc\n", &format!("path: {}\n", node.path("proc")))
-        .replace("path: /var/run/netns", &format!("path: {netns}"))
-        .replace("mountPath: /host/var/run/netns", &format!("mountPath: /host{netns}"))
-        .replace("path: /var/run/istio-cni", &format!("path: {cni_run}"))
-        .replace("path: /var/run/ztunnel", &format!("path: {ztunnel_run}"))
-        // What the istio-cni chart renders with `ambient.shareHostNetworkNamespace` (which
-        // istioctl's schema does not take): hostNetwork, and no switch to PID 1's namespace.
-        .replace("    spec:\n      containers:\n      - args:\n        - --log_output_level", "    spec:\n      hostNetwork: true\n      dnsPolicy: ClusterFirstWithHostNet\n      containers:\n      - args:\n        - --log_output_level")
-        .replace("        - name: ALLOW_SWITCH_TO_HOST_NS\n          value: \"true\"\n", "")
-        .replace(
-            "- name: REPAIR_SIDECAR_ANNOTATION",
-            &format!(
-                "- name: CNI_AGENT_RUN_DIR\n          value: {cni_run}\n        \
-                 - name: REPAIR_SIDECAR_ANNOTATION"
-            ),
-        );
+    // Each edit must apply: one missed would leave a DaemonSet on the machine's own paths (its
+    // CNI configuration, /var/run) or on PID 1's namespace.
+    let mut daemonsets = daemonsets;
+    let mut edit = |from: &str, to: &str| {
+        assert!(daemonsets.contains(from), "the rendered DaemonSets lack {from:?}: {daemonsets}");
+        daemonsets = daemonsets.replace(from, to);
+    };
+    edit("path: /opt/cni/bin\n", &format!("path: {}\n", node.path("cni-bin")));
+    edit("path: /etc/cni/net.d\n", &format!("path: {}\n", node.path("cni")));
+    edit("path: /proc\n", &format!("path: {}\n", node.path("proc")));
+    edit("path: /var/run/netns\n", &format!("path: {netns}\n"));
+    edit("mountPath: /host/var/run/netns\n", &format!("mountPath: /host{netns}\n"));
+    edit("path: /var/run/istio-cni\n", &format!("path: {cni_run}\n"));
+    edit("path: /var/run/ztunnel\n", &format!("path: {ztunnel_run}\n"));
     // The agent's directory is where the plugin (run by containerd, outside any container) finds
     // the agent's socket: the same path inside the agent's container.
-    let daemonsets = daemonsets
-        .replace("- mountPath: /var/run/istio-cni\n", &format!("- mountPath: {cni_run}\n"));
-    assert!(
-        daemonsets.contains("CNI_AGENT_RUN_DIR")
-            && daemonsets.contains("hostNetwork: true")
-            && !daemonsets.contains("ALLOW_SWITCH_TO_HOST_NS"),
-        "istio-cni's DaemonSet as rendered: {daemonsets}"
+    edit("- mountPath: /var/run/istio-cni\n", &format!("- mountPath: {cni_run}\n"));
+    // What the istio-cni chart renders with `ambient.shareHostNetworkNamespace` (which istioctl's
+    // schema does not take): hostNetwork, and no switch to PID 1's namespace.
+    edit(
+        "    spec:\n      containers:\n      - args:\n        - --log_output_level",
+        "    spec:\n      hostNetwork: true\n      dnsPolicy: ClusterFirstWithHostNet\n      \
+         containers:\n      - args:\n        - --log_output_level",
     );
+    edit("        - name: ALLOW_SWITCH_TO_HOST_NS\n          value: \"true\"\n", "");
+    edit(
+        "- name: REPAIR_SIDECAR_ANNOTATION",
+        &format!(
+            "- name: CNI_AGENT_RUN_DIR\n          value: {cni_run}\n        \
+             - name: REPAIR_SIDECAR_ANNOTATION"
+        ),
+    );
+    // Every host path is the node's now.
+    let lines: Vec<&str> = daemonsets.lines().collect();
+    for pair in lines.windows(2) {
+        if pair[0].trim_start().starts_with("- hostPath:") || pair[0].trim() == "hostPath:" {
+            let path = pair[1].trim().trim_start_matches("path: ");
+            assert!(path.starts_with(&node.path("")), "a host path off the node: {path}");
+        }
+    }
+    assert_eq!(daemonsets.matches("hostNetwork: true").count(), 1, "{daemonsets}");
     cp.ok_with(&["apply", "-f", "-"], Some(&daemonsets));
     for ds in ["daemonset/istio-cni-node", "daemonset/ztunnel"] {
         let status = ["rollout", "status", "-n", "istio-system", ds, "--timeout=90s"];
@@ -685,8 +709,10 @@ impl Endpoints {
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
-                    if let Some(text) = read() {
-                        let now: Vec<String> = endpoint_ips(&text);
+                    // A reading that lists none of the app's pods (an error, a cut answer) tells
+                    // nothing: it is not taken for every pod leaving.
+                    let now = read().map(|text| endpoint_ips(&text)).unwrap_or_default();
+                    if !now.is_empty() {
                         for ip in &now {
                             present.insert(ip.clone(), true);
                         }
@@ -748,17 +774,18 @@ pub fn endpoint_ips(text: &str) -> Vec<String> {
     ips
 }
 
-/// One GET to an admin API: the body, or none.
+/// One GET to an admin API: the answer, if it is a 200.
 fn admin_get(addr: &str, path: &str) -> Option<String> {
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
-    Some(text)
+    text.starts_with("HTTP/1.1 200").then_some(text)
 }
 
-/// A process `program` of the pod `pod` (its POD_NAME, which Istio's injection sets).
+/// A process `program` of the pod `pod` (its POD_NAME, which Istio's injection and ztunnel's
+/// chart set).
 fn process_of(pod: &str, program: &str) -> Option<u32> {
     let want = format!("POD_NAME={pod}");
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
@@ -769,6 +796,30 @@ fn process_of(pod: &str, program: &str) -> Option<u32> {
             comm.trim() == program && environ.split(|b| *b == 0).any(|v| v == want.as_bytes());
         ours.then_some(pid)
     })
+}
+
+/// In ambient mode, every pod of the namespace captured: istio-cni marks a pod it has handed to
+/// ztunnel (`ambient.istio.io/redirection: enabled`); without it the client's requests would go
+/// by kube-proxy alone and the row would be no mesh's.
+fn assert_captured(cp: &ControlPlane, mesh: Mesh) {
+    if mesh != Mesh::Ambient {
+        return;
+    }
+    let marks = cp.ok(&[
+        "get",
+        "pods",
+        "-n",
+        "shop",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name}|{.metadata.deletionTimestamp}|\
+         {.metadata.annotations.ambient\\.istio\\.io/redirection}{\"\\n\"}{end}",
+    ]);
+    // The pods that serve now (3 of the app, the client); those being deleted may be released.
+    let serving: Vec<&str> = marks.lines().filter(|l| l.split('|').nth(1) == Some("")).collect();
+    assert!(
+        serving.len() >= 4 && serving.iter().all(|l| l.ends_with("|enabled")),
+        "every pod that serves captured by istio-cni: {marks}"
+    );
 }
 
 /// The process whose command line holds `arg` (hey in the client pod, seen from the node).
