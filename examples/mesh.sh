@@ -11,4 +11,4 @@ export ENVOY_BIN
 bash scripts/test-tools
 cargo build --release --quiet
 export ENVOY_DRAIN="$PWD/target/release/envoy-drain"
-cargo run --release --quiet --example mesh -- "$@"
+cargo run --quiet --example mesh -- "$@"

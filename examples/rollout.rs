@@ -4,8 +4,9 @@
 //! app shutdown x clients. Arguments narrow it down: data planes (`no-mesh`, `classic`, `native`,
 //! `ambient`), shutdowns (`none`, `exit-on-zero`,
 //! `sleep15`, `envoy-drain`), clients (`new-conn`, `keep-alive`) and `debounce=<seconds>` (istiod's
-//! push held back that long); several of one sort are all run. Run it with
-//! `bash examples/rollout.sh [ARG...]`, as root.
+//! push held back that long); several of one sort are all run. `demo` alone: the demo's four
+//! rows side by side in one cluster, restarted at once (native sidecars and ambient mode, each as
+//! written and with envoy-drain). Run it with `bash examples/rollout.sh [ARG...]`, as root.
 
 #[allow(dead_code)]
 #[path = "../tests/support"]
@@ -21,14 +22,18 @@ mod support {
 }
 
 use std::time::Duration;
-use support::rollout::{Case, Clients, Mesh, Shutdown, run};
+use support::rollout::{Case, Clients, Mesh, Row, Shutdown, run, run_together};
 
 fn main() {
     let mut meshes = Vec::new();
     let mut shutdowns = Vec::new();
     let mut clients = Vec::new();
     let mut debounce = None;
-    for a in std::env::args().skip(1) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args == ["demo"] {
+        return demo();
+    }
+    for a in args {
         match a.as_str() {
             "no-mesh" => meshes.push(Mesh::None),
             "classic" => meshes.push(Mesh::Sidecar { native: false }),
@@ -45,8 +50,8 @@ fn main() {
                 _ => {
                     eprintln!(
                         "rollout: {other:?}: expected no-mesh, classic, native, ambient, none, \
-                         exit-on-zero, sleep15, envoy-drain, new-conn, keep-alive or \
-                         debounce=<seconds>"
+                         exit-on-zero, sleep15, envoy-drain, new-conn, keep-alive, \
+                         debounce=<seconds>, or demo alone"
                     );
                     std::process::exit(2);
                 }
@@ -81,33 +86,84 @@ fn main() {
             for &clients in &clients {
                 let case = Case { mesh, shutdown, clients, debounce };
                 let row = run(case);
-                let what: Vec<String> =
-                    row.failed.iter().map(|(k, n)| format!("{n} {k}")).collect();
-                let seconds = |s: &[Option<f64>]| {
-                    let s: Vec<String> =
-                        s.iter().map(|a| a.map_or("-".into(), |a| format!("{a:.1}s"))).collect();
-                    s.join(" ")
-                };
-                let holds: Vec<Option<f64>> = row.holds.iter().map(|(a, _)| *a).collect();
-                println!(
-                    "| {} | {} | {} | {} | {} | {} | {:.1}s | {} | {} |",
-                    case.mesh_name(),
-                    case.shutdown_name(),
-                    match clients {
-                        Clients::NewConn => "new-conn",
-                        Clients::KeepAlive => "keep-alive",
-                    },
-                    row.ok,
-                    row.failed_total(),
-                    if what.is_empty() { "-".to_string() } else { what.join(", ") },
-                    row.took.as_secs_f64(),
-                    seconds(&row.propagation),
-                    seconds(&holds),
-                );
+                println!("{}", table_row(&row));
                 for (_, summary) in &row.holds {
                     eprintln!("{case:?}: {summary}");
                 }
             }
         }
     }
+}
+
+/// A row of the table, markdown.
+fn table_row(row: &Row) -> String {
+    let case = row.case;
+    let what: Vec<String> = row.failed.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    let seconds = |s: &[Option<f64>]| {
+        let s: Vec<String> =
+            s.iter().map(|a| a.map_or("-".into(), |a| format!("{a:.1}s"))).collect();
+        s.join(" ")
+    };
+    let holds: Vec<Option<f64>> = row.holds.iter().map(|(a, _)| *a).collect();
+    format!(
+        "| {} | {} | {} | {} | {} | {} | {:.1}s | {} | {} |",
+        case.mesh_name(),
+        case.shutdown_name(),
+        match case.clients {
+            Clients::NewConn => "new-conn",
+            Clients::KeepAlive => "keep-alive",
+        },
+        row.ok,
+        row.failed_total(),
+        if what.is_empty() { "-".to_string() } else { what.join(", ") },
+        row.took.as_secs_f64(),
+        seconds(&row.propagation),
+        seconds(&holds),
+    )
+}
+
+/// The demo: native sidecars and ambient mode side by side, each as written and with envoy-drain,
+/// restarted at once under 100 requests a second each (a connection per request), istiod pushing
+/// each change 2 s late (PILOT_DEBOUNCE_AFTER), as a busy one does.
+fn demo() {
+    let debounce = Some(Duration::from_secs(2));
+    let cases: Vec<Case> = [Mesh::Sidecar { native: true }, Mesh::Ambient]
+        .into_iter()
+        .flat_map(|mesh| {
+            [Shutdown::None, Shutdown::EnvoyDrain].map(|shutdown| Case {
+                mesh,
+                shutdown,
+                clients: Clients::NewConn,
+                debounce,
+            })
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let rows = run_together(&cases);
+    println!(
+        "{:<18} {:<34} {:>5} {:>6}  {:<22} {:>7} {:>7}  holds end after last request",
+        "data plane", "app shutdown", "ok", "failed", "what failed", "pushed", "rollout"
+    );
+    for row in &rows {
+        let what: Vec<String> = row.failed.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        let holds: Vec<String> =
+            row.holds.iter().filter_map(|(a, _)| a.map(|a| format!("{a:.1}s"))).collect();
+        let pushed = row
+            .propagation
+            .iter()
+            .flatten()
+            .fold(None, |m: Option<f64>, &p| Some(m.map_or(p, |m| m.max(p))));
+        println!(
+            "{:<18} {:<34} {:>5} {:>6}  {:<22} {:>7} {:>6.1}s  {}",
+            row.case.mesh_name(),
+            row.case.shutdown_name(),
+            row.ok,
+            row.failed_total(),
+            if what.is_empty() { "-".to_string() } else { what.join(", ") },
+            pushed.map_or("-".to_string(), |p| format!("{p:.1}s")),
+            row.took.as_secs_f64(),
+            if holds.is_empty() { "-".to_string() } else { holds.join(" ") },
+        );
+    }
+    eprintln!("the demo took {:.0?}", started.elapsed());
 }

@@ -11,4 +11,4 @@ ZTUNNEL_BIN=$(bash ../shared/ztunnel/build.sh)
 ENVOY_BIN=$(bash scripts/envoy)
 export ENVOY_DRAIN_COMPONENTS ZTUNNEL_BIN ENVOY_BIN
 bash scripts/build-release >/dev/null
-cargo run --release --quiet --example rollout -- "$@"
+cargo run --quiet --example rollout -- "$@"

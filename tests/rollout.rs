@@ -4,55 +4,42 @@
 //! the other, the EndpointSlice controller marks them terminating, and the client's data path
 //! drops them: kube-proxy without a mesh (the hook examples/hold-policy.yaml adds), istiod's push
 //! to the client's sidecar (examples/istio-template-values.yaml's `run` and `hold`), istiod's
-//! push to the node's ztunnel in ambient mode (the policy's hold). BENCHMARKS §10 has the other
-//! rows (`bash examples/rollout.sh`).
+//! push to the node's ztunnel in ambient mode (the policy's hold). The three run side by side in
+//! one cluster, each in its namespace with its load, restarted at once, sidecars and ambient pods
+//! served by one istiod, as the demo runs them. BENCHMARKS §10 has the other rows, each in a
+//! cluster of its own (`bash examples/rollout.sh`).
 
 mod support;
 
-use support::rollout::{Case, Clients, Mesh, Row, Shutdown, run};
-
-/// One node at a time: a node's cgroups and files are named after the test process, and the
-/// figures would be two rollouts' sharing two cores.
-static ONE_NODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn with_envoy_drain(mesh: Mesh) -> Row {
-    let _one = ONE_NODE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let case =
-        Case { mesh, shutdown: Shutdown::EnvoyDrain, clients: Clients::NewConn, debounce: None };
-    let row = run(case);
-    eprintln!(
-        "{}: rollout restart {:.1?}; {} answered 200; endpoints left the client after {:?}; \
-         holds {:?}",
-        case.mesh_name(),
-        row.took,
-        row.ok,
-        row.propagation,
-        row.holds
-    );
-    row
-}
+use support::rollout::{Case, Clients, Mesh, Row, Shutdown, run_together};
 
 #[test]
 #[ignore = "needs root, the control plane and the node built from source (`bash scripts/test`)"]
-fn a_rollout_without_a_mesh_loses_nothing_with_the_policys_hold() {
-    nothing_lost(&with_envoy_drain(Mesh::None));
-}
-
-#[test]
-#[ignore = "needs root, the control plane and the node built from source (`bash scripts/test`)"]
-fn a_rollout_of_native_sidecars_loses_nothing_with_the_templates_run_and_hold() {
-    let row = with_envoy_drain(Mesh::Sidecar { native: true });
-    nothing_lost(&row);
-    // istiod itself took each old pod out of the client's Envoy, some time after its deletion.
-    assert!(row.propagation.iter().all(Option::is_some), "{:?}", row.propagation);
-}
-
-#[test]
-#[ignore = "needs root, the control plane and the node built from source (`bash scripts/test`)"]
-fn a_rollout_in_ambient_mode_loses_nothing_with_the_policys_hold() {
-    let row = with_envoy_drain(Mesh::Ambient);
-    nothing_lost(&row);
-    assert!(row.propagation.iter().all(Option::is_some), "{:?}", row.propagation);
+fn a_rollout_in_every_data_plane_at_once_loses_nothing_with_envoy_drain() {
+    let cases = [Mesh::None, Mesh::Sidecar { native: true }, Mesh::Ambient].map(|mesh| Case {
+        mesh,
+        shutdown: Shutdown::EnvoyDrain,
+        clients: Clients::NewConn,
+        debounce: None,
+    });
+    let rows = run_together(&cases);
+    for row in &rows {
+        eprintln!(
+            "{}: rollout restart {:.1?}; {} answered 200; endpoints left the client after {:?}; \
+             holds {:?}",
+            row.case.mesh_name(),
+            row.took,
+            row.ok,
+            row.propagation,
+            row.holds
+        );
+    }
+    for row in &rows {
+        nothing_lost(row);
+        // The client's data path itself (kube-proxy's rules, istiod's push to the client's
+        // Envoy or to ztunnel) dropped each old pod.
+        assert!(row.propagation.iter().all(Option::is_some), "{:?}", row.propagation);
+    }
 }
 
 fn nothing_lost(row: &Row) {
@@ -79,15 +66,19 @@ fn heys_summary_is_read_into_answers_and_named_failures() {
     let out = "Status code distribution:\n  [200]\t5334 responses\n  [503]\t2 responses\n\n\
                Error distribution:\n  [600]\tGet \"http://10.96.0.7/local/0.05\": dial tcp \
                10.96.0.7:80: connect: connection refused\n  [64]\tGet \
-               \"http://10.96.0.7/local/0.05\": EOF\n";
+               \"http://10.96.0.7/local/0.05\": EOF\n  [1]\tGet \"http://10.96.0.7/local/0.05\": \
+               read tcp 10.244.0.14:42486->10.96.0.7:80: read: connection reset by peer\n  [2]\t\
+               Get \"http://10.96.0.7/local/0.05\": read tcp 10.244.0.14:42500->10.96.0.7:80: \
+               read: connection reset by peer\n";
     let (ok, failed) = support::rollout::tally(out);
     assert_eq!(ok, 5334);
     assert_eq!(
         failed,
         [
             ("status 503".to_string(), 2),
-            ("dial tcp 10.96.0.7:80: connect: connection refused".to_string(), 600),
+            ("connection refused".to_string(), 600),
             ("EOF".to_string(), 64),
+            ("connection reset by peer".to_string(), 3),
         ]
     );
 }
@@ -95,24 +86,28 @@ fn heys_summary_is_read_into_answers_and_named_failures() {
 #[test]
 fn the_app_pods_in_the_clients_data_path_are_read_from_each_data_plane() {
     use support::rollout::endpoint_ips;
-    // Envoy's /clusters: every host of the Service's cluster, whatever its health.
-    let clusters = "outbound|80||app.shop.svc.cluster.local::10.244.0.3:8080::cx_active::2\n\
-                    outbound|80||app.shop.svc.cluster.local::10.244.0.3:8080::health_flags::healthy\n\
-                    outbound|80||app.shop.svc.cluster.local::10.244.0.4:8080::health_flags::healthy\n\
+    // Envoy's /clusters: every host of the namespace's Service, whatever its health.
+    let clusters = "outbound|80||app.shop-1.svc.cluster.local::10.244.0.3:8080::cx_active::2\n\
+                    outbound|80||app.shop-1.svc.cluster.local::10.244.0.3:8080::health_flags::healthy\n\
+                    outbound|80||app.shop-1.svc.cluster.local::10.244.0.4:8080::health_flags::healthy\n\
+                    outbound|80||app.shop-2.svc.cluster.local::10.244.0.5:8080::health_flags::healthy\n\
                     outbound|443||kubernetes.default.svc.cluster.local::10.0.0.1:6443::health_flags::healthy\n";
-    assert_eq!(endpoint_ips(clusters), ["10.244.0.3", "10.244.0.4"]);
-    // kube-proxy's rules (iptables-save -t nat).
-    let rules = "-A KUBE-SEP-ABC -p tcp -m comment --comment \"shop/app\" -m tcp -j DNAT \
-                 --to-destination 10.244.0.7:8080\n-A KUBE-SEP-DEF -p tcp -m tcp -j DNAT \
-                 --to-destination 10.0.0.1:6443\n";
-    assert_eq!(endpoint_ips(rules), ["10.244.0.7"]);
+    assert_eq!(endpoint_ips(clusters, "shop-1"), ["10.244.0.3", "10.244.0.4"]);
+    // kube-proxy's rules (iptables-save -t nat): the namespace's Service's endpoints.
+    let rules = "-A KUBE-SEP-ABC -p tcp -m comment --comment \"shop-1/app:http\" -m tcp -j DNAT \
+                 --to-destination 10.244.0.7:8080\n-A KUBE-SEP-XYZ -p tcp -m comment --comment \
+                 \"shop-2/app:http\" -m tcp -j DNAT --to-destination 10.244.0.8:8080\n\
+                 -A KUBE-SEP-DEF -p tcp -m comment --comment \"default/kubernetes:https\" -m tcp \
+                 -j DNAT --to-destination 10.0.0.1:6443\n";
+    assert_eq!(endpoint_ips(rules, "shop-1"), ["10.244.0.7"]);
     // ztunnel's /config_dump: the Service's endpoints that are healthy, by pod; a workload's uid
     // as a value is not an endpoint.
     let dump = r#"{"services": [{"endpoints": {
-        "Kubernetes//Pod/shop/app-1": {"port": {"80": 8080}, "status": "Healthy",
-          "workloadUid": "Kubernetes//Pod/shop/app-1"},
-        "Kubernetes//Pod/shop/app-2": {"port": {"80": 8080}, "status": "Unhealthy",
-          "workloadUid": "Kubernetes//Pod/shop/app-2"}}}],
-      "workloads": [{"uid": "Kubernetes//Pod/shop/app-3"}]}"#;
-    assert_eq!(endpoint_ips(dump), ["app-1"]);
+        "Kubernetes//Pod/shop-1/app-1": {"port": {"80": 8080}, "status": "Healthy",
+          "workloadUid": "Kubernetes//Pod/shop-1/app-1"},
+        "Kubernetes//Pod/shop-1/app-2": {"port": {"80": 8080}, "status": "Unhealthy",
+          "workloadUid": "Kubernetes//Pod/shop-1/app-2"},
+        "Kubernetes//Pod/shop-2/app-4": {"port": {"80": 8080}, "status": "Healthy"}}}],
+      "workloads": [{"uid": "Kubernetes//Pod/shop-1/app-3"}]}"#;
+    assert_eq!(endpoint_ips(dump, "shop-1"), ["app-1"]);
 }

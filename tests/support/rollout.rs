@@ -143,7 +143,9 @@ impl Row {
 /// DNS (the pods have none here), with the name its certificate holds (ISTIOD_SAN, which
 /// pilot-agent offers for this); and Istio's telemetry off, whose filters (istio.stats,
 /// istio.metadata_exchange, istio.alpn) only Istio's own build of Envoy has (istio/proxy, not
-/// buildable here): the proxies run the upstream Envoy of `scripts/envoy`.
+/// buildable here): the proxies run the upstream Envoy of `scripts/envoy`. For the same reason
+/// sidecars keep to mTLS where ambient's profile would have them speak HBONE too
+/// (ISTIO_META_ENABLE_HBONE adds the bootstrap extension `istio.workload.BootstrapExtension`).
 fn istiod_values() -> String {
     let template = std::fs::read_to_string(TEMPLATE).expect("the template's values");
     let unset = "{{- $image := \"\" }}";
@@ -152,14 +154,15 @@ fn istiod_values() -> String {
     format!(
         "{template}global:\n  hub: localhost\n  tag: test\n  imagePullPolicy: IfNotPresent\n  \
          caAddress: {ISTIOD}\nmeshConfig:\n  defaultConfig:\n    discoveryAddress: {ISTIOD}\n    \
-         proxyMetadata:\n      ISTIOD_SAN: istiod-{REVISION}.istio-system.svc\n  \
+         proxyMetadata:\n      ISTIOD_SAN: istiod-{REVISION}.istio-system.svc\n      \
+         ISTIO_META_ENABLE_HBONE: 'false'\n  \
          defaultProviders:\n    metrics: []\ntelemetry:\n  enabled: false\n"
     )
 }
 
-/// The namespace, labelled for the row's data plane; the app's Deployment and Service; the
+/// The namespace `ns`, labelled for the row's data plane; the app's Deployment and Service; the
 /// client's Deployment.
-fn workload(case: Case) -> (String, String) {
+fn workload(case: Case, ns: &str) -> (String, String) {
     let hold = if case.shutdown == Shutdown::EnvoyDrain { "enabled" } else { "disabled" };
     let labels = match case.mesh {
         Mesh::None => format!("envoy-drain.io/hold: {hold}"),
@@ -169,7 +172,7 @@ fn workload(case: Case) -> (String, String) {
         }
     };
     let namespace = format!(
-        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: shop\n  labels: {{{labels}}}\n"
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels: {{{labels}}}\n"
     );
     let mut annotations = Vec::new();
     if let Mesh::Sidecar { native } = case.mesh {
@@ -196,7 +199,7 @@ fn workload(case: Case) -> (String, String) {
     let deployment = format!(
         "apiVersion: apps/v1
 kind: Deployment
-metadata: {{name: app, namespace: shop}}
+metadata: {{name: app, namespace: {ns}}}
 spec:
   replicas: 3
   selector: {{matchLabels: {{app: app}}}}
@@ -216,14 +219,14 @@ spec:
 ---
 apiVersion: v1
 kind: Service
-metadata: {{name: app, namespace: shop}}
+metadata: {{name: app, namespace: {ns}}}
 spec:
   selector: {{app: app}}
   ports: [{{name: http, port: 80, targetPort: 8080}}]
 ---
 apiVersion: apps/v1
 kind: Deployment
-metadata: {{name: client, namespace: shop}}
+metadata: {{name: client, namespace: {ns}}}
 spec:
   replicas: 1
   selector: {{matchLabels: {{app: client}}}}
@@ -245,7 +248,7 @@ spec:
 /// program, and hey to exec); with sidecars Istio's proxyv2 as its Dockerfile lays it out
 /// (pilot/docker/Dockerfile.proxyv2: pilot-agent, Envoy, the bootstrap template); in ambient
 /// mode ztunnel and install-cni (istio-cni's node agent and plugin).
-fn images(cp: &ControlPlane, mesh: Mesh, envoy: &Path, bootstrap: &Path) -> Vec<Image> {
+fn images(cp: &ControlPlane, meshes: &[Mesh], envoy: &Path, bootstrap: &Path) -> Vec<Image> {
     let mut images = vec![
         Image {
             name: "localhost/app:test",
@@ -282,55 +285,61 @@ fn images(cp: &ControlPlane, mesh: Mesh, envoy: &Path, bootstrap: &Path) -> Vec<
         }
     }
     let modules = vec!["/usr/lib/x86_64-linux-gnu/xtables".to_string()];
-    match mesh {
-        Mesh::None => {}
-        Mesh::Sidecar { .. } => {
-            let mut extra = vec![
-                (cp.bin("pilot-agent"), "/usr/local/bin/pilot-agent".to_string()),
-                (envoy.to_path_buf(), "/usr/local/bin/envoy".into()),
-                (bootstrap.to_path_buf(), "/var/lib/istio/envoy/envoy_bootstrap_tmpl.json".into()),
-            ];
-            extra.extend(iptables);
-            images.push(Image {
-                name: "localhost/proxyv2:test",
-                entrypoint: vec!["/usr/local/bin/pilot-agent".into()],
-                files: modules,
-                extra,
-            });
-        }
-        // As Istio's images lay them out (pilot/docker/Dockerfile.ztunnel is ztunnel's own
-        // repository's; cni/deployments/kubernetes/Dockerfile.install-cni: install-cni on the
-        // PATH, the plugin in /opt/cni/bin).
-        Mesh::Ambient => {
-            let ztunnel = super::built::built_by(
-                "ZTUNNEL_BIN",
-                "../shared/ztunnel/build.sh",
-                "ztunnel is built from ../shared/ztunnel",
-            );
-            images.push(Image {
-                name: "localhost/ztunnel:test",
-                entrypoint: vec!["/usr/local/bin/ztunnel".into()],
-                files: vec![],
-                extra: vec![(ztunnel.join("ztunnel"), "/usr/local/bin/ztunnel".into())],
-            });
-            let mut extra = vec![
-                (cp.bin("install-cni"), "/usr/local/bin/install-cni".to_string()),
-                (cp.bin("istio-cni"), "/opt/cni/bin/istio-cni".into()),
-            ];
-            extra.extend(iptables);
-            images.push(Image {
-                name: "localhost/install-cni:test",
-                entrypoint: vec!["/usr/local/bin/install-cni".into()],
-                files: modules,
-                extra,
-            });
-        }
+    if meshes.iter().any(|m| matches!(m, Mesh::Sidecar { .. })) {
+        let mut extra = vec![
+            (cp.bin("pilot-agent"), "/usr/local/bin/pilot-agent".to_string()),
+            (envoy.to_path_buf(), "/usr/local/bin/envoy".into()),
+            (bootstrap.to_path_buf(), "/var/lib/istio/envoy/envoy_bootstrap_tmpl.json".into()),
+        ];
+        extra.extend(iptables.iter().cloned());
+        images.push(Image {
+            name: "localhost/proxyv2:test",
+            entrypoint: vec!["/usr/local/bin/pilot-agent".into()],
+            files: modules.clone(),
+            extra,
+        });
+    }
+    // As Istio's images lay them out (pilot/docker/Dockerfile.ztunnel is ztunnel's own
+    // repository's; cni/deployments/kubernetes/Dockerfile.install-cni: install-cni on the PATH,
+    // the plugin in /opt/cni/bin).
+    if meshes.contains(&Mesh::Ambient) {
+        let ztunnel = super::built::built_by(
+            "ZTUNNEL_BIN",
+            "../shared/ztunnel/build.sh",
+            "ztunnel is built from ../shared/ztunnel",
+        );
+        images.push(Image {
+            name: "localhost/ztunnel:test",
+            entrypoint: vec!["/usr/local/bin/ztunnel".into()],
+            files: vec![],
+            extra: vec![(ztunnel.join("ztunnel"), "/usr/local/bin/ztunnel".into())],
+        });
+        let mut extra = vec![
+            (cp.bin("install-cni"), "/usr/local/bin/install-cni".to_string()),
+            (cp.bin("istio-cni"), "/opt/cni/bin/istio-cni".into()),
+        ];
+        extra.extend(iptables);
+        images.push(Image {
+            name: "localhost/install-cni:test",
+            entrypoint: vec!["/usr/local/bin/install-cni".into()],
+            files: modules,
+            extra,
+        });
     }
     images
 }
 
 /// Runs one rollout and reads what it did.
 pub fn run(case: Case) -> Row {
+    let mut rows = run_together(&[case]);
+    rows.pop().expect("a row for the one case")
+}
+
+/// Runs the cases' rollouts at once on one node, side by side: each case in a namespace of its
+/// own (`shop-0`, `shop-1`, ...) with its own load, restarted together; a case's `debounce` is
+/// istiod's (the first case's). Sidecar and ambient namespaces share one istiod, as in a mesh
+/// that has both.
+pub fn run_together(cases: &[Case]) -> Vec<Row> {
     assert!(
         Path::new(RELEASE).exists(),
         "NOT RUN: {RELEASE} is missing: `bash scripts/build-release` makes it"
@@ -338,189 +347,310 @@ pub fn run(case: Case) -> Row {
     let envoy = super::envoy::required();
     let cp = ControlPlane::start_with("rollout", "kube-apiserver", &[], Nodes::Kubelet);
     let bootstrap = super::cluster::components().join("istio-bootstrap.json");
-    let node = Node::start(&cp, &images(&cp, case.mesh, &envoy, &bootstrap));
+    let meshes: Vec<Mesh> = cases.iter().map(|c| c.mesh).collect();
+    let node = Node::start(&cp, &images(&cp, &meshes, &envoy, &bootstrap));
     // Kept to the end: ambient's node init (dropped before the node).
-    let _init = match case.mesh {
-        Mesh::None => {
-            cp.ok(&["apply", "-f", POLICY]);
-            cp.hold_settings(&["image=localhost/envoy-drain:test"]);
-            None
-        }
-        Mesh::Sidecar { .. } => {
-            let debounce = case.debounce.map(|d| format!("{}ms", d.as_millis()));
-            let mut env = vec![
-                ("PILOT_ENABLE_METADATA_EXCHANGE", "false"),
-                ("PILOT_ENABLE_ALPN_FILTER", "false"),
-            ];
-            if let Some(d) = &debounce {
-                env.push(("PILOT_DEBOUNCE_AFTER", d));
-                env.push(("PILOT_DEBOUNCE_MAX", d));
-            }
-            cp.start_istiod(REVISION, &istiod_values(), &[], 0, &env);
-            None
-        }
-        Mesh::Ambient => {
-            cp.ok(&["apply", "-f", POLICY]);
-            cp.hold_settings(&["image=localhost/envoy-drain:test"]);
-            Some(ambient(&cp, &node, case.debounce))
-        }
-    };
-    let (namespace, deployment) = workload(case);
-    cp.namespace(&namespace, "shop");
-    if !matches!(case.mesh, Mesh::Sidecar { .. }) && case.shutdown == Shutdown::EnvoyDrain {
-        // The API server serves a policy once its informers have the ConfigMap: the Deployment
-        // comes after a dry run shows the hook.
-        let probe = "apiVersion: v1\nkind: Pod\nmetadata: {name: probe, namespace: shop}\nspec:\n  \
-                     containers: [{name: app, image: localhost/app:test}]\n";
-        cp.wait_for("the policy to serve shop", || {
-            let pod =
-                cp.ok_with(&["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(probe));
-            pod.contains("preStop").then_some(())
-        });
-    }
-    cp.ok_with(&["apply", "-f", "-"], Some(&deployment));
-    for deployment in ["deployment/app", "deployment/client"] {
-        let status = ["rollout", "status", "-n", "shop", deployment, "--timeout=90s"];
-        let rolled = cp.kubectl(&status);
-        assert!(rolled.ok, "{deployment}: {}\n{}", rolled.stderr, node.log_tail("kubelet", 4));
-    }
-    assert_captured(&cp, case.mesh);
-    let hooks = cp.ok(&[
-        "get",
-        "pods",
-        "-n",
-        "shop",
-        "-l",
-        "app=app",
-        "-o",
-        "jsonpath={range .items[*]}{.metadata.name} {.spec.containers[?(@.name==\"app\")].lifecycle.preStop}{\"\\n\"}{end}",
-    ]);
-    let expected = match case.shutdown {
-        Shutdown::None | Shutdown::ExitOnZero => "",
-        Shutdown::Sleep(_) => "\"sleep\"",
-        Shutdown::EnvoyDrain => "\"hold\"",
-    };
-    assert_eq!(hooks.lines().count(), 3, "{hooks}");
-    assert!(
-        hooks.lines().all(|h| expected.is_empty() != h.contains('{') && h.contains(expected)),
-        "each pod's app preStop is the row's ({:?}): {hooks}",
-        case.shutdown
-    );
-    if let Mesh::Sidecar { native } = case.mesh {
-        // The proxy where the ordering puts it, with the template's `run` only in its rows.
-        let field = if native { "initContainers" } else { "containers" };
-        let path = format!(
-            "jsonpath={{range .items[*]}}{{.spec.{field}[?(@.name==\"istio-proxy\")].\
-             lifecycle.preStop.exec.command}}{{\"\\n\"}}{{end}}"
-        );
-        let proxies = cp.ok(&["get", "pods", "-n", "shop", "-l", "app=app", "-o", &path]);
-        let ours = case.shutdown == Shutdown::EnvoyDrain;
-        assert_eq!(proxies.lines().count(), 3, "{proxies}");
-        assert!(
-            proxies.lines().all(|p| p.contains("\"/envoy-drain/envoy-drain\",\"run\"") == ours),
-            "each pod's istio-proxy ({field}) preStop is the row's: {proxies}"
-        );
-    }
-    let old: Vec<String> =
-        hooks.lines().filter_map(|l| l.split_whitespace().next()).map(String::from).collect();
-    let client = cp.ok(&[
-        "get",
-        "pods",
-        "-n",
-        "shop",
-        "-l",
-        "app=client",
-        "-o",
-        "jsonpath={.items[0].metadata.name}",
-    ]);
+    let _init = mesh(&cp, &node, &meshes, cases.first().and_then(|c| c.debounce));
+    let sides: Vec<Side> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, &case)| Side::deploy(&cp, case, format!("shop-{i}")))
+        .collect();
+    let sides: Vec<Side> = sides.into_iter().map(|s| s.ready(&cp, &node)).collect();
     let logs = Logs::follow(node.pod_logs());
-    let ip = cp.ok(&["get", "service", "-n", "shop", "app", "-o", "jsonpath={.spec.clusterIP}"]);
-    let hey = |args: &[&str]| {
-        let mut cmd = cp.kubectl_command(&["exec", "-n", "shop", &client, "-c", "client", "--"]);
-        cmd.arg("/usr/bin/hey").args(args);
-        cmd
-    };
-    let url = format!("http://{ip}/local/0");
-    // The Service's rules (kube-proxy) or endpoints (istiod) reach the client a moment after the
-    // pods are ready: the load starts once 30 requests in a row answer.
-    cp.wait_for("the Service to answer the client", || {
-        let probe = ["-n", "30", "-c", "1", "-disable-keepalive", "-t", "2", url.as_str()];
-        let out = hey(&probe).output().ok()?;
-        let (ok, failed) = tally(&String::from_utf8_lossy(&out.stdout));
-        (ok == 30 && failed.is_empty()).then_some(())
-    });
-    let seen = Endpoints::follow(&cp, case.mesh, &client);
-    let deleted = Deletions::follow(&cp);
-    // Until told to stop (below), at most five minutes.
-    let mut load = vec!["-z", "300s", "-q", "10", "-c", "10", "-t", "10"];
-    if case.clients == Clients::NewConn {
-        load.push("-disable-keepalive");
-    }
-    let slow = format!("http://{ip}/local/0.05");
-    load.push(&slow);
-    let hey = hey(&load)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("NOT RUN: kubectl exec of hey");
+    let loads: Vec<Load> = sides.iter().map(|s| Load::start(&cp, s)).collect();
     // The load runs a while before the rollout, as it does before a user's.
     std::thread::sleep(Duration::from_secs(5));
     let restarted = Instant::now();
-    cp.ok(&["rollout", "restart", "-n", "shop", "deployment/app"]);
-    let rolled =
-        cp.kubectl(&["rollout", "status", "-n", "shop", "deployment/app", "--timeout=50s"]);
-    assert!(rolled.ok, "the restart: {}\n{}", rolled.stderr, node.log_tail("kubelet", 4));
-    // The Deployment counts a terminating pod as gone: the rollout ends with the last old pod.
-    let old_pods: Vec<String> = old.iter().map(|p| format!("pod/{p}")).collect();
-    let mut wait = vec!["wait", "-n", "shop", "--for=delete", "--timeout=60s"];
-    wait.extend(old_pods.iter().map(String::as_str));
-    let gone = cp.kubectl(&wait);
-    assert!(gone.ok, "the old pods to be gone: {}", gone.stderr);
-    assert_captured(&cp, case.mesh);
-    let took = restarted.elapsed();
-    // A few more seconds of load on the new pods alone, then hey stops as on Ctrl-C (SIGINT:
-    // it finishes the requests in flight and prints its summary).
+    for side in &sides {
+        cp.ok(&["rollout", "restart", "-n", &side.ns, "deployment/app"]);
+    }
+    // Each rollout ends with its last old pod gone: the Deployment counts a terminating pod as
+    // gone.
+    let took: Vec<Duration> = std::thread::scope(|scope| {
+        let waits: Vec<_> =
+            sides.iter().map(|side| scope.spawn(|| side.rolled(&cp, &node, restarted))).collect();
+        waits.into_iter().map(|w| w.join().expect("a rollout's wait")).collect()
+    });
+    for side in &sides {
+        assert_captured(&cp, side);
+    }
+    // A few more seconds of load on the new pods alone, then hey stops as on Ctrl-C.
     std::thread::sleep(Duration::from_secs(3));
-    let load_pid = process_running(&slow).expect("hey's process in the client pod");
-    // SAFETY: a signal to the load generator this test started.
-    unsafe { libc::kill(load_pid as i32, libc::SIGINT) };
-    let out = hey.wait_with_output().expect("hey's output");
-    let report = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && report.contains("Summary:"),
-        "hey's report, whole: {report}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (ok, failed) = tally(&report);
     let logs = logs.stop();
-    let (seen, deleted) = (seen.stop(), deleted.stop());
-    let holds = old
-        .iter()
-        .map(|pod| {
-            let lines = logs.iter().find(|(dir, _)| dir.contains(&format!("_{pod}_")));
-            lines.map_or((None, "(no log read)".to_string()), |(_, text)| hold_end(text))
+    let kubelet = std::fs::read_to_string(node.log("kubelet")).unwrap_or_default();
+    let probes = kubelet.lines().filter(|l| l.contains("Probe failed")).count();
+    let kube_proxy = node.log_tail("kube-proxy", 6);
+    sides
+        .into_iter()
+        .zip(loads)
+        .zip(took)
+        .map(|((side, load), took)| {
+            let mut row = load.stop(&side, &logs);
+            row.took = took;
+            row.diagnosis =
+                format!("{probes} failed probes; {}; kube-proxy:\n{kube_proxy}", row.diagnosis);
+            row
         })
-        .collect();
-    let propagation = old
-        .iter()
-        .map(|pod| {
-            let (at, ip) = deleted.get(pod)?;
-            let left = seen.get(ip).or_else(|| seen.get(pod))?;
-            // Negative where the data path dropped it before the watch saw the deletion.
-            Some(match left.checked_duration_since(*at) {
-                Some(after) => after.as_secs_f64(),
-                None => -at.duration_since(*left).as_secs_f64(),
+        .collect()
+}
+
+/// The mesh the cases need, installed: the hold policy for the pods without a sidecar; istiod
+/// with the template for sidecars, with ambient's profile and DaemonSets for ambient pods; ambient's
+/// node init, when there is one.
+fn mesh(
+    cp: &ControlPlane,
+    node: &Node,
+    meshes: &[Mesh],
+    debounce: Option<Duration>,
+) -> Option<NodeInit> {
+    if meshes.iter().any(|m| matches!(m, Mesh::None | Mesh::Ambient)) {
+        cp.ok(&["apply", "-f", POLICY]);
+        cp.hold_settings(&["image=localhost/envoy-drain:test"]);
+    }
+    if meshes.contains(&Mesh::Ambient) {
+        return Some(ambient(cp, node, debounce));
+    }
+    if meshes.iter().any(|m| matches!(m, Mesh::Sidecar { .. })) {
+        let env = istiod_env(debounce, false);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        cp.start_istiod(REVISION, &istiod_values(), &[], 0, &env);
+    }
+    None
+}
+
+/// istiod's environment: what upstream Envoy needs of it (istiod_values), ambient's switch, and
+/// a slower push when asked.
+fn istiod_env(debounce: Option<Duration>, ambient: bool) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("PILOT_ENABLE_METADATA_EXCHANGE", "false".to_string()),
+        ("PILOT_ENABLE_ALPN_FILTER", "false".to_string()),
+    ];
+    if ambient {
+        env.push(("PILOT_ENABLE_AMBIENT", "true".to_string()));
+    }
+    if let Some(d) = debounce {
+        env.push(("PILOT_DEBOUNCE_AFTER", format!("{}ms", d.as_millis())));
+        env.push(("PILOT_DEBOUNCE_MAX", format!("{}ms", d.as_millis())));
+    }
+    env
+}
+
+/// One case's workload in its namespace.
+struct Side {
+    case: Case,
+    ns: String,
+    /// The app's pods before the restart.
+    old: Vec<String>,
+    client: String,
+    /// The Service's cluster IP.
+    ip: String,
+}
+
+impl Side {
+    /// Applies the namespace and the workloads, once the hold policy serves the namespace when the
+    /// case has it.
+    fn deploy(cp: &ControlPlane, case: Case, ns: String) -> Side {
+        let (namespace, deployment) = workload(case, &ns);
+        cp.namespace(&namespace, &ns);
+        if !matches!(case.mesh, Mesh::Sidecar { .. }) && case.shutdown == Shutdown::EnvoyDrain {
+            // The API server serves a policy once its informers have the ConfigMap: the
+            // Deployment comes after a dry run shows the hook.
+            let probe = format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: probe, namespace: {ns}}}\nspec:\n  \
+                 containers: [{{name: app, image: localhost/app:test}}]\n"
+            );
+            cp.wait_for(&format!("the policy to serve {ns}"), || {
+                let pod = cp.ok_with(
+                    &["create", "--dry-run=server", "-o", "json", "-f", "-"],
+                    Some(&probe),
+                );
+                pod.contains("preStop").then_some(())
+            });
+        }
+        cp.ok_with(&["apply", "-f", "-"], Some(&deployment));
+        Side { case, ns, old: Vec::new(), client: String::new(), ip: String::new() }
+    }
+
+    /// Waits for the pods to be ready, and checks they are the case's: captured in ambient mode,
+    /// the app's preStop and the proxy's as the case installs them.
+    fn ready(mut self, cp: &ControlPlane, node: &Node) -> Side {
+        let ns = self.ns.as_str();
+        for deployment in ["deployment/app", "deployment/client"] {
+            let status = ["rollout", "status", "-n", ns, deployment, "--timeout=90s"];
+            let rolled = cp.kubectl(&status);
+            assert!(
+                rolled.ok,
+                "{ns} {deployment}: {}\n{}",
+                rolled.stderr,
+                node.log_tail("kubelet", 4)
+            );
+        }
+        assert_captured(cp, &self);
+        let hooks = cp.ok(&[
+            "get",
+            "pods",
+            "-n",
+            ns,
+            "-l",
+            "app=app",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.spec.containers[?(@.name==\"app\")].lifecycle.preStop}{\"\\n\"}{end}",
+        ]);
+        let expected = match self.case.shutdown {
+            Shutdown::None | Shutdown::ExitOnZero => "",
+            Shutdown::Sleep(_) => "\"sleep\"",
+            Shutdown::EnvoyDrain => "\"hold\"",
+        };
+        assert_eq!(hooks.lines().count(), 3, "{hooks}");
+        assert!(
+            hooks.lines().all(|h| expected.is_empty() != h.contains('{') && h.contains(expected)),
+            "each pod's app preStop in {ns} is the row's ({:?}): {hooks}",
+            self.case.shutdown
+        );
+        if let Mesh::Sidecar { native } = self.case.mesh {
+            // The proxy where the ordering puts it, with the template's `run` only in its rows.
+            let field = if native { "initContainers" } else { "containers" };
+            let path = format!(
+                "jsonpath={{range .items[*]}}{{.spec.{field}[?(@.name==\"istio-proxy\")].\
+                 lifecycle.preStop.exec.command}}{{\"\\n\"}}{{end}}"
+            );
+            let proxies = cp.ok(&["get", "pods", "-n", ns, "-l", "app=app", "-o", &path]);
+            let ours = self.case.shutdown == Shutdown::EnvoyDrain;
+            assert_eq!(proxies.lines().count(), 3, "{proxies}");
+            assert!(
+                proxies.lines().all(|p| p.contains("\"/envoy-drain/envoy-drain\",\"run\"") == ours),
+                "each pod's istio-proxy ({field}) preStop in {ns} is the row's: {proxies}"
+            );
+        }
+        self.old =
+            hooks.lines().filter_map(|l| l.split_whitespace().next()).map(String::from).collect();
+        self.client = cp.ok(&[
+            "get",
+            "pods",
+            "-n",
+            ns,
+            "-l",
+            "app=client",
+            "-o",
+            "jsonpath={.items[0].metadata.name}",
+        ]);
+        self.ip = cp.ok(&["get", "service", "-n", ns, "app", "-o", "jsonpath={.spec.clusterIP}"]);
+        self
+    }
+
+    /// hey in the client pod (`kubectl exec`), to the Service.
+    fn hey(&self, cp: &ControlPlane, args: &[&str]) -> std::process::Command {
+        let mut cmd =
+            cp.kubectl_command(&["exec", "-n", &self.ns, &self.client, "-c", "client", "--"]);
+        cmd.arg("/usr/bin/hey").args(args);
+        cmd
+    }
+
+    /// The URL the load asks (a 50 ms request), which also finds hey's process.
+    fn url(&self) -> String {
+        format!("http://{}/local/0.05", self.ip)
+    }
+
+    /// Waits for the restart's rollout and the old pods to be gone: how long after `restarted`.
+    fn rolled(&self, cp: &ControlPlane, node: &Node, restarted: Instant) -> Duration {
+        let ns = self.ns.as_str();
+        let rolled =
+            cp.kubectl(&["rollout", "status", "-n", ns, "deployment/app", "--timeout=50s"]);
+        assert!(
+            rolled.ok,
+            "the restart of {ns}: {}\n{}",
+            rolled.stderr,
+            node.log_tail("kubelet", 4)
+        );
+        let old_pods: Vec<String> = self.old.iter().map(|p| format!("pod/{p}")).collect();
+        let mut wait = vec!["wait", "-n", ns, "--for=delete", "--timeout=60s"];
+        wait.extend(old_pods.iter().map(String::as_str));
+        let gone = cp.kubectl(&wait);
+        assert!(gone.ok, "the old pods of {ns} to be gone: {}", gone.stderr);
+        restarted.elapsed()
+    }
+}
+
+/// One case's load and what watches it: hey, 100 requests a second from the client pod; the
+/// endpoints in the client's data path; the app pods' deletions.
+struct Load {
+    hey: std::process::Child,
+    seen: Endpoints,
+    deleted: Deletions,
+}
+
+impl Load {
+    /// Starts once the Service answers the client: its rules (kube-proxy) or endpoints (istiod)
+    /// reach the client a moment after the pods are ready, so once 30 requests in a row answer.
+    fn start(cp: &ControlPlane, side: &Side) -> Load {
+        let url = format!("http://{}/local/0", side.ip);
+        cp.wait_for(&format!("the Service of {} to answer the client", side.ns), || {
+            let probe = ["-n", "30", "-c", "1", "-disable-keepalive", "-t", "2", url.as_str()];
+            let out = side.hey(cp, &probe).output().ok()?;
+            let (ok, failed) = tally(&String::from_utf8_lossy(&out.stdout));
+            (ok == 30 && failed.is_empty()).then_some(())
+        });
+        let seen = Endpoints::follow(cp, side);
+        let deleted = Deletions::follow(cp, &side.ns);
+        // Until told to stop (`stop`), at most five minutes.
+        let mut load = vec!["-z", "300s", "-q", "10", "-c", "10", "-t", "10"];
+        if side.case.clients == Clients::NewConn {
+            load.push("-disable-keepalive");
+        }
+        let url = side.url();
+        load.push(&url);
+        let hey = side
+            .hey(cp, &load)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("NOT RUN: kubectl exec of hey");
+        Load { hey, seen, deleted }
+    }
+
+    /// Stops hey as on Ctrl-C (SIGINT: it finishes the requests in flight and prints its summary)
+    /// and reads the case's row from it, the watches and the pods' logs.
+    fn stop(self, side: &Side, logs: &BTreeMap<String, String>) -> Row {
+        let pid =
+            process("hey", "cmdline", &[&side.url()]).expect("hey's process in the client pod");
+        // SAFETY: a signal to the load generator this test started.
+        unsafe { libc::kill(pid as i32, libc::SIGINT) };
+        let out = self.hey.wait_with_output().expect("hey's output");
+        let report = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && report.contains("Summary:"),
+            "hey's report in {}, whole: {report}{}",
+            side.ns,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (ok, failed) = tally(&report);
+        let (seen, deleted) = (self.seen.stop(), self.deleted.stop());
+        let holds = side
+            .old
+            .iter()
+            .map(|pod| {
+                let dir = format!("{}_{pod}_", side.ns);
+                let lines = logs.iter().find(|(d, _)| d.starts_with(&dir));
+                lines.map_or((None, "(no log read)".to_string()), |(_, text)| hold_end(text))
             })
-        })
-        .collect();
-    let kubelet = std::fs::read_to_string(node.log("kubelet"));
-    let probes = kubelet.unwrap_or_default().lines().filter(|l| l.contains("Probe failed")).count();
-    let diagnosis = format!(
-        "{probes} failed probes; hey: {}; kube-proxy:\n{}",
-        String::from_utf8_lossy(&out.stderr).trim(),
-        node.log_tail("kube-proxy", 6)
-    );
-    Row { case, ok, failed, took, holds, propagation, diagnosis }
+            .collect();
+        let propagation = side
+            .old
+            .iter()
+            .map(|pod| {
+                let (at, ip) = deleted.get(pod)?;
+                let left = seen.get(ip).or_else(|| seen.get(pod))?;
+                // Negative where the data path dropped it before the watch saw the deletion.
+                Some(match left.checked_duration_since(*at) {
+                    Some(after) => after.as_secs_f64(),
+                    None => -at.duration_since(*left).as_secs_f64(),
+                })
+            })
+            .collect();
+        let diagnosis = format!("hey: {}", String::from_utf8_lossy(&out.stderr).trim());
+        Row { case: side.case, ok, failed, took: Duration::ZERO, holds, propagation, diagnosis }
+    }
 }
 
 /// istiod with ambient's profile, and the ztunnel and istio-cni DaemonSets its charts render, as
@@ -543,14 +673,9 @@ fn ambient(cp: &ControlPlane, node: &Node, debounce: Option<Duration>) -> NodeIn
     );
     let file = node.path("ambient.iop.yaml");
     std::fs::write(&file, overlay).expect("the ambient overlay");
-    let debounce = debounce.map(|d| format!("{}ms", d.as_millis()));
-    let mut env = vec![("PILOT_ENABLE_AMBIENT", "true")];
-    if let Some(d) = &debounce {
-        env.push(("PILOT_DEBOUNCE_AFTER", d));
-        env.push(("PILOT_DEBOUNCE_MAX", d));
-    }
-    let values = "global: {hub: localhost, tag: test, imagePullPolicy: IfNotPresent}\n";
-    let daemonsets = cp.start_istiod(REVISION, values, &[Path::new(&file)], 0, &env);
+    let env = istiod_env(debounce, true);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let daemonsets = cp.start_istiod(REVISION, &istiod_values(), &[Path::new(&file)], 0, &env);
     let netns = node.path("containerd/state/io.containerd.grpc.v1.cri/netns");
     std::fs::create_dir_all(&netns).expect("containerd's directory of network namespaces");
     // istio-cni mounts it HostToContainer: the pods' namespaces that containerd mounts there later
@@ -664,9 +789,9 @@ struct Endpoints {
 }
 
 impl Endpoints {
-    fn follow(cp: &ControlPlane, mesh: Mesh, client: &str) -> Endpoints {
+    fn follow(cp: &ControlPlane, side: &Side) -> Endpoints {
         let stop = Arc::new(AtomicBool::new(false));
-        let read: Box<dyn FnMut() -> Option<String> + Send> = match mesh {
+        let read: Box<dyn FnMut() -> Option<String> + Send> = match side.case.mesh {
             Mesh::None => {
                 let mut save = cp.command("iptables-save");
                 save.args(["-t", "nat"]);
@@ -676,8 +801,10 @@ impl Endpoints {
                 })
             }
             Mesh::Sidecar { .. } => {
-                let pid = process_of(client, "pilot-agent")
-                    .unwrap_or_else(|| panic!("the client pod {client}'s pilot-agent"));
+                let pod =
+                    [format!("POD_NAME={}", side.client), format!("POD_NAMESPACE={}", side.ns)];
+                let pid = process("pilot-agent", "environ", &[&pod[0], &pod[1]])
+                    .unwrap_or_else(|| panic!("the client pod {}'s pilot-agent", side.client));
                 let netns = Netns::of_process(pid).expect("the client pod's network namespace");
                 Box::new(move || netns.enter(|| admin_get("127.0.0.1:15000", "/clusters")))
             }
@@ -692,12 +819,14 @@ impl Endpoints {
                     "-o",
                     "jsonpath={.items[0].metadata.name}",
                 ]);
-                let pid = process_of(&ztunnel, "ztunnel")
+                let pod = format!("POD_NAME={ztunnel}");
+                let pid = process("ztunnel", "environ", &[&pod])
                     .unwrap_or_else(|| panic!("the node's ztunnel {ztunnel}"));
                 let netns = Netns::of_process(pid).expect("ztunnel's network namespace");
                 Box::new(move || netns.enter(|| admin_get("127.0.0.1:15000", "/config_dump")))
             }
         };
+        let ns = side.ns.clone();
         let thread = {
             let stop = Arc::clone(&stop);
             let mut read = read;
@@ -711,7 +840,7 @@ impl Endpoints {
                     }
                     // A reading that lists none of the app's pods (an error, a cut answer) tells
                     // nothing: it is not taken for every pod leaving.
-                    let now = read().map(|text| endpoint_ips(&text)).unwrap_or_default();
+                    let now = read().map(|text| endpoint_ips(&text, &ns)).unwrap_or_default();
                     if !now.is_empty() {
                         for ip in &now {
                             present.insert(ip.clone(), true);
@@ -738,26 +867,29 @@ impl Endpoints {
     }
 }
 
-/// What names each app pod in the client's data path: its address in Envoy's /clusters
-/// (`outbound|80||app.shop...::10.244.0.3:8080::health_flags::healthy`) or kube-proxy's rules
-/// (`-j DNAT ... --to-destination 10.244.0.3:8080`); its name among the Service's endpoints
-/// that ztunnel's /config_dump holds as healthy (`"Kubernetes//Pod/shop/app-...": {"port": ...,
-/// "status": "Healthy", ...}`; istiod marks a terminating pod's otherwise).
-pub fn endpoint_ips(text: &str) -> Vec<String> {
+/// What names each app pod of namespace `ns` in the client's data path: its address in Envoy's
+/// /clusters (`outbound|80||app.shop-0.svc.cluster.local::10.244.0.3:8080::health_flags::healthy`)
+/// or kube-proxy's rules (`--comment "shop-0/app:http" ... -j DNAT --to-destination
+/// 10.244.0.3:8080`); its name among the Service's endpoints that ztunnel's /config_dump holds as
+/// healthy (`"Kubernetes//Pod/shop-0/app-...": {"port": ..., "status": "Healthy", ...}`; istiod
+/// marks a terminating pod's otherwise).
+pub fn endpoint_ips(text: &str, ns: &str) -> Vec<String> {
+    let cluster = format!("outbound|80||app.{ns}.svc.cluster.local::");
+    let rule = format!("--comment \"{ns}/app:http\"");
     let mut ips: Vec<String> = text
         .lines()
         .filter_map(|l| {
-            if let Some(rest) = l.strip_prefix("outbound|80||app.shop.svc.cluster.local::") {
+            if let Some(rest) = l.strip_prefix(&cluster) {
                 return rest.contains("::health_flags::").then(|| rest.split(':').next())?;
             }
-            let (_, to) = l.split_once("--to-destination ")?;
+            let (_, to) = l.split_once("--to-destination ").filter(|_| l.contains(&rule))?;
             to.strip_suffix(":8080")
         })
         .map(String::from)
         .collect();
-    let key = "\"Kubernetes//Pod/shop/";
+    let key = format!("\"Kubernetes//Pod/{ns}/");
     let mut rest = text;
-    while let Some(at) = rest.find(key) {
+    while let Some(at) = rest.find(&key) {
         rest = &rest[at + key.len()..];
         let Some((name, after)) = rest.split_once('"') else { break };
         // A key of the endpoints (a workload's uid as a value is not followed by an object).
@@ -784,16 +916,16 @@ fn admin_get(addr: &str, path: &str) -> Option<String> {
     text.starts_with("HTTP/1.1 200").then_some(text)
 }
 
-/// A process `program` of the pod `pod` (its POD_NAME, which Istio's injection and ztunnel's
-/// chart set).
-fn process_of(pod: &str, program: &str) -> Option<u32> {
-    let want = format!("POD_NAME={pod}");
+/// The process `program` (its comm) whose `file` in /proc (`cmdline`, `environ`) holds each of
+/// `entries`: a pod's program by the POD_NAME and POD_NAMESPACE that Istio's injection and
+/// ztunnel's chart set, hey by its URL.
+fn process(program: &str, file: &str, entries: &[&str]) -> Option<u32> {
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: u32 = e.file_name().to_str()?.parse().ok()?;
         let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-        let environ = std::fs::read(e.path().join("environ")).ok()?;
-        let ours =
-            comm.trim() == program && environ.split(|b| *b == 0).any(|v| v == want.as_bytes());
+        let held = std::fs::read(e.path().join(file)).ok()?;
+        let ours = comm.trim() == program
+            && entries.iter().all(|w| held.split(|b| *b == 0).any(|v| v == w.as_bytes()));
         ours.then_some(pid)
     })
 }
@@ -801,15 +933,15 @@ fn process_of(pod: &str, program: &str) -> Option<u32> {
 /// In ambient mode, every pod of the namespace captured: istio-cni marks a pod it has handed to
 /// ztunnel (`ambient.istio.io/redirection: enabled`); without it the client's requests would go
 /// by kube-proxy alone and the row would be no mesh's.
-fn assert_captured(cp: &ControlPlane, mesh: Mesh) {
-    if mesh != Mesh::Ambient {
+fn assert_captured(cp: &ControlPlane, side: &Side) {
+    if side.case.mesh != Mesh::Ambient {
         return;
     }
     let marks = cp.ok(&[
         "get",
         "pods",
         "-n",
-        "shop",
+        &side.ns,
         "-o",
         "jsonpath={range .items[*]}{.metadata.name}|{.metadata.deletionTimestamp}|\
          {.metadata.annotations.ambient\\.istio\\.io/redirection}{\"\\n\"}{end}",
@@ -818,19 +950,9 @@ fn assert_captured(cp: &ControlPlane, mesh: Mesh) {
     let serving: Vec<&str> = marks.lines().filter(|l| l.split('|').nth(1) == Some("")).collect();
     assert!(
         serving.len() >= 4 && serving.iter().all(|l| l.ends_with("|enabled")),
-        "every pod that serves captured by istio-cni: {marks}"
+        "every pod that serves in {} captured by istio-cni: {marks}",
+        side.ns
     );
-}
-
-/// The process whose command line holds `arg` (hey in the client pod, seen from the node).
-fn process_running(arg: &str) -> Option<u32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-        let ours = comm.trim() == "hey" && cmdline.split(|b| *b == 0).any(|a| a == arg.as_bytes());
-        ours.then_some(pid)
-    })
 }
 
 /// When the test saw each app pod marked for deletion (a watch of the API server), and its address.
@@ -840,13 +962,13 @@ struct Deletions {
 }
 
 impl Deletions {
-    fn follow(cp: &ControlPlane) -> Deletions {
+    fn follow(cp: &ControlPlane, ns: &str) -> Deletions {
         let mut child = cp
             .kubectl_command(&[
                 "get",
                 "pods",
                 "-n",
-                "shop",
+                ns,
                 "-l",
                 "app=app",
                 "--watch",
@@ -880,7 +1002,7 @@ impl Deletions {
 
 /// What hey printed: requests answered 200, and each other status or error with its count
 /// (`[200]\t5334 responses` under "Status code distribution", `[42]\tGet "...": <error>` under
-/// "Error distribution").
+/// "Error distribution"), the same error from different addresses counted as one.
 pub fn tally(out: &str) -> (u64, Vec<(String, u64)>) {
     let mut ok = 0;
     let mut failed = Vec::new();
@@ -891,9 +1013,15 @@ pub fn tally(out: &str) -> (u64, Vec<(String, u64)>) {
         let Some((inside, what)) = rest.split_once(']') else { continue };
         let what = what.trim();
         if errors {
-            // The error without the URL: `Get "http://...": dial tcp ...: connection refused`.
-            let error = what.rsplit_once("\": ").map_or(what, |(_, e)| e);
-            failed.push((error.to_string(), inside.parse().unwrap_or(0)));
+            // The error's last part, without the URL and the addresses that make each one
+            // unique: `Get "http://...": read tcp 10.244.0.14:42486->...: read: connection reset
+            // by peer` is one more `connection reset by peer`.
+            let error = what.rsplit_once(": ").map_or(what, |(_, e)| e);
+            let n = inside.parse().unwrap_or(0);
+            match failed.iter_mut().find(|(e, _)| e == error) {
+                Some((_, count)) => *count += n,
+                None => failed.push((error.to_string(), n)),
+            }
         } else {
             let count = what.split_whitespace().next().and_then(|c| c.parse().ok()).unwrap_or(0);
             if inside == "200" {
