@@ -2,11 +2,13 @@
 //! real node (kubelet, containerd, runc, kube-proxy; with sidecars istiod and pilot-agent; in
 //! ambient mode istiod, ztunnel and istio-cni; tests/support/rollout.rs), one row per data plane x
 //! app shutdown x clients. Arguments narrow it down: data planes (`no-mesh`, `classic`, `native`,
-//! `ambient`), shutdowns (`none`, `exit-on-zero`,
-//! `sleep15`, `envoy-drain`), clients (`new-conn`, `keep-alive`) and `debounce=<seconds>` (istiod's
-//! push held back that long); several of one sort are all run. `demo` alone: the demo's four
-//! rows side by side in one cluster, restarted at once (native sidecars and ambient mode, each as
-//! written and with envoy-drain). Run it with `bash examples/rollout.sh [ARG...]`, as root.
+//! `ambient`), shutdowns (`none`, `exit-on-zero`, `sleep15` or any `sleep<seconds>`,
+//! `envoy-drain`), clients (`new-conn`, `keep-alive`); several of one sort are all run. And for
+//! every row: `debounce=<seconds>` (istiod's push held back that long), `replicas=<n>` (3),
+//! `rate=<requests a second>` (100), `grace=<seconds>` (the pods' terminationGracePeriodSeconds,
+//! 30). `demo` alone: the demo's four rows side by side in one cluster, restarted at once (native
+//! sidecars and ambient mode, each as written and with envoy-drain). Run it with
+//! `bash examples/rollout.sh [ARG...]`, as root.
 
 #[allow(dead_code)]
 #[path = "../tests/support"]
@@ -29,11 +31,13 @@ fn main() {
     let mut shutdowns = Vec::new();
     let mut clients = Vec::new();
     let mut debounce = None;
+    let (mut replicas, mut rate, mut grace) = (3, 100, 30);
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args == ["demo"] {
         return demo();
     }
     for a in args {
+        let number = |key: &str| a.strip_prefix(key).and_then(|n| n.parse::<u32>().ok());
         match a.as_str() {
             "no-mesh" => meshes.push(Mesh::None),
             "classic" => meshes.push(Mesh::Sidecar { native: false }),
@@ -41,21 +45,29 @@ fn main() {
             "ambient" => meshes.push(Mesh::Ambient),
             "none" => shutdowns.push(Shutdown::None),
             "exit-on-zero" => shutdowns.push(Shutdown::ExitOnZero),
-            "sleep15" => shutdowns.push(Shutdown::Sleep(15)),
             "envoy-drain" => shutdowns.push(Shutdown::EnvoyDrain),
             "new-conn" => clients.push(Clients::NewConn),
             "keep-alive" => clients.push(Clients::KeepAlive),
-            other => match other.strip_prefix("debounce=").map(str::parse::<u64>) {
-                Some(Ok(s)) => debounce = Some(Duration::from_secs(s)),
-                _ => {
-                    eprintln!(
-                        "rollout: {other:?}: expected no-mesh, classic, native, ambient, none, \
-                         exit-on-zero, sleep15, envoy-drain, new-conn, keep-alive, \
-                         debounce=<seconds>, or demo alone"
-                    );
-                    std::process::exit(2);
-                }
-            },
+            _ if number("sleep").is_some_and(|s| s > 0) => {
+                shutdowns.extend(number("sleep").map(Shutdown::Sleep))
+            }
+            _ if number("debounce=").is_some() => {
+                debounce = number("debounce=").map(|s| Duration::from_secs(s.into()))
+            }
+            _ if number("replicas=").is_some_and(|n| n > 0) => {
+                replicas = number("replicas=").unwrap_or(replicas)
+            }
+            _ if number("rate=").is_some_and(|n| n > 0) => rate = number("rate=").unwrap_or(rate),
+            _ if number("grace=").is_some() => grace = number("grace=").unwrap_or(grace),
+            other => {
+                eprintln!(
+                    "rollout: {other:?}: expected no-mesh, classic, native, ambient, none, \
+                     exit-on-zero, sleep<seconds>, envoy-drain, new-conn, keep-alive, \
+                     debounce=<seconds>, replicas=<n>, rate=<requests a second>, \
+                     grace=<seconds>, or demo alone"
+                );
+                std::process::exit(2);
+            }
         }
     }
     if meshes.is_empty() {
@@ -74,6 +86,11 @@ fn main() {
         clients = vec![Clients::NewConn, Clients::KeepAlive];
     }
     println!(
+        "{replicas} replicas, {rate} requests a second, grace period {grace} s, istiod's debounce \
+         {}\n",
+        debounce.map_or("its default".to_string(), |d| format!("{d:?}"))
+    );
+    println!(
         "| data plane | shutdown | clients | answered 200 | failed | what failed | rollout (to the last old pod gone) | endpoint out of the client after deletion | each old pod's hold end after its last request |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
@@ -84,7 +101,8 @@ fn main() {
                 continue;
             }
             for &clients in &clients {
-                let case = Case { mesh, shutdown, clients, debounce };
+                let case =
+                    Case { debounce, replicas, rate, grace, ..Case::new(mesh, shutdown, clients) };
                 let row = run(case);
                 println!("{}", table_row(&row));
                 for (_, summary) in &row.holds {
@@ -130,12 +148,8 @@ fn demo() {
     let cases: Vec<Case> = [Mesh::Sidecar { native: true }, Mesh::Ambient]
         .into_iter()
         .flat_map(|mesh| {
-            [Shutdown::None, Shutdown::EnvoyDrain].map(|shutdown| Case {
-                mesh,
-                shutdown,
-                clients: Clients::NewConn,
-                debounce,
-            })
+            [Shutdown::None, Shutdown::EnvoyDrain]
+                .map(|shutdown| Case { debounce, ..Case::new(mesh, shutdown, Clients::NewConn) })
         })
         .collect();
     let started = std::time::Instant::now();

@@ -16,12 +16,8 @@ use support::rollout::{Case, Clients, Mesh, Row, Shutdown, run_together};
 #[test]
 #[ignore = "needs root, the control plane and the node built from source (`bash scripts/test`)"]
 fn a_rollout_in_every_data_plane_at_once_loses_nothing_with_envoy_drain() {
-    let cases = [Mesh::None, Mesh::Sidecar { native: true }, Mesh::Ambient].map(|mesh| Case {
-        mesh,
-        shutdown: Shutdown::EnvoyDrain,
-        clients: Clients::NewConn,
-        debounce: None,
-    });
+    let cases = [Mesh::None, Mesh::Sidecar { native: true }, Mesh::Ambient]
+        .map(|mesh| Case::new(mesh, Shutdown::EnvoyDrain, Clients::NewConn));
     let rows = run_together(&cases);
     for row in &rows {
         eprintln!(

@@ -87,9 +87,21 @@ pub struct Case {
     /// istiod's debounce (PILOT_DEBOUNCE_AFTER, and PILOT_DEBOUNCE_MAX at least as long): a slower
     /// push. None: Istio's defaults (100 ms, at most 10 s).
     pub debounce: Option<Duration>,
+    /// The app's replicas.
+    pub replicas: u32,
+    /// The client's requests a second, over ten connections at a time (hey's workers).
+    pub rate: u32,
+    /// The app pods' terminationGracePeriodSeconds.
+    pub grace: u32,
 }
 
 impl Case {
+    /// The table's usual case: three replicas, 100 requests a second, Kubernetes' default grace
+    /// period (30 s), istiod's own debounce.
+    pub fn new(mesh: Mesh, shutdown: Shutdown, clients: Clients) -> Case {
+        Case { mesh, shutdown, clients, debounce: None, replicas: 3, rate: 100, grace: 30 }
+    }
+
     pub fn mesh_name(&self) -> &'static str {
         match self.mesh {
             Mesh::None => "no mesh",
@@ -196,18 +208,20 @@ fn workload(case: Case, ns: &str) -> (String, String) {
         }
         _ => String::new(),
     };
+    let (replicas, grace) = (case.replicas, case.grace);
     let deployment = format!(
         "apiVersion: apps/v1
 kind: Deployment
 metadata: {{name: app, namespace: {ns}}}
 spec:
-  replicas: 3
+  replicas: {replicas}
   selector: {{matchLabels: {{app: app}}}}
   template:
     metadata:
       labels: {{app: app}}
       annotations: {{{}}}
     spec:
+      terminationGracePeriodSeconds: {grace}
       containers:
       - name: app
         image: localhost/app:test
@@ -502,7 +516,7 @@ impl Side {
             Shutdown::Sleep(_) => "\"sleep\"",
             Shutdown::EnvoyDrain => "\"hold\"",
         };
-        assert_eq!(hooks.lines().count(), 3, "{hooks}");
+        assert_eq!(hooks.lines().count(), self.case.replicas as usize, "{hooks}");
         assert!(
             hooks.lines().all(|h| expected.is_empty() != h.contains('{') && h.contains(expected)),
             "each pod's app preStop in {ns} is the row's ({:?}): {hooks}",
@@ -517,7 +531,7 @@ impl Side {
             );
             let proxies = cp.ok(&["get", "pods", "-n", ns, "-l", "app=app", "-o", &path]);
             let ours = self.case.shutdown == Shutdown::EnvoyDrain;
-            assert_eq!(proxies.lines().count(), 3, "{proxies}");
+            assert_eq!(proxies.lines().count(), self.case.replicas as usize, "{proxies}");
             assert!(
                 proxies.lines().all(|p| p.contains("\"/envoy-drain/envoy-drain\",\"run\"") == ours),
                 "each pod's istio-proxy ({field}) preStop in {ns} is the row's: {proxies}"
@@ -555,8 +569,10 @@ impl Side {
     /// Waits for the restart's rollout and the old pods to be gone: how long after `restarted`.
     fn rolled(&self, cp: &ControlPlane, node: &Node, restarted: Instant) -> Duration {
         let ns = self.ns.as_str();
-        let rolled =
-            cp.kubectl(&["rollout", "status", "-n", ns, "deployment/app", "--timeout=50s"]);
+        // Bounded by the pods' grace periods, one after the other, and their starts.
+        let (replicas, grace) = (self.case.replicas, self.case.grace);
+        let timeout = format!("--timeout={}s", 30 + replicas * (grace + 10));
+        let rolled = cp.kubectl(&["rollout", "status", "-n", ns, "deployment/app", &timeout]);
         assert!(
             rolled.ok,
             "the restart of {ns}: {}\n{}",
@@ -564,7 +580,8 @@ impl Side {
             node.log_tail("kubelet", 4)
         );
         let old_pods: Vec<String> = self.old.iter().map(|p| format!("pod/{p}")).collect();
-        let mut wait = vec!["wait", "-n", ns, "--for=delete", "--timeout=60s"];
+        let timeout = format!("--timeout={}s", 30 + grace);
+        let mut wait = vec!["wait", "-n", ns, "--for=delete", &timeout];
         wait.extend(old_pods.iter().map(String::as_str));
         let gone = cp.kubectl(&wait);
         assert!(gone.ok, "the old pods of {ns} to be gone: {}", gone.stderr);
@@ -572,7 +589,7 @@ impl Side {
     }
 }
 
-/// One case's load and what watches it: hey, 100 requests a second from the client pod; the
+/// One case's load and what watches it: hey, the case's requests a second from the client pod; the
 /// endpoints in the client's data path; the app pods' deletions.
 struct Load {
     hey: std::process::Child,
@@ -593,8 +610,9 @@ impl Load {
         });
         let seen = Endpoints::follow(cp, side);
         let deleted = Deletions::follow(cp, &side.ns);
-        // Until told to stop (`stop`), at most five minutes.
-        let mut load = vec!["-z", "300s", "-q", "10", "-c", "10", "-t", "10"];
+        // Until told to stop (`stop`), at most ten minutes; ten workers share the rate.
+        let rate = format!("{}", f64::from(side.case.rate) / 10.0);
+        let mut load = vec!["-z", "600s", "-q", &rate, "-c", "10", "-t", "10"];
         if side.case.clients == Clients::NewConn {
             load.push("-disable-keepalive");
         }
@@ -946,10 +964,11 @@ fn assert_captured(cp: &ControlPlane, side: &Side) {
         "jsonpath={range .items[*]}{.metadata.name}|{.metadata.deletionTimestamp}|\
          {.metadata.annotations.ambient\\.istio\\.io/redirection}{\"\\n\"}{end}",
     ]);
-    // The pods that serve now (3 of the app, the client); those being deleted may be released.
+    // The pods that serve now (the app's, the client); those being deleted may be released.
     let serving: Vec<&str> = marks.lines().filter(|l| l.split('|').nth(1) == Some("")).collect();
     assert!(
-        serving.len() >= 4 && serving.iter().all(|l| l.ends_with("|enabled")),
+        serving.len() > side.case.replicas as usize
+            && serving.iter().all(|l| l.ends_with("|enabled")),
         "every pod that serves in {} captured by istio-cni: {marks}",
         side.ns
     );
