@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/test-tools
 ENVOY_DRAIN_COMPONENTS=$(bash scripts/components)
-ZTUNNEL_BIN=$(bash ../shared/ztunnel/build.sh)
+ZTUNNEL_BIN=${ZTUNNEL_BIN:-$(bash ../shared/ztunnel/build.sh)}
 ENVOY_BIN=$(bash scripts/envoy)
 export ENVOY_DRAIN_COMPONENTS ZTUNNEL_BIN ENVOY_BIN
 bash scripts/build-release >/dev/null

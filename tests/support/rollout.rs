@@ -610,9 +610,12 @@ impl Load {
         });
         let seen = Endpoints::follow(cp, side);
         let deleted = Deletions::follow(cp, &side.ns);
-        // Until told to stop (`stop`), at most ten minutes; ten workers share the rate.
-        let rate = format!("{}", f64::from(side.case.rate) / 10.0);
-        let mut load = vec!["-z", "600s", "-q", &rate, "-c", "10", "-t", "10"];
+        // Until told to stop (`stop`), at most ten minutes. Workers share the rate, at most 10
+        // a second each: a worker waits for each answer (50 ms), so 10 of them top out at 200.
+        let workers = side.case.rate.div_ceil(10).max(10);
+        let each = format!("{}", f64::from(side.case.rate) / f64::from(workers));
+        let workers = workers.to_string();
+        let mut load = vec!["-z", "600s", "-q", &each, "-c", &workers, "-t", "10"];
         if side.case.clients == Clients::NewConn {
             load.push("-disable-keepalive");
         }
@@ -802,8 +805,17 @@ impl Drop for NodeInit {
 /// /clusters (admin on 127.0.0.1:15000 in its pod, which the test enters), kube-proxy's DNAT
 /// rules in the node's namespace, or the node's ztunnel's /config_dump (in its pod).
 struct Endpoints {
-    stop: Arc<AtomicBool>,
+    stop: Stop,
     thread: std::thread::JoinHandle<BTreeMap<String, Instant>>,
+}
+
+/// Tells a poller's thread to end once dropped: by its `stop`, or on a failure of the test.
+struct Stop(Arc<AtomicBool>);
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }
 
 impl Endpoints {
@@ -875,13 +887,14 @@ impl Endpoints {
                 left
             })
         };
-        Endpoints { stop, thread }
+        Endpoints { stop: Stop(stop), thread }
     }
 
     /// Each address that was listed and then left, with when.
     fn stop(self) -> BTreeMap<String, Instant> {
-        self.stop.store(true, Ordering::SeqCst);
-        self.thread.join().unwrap_or_default()
+        let Endpoints { stop, thread } = self;
+        drop(stop);
+        thread.join().unwrap_or_default()
     }
 }
 
@@ -1095,7 +1108,7 @@ fn seconds_of_day(time: &str) -> Option<f64> {
 /// The pods' log files, read every 100 ms while the kubelet writes them (it removes them with
 /// the pod): each pod's directory and what its container wrote.
 struct Logs {
-    stop: Arc<AtomicBool>,
+    stop: Stop,
     read: Arc<Mutex<BTreeMap<String, String>>>,
     thread: std::thread::JoinHandle<()>,
 }
@@ -1128,12 +1141,13 @@ impl Logs {
                 }
             })
         };
-        Logs { stop, read, thread }
+        Logs { stop: Stop(stop), read, thread }
     }
 
     fn stop(self) -> BTreeMap<String, String> {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = self.thread.join();
-        std::mem::take(&mut *self.read.lock().expect("the logs"))
+        let Logs { stop, read, thread } = self;
+        drop(stop);
+        let _ = thread.join();
+        std::mem::take(&mut *read.lock().expect("the logs"))
     }
 }
