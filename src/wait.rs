@@ -126,7 +126,8 @@ struct Counted {
 /// from how many counts saw none: with a share f of counts L apart seeing some, arrivals at rate r
 /// give f = 1 - e^(-rL). The quiet time is at least `floor`, `GAPS` mean gaps, and twice the
 /// longest pause (counts between saw none), so that bursts with pauses between them are not the
-/// end; pauses before the first count (`before`, where `from` is that count) among them.
+/// end; among them the pauses before the first count (`before`, where `from` is that count), and
+/// the silence from `from` to the first arrival after it, which the counts watched.
 fn pace(
     reads: &[Counted],
     (from, now): (Duration, Duration),
@@ -151,8 +152,11 @@ fn pace(
         }
         let gap = match (last, before) {
             (Some(was), _) if silent => t - was,
-            // The newest arrival before the first count came `newest` before it.
-            (None, Some(b)) if silent => (t - from).saturating_add(b.newest),
+            // A silence watched from the first count (or the window's start) up to an arrival:
+            // a pause at least that long; longer by the newest arrival before the first count.
+            (None, _) if silent => {
+                (t - from).saturating_add(before.map_or(Duration::ZERO, |b| b.newest))
+            }
             _ => Duration::ZERO,
         };
         pause = pause.max(gap);
@@ -1015,6 +1019,23 @@ mod tests {
         // One request every 1.5 s, less than the quiet time apart: it holds to the deadline.
         let slow: Vec<u64> = (0..20).map(|i| i * 1500).collect();
         assert_eq!(hold_with(&r, &slow, (0, 0)).0, Outcome::Deadline);
+    }
+
+    #[test]
+    fn a_silence_the_hold_watched_before_a_burst_is_a_pause_it_waits_twice_for() {
+        // A batch client's 1 s bursts of 20 a second every 6 s, nothing remembered from before
+        // the hold (issue 55): the first burst comes 4 s into the hold. Quiet for 0.5 s after it
+        // would end the hold before the next; the 4 s silence counts as a pause, so the hold
+        // sees the next burst, then waits twice the 5 s pause before it: to the deadline.
+        let r = hold(5000, 500, 20000);
+        let bursts: Vec<u64> =
+            [4000, 10000].iter().flat_map(|s| (0..20).map(move |i| s + i * 50)).collect();
+        let (o, end) = hold_with(&r, &bursts, (0, 0));
+        assert_eq!((o, end), (Outcome::Deadline, ms(20000)), "held past the second burst");
+        // One burst only: quiet for twice the 4 s before it, from its last request.
+        let (o, end) = hold_with(&r, &bursts[..20], (0, 0));
+        assert_eq!(o, Outcome::Reached);
+        assert!(end >= ms(4950 + 8000) && end <= ms(4950 + 8000 + 1100), "{end:?}");
     }
 
     #[test]

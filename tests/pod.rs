@@ -1053,6 +1053,96 @@ fn bursts_with_pauses_before_the_hold_began_are_not_taken_for_the_end() {
     returned_within(&out, last, (SECOND, 10 * SECOND));
 }
 
+/// A batch client's bursts across a hold (issue 55): 1 s of 20 requests a second every 6 s (each
+/// `burst`), from 8 s before the hold begins (the pod's deletion) until its endpoint would have
+/// left the clients, 14 s after. The hold begins 1 s after a burst and its first burst comes 4 s
+/// in: the silence it watched before is the batch's pause. Returns the hold's end (`ended` as it
+/// exited: it is waited for beside the bursts) and the last request's time.
+fn bursts_across_a_hold(
+    burst: impl Fn() -> Instant,
+    hold: impl FnOnce() -> Running,
+) -> (Finished, Instant) {
+    let start = Instant::now();
+    let at =
+        |s: u32| std::thread::sleep((start + s * SECOND).saturating_duration_since(Instant::now()));
+    burst();
+    at(6);
+    burst();
+    at(8);
+    let hold = hold();
+    std::thread::scope(|scope| {
+        let hold = scope.spawn(|| hold.finish());
+        at(12);
+        burst();
+        at(18);
+        let last = burst();
+        (hold.join().expect("the hold's output"), last)
+    })
+}
+
+/// Whether the hold outlasted the last burst: it returned once none had come for twice the pause
+/// between them, or at its deadline (20 s), never between two bursts. What went wrong, if not.
+fn held_past_the_last_burst(out: &Finished, last: Instant) -> Result<(), String> {
+    let line = out.last_line();
+    let ended = (out.code == Some(0) && line.contains(": no request arrived for "))
+        || (matches!(out.code, Some(0 | 1)) && line.contains("deadline of 20s passed"));
+    if out.ended <= last {
+        let early = last.saturating_duration_since(out.ended);
+        return Err(format!("returned {early:?} before the last burst's last request {out}"));
+    }
+    if !ended {
+        return Err(format!("an end of neither kind {out}"));
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root, iptables and setpriv: `bash scripts/test` runs it"]
+fn bursts_after_a_silence_the_hold_watched_are_held_for_whoever_closes_first() {
+    // No mesh, `hold --preset none --deadline 20s` as the policy writes it. The client closes
+    // each connection first (no TIME_WAIT stays in the pod to tell the batch's rhythm from
+    // before the hold), the app closes first (its ends wait in TIME_WAIT), or one connection
+    // is kept alive for all: each time the hold must not take the silence before the first
+    // burst it sees for the end.
+    let options = Options { mesh: Mesh::None, ..Options::default() };
+    let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
+    let hold = || spawn(pod.hook_as(APP_UID, APP_UID, &NONE_HOLD));
+    let mut wrong = Vec::new();
+    for (what, asked) in
+        [("client closes", Asked::Scrape), ("app closes", Asked::Answer("/local/0"))]
+    {
+        let burst = || pod.client(|| send(CLIENT_IP, APP, asked, SECOND / 20, SECOND));
+        let (out, last) = bursts_across_a_hold(burst, hold);
+        wrong.extend(held_past_the_last_burst(&out, last).err().map(|e| format!("{what}: {e}")));
+    }
+    let kept = pod.client(|| support::pod::connect_from(CLIENT_IP, APP));
+    let kept = std::sync::Mutex::new(kept.and_then(Conn::over).expect("a kept-alive connection"));
+    let burst = || {
+        let mut kept = kept.lock().expect("the connection");
+        for _ in 0..20 {
+            assert_eq!(kept.get("/local/0").expect("an answer").status, 200);
+            std::thread::sleep(SECOND / 20);
+        }
+        Instant::now()
+    };
+    let (out, last) = bursts_across_a_hold(burst, hold);
+    wrong.extend(held_past_the_last_burst(&out, last).err().map(|e| format!("kept alive: {e}")));
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and ztunnel: `bash scripts/test` runs it"]
+fn in_ambient_mode_bursts_after_a_silence_the_hold_watched_are_held() {
+    // The same batch client through ztunnel (HBONE), closing each connection first: ztunnel's
+    // connection to the app in the pod ends with the client's.
+    let Ambient { pod, client, .. } = &ambient();
+    let burst = || client.inside(|| send(MESH_CLIENT, APP, Asked::Scrape, SECOND / 20, SECOND));
+    let args = ["hold", "--preset", "ambient", "--deadline", "20s"];
+    let hold = || spawn(pod.hook_as(APP_UID, APP_UID, &args));
+    let (out, last) = bursts_across_a_hold(burst, hold);
+    held_past_the_last_burst(&out, last).unwrap_or_else(|e| panic!("{e}"));
+}
+
 #[test]
 #[ignore = "needs root, iptables and setpriv: `bash scripts/test` runs it"]
 fn a_udp_server_of_the_pod_is_named_as_what_the_hold_cannot_see() {
