@@ -117,7 +117,8 @@ struct Run {
     /// The ConfigMap without an image, then none at all.
     no_image: Everywhere,
     deleted: Everywhere,
-    /// The file deleted and applied again, the ConfigMap (the image alone) created again.
+    /// The file deleted and applied again, the ConfigMap (the image, every ambient namespace)
+    /// created again.
     reinstalled: Everywhere,
     /// The pods the Deployments' ReplicaSets made while the image was set: (namespace, pod
     /// fixture) -> (node, spec).
@@ -126,8 +127,10 @@ struct Run {
     early: (String, String),
     /// The image the init container gets from an image that ends in a newline.
     newline: String,
-    /// Whether web is served in these namespaces with ambientNamespaces misspelt.
+    /// Whether web is served in these namespaces with ambientNamespaces' value misspelt, and
+    /// with its key misspelt.
     typo: [(&'static str, bool); 3],
+    key_typo: [(&'static str, bool); 3],
     /// Warnings any create printed.
     warnings: Vec<String>,
     /// MutatingAdmissionPolicy only: the API server's count of the policy's evaluations by
@@ -375,6 +378,13 @@ fn operate(form: Form) -> Run {
     set("ambientNamespaces", "labeld");
     wait_until(&cp, &written, "shop", false);
     let typo = ["shop", "staging", "batch"].map(|n| (n, !image_in(n).is_empty()));
+    // The key misspelt, with the value that would widen it.
+    set("ambientNamespaces", "all");
+    wait_until(&cp, &written, "shop", true);
+    cp.ok(&[&configmap[..], &[r#"[{"op":"remove","path":"/data/ambientNamespaces"}]"#]].concat());
+    set("ambientNamespace", "all");
+    wait_until(&cp, &written, "shop", false);
+    let key_typo = ["shop", "staging", "batch"].map(|n| (n, !image_in(n).is_empty()));
     set("ambientNamespaces", "all");
     set("image", "registry.example.com/envoy-drain:0.1.0");
     cp.wait_for("the image back", || image_in("shop").ends_with("0.1.0").then_some(()));
@@ -405,7 +415,7 @@ fn operate(form: Form) -> Run {
     if form == Form::Kyverno {
         cp.wait_for_kyverno_policy("envoy-drain-hold");
     }
-    cp.hold_settings(&["image=registry.example.com/envoy-drain:0.1.0"]);
+    cp.hold_settings(&["image=registry.example.com/envoy-drain:0.1.0", "ambientNamespaces=all"]);
     if form == Form::AdmissionPolicy {
         cp.restart("kube-apiserver");
     }
@@ -439,6 +449,7 @@ fn operate(form: Form) -> Run {
         early: (early_before.2, early_after.2),
         newline,
         typo,
+        key_typo,
         warnings,
         checks,
         consul,
@@ -552,13 +563,11 @@ fn the_trial_reaches_labelled_ambient_namespaces_only_and_the_dry_run_prints_wha
 fn an_image_ending_in_a_newline_is_trimmed_and_a_misspelt_scope_never_widens() {
     for run in runs() {
         assert_eq!(run.newline, "registry.example.com/envoy-drain:0.1.1", "{:?}", run.form);
-        // "labeld" is taken as labelled: the trial namespace and the one without a mesh only.
-        assert_eq!(
-            run.typo,
-            [("shop", false), ("staging", true), ("batch", true)],
-            "{:?}",
-            run.form
-        );
+        // "labeld" is taken as labelled: the trial namespace and the one without a mesh only;
+        // so is `ambientNamespace: all`, a key the policy does not know.
+        let labelled = [("shop", false), ("staging", true), ("batch", true)];
+        assert_eq!(run.typo, labelled, "{:?}", run.form);
+        assert_eq!(run.key_typo, labelled, "{:?}", run.form);
     }
 }
 
