@@ -11,6 +11,9 @@ pub const ENV_DISABLED: &str = "ENVOY_DRAIN_DISABLED";
 /// The node's addresses, comma-separated, where the kubelet's probes come from without a mesh:
 /// the admission policy sets it from the downward API's `status.hostIPs`.
 pub const ENV_NODE_IPS: &str = "ENVOY_DRAIN_NODE_IPS";
+/// `--log-format`'s value when the flag is not given: the template and the policies can set it
+/// for every hook of a pod.
+pub const ENV_LOG_FORMAT: &str = "ENVOY_DRAIN_LOG_FORMAT";
 /// A pod's settings: its annotations under this prefix, which the template passes as flags.
 pub const ANNOTATION_PREFIX: &str = "envoy-drain.io/";
 /// The one annotation the template acts on itself: `true` leaves the pod to Istio's own preStop.
@@ -215,6 +218,11 @@ pub struct RunArgs {
     #[argh(option)]
     pub log_file: Option<String>,
 
+    /// text (tab-separated lines, as Istio's agent writes) or json (an object a line; the
+    /// summary's holds the termination's record) (default: $ENVOY_DRAIN_LOG_FORMAT, else text)
+    #[argh(option)]
+    pub log_format: Option<String>,
+
     /// after reaching the threshold and once the app has exited (no socket of another user
     /// than the proxy's in the pod for 0.8s), POST /quitquitquit to the Istio agent so the proxy
     /// exits at once (default: off)
@@ -298,6 +306,11 @@ pub struct HoldArgs {
     /// also append every log line to this file, e.g. /proc/1/fd/1 (default: none)
     #[argh(option)]
     pub log_file: Option<String>,
+
+    /// text (tab-separated lines, as Istio's agent writes) or json (an object a line; the
+    /// summary's holds the termination's record) (default: $ENVOY_DRAIN_LOG_FORMAT, else text)
+    #[argh(option)]
+    pub log_format: Option<String>,
 
     /// log every read, not only changes
     #[argh(switch)]

@@ -2,11 +2,12 @@
 //! only where a flag names something there: the sockets an `--admin unix:` pattern matches (the
 //! one that takes a connection), and for `hold`'s `gateway` the pod's route tables.
 
-use crate::cli::{ANNOTATION_PREFIX, ENV_NODE_IPS, HoldArgs, RunArgs};
+use crate::cli::{ANNOTATION_PREFIX, ENV_LOG_FORMAT, ENV_NODE_IPS, HoldArgs, RunArgs};
 use crate::count::Unit;
 use crate::drain::{self, Drain, Request};
 use crate::error::UsageError;
 use crate::lists::{self, Names, PortSet};
+use crate::log::Format;
 use crate::preset::{self, OUTBOUND_CAPTURE, PRESETS, Preset};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -73,6 +74,8 @@ pub enum ConfigWarning {
     PodAnnotation(String),
     /// An annotation's value, ignored, and what was expected.
     Annotation { name: String, value: String, expected: String },
+    /// ENVOY_DRAIN_LOG_FORMAT's value, which is neither text nor json.
+    LogFormatEnv(String),
 }
 
 /// What both commands need to count.
@@ -166,6 +169,7 @@ pub struct RunConfig {
     pub before: Vec<Request>,
     pub rules: Rules,
     pub log_file: Option<PathBuf>,
+    pub log_format: Format,
     /// Istio's agent: for `--drain agent`, and for /quitquitquit with `--then-quit`.
     pub agent: SocketAddr,
     pub verbose: bool,
@@ -378,6 +382,7 @@ pub fn run_config(
     let interval = positive("--interval", &a.interval, DEFAULT_INTERVAL)?;
     let settle =
         a.settle.as_deref().map_or(Ok(Duration::ZERO), |v| parse_duration("--settle", v))?;
+    let log_format = log_format(a.log_format.as_deref(), env, warnings)?;
     Ok(RunConfig {
         counting,
         before: drain::before(drain, a.fail_healthcheck),
@@ -390,8 +395,34 @@ pub fn run_config(
             then_quit: a.then_quit,
         },
         log_file: a.log_file.as_ref().map(PathBuf::from),
+        log_format,
         agent: parse_addr("--agent", a.agent.as_deref().unwrap_or(DEFAULT_AGENT))?,
         verbose: a.verbose,
+    })
+}
+
+/// `--log-format`, else `ENV_LOG_FORMAT` (a bad value there is a warning: the hook still runs).
+fn log_format(
+    flag: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+    warnings: &mut Vec<ConfigWarning>,
+) -> Result<Format, UsageError> {
+    let parse = |v: &str| match v.trim().to_ascii_lowercase().as_str() {
+        "text" => Some(Format::Text),
+        "json" => Some(Format::Json),
+        _ => None,
+    };
+    if let Some(v) = flag {
+        return parse(v).ok_or_else(|| UsageError::new("--log-format", v, "text or json"));
+    }
+    let set = env(ENV_LOG_FORMAT).filter(|v| !v.trim().is_empty());
+    Ok(match set.as_deref().map(|v| (v, parse(v))) {
+        Some((_, Some(f))) => f,
+        Some((v, None)) => {
+            warnings.push(ConfigWarning::LogFormatEnv(v.to_string()));
+            Format::Text
+        }
+        None => Format::Text,
     })
 }
 
@@ -552,7 +583,7 @@ pub fn hold_config(
         hbone: (holding == Holding::Ambient).then_some(15008),
         outside_only: holding != Holding::Ambient,
     };
-    let counting = Counting {
+    let mut counting = Counting {
         preset,
         admin,
         mode: if sidecar { Mode::Stats } else { Mode::Proc },
@@ -563,11 +594,13 @@ pub fn hold_config(
         proc_net: None,
         warnings,
     };
+    let log_format = log_format(a.log_format.as_deref(), env, &mut counting.warnings)?;
     Ok(RunConfig {
         counting,
         before: Vec::new(),
         rules: hold_rules(a)?,
         log_file: a.log_file.as_ref().map(PathBuf::from),
+        log_format,
         agent: parse_addr("--agent", DEFAULT_AGENT)?,
         verbose: a.verbose,
     })
@@ -804,12 +837,16 @@ fn pod_settings(given: &[String], mode: Mode, warnings: &mut Vec<ConfigWarning>)
                 Ok(unit) => pod.count = Some(unit),
                 Err(e) => ignore(&e.expected),
             },
-            // `disabled=true` is the kill switch, which cli.rs acts on; `hold` is the template's:
-            // it adds the app container's preStop.
+            // `disabled=true` is the kill switch, which cli.rs acts on; `hold` and `log-format`
+            // are the template's: it adds the app container's preStop, and `--log-format=json`.
             Some("disabled" | "hold") if matches!(value.trim(), "false" | "true") => {}
+            Some("log-format") if matches!(value.trim(), "text" | "json") => {}
             Some("disabled") => ignore("true (envoy-drain off for this pod) or false"),
             Some("hold") => ignore("true (the app's preStop is `envoy-drain hold`) or false"),
-            Some(_) => ignore("one of the names deadline, min-drain, count, hold or disabled"),
+            Some("log-format") => ignore("text or json"),
+            Some(_) => {
+                ignore("one of the names deadline, min-drain, count, hold, log-format or disabled")
+            }
             None => ignore(&format!("a name under {ANNOTATION_PREFIX}")),
         }
     }
@@ -848,6 +885,7 @@ mod tests {
                 "ignore-clusters" => a.ignore_clusters = v,
                 "count" => a.count = v,
                 "agent" => a.agent = v,
+                "log-format" => a.log_format = v,
                 "pod-annotation" => a.pod_annotation.push(value.to_string()),
                 _ => panic!("unknown flag {k}"),
             }
@@ -877,6 +915,22 @@ mod tests {
         assert_eq!(c.counting.proc_net, None, "netlink");
         assert!(!c.rules.then_quit);
         assert!(c.counting.warnings.is_empty());
+    }
+
+    #[test]
+    fn the_log_format_comes_from_its_flag_else_its_variable_and_a_bad_variable_only_warns() {
+        let format = |pairs: &[(&str, &str)], var: Option<&str>| {
+            let env = |name: &str| (name == ENV_LOG_FORMAT).then(|| var.map(String::from))?;
+            run_config(&args(pairs), &env).map(|c| (c.log_format, c.counting.warnings.len()))
+        };
+        assert_eq!(format(&[], None), Ok((Format::Text, 0)));
+        assert_eq!(format(&[], Some("JSON")), Ok((Format::Json, 0)));
+        assert_eq!(format(&[("log-format", "text")], Some("json")), Ok((Format::Text, 0)));
+        assert_eq!(format(&[], Some("yaml")), Ok((Format::Text, 1)), "a warning, text");
+        assert_eq!(
+            err(&[("log-format", "yaml")]),
+            "invalid value 'yaml' for --log-format: expected text or json"
+        );
     }
 
     #[test]
@@ -1183,7 +1237,7 @@ mod tests {
                 "ignoring annotation envoy-drain.io/min-drain=\"soon\": expected a duration like 500ms, 25s or 1m30s",
                 "ignoring annotation envoy-drain.io/count=\"streams\": expected connections or requests",
                 "ignoring annotation envoy-drain.io/disabled=\"yes\": expected true (envoy-drain off for this pod) or false",
-                "ignoring annotation envoy-drain.io/deadlin=\"10s\": expected one of the names deadline, min-drain, count, hold or disabled",
+                "ignoring annotation envoy-drain.io/deadlin=\"10s\": expected one of the names deadline, min-drain, count, hold, log-format or disabled",
                 "ignoring annotation sidecar.istio.io/inject=\"true\": expected a name under envoy-drain.io/",
                 "ignoring --pod-annotation \"envoy-drain.io/deadline\": expected envoy-drain.io/NAME=VALUE",
             ]

@@ -13,6 +13,7 @@ pub mod lists;
 pub mod log;
 pub mod outcome;
 pub mod preset;
+pub mod record;
 pub mod report;
 pub mod run;
 pub mod signals;

@@ -1,5 +1,6 @@
 //! One line per event, shaped like pilot-agent's own: `<RFC 3339 UTC, microseconds>\t<level>\t
-//! envoy-drain\t<message>`. Writing never blocks the hook: a line that cannot be written at once
+//! envoy-drain\t<message>`, or with `--log-format json` one JSON object a line, the summary's with
+//! the termination's record (record.rs). Writing never blocks the hook: a line that cannot be written at once
 //! is dropped and counted, and only the final summary waits a little for room.
 
 use crate::error::{failed, io_cause};
@@ -9,6 +10,18 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
+
+/// How lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    #[default]
+    Text,
+    /// `{"time":...,"level":...,"logger":"envoy-drain","msg":...}`, a line each.
+    Json,
+}
+
+/// Warning lines kept for the record, at most.
+const KEPT_WARNINGS: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
@@ -102,6 +115,9 @@ pub struct Logger {
     shown: Option<String>,
     /// The summary is written: it stays the last line, whatever another thread still logs.
     closed: bool,
+    format: Format,
+    /// The warnings logged so far (the first `KEPT_WARNINGS`), for the record.
+    warnings: Vec<String>,
 }
 
 /// One line, at most `MAX_LINE` bytes, control characters turned into spaces.
@@ -114,9 +130,64 @@ pub fn format_line(time: SystemTime, level: Level, message: &str) -> String {
     line
 }
 
+/// One JSON object, at most `MAX_LINE` bytes, the message cut to fit; `fields` are more members,
+/// already written (`,"name":value...`).
+pub fn json_line(time: SystemTime, level: Level, message: &str, fields: &str) -> String {
+    let level = format!("{level:?}").to_ascii_lowercase();
+    let head = format!(
+        "{{\"time\":\"{}\",\"level\":\"{level}\",\"logger\":\"envoy-drain\",\"msg\":",
+        humantime::format_rfc3339_micros(time)
+    );
+    // Room for the message once escaped: at worst 6 bytes a character (\u0000).
+    let room = MAX_LINE.saturating_sub(head.len() + fields.len() + 4);
+    let mut msg = json_string(message);
+    if msg.len() > room {
+        let mut cut = message;
+        while !cut.is_empty() && json_string(cut).len() > room {
+            cut = &cut[..cut.floor_char_boundary(cut.len().saturating_sub(cut.len() / 8 + 1))];
+        }
+        msg = json_string(cut);
+    }
+    format!("{head}{msg}{fields}}}\n")
+}
+
+/// `s` as a JSON string, quoted, every control character escaped.
+pub fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 impl Logger {
     pub fn new(out: Out, live: bool) -> Logger {
-        Logger { out, file: None, live, shown: None, closed: false }
+        let (format, warnings) = (Format::Text, Vec::new());
+        Logger { out, file: None, live, shown: None, closed: false, format, warnings }
+    }
+
+    /// Writes JSON lines from now on (no live line: a JSON log is for machines).
+    pub fn set_format(&mut self, format: Format) {
+        self.format = format;
+        self.live &= format == Format::Text;
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// The warnings logged so far, the first `KEPT_WARNINGS` of them.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     /// Logs to stderr, live when it is a terminal.
@@ -155,21 +226,27 @@ impl Logger {
     }
 
     pub fn line(&mut self, level: Level, message: &str) {
-        self.write(level, message, Duration::ZERO);
+        self.write(level, message, "", Duration::ZERO);
     }
 
-    /// The last line: it may wait a little for room that the others do not. Whether it was
-    /// written, not one before it.
-    pub fn last_line(&mut self, level: Level, message: &str) -> bool {
-        self.write(level, message, SUMMARY_WAIT);
+    /// The last line, in JSON with `fields` too: it may wait a little for room that the others
+    /// do not. Whether it was written, not one before it.
+    pub fn last_line(&mut self, level: Level, message: &str, fields: &str) -> bool {
+        self.write(level, message, fields, SUMMARY_WAIT);
         !std::mem::replace(&mut self.closed, true)
     }
 
-    fn write(&mut self, level: Level, message: &str, wait: Duration) {
+    fn write(&mut self, level: Level, message: &str, fields: &str, wait: Duration) {
         if self.closed {
             return;
         }
-        let text = format_line(SystemTime::now(), level, message);
+        if level == Level::Warn && self.warnings.len() < KEPT_WARNINGS {
+            self.warnings.push(message.to_string());
+        }
+        let text = match self.format {
+            Format::Text => format_line(SystemTime::now(), level, message),
+            Format::Json => json_line(SystemTime::now(), level, message, fields),
+        };
         if let Some(f) = &mut self.file {
             f.put(text.as_bytes(), wait);
         }
@@ -194,7 +271,10 @@ impl Logger {
             return;
         }
         if worth_a_line && let Some(f) = &mut self.file {
-            let line = format_line(SystemTime::now(), Level::Info, message);
+            let line = match self.format {
+                Format::Text => format_line(SystemTime::now(), Level::Info, message),
+                Format::Json => json_line(SystemTime::now(), Level::Info, message, ""),
+            };
             f.put(line.as_bytes(), Duration::ZERO);
         }
         // One terminal row, or `\r` cannot take the cursor back to its start.
@@ -271,11 +351,26 @@ mod tests {
     }
 
     #[test]
+    fn a_json_line_is_one_object_escaped_and_cut_to_fit_a_pipes_atomic_write() {
+        let t = SystemTime::UNIX_EPOCH;
+        let l = json_line(t, Level::Warn, "a \"quote\", a \\, a\nline, \u{1b}[2J", ",\"n\":1");
+        assert_eq!(
+            l,
+            "{\"time\":\"1970-01-01T00:00:00.000000Z\",\"level\":\"warn\",\"logger\":\"envoy-drain\",\
+             \"msg\":\"a \\\"quote\\\", a \\\\, a\\nline, \\u001b[2J\",\"n\":1}\n"
+        );
+        let long = "é\u{7}".repeat(2000);
+        let l = json_line(t, Level::Info, &long, ",\"event\":\"summary\"");
+        assert!(l.len() <= MAX_LINE && l.ends_with("\",\"event\":\"summary\"}\n"), "{}", l.len());
+        assert_eq!(l.matches('\n').count(), 1);
+    }
+
+    #[test]
     fn nothing_follows_the_last_line() {
         for live in [false, true] {
             let sink = Sink::default();
             let mut log = Logger::new(Out::new(Box::new(sink.clone())), live);
-            log.last_line(Level::Warn, "interrupted by SIGTERM");
+            log.last_line(Level::Warn, "interrupted by SIGTERM", "");
             log.line(Level::Info, "1 active connection (proc)");
             log.waiting("1 active connection (proc)", true);
             let text = sink.text();

@@ -3,8 +3,9 @@
 
 use crate::config::{RunConfig, Until};
 use crate::count::{Basis, Cost, Count, SourceKind, Unit, Warning};
-use crate::log::{Level, Logger};
+use crate::log::{Format, Level, Logger};
 use crate::outcome::{Outcome, Progress};
+use crate::record::{Identity, Record};
 use crate::source::Reading;
 use crate::source::sockets::{Pod, Reader};
 use crate::text;
@@ -21,6 +22,7 @@ pub struct Report {
     state: Mutex<Said>,
     start: Instant,
     cfg: RunConfig,
+    who: Identity,
 }
 
 /// The log and what it has said, under one lock: a signal's summary knows what the log says.
@@ -44,7 +46,7 @@ struct Said {
 }
 
 impl Report {
-    pub fn new(log: Logger, start: Instant, cfg: &RunConfig) -> Report {
+    pub fn new(log: Logger, start: Instant, cfg: &RunConfig, who: Identity) -> Report {
         let said = Said {
             log,
             progress: Progress::default(),
@@ -57,7 +59,7 @@ impl Report {
             app: None,
             warned: HashSet::new(),
         };
-        Report { state: Mutex::new(said), start, cfg: cfg.clone() }
+        Report { state: Mutex::new(said), start, cfg: cfg.clone(), who }
     }
 
     /// A poisoned lock cannot happen with panic = "abort"; taking the value keeps this panic-free.
@@ -81,8 +83,20 @@ impl Report {
         let elapsed = self.start.elapsed();
         let line =
             text::summary(outcome, elapsed, &self.cfg.rules, &said.progress, said.log.dropped());
+        let record = (said.log.format() == Format::Json).then(|| {
+            let record = Record {
+                outcome,
+                elapsed,
+                cfg: &self.cfg,
+                progress: &said.progress,
+                who: &self.who,
+                dropped: said.log.dropped().0,
+                warnings: said.log.warnings(),
+            };
+            record.members()
+        });
         said.log.end_live();
-        said.log.last_line(level, &line)
+        said.log.last_line(level, &line, record.as_deref().unwrap_or_default())
     }
 
     /// A look at the app alone, waiting for its exit: what holds the proxy, once.
@@ -380,7 +394,7 @@ mod tests {
     /// A run configured as `cfg` whose log goes to `sink`, started `ago`.
     fn report_to(sink: &Sink, ago: Duration, cfg: &RunConfig) -> Report {
         let logger = Logger::new(Out::new(Box::new(sink.clone())), false);
-        Report::new(logger, Instant::now() - ago, cfg)
+        Report::new(logger, Instant::now() - ago, cfg, Identity { pod: None, namespace: None })
     }
 
     fn run_defaults() -> RunConfig {

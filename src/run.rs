@@ -9,6 +9,7 @@ use crate::drain::Request;
 use crate::error::UsageError;
 use crate::log::{Level, Logger};
 use crate::outcome::{EXIT_REACHED, Outcome};
+use crate::record::Identity;
 use crate::report::Report;
 use crate::source::Reading;
 use crate::source::Sources;
@@ -95,10 +96,12 @@ fn wait(
 /// The run's report, taking SIGINT and SIGTERM to write its summary, with the config's warnings.
 fn report(cfg: &RunConfig, start: Instant) -> Arc<Report> {
     let mut logger = Logger::stderr();
+    logger.set_format(cfg.log_format);
     if let Some(path) = &cfg.log_file {
         logger.add_file(path);
     }
-    let report = Arc::new(Report::new(logger, start, cfg));
+    let who = Identity::of_this_pod(&|name| std::env::var(name).ok());
+    let report = Arc::new(Report::new(logger, start, cfg, who));
     let on_signal = Arc::clone(&report);
     let caught = crate::signals::on_interrupt(move |sig| {
         let outcome = Outcome::Interrupted(sig);

@@ -1,7 +1,7 @@
 //! The sentences of a run and of `status` that are built from data: the start, each count, the
 //! summary, the status tables, and each warning (`count::Warning`, found where its cause is).
 
-use crate::cli::{ANNOTATION_PREFIX, ENV_NODE_IPS};
+use crate::cli::{ANNOTATION_PREFIX, ENV_LOG_FORMAT, ENV_NODE_IPS};
 use crate::config::{
     ConfigWarning, DEFAULT_MIN_DRAIN, ENV_MIN_DRAIN, Mode, Rules, RunConfig, Until,
 };
@@ -434,6 +434,9 @@ impl std::fmt::Display for ConfigWarning {
                 "{what} is longer than the deadline ({}); using the deadline as the min-drain",
                 format_duration(*deadline)
             ),
+            ConfigWarning::LogFormatEnv(v) => {
+                write!(f, "ignoring {ENV_LOG_FORMAT}={v:?}: expected text or json; writing text")
+            }
             ConfigWarning::NodeIpsUnset => write!(
                 f,
                 "{ENV_NODE_IPS} is not set: node in --probes-from names no address (the admission \

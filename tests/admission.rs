@@ -131,6 +131,8 @@ struct Run {
     /// with its key misspelt.
     typo: [(&'static str, bool); 3],
     key_typo: [(&'static str, bool); 3],
+    /// The hook's command with the ConfigMap's logFormat: json.
+    json_command: String,
     /// Warnings any create printed.
     warnings: Vec<String>,
     /// MutatingAdmissionPolicy only: the API server's count of the policy's evaluations by
@@ -386,6 +388,17 @@ fn operate(form: Form) -> Run {
     wait_until(&cp, &written, "shop", false);
     let key_typo = ["shop", "staging", "batch"].map(|n| (n, !image_in(n).is_empty()));
     set("ambientNamespaces", "all");
+    // JSON logs for every hook, from the ConfigMap.
+    set("logFormat", "json");
+    let json_command = cp.wait_for("the hooks' JSON log", || {
+        let Admitted::Pod { spec, .. } = admit(&cp, "shop", &["web"], &mut Vec::new()).remove(0).1
+        else {
+            return None;
+        };
+        let command = spec_fields(&spec, &[of("productpage", "lifecycle.preStop.exec.command")]);
+        command[0].contains("--log-format").then(|| command[0].clone())
+    });
+    cp.ok(&[&configmap[..], &[r#"[{"op":"remove","path":"/data/logFormat"}]"#]].concat());
     set("image", "registry.example.com/envoy-drain:0.1.0");
     cp.wait_for("the image back", || image_in("shop").ends_with("0.1.0").then_some(()));
 
@@ -450,6 +463,7 @@ fn operate(form: Form) -> Run {
         newline,
         typo,
         key_typo,
+        json_command,
         warnings,
         checks,
         consul,
@@ -568,6 +582,12 @@ fn an_image_ending_in_a_newline_is_trimmed_and_a_misspelt_scope_never_widens() {
         let labelled = [("shop", false), ("staging", true), ("batch", true)];
         assert_eq!(run.typo, labelled, "{:?}", run.form);
         assert_eq!(run.key_typo, labelled, "{:?}", run.form);
+        assert!(
+            run.json_command.ends_with(r#""--log-file","/proc/1/fd/1","--log-format","json"]"#),
+            "{:?}: {}",
+            run.form,
+            run.json_command
+        );
     }
 }
 

@@ -220,6 +220,11 @@ impl Facts {
         Facts { grace, annotations: annotations(pod) }
     }
 
+    /// envoy-drain.io/log-format: json, as the template trims it.
+    fn json_log(&self) -> bool {
+        self.annotation("envoy-drain.io/log-format").map(str::trim) == Some("json")
+    }
+
     fn annotation(&self, name: &str) -> Option<&str> {
         self.annotations.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
@@ -353,6 +358,7 @@ fn check(written: &str, injected: &(String, String), mesh: Mesh) -> String {
     }
     want.push(format!("--deadline={}s", expected_deadline(&facts, after.in_init)));
     want.push("--log-file=/proc/1/fd/1".to_string());
+    want.extend(facts.json_log().then(|| "--log-format=json".to_string()));
     for (name, value) in &facts.annotations {
         if name.starts_with("envoy-drain.io/") {
             want.push(format!("--pod-annotation={name}={value}"));
@@ -444,12 +450,13 @@ fn apps(pod: &str) -> Vec<(String, String, String)> {
 fn check_apps(istios: &str, merged: &str, facts: &Facts) {
     let holding =
         !facts.gateway() && facts.annotation("envoy-drain.io/hold").map(str::trim) == Some("true");
-    let hold = [
+    let mut hold = vec![
         "/envoy-drain/envoy-drain".to_string(),
         "hold".to_string(),
         format!("--deadline={}s", facts.grace.unwrap_or(30).saturating_sub(10).max(1)),
         "--log-file=/proc/1/fd/1".to_string(),
     ];
+    hold.extend(facts.json_log().then(|| "--log-format=json".to_string()));
     takes(&hold);
     let want = format!(
         r#"{{"exec":{{"command":[{}]}}}}"#,
@@ -639,6 +646,22 @@ fn the_deadline_is_the_pods_grace_period_less_what_must_follow_the_hook() {
         let mesh = Mesh::new(Variant::Install, native_flag);
         let merged = check(&pod, &inject(mesh, &pod), mesh);
         assert_eq!(rendered_deadline(&merged), want, "native {native_flag}");
+    }
+}
+
+#[test]
+#[ignore = "needs root and the control plane built from source (`bash scripts/test`)"]
+fn a_pods_log_format_json_reaches_both_hooks_and_any_other_value_leaves_them_text() {
+    // check() asks for --log-format=json in run's and hold's commands where the annotation says
+    // json (trimmed), and for none otherwise; the binary takes both.
+    for (value, json) in [("json", true), (" json ", true), ("yaml", false)] {
+        for native_flag in [false, true] {
+            let pod =
+                hello(&[("envoy-drain.io/hold", "true"), ("envoy-drain.io/log-format", value)]);
+            let mesh = Mesh::new(Variant::Install, native_flag);
+            let merged = check(&pod, &inject(mesh, &pod), mesh);
+            assert_eq!(merged.matches("--log-format=json").count(), if json { 2 } else { 0 });
+        }
     }
 }
 

@@ -142,3 +142,32 @@ fn a_stderr_nobody_reads_holds_neither_the_counting_nor_the_exit() {
         "{last}"
     );
 }
+
+#[test]
+fn a_json_log_is_an_object_a_line_and_its_summary_is_the_terminations_record() {
+    // One open connection and no Envoy: a run to its deadline, every line JSON (python's parser
+    // judges), the last the record with the outcome, the exit code and the count.
+    let dir = one_open_connection("logs-json");
+    let out = run(waiting(&dir, &["--deadline", "1s", "--log-format", "json"]));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.code, Some(1), "{out}");
+    let check = "import json, sys\n\
+                 lines = [json.loads(l) for l in sys.stdin]\n\
+                 assert all(l['logger'] == 'envoy-drain' and l['msg'] for l in lines), lines\n\
+                 last = lines[-1]\n\
+                 print(last['event'], last['command'], last['outcome'], last['exit_code'], \
+                 last['count'], last['count_source'], last['deadline_s'], len(lines))\n";
+    let mut python = std::process::Command::new("python3")
+        .args(["-c", check])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    use std::io::Write;
+    python.stdin.take().unwrap().write_all(out.stderr.as_bytes()).unwrap();
+    let parsed = python.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&parsed.stdout);
+    assert!(parsed.status.success(), "{}{out}", String::from_utf8_lossy(&parsed.stderr));
+    assert!(said.starts_with("summary run deadline 1 1 proc 1.0 "), "{said}{out}");
+}

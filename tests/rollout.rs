@@ -30,12 +30,60 @@ fn a_rollout_in_every_data_plane_at_once_loses_nothing_with_envoy_drain() {
             row.holds
         );
     }
+    // The rollout read back from the holds' records alone (examples/records.sh): a row per
+    // replaced pod, each hold ended on its own.
+    let records: Vec<&str> =
+        rows.iter().flat_map(|r| r.records.iter().map(String::as_str)).collect();
+    let table = records_table(&records.join("\n"));
+    eprintln!("{table}");
+    let ended: Vec<(&str, &str)> = table
+        .lines()
+        .skip(2)
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            (cells.len() > 7 && cells[3] == "hold" && cells[6] == "0").then(|| (cells[1], cells[5]))
+        })
+        .collect();
+    let namespaces =
+        ["shop-0", "shop-0", "shop-0", "shop-1", "shop-1", "shop-1", "shop-2", "shop-2", "shop-2"];
+    assert_eq!(ended.iter().map(|(ns, _)| *ns).collect::<Vec<_>>(), namespaces, "{table}");
+    assert!(ended.iter().all(|(_, outcome)| *outcome == "reached"), "{table}");
     for row in &rows {
         nothing_lost(row);
         // The client's data path itself (kube-proxy's rules, istiod's push to the client's
         // Envoy or to ztunnel) dropped each old pod.
         assert!(row.propagation.iter().all(Option::is_some), "{:?}", row.propagation);
     }
+}
+
+/// examples/records.sh's table of `records`.
+fn records_table(records: &str) -> String {
+    use std::io::Write;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/records.sh");
+    let mut table = std::process::Command::new("bash")
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("bash examples/records.sh");
+    table.stdin.take().expect("its stdin").write_all(records.as_bytes()).expect("the records");
+    let out = table.wait_with_output().expect("its table");
+    assert!(out.status.success(), "examples/records.sh failed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn records_read_back_into_a_table_skip_every_other_line() {
+    let record = r#"{"time":"2026-11-29T10:20:13.042181Z","level":"info","logger":"envoy-drain","msg":"done after 6.7s: no request arrived for 1.7s","event":"summary","version":"0.1.0","pod":"app-1","namespace":"shop-0","command":"hold","preset":"none","outcome":"reached","exit_code":0,"elapsed_s":6.702,"deadline_s":20.000,"min_s":5.000,"quiet_s":1.700,"since_last_arrival_s":1.702,"count":0,"count_unit":"requests","count_source":"proc","count_failed":null,"warnings":["UDP is served on port 5353"],"dropped_lines":0}"#;
+    let log =
+        format!("received /local/0\n{{\"level\":\"info\",\"msg\":\"x\"}}\n{record}\nnot json {{\n");
+    let table = records_table(&log);
+    assert_eq!(
+        table.lines().skip(2).collect::<Vec<_>>(),
+        [
+            "| shop-0 | app-1 | hold | none | reached | 0 | 6.702s | 1.702s | 1.7s | 0 requests (proc) | 1 |"
+        ]
+    );
 }
 
 fn nothing_lost(row: &Row) {

@@ -136,6 +136,10 @@ pub struct Row {
     /// For each replaced pod: when its hold ended after the last request it received (seconds;
     /// none without a hold), and the hold's summary.
     pub holds: Vec<(Option<f64>, String)>,
+    /// The holds' records: their summary lines in JSON (`--log-format json`, which the policy's
+    /// ConfigMap and the pods' envoy-drain.io/log-format ask for), one per replaced pod that had
+    /// a hold.
+    pub records: Vec<String>,
     /// For each replaced pod: seconds from its deletion to its endpoint leaving the client's data
     /// path (none where that was not seen).
     pub propagation: Vec<Option<f64>>,
@@ -191,6 +195,7 @@ fn workload(case: Case, ns: &str) -> (String, String) {
         annotations.push(format!("sidecar.istio.io/nativeSidecar: '{native}'"));
         if case.shutdown == Shutdown::EnvoyDrain {
             annotations.push("envoy-drain.io/hold: 'true'".to_string());
+            annotations.push("envoy-drain.io/log-format: json".to_string());
         } else {
             annotations.push("envoy-drain.io/disabled: 'true'".to_string());
         }
@@ -420,7 +425,8 @@ fn mesh(
 ) -> Option<NodeInit> {
     if meshes.iter().any(|m| matches!(m, Mesh::None | Mesh::Ambient)) {
         cp.ok(&["apply", "-f", POLICY]);
-        cp.hold_settings(&["image=localhost/envoy-drain:test"]);
+        // Every hook's log in JSON, its last line the termination's record.
+        cp.hold_settings(&["image=localhost/envoy-drain:test", "logFormat=json"]);
     }
     if meshes.contains(&Mesh::Ambient) {
         return Some(ambient(cp, node, debounce));
@@ -647,13 +653,18 @@ impl Load {
         );
         let (ok, failed) = tally(&report);
         let (seen, deleted) = (self.seen.stop(), self.deleted.stop());
+        let mut records = Vec::new();
         let holds = side
             .old
             .iter()
             .map(|pod| {
                 let dir = format!("{}_{pod}_", side.ns);
-                let lines = logs.iter().find(|(d, _)| d.starts_with(&dir));
-                lines.map_or((None, "(no log read)".to_string()), |(_, text)| hold_end(text))
+                let Some((_, text)) = logs.iter().find(|(d, _)| d.starts_with(&dir)) else {
+                    return (None, "(no log read)".to_string());
+                };
+                let (after, summary, record) = hold_end(text);
+                records.extend(record);
+                (after, summary)
             })
             .collect();
         let propagation = side
@@ -670,7 +681,8 @@ impl Load {
             })
             .collect();
         let diagnosis = format!("hey: {}", String::from_utf8_lossy(&out.stderr).trim());
-        Row { case: side.case, ok, failed, took: Duration::ZERO, holds, propagation, diagnosis }
+        let took = Duration::ZERO;
+        Row { case: side.case, ok, failed, took, holds, records, propagation, diagnosis }
     }
 }
 
@@ -1066,9 +1078,9 @@ pub fn tally(out: &str) -> (u64, Vec<(String, u64)>) {
     (ok, failed)
 }
 
-/// When the hold ended after the last request the pod received, in seconds, and its summary:
-/// from the CRI log lines (`<RFC 3339 time> stdout F <line>`).
-fn hold_end(log: &str) -> (Option<f64>, String) {
+/// When the hold ended after the last request the pod received, in seconds, its summary, and its
+/// record: from the CRI log lines (`<RFC 3339 time> stdout F <line>`), the hold's a JSON object.
+fn hold_end(log: &str) -> (Option<f64>, String, Option<String>) {
     let mut last_request = None;
     let mut done = None;
     for line in log.lines() {
@@ -1081,19 +1093,21 @@ fn hold_end(log: &str) -> (Option<f64>, String) {
         if text.starts_with("received /local") && !text.contains("probe") {
             last_request = seconds_of_day(time);
         }
-        // The hold's last line (src/text.rs `summary`), however it ended.
-        let end =
-            ["done after", "deadline of ", "interrupted by "].iter().find_map(|s| text.find(s));
-        if let Some(at) = end.filter(|_| text.contains("\tenvoy-drain\t")) {
-            done = Some((seconds_of_day(time), text[at..].to_string()));
+        // The hold's last line (src/text.rs `summary` as its `msg`), however it ended.
+        if text.starts_with('{') && text.contains("\"event\":\"summary\"") {
+            let msg = text.split_once("\"msg\":\"").map_or("", |(_, m)| m);
+            let msg = msg.split_once("\",\"event\"").map_or(msg, |(m, _)| m);
+            done = Some((seconds_of_day(time), msg.to_string(), text.to_string()));
         }
     }
     match done {
         // Negative where requests still came after it (kept-alive clients); a day's wrap undone.
-        Some((Some(end), summary)) => {
-            (last_request.map(|r| (end - r + 43200.0).rem_euclid(86400.0) - 43200.0), summary)
-        }
-        _ => (None, "no hold".to_string()),
+        Some((Some(end), summary, record)) => (
+            last_request.map(|r| (end - r + 43200.0).rem_euclid(86400.0) - 43200.0),
+            summary,
+            Some(record),
+        ),
+        _ => (None, "no hold".to_string(), None),
     }
 }
 

@@ -1,0 +1,156 @@
+//! One record per termination: with `--log-format json`, the summary line's members beside its
+//! `msg`, so that a log collector can read what each hook did without parsing sentences. The
+//! names are stable; docs/usage.md ("The record") lists them.
+
+use crate::config::{RunConfig, Until};
+use crate::log::json_string;
+use crate::outcome::{Outcome, Progress};
+use std::fmt::Write;
+use std::time::Duration;
+
+/// Where the pod's namespace is, when no variable names it: the service account's mount.
+const NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// Who ran: the pod's name (its hostname, which the kubelet sets to it) and namespace
+/// (`POD_NAMESPACE`, which Istio's injection sets, else the service account's mount).
+pub struct Identity {
+    pub pod: Option<String>,
+    pub namespace: Option<String>,
+}
+
+impl Identity {
+    pub fn of_this_pod(env: &dyn Fn(&str) -> Option<String>) -> Identity {
+        let mut name = [0u8; 256];
+        // SAFETY: gethostname writes at most the buffer's length into a buffer we own.
+        let ok = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0;
+        let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+        let pod = ok.then(|| String::from_utf8_lossy(&name[..end]).into_owned());
+        let namespace = env("POD_NAMESPACE")
+            .or_else(|| std::fs::read_to_string(NAMESPACE_FILE).ok())
+            .map(|n| n.trim().to_string());
+        let known = |s: Option<String>| s.filter(|s| !s.is_empty());
+        Identity { pod: known(pod), namespace: known(namespace) }
+    }
+}
+
+/// What one run did, as JSON members (`,"name":value...`) to follow the summary's `msg`.
+pub struct Record<'a> {
+    pub outcome: Outcome,
+    pub elapsed: Duration,
+    pub cfg: &'a RunConfig,
+    pub progress: &'a Progress,
+    pub who: &'a Identity,
+    /// Log lines that could not be written, and the warnings said.
+    pub dropped: u64,
+    pub warnings: &'a [String],
+}
+
+impl Record<'_> {
+    pub fn members(&self) -> String {
+        let (cfg, p) = (self.cfg, self.progress);
+        let hold = cfg.rules.until == Until::Quiet;
+        let mut m = String::new();
+        let mut add = |name: &str, value: String| {
+            let _ = write!(m, ",\"{name}\":{value}");
+        };
+        let text = |s: Option<&str>| s.map_or("null".to_string(), json_string);
+        let secs = |d: Duration| format!("{:.3}", d.as_secs_f64());
+        add("event", json_string("summary"));
+        add("version", json_string(env!("CARGO_PKG_VERSION")));
+        add("pod", text(self.who.pod.as_deref()));
+        add("namespace", text(self.who.namespace.as_deref()));
+        add("command", json_string(if hold { "hold" } else { "run" }));
+        add("preset", json_string(preset(cfg)));
+        add("outcome", json_string(outcome(self.outcome)));
+        add("exit_code", self.outcome.exit_code().to_string());
+        add("elapsed_s", secs(self.elapsed));
+        add("deadline_s", secs(cfg.rules.deadline));
+        add("min_s", secs(cfg.rules.min_drain));
+        let quiet = p.pace.map_or(cfg.rules.settle, |pace| pace.quiet);
+        add("quiet_s", if hold { secs(quiet) } else { "null".into() });
+        let last = p.arrived_at.map(|t| self.elapsed.saturating_sub(t));
+        add("since_last_arrival_s", last.map_or("null".into(), secs));
+        add("count", p.last.as_ref().map_or("null".into(), |c| c.total.to_string()));
+        let unit = p.last.as_ref().map(|c| format!("{:?}", c.unit).to_ascii_lowercase());
+        add("count_unit", text(unit.as_deref()));
+        let source = p.last.as_ref().map(|c| c.source.to_string());
+        add("count_source", text(source.as_deref()));
+        add("count_failed", text(p.unknown.as_deref()));
+        let warnings: Vec<String> = self.warnings.iter().map(|w| json_string(w)).collect();
+        add("warnings", format!("[{}]", warnings.join(",")));
+        add("dropped_lines", self.dropped.to_string());
+        m
+    }
+}
+
+/// The preset as `--preset` names it: `hold`'s ambient and none, else the sidecar's.
+fn preset(cfg: &RunConfig) -> &'static str {
+    match &cfg.counting.hold {
+        Some(rule) if rule.hbone.is_some() => "ambient",
+        Some(rule) if rule.passive_opens => "none",
+        _ => cfg.counting.preset.name,
+    }
+}
+
+/// Why it ended, in one stable word.
+fn outcome(o: Outcome) -> &'static str {
+    match o {
+        Outcome::Reached => "reached",
+        Outcome::AppExited => "app_exited",
+        Outcome::KeptAlive(_) => "kept_alive",
+        Outcome::Deadline => "deadline",
+        Outcome::NothingCounted => "nothing_counted",
+        Outcome::Interrupted(libc::SIGINT) => "sigint",
+        Outcome::Interrupted(_) => "sigterm",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::HoldArgs;
+    use crate::config::hold_config;
+
+    #[test]
+    fn a_hold_that_went_quiet_is_one_record_with_every_member() {
+        let args = HoldArgs { preset: Some("none".into()), ..HoldArgs::default() };
+        let cfg = hold_config(&args, &|_| None).expect("a hold's config");
+        let progress =
+            Progress { arrived_at: Some(Duration::from_millis(4500)), ..Progress::default() };
+        let who = Identity { pod: Some("app-7d9f-x2x8q".into()), namespace: None };
+        let warnings = ["UDP is served on port 5353 \"x\"".to_string()];
+        let record = Record {
+            outcome: Outcome::Reached,
+            elapsed: Duration::from_millis(5200),
+            cfg: &cfg,
+            progress: &progress,
+            who: &who,
+            dropped: 0,
+            warnings: &warnings,
+        };
+        assert_eq!(
+            record.members(),
+            ",\"event\":\"summary\",\"version\":\"0.1.0\",\"pod\":\"app-7d9f-x2x8q\",\
+             \"namespace\":null,\"command\":\"hold\",\"preset\":\"none\",\"outcome\":\"reached\",\
+             \"exit_code\":0,\"elapsed_s\":5.200,\"deadline_s\":20.000,\"min_s\":5.000,\
+             \"quiet_s\":0.500,\"since_last_arrival_s\":0.700,\"count\":null,\"count_unit\":null,\
+             \"count_source\":null,\"count_failed\":null,\
+             \"warnings\":[\"UDP is served on port 5353 \\\"x\\\"\"],\"dropped_lines\":0"
+        );
+    }
+
+    #[test]
+    fn every_outcome_has_its_word_and_its_exit_code() {
+        for (o, word, code) in [
+            (Outcome::Reached, "reached", 0),
+            (Outcome::AppExited, "app_exited", 0),
+            (Outcome::KeptAlive(Duration::ZERO), "kept_alive", 0),
+            (Outcome::Deadline, "deadline", 1),
+            (Outcome::NothingCounted, "nothing_counted", 3),
+            (Outcome::Interrupted(libc::SIGINT), "sigint", 130),
+            (Outcome::Interrupted(libc::SIGTERM), "sigterm", 143),
+        ] {
+            assert_eq!((outcome(o), o.exit_code()), (word, code));
+        }
+    }
+}
