@@ -11,6 +11,6 @@ echo "|---|---|---|---|---|---|---|---|---|---|---|"
 # A line that is not JSON, or JSON that is not a summary, is skipped.
 jq -R -r '
   fromjson? | select(type == "object" and .event == "summary") |
-  def s: if . == null then "-" else "\(.)s" end;
-  "| \(.namespace // "-") | \(.pod // "-") | \(.command) | \(.preset) | \(.outcome) | \(.exit_code) | \(.elapsed_s | s) | \(.since_last_arrival_s | s) | \(.quiet_s | s) | \(if .count == null then "-" else "\(.count) \(.count_unit) (\(.count_source))" end) | \(.warnings | length) |"
+  def s: if . == null then "-" else "\(. / 1000)s" end;
+  "| \(.namespace // "-") | \(.pod // "-") | \(.command) | \(.preset) | \(.outcome) | \(.exit_code) | \(.elapsed_ms | s) | \(.since_last_arrival_ms | s) | \(.quiet_ms | s) | \(if .count == null then "-" else "\(.count) (\(.count_unit), \(.count_source))" end) | \(.warnings | length) |"
 '

@@ -54,7 +54,8 @@ impl Record<'_> {
             let _ = write!(m, ",\"{name}\":{value}");
         };
         let text = |s: Option<&str>| s.map_or("null".to_string(), json_string);
-        let secs = |d: Duration| format!("{:.3}", d.as_secs_f64());
+        // Milliseconds, whole: exact, and no float formatting in the binary.
+        let ms = |d: Duration| d.as_millis().to_string();
         add("event", json_string("summary"));
         add("version", json_string(env!("CARGO_PKG_VERSION")));
         add("pod", text(self.who.pod.as_deref()));
@@ -63,13 +64,13 @@ impl Record<'_> {
         add("preset", json_string(preset(cfg)));
         add("outcome", json_string(outcome(self.outcome)));
         add("exit_code", self.outcome.exit_code().to_string());
-        add("elapsed_s", secs(self.elapsed));
-        add("deadline_s", secs(cfg.rules.deadline));
-        add("min_s", secs(cfg.rules.min_drain));
+        add("elapsed_ms", ms(self.elapsed));
+        add("deadline_ms", ms(cfg.rules.deadline));
+        add("min_ms", ms(cfg.rules.min_drain));
         let quiet = p.pace.map_or(cfg.rules.settle, |pace| pace.quiet);
-        add("quiet_s", if hold { secs(quiet) } else { "null".into() });
+        add("quiet_ms", if hold { ms(quiet) } else { "null".into() });
         let last = p.arrived_at.map(|t| self.elapsed.saturating_sub(t));
-        add("since_last_arrival_s", last.map_or("null".into(), secs));
+        add("since_last_arrival_ms", last.map_or("null".into(), ms));
         add("count", p.last.as_ref().map_or("null".into(), |c| c.total.to_string()));
         let unit = p.last.as_ref().map(|c| format!("{:?}", c.unit).to_ascii_lowercase());
         add("count_unit", text(unit.as_deref()));
@@ -132,8 +133,8 @@ mod tests {
             record.members(),
             ",\"event\":\"summary\",\"version\":\"0.1.0\",\"pod\":\"app-7d9f-x2x8q\",\
              \"namespace\":null,\"command\":\"hold\",\"preset\":\"none\",\"outcome\":\"reached\",\
-             \"exit_code\":0,\"elapsed_s\":5.200,\"deadline_s\":20.000,\"min_s\":5.000,\
-             \"quiet_s\":0.500,\"since_last_arrival_s\":0.700,\"count\":null,\"count_unit\":null,\
+             \"exit_code\":0,\"elapsed_ms\":5200,\"deadline_ms\":20000,\"min_ms\":5000,\
+             \"quiet_ms\":500,\"since_last_arrival_ms\":700,\"count\":null,\"count_unit\":null,\
              \"count_source\":null,\"count_failed\":null,\
              \"warnings\":[\"UDP is served on port 5353 \\\"x\\\"\"],\"dropped_lines\":0"
         );

@@ -156,7 +156,7 @@ fn a_json_log_is_an_object_a_line_and_its_summary_is_the_terminations_record() {
                  assert all(l['logger'] == 'envoy-drain' and l['msg'] for l in lines), lines\n\
                  last = lines[-1]\n\
                  print(last['event'], last['command'], last['outcome'], last['exit_code'], \
-                 last['count'], last['count_source'], last['deadline_s'], len(lines))\n";
+                 last['count'], last['count_source'], last['deadline_ms'], len(lines))\n";
     let mut python = std::process::Command::new("python3")
         .args(["-c", check])
         .stdin(Stdio::piped())
@@ -169,5 +169,5 @@ fn a_json_log_is_an_object_a_line_and_its_summary_is_the_terminations_record() {
     let parsed = python.wait_with_output().unwrap();
     let said = String::from_utf8_lossy(&parsed.stdout);
     assert!(parsed.status.success(), "{}{out}", String::from_utf8_lossy(&parsed.stderr));
-    assert!(said.starts_with("summary run deadline 1 1 proc 1.0 "), "{said}{out}");
+    assert!(said.starts_with("summary run deadline 1 1 proc 1000 "), "{said}{out}");
 }
