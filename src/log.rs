@@ -20,8 +20,10 @@ pub enum Format {
     Json,
 }
 
-/// Warning lines kept for the record, at most.
+/// Warning lines kept for the record, at most, each cut to this many bytes: the record and the
+/// summary's message share one line of `MAX_LINE`.
 const KEPT_WARNINGS: usize = 16;
+const KEPT_WARNING_BYTES: usize = 160;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
@@ -138,8 +140,10 @@ pub fn json_line(time: SystemTime, level: Level, message: &str, fields: &str) ->
         "{{\"time\":\"{}\",\"level\":\"{level}\",\"logger\":\"envoy-drain\",\"msg\":",
         humantime::format_rfc3339_micros(time)
     );
-    // Room for the message once escaped: at worst 6 bytes a character (\u0000).
+    // Room for the message once escaped: at worst 6 bytes a character (\u0000). Cut first to
+    // what a line can hold at all, so that escaping never walks a long message whole.
     let room = MAX_LINE.saturating_sub(head.len() + fields.len() + 4);
+    let message = &message[..message.floor_char_boundary(MAX_LINE)];
     let mut msg = json_string(message);
     if msg.len() > room {
         let mut cut = message;
@@ -241,7 +245,8 @@ impl Logger {
             return;
         }
         if level == Level::Warn && self.warnings.len() < KEPT_WARNINGS {
-            self.warnings.push(message.to_string());
+            self.warnings
+                .push(message[..message.floor_char_boundary(KEPT_WARNING_BYTES)].to_string());
         }
         let text = match self.format {
             Format::Text => format_line(SystemTime::now(), level, message),

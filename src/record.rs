@@ -8,6 +8,11 @@ use crate::outcome::{Outcome, Progress};
 use std::fmt::Write;
 use std::time::Duration;
 
+/// The most bytes of one warning or error the record holds, and of all its warnings together: the
+/// record and the summary's message share one line of at most 4096 bytes (log.rs).
+const WORDS: usize = 160;
+const WARNINGS: usize = 1000;
+
 /// Where the pod's namespace is, when no variable names it: the service account's mount.
 const NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
@@ -76,8 +81,16 @@ impl Record<'_> {
         add("count_unit", text(unit.as_deref()));
         let source = p.last.as_ref().map(|c| c.source.to_string());
         add("count_source", text(source.as_deref()));
-        add("count_failed", text(p.unknown.as_deref()));
-        let warnings: Vec<String> = self.warnings.iter().map(|w| json_string(w)).collect();
+        let failed = p.unknown.as_deref().map(|f| &f[..f.floor_char_boundary(WORDS)]);
+        add("count_failed", text(failed));
+        // As many as fit in `WARNINGS`, so that the summary's message keeps its room in the line.
+        let mut warnings = Vec::new();
+        for w in self.warnings.iter().map(|w| json_string(&w[..w.floor_char_boundary(WORDS)])) {
+            if warnings.iter().map(String::len).sum::<usize>() + w.len() > WARNINGS {
+                break;
+            }
+            warnings.push(w);
+        }
         add("warnings", format!("[{}]", warnings.join(",")));
         add("dropped_lines", self.dropped.to_string());
         m
@@ -138,6 +151,34 @@ mod tests {
              \"count_source\":null,\"count_failed\":null,\
              \"warnings\":[\"UDP is served on port 5353 \\\"x\\\"\"],\"dropped_lines\":0"
         );
+    }
+
+    #[test]
+    fn long_warnings_are_cut_and_dropped_so_that_the_record_leaves_the_message_its_room() {
+        // A pod author's 35 KB annotation repeated in every warning (a red-team's).
+        let args = HoldArgs { preset: Some("none".into()), ..HoldArgs::default() };
+        let cfg = hold_config(&args, &|_| None).expect("a hold's config");
+        let progress = Progress { unknown: Some("é".repeat(20_000)), ..Progress::default() };
+        let who = Identity { pod: None, namespace: None };
+        let warnings = vec![format!("ignoring annotation {}", "\u{7}é".repeat(10_000)); 16];
+        let record = Record {
+            outcome: Outcome::Deadline,
+            elapsed: Duration::from_secs(2),
+            cfg: &cfg,
+            progress: &progress,
+            who: &who,
+            dropped: 0,
+            warnings: &warnings,
+        };
+        let members = record.members();
+        assert!(members.len() < 2000, "{}", members.len());
+        let line = crate::log::json_line(
+            std::time::SystemTime::UNIX_EPOCH,
+            crate::log::Level::Warn,
+            &"x".repeat(100_000),
+            &members,
+        );
+        assert!(line.len() <= 4096 && line.contains("\"msg\":\"xxx"), "{}", line.len());
     }
 
     #[test]
