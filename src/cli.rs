@@ -102,14 +102,16 @@ pub fn usage_error(message: &str) -> i32 {
 #[argh(note = "Exit codes:
   0    the count reached the threshold, or the app has exited; hold: no
        request arrived for the quiet time, or at the deadline only on
-       connections kept alive from before (or a kill switch is set:
+       kept-alive connections (or a kill switch is set:
        ENVOY_DRAIN_DISABLED, envoy-drain.io/disabled=true)
   1    the deadline passed with connections still open; hold: with new
        connections still arriving, or arrivals unknown
   2    usage error: a flag has a bad value (never a --pod-annotation or an
        environment variable: a bad one is a warning)
   3    nothing could be counted at any point of the run
-  130  interrupted by SIGINT (143: by SIGTERM); the summary line is printed first
+  130  interrupted by SIGINT (143: SIGTERM; 128 + n for signal n: SIGHUP,
+       SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, unless ignored from the start as
+       under nohup); the summary line is printed first
 
 Environment:
   ENVOY_DRAIN_DISABLED    set and non-empty: `run` and `hold` log that and exit 0
@@ -285,7 +287,8 @@ pub struct HoldArgs {
     pub min: Option<String>,
 
     /// return once no request has arrived for this long at least; longer where requests come
-    /// further apart: 7 times their mean gap, twice their longest pause (default: 500ms)
+    /// further apart: 7 times their mean gap, twice their longest pause between reads
+    /// (default: 500ms)
     #[argh(option)]
     pub quiet: Option<String>,
 

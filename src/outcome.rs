@@ -3,15 +3,31 @@
 use crate::count::Count;
 
 // Exit codes: 0/1/2 as linkerd-await and ripgrep use them (success, "did not happen", usage
-// error); 130 and 143 as a shell reports a process killed by SIGINT or SIGTERM (128 + signal).
+// error); 128 + the signal's number as a shell reports a process killed by it (130 SIGINT, 143
+// SIGTERM).
 pub const EXIT_REACHED: i32 = 0;
 pub const EXIT_DEADLINE: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;
 pub const EXIT_NOTHING_COUNTED: i32 = 3;
 /// `install` could not copy the binary.
 pub const EXIT_INSTALL_FAILED: i32 = 1;
-pub const EXIT_SIGINT: i32 = 130;
-pub const EXIT_SIGTERM: i32 = 143;
+
+/// The signals that end a wait with its summary (signals.rs): those whose default action ends a
+/// process and that a hand, a terminal or a supervisor may send, by name.
+pub const SIGNALS: [(i32, &str); 7] = [
+    (libc::SIGHUP, "SIGHUP"),
+    (libc::SIGINT, "SIGINT"),
+    (libc::SIGQUIT, "SIGQUIT"),
+    (libc::SIGUSR1, "SIGUSR1"),
+    (libc::SIGUSR2, "SIGUSR2"),
+    (libc::SIGALRM, "SIGALRM"),
+    (libc::SIGTERM, "SIGTERM"),
+];
+
+/// The name of signal `sig`, one of `SIGNALS`.
+pub fn signal_name(sig: i32) -> &'static str {
+    SIGNALS.iter().find(|(n, _)| *n == sig).map_or("a signal", |(_, name)| name)
+}
 
 /// What the wait loop decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +43,7 @@ pub enum Outcome {
     KeptAlive(std::time::Duration),
     /// The deadline passed and no source ever answered.
     NothingCounted,
-    /// A signal arrived while waiting (SIGINT or SIGTERM).
+    /// A signal of `SIGNALS` arrived while waiting.
     Interrupted(i32),
 }
 
@@ -37,8 +53,7 @@ impl Outcome {
             Outcome::Reached | Outcome::AppExited | Outcome::KeptAlive(_) => EXIT_REACHED,
             Outcome::Deadline => EXIT_DEADLINE,
             Outcome::NothingCounted => EXIT_NOTHING_COUNTED,
-            Outcome::Interrupted(libc::SIGINT) => EXIT_SIGINT,
-            Outcome::Interrupted(_) => EXIT_SIGTERM,
+            Outcome::Interrupted(sig) => 128 + sig,
         }
     }
 }

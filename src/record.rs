@@ -4,7 +4,7 @@
 
 use crate::config::{RunConfig, Until};
 use crate::log::json_string;
-use crate::outcome::{Outcome, Progress};
+use crate::outcome::{Outcome, Progress, signal_name};
 use std::fmt::Write;
 use std::time::Duration;
 
@@ -67,7 +67,7 @@ impl Record<'_> {
         add("namespace", text(self.who.namespace.as_deref()));
         add("command", json_string(if hold { "hold" } else { "run" }));
         add("preset", json_string(preset(cfg)));
-        add("outcome", json_string(outcome(self.outcome)));
+        add("outcome", json_string(&outcome(self.outcome)));
         add("exit_code", self.outcome.exit_code().to_string());
         add("elapsed_ms", ms(self.elapsed));
         add("deadline_ms", ms(cfg.rules.deadline));
@@ -106,17 +106,17 @@ fn preset(cfg: &RunConfig) -> &'static str {
     }
 }
 
-/// Why it ended, in one stable word.
-fn outcome(o: Outcome) -> &'static str {
+/// Why it ended, in one stable word (a signal's: `sigterm`, `sighup`...).
+fn outcome(o: Outcome) -> String {
     match o {
         Outcome::Reached => "reached",
         Outcome::AppExited => "app_exited",
         Outcome::KeptAlive(_) => "kept_alive",
         Outcome::Deadline => "deadline",
         Outcome::NothingCounted => "nothing_counted",
-        Outcome::Interrupted(libc::SIGINT) => "sigint",
-        Outcome::Interrupted(_) => "sigterm",
+        Outcome::Interrupted(sig) => return signal_name(sig).to_ascii_lowercase(),
     }
+    .to_string()
 }
 
 #[cfg(test)]
@@ -191,8 +191,9 @@ mod tests {
             (Outcome::NothingCounted, "nothing_counted", 3),
             (Outcome::Interrupted(libc::SIGINT), "sigint", 130),
             (Outcome::Interrupted(libc::SIGTERM), "sigterm", 143),
+            (Outcome::Interrupted(libc::SIGHUP), "sighup", 129),
         ] {
-            assert_eq!((outcome(o), o.exit_code()), (word, code));
+            assert_eq!((outcome(o).as_str(), o.exit_code()), (word, code));
         }
     }
 }

@@ -8,13 +8,13 @@ use crate::config::{
 use crate::count::{Basis, Cost, Count, NON_HTTP, SourceKind, Unit, Warning};
 use crate::drain::Request;
 use crate::log::Level;
-use crate::outcome::{Outcome, Progress};
+use crate::outcome::{Outcome, Progress, signal_name};
 use crate::source::admin::{PACE, READY_PATH, Reply};
 use crate::source::clusters::{self, CLUSTERS_PATH};
 use crate::source::sockets::Reader;
 use crate::source::stats::Hcm;
 use crate::source::{Look, Reading, Sources};
-use crate::wait::{APP_GONE, ARRIVALS_QUIET, RECHECK};
+use crate::wait::{APP_GONE, ARRIVALS_QUIET, RECHECK, drain_done};
 use humantime::format_duration;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -168,9 +168,9 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, Stri
                 cfg.counting.preset.inbound_clusters.join(", ")
             );
         }
-        let (quiet, min, most, every) = (d(r.settle), d(r.min_drain), d(r.deadline), d(r.interval));
+        let (quiet, min, most, every) = (d(r.settle), least(r, ""), d(r.deadline), d(r.interval));
         return format!(
-            "holding the app's SIGTERM until requests have stopped arriving: none for {quiet}, or for 7 times their mean gap and twice their longest pause where they come further apart (at least {min}, at most {most}), reading arrivals every {every} from {from}"
+            "holding the app's SIGTERM until requests have stopped arriving: none for {quiet}, or for 7 times their mean gap and twice their longest pause between reads where they come further apart (at least {min}, at most {most}), reading arrivals every {every} from {from}"
         );
     };
     let announce = |(q, url): &(Request, String)| {
@@ -196,12 +196,22 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, Stri
         Mode::Proc => proc,
     };
     format!(
-        "{}, then waiting up to {} (at least {} after the drain) for at most {exit_at}{settle} {what}, counting every {} from {from}",
+        "{}, then waiting up to {} (at least {}) for at most {exit_at}{settle} {what}, counting every {} from {from}",
         sent.join(", then "),
         d(r.deadline),
-        d(r.min_drain),
+        least(r, " after the drain"),
         d(r.interval),
     )
+}
+
+/// The min-drain, and where the deadline cuts it short (one read before it: wait.rs `drain_done`),
+/// what it is cut to.
+fn least(r: &Rules, after: &str) -> String {
+    let (min, cut) = (format_duration(r.min_drain), drain_done(r, Duration::ZERO));
+    match cut < r.min_drain {
+        true => format!("{min}{after}, cut to {} by the deadline", seconds(cut)),
+        false => format!("{min}{after}"),
+    }
 }
 
 /// What `hold` takes for an arrival in the socket table: `connections to ports 8080, never
@@ -376,8 +386,7 @@ pub fn disabled(setting: &str) -> String {
     format!("{setting} is set: not draining and not waiting")
 }
 
-pub const SIGNALS_NOT_TAKEN: &str =
-    "failed to take over SIGINT and SIGTERM; a signal will end the wait without a summary";
+pub const SIGNALS_NOT_TAKEN: &str = "failed to take over SIGTERM, SIGINT and the other signals that end a process; one will end the wait without a summary";
 
 pub fn cannot_count(why: &str) -> String {
     format!("cannot count: {why}; still waiting (an unknown count never ends the wait)")
@@ -549,8 +558,7 @@ pub fn summary(
             format!("deadline of {} passed after {took}", format_duration(rules.deadline))
         }
         Outcome::Interrupted(sig) => {
-            let sig = if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" };
-            format!("interrupted by {sig} after {took}")
+            format!("interrupted by {} after {took}", signal_name(sig))
         }
     };
     line += &match outcome {
@@ -561,8 +569,8 @@ pub fn summary(
             ": the app has exited, which leaves nothing to answer the {counted} still open{stale}{after}"
         ),
         Outcome::KeptAlive(since) => format!(
-            " with requests arriving only on connections kept alive from before (no new \
-             connection for {}): their clients reconnect elsewhere once the app closes them, \
+            " with requests arriving only on kept-alive connections (no new connection \
+             for {}): their clients reconnect elsewhere once the app closes them, \
              {counted}{after}",
             seconds(since)
         ),
@@ -999,9 +1007,8 @@ mod tests {
         let kept = Outcome::KeptAlive(Duration::from_millis(14_240));
         assert_eq!(
             summary(kept, Duration::from_secs(25), &rules, &p, (0, None)),
-            "deadline of 25s passed after 25.0s with requests arriving only on connections kept \
-             alive from before (no new connection for 14.2s): their clients reconnect elsewhere \
-             once the app closes them, 2 active connections (proc); the app gets its SIGTERM now"
+            "deadline of 25s passed after 25.0s with requests arriving only on kept-alive \
+             connections (no new connection for 14.2s): their clients reconnect elsewhere once the app closes them, 2 active connections (proc); the app gets its SIGTERM now"
         );
     }
 

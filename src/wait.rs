@@ -169,16 +169,17 @@ fn pace(
 }
 
 /// `hold`: the new connections among the arrivals. At the deadline, none for the quiet time
-/// their own rate asks means that the requests still arriving come on connections kept alive from
-/// before: clients the mesh no longer sends here, which the app's shutdown hands over by closing
+/// their own rate asks (up to the last count, just before the deadline) means that the requests
+/// still arriving come on kept-alive connections: clients the mesh no longer sends here, which the app's shutdown hands over by closing
 /// their connections (docs/holding.md, "Exit codes").
 #[derive(Debug, Default)]
 struct Opened {
     counter: Option<u64>,
     /// Whether the last count that told arrivals told these too.
     known: bool,
-    /// The end of the last count that saw one.
+    /// The end of the last count that saw one, and of the last that told.
     at: Option<Duration>,
+    last: Duration,
     rate: Rate,
 }
 
@@ -186,6 +187,7 @@ impl Opened {
     fn add(&mut self, now: Duration, counter: Option<u64>, floor: Duration) {
         self.known = counter.is_some();
         let Some(n) = counter else { return };
+        self.last = now;
         let new = self.counter.replace(n).map_or(0, |was| n.saturating_sub(was));
         if new > 0 {
             self.at = Some(now);
@@ -193,10 +195,11 @@ impl Opened {
         self.rate.add(now, &Seen { arrived: new, ..Seen::default() }, None, floor);
     }
 
-    /// How long no new connection has come at `now`, where that is their quiet time at least.
-    fn stopped(&self, now: Duration, floor: Duration) -> Option<Duration> {
+    /// How long no new connection had come at the last count, where that is their quiet time
+    /// at least.
+    fn stopped(&self, floor: Duration) -> Option<Duration> {
         let quiet = self.rate.pace.map_or(floor, |p| p.quiet);
-        let since = now.saturating_sub(self.at.unwrap_or(Duration::ZERO));
+        let since = self.last.saturating_sub(self.at.unwrap_or(Duration::ZERO));
         (self.known && since >= quiet).then_some(since)
     }
 }
@@ -334,7 +337,7 @@ impl<'r> Wait<'r> {
             return Step::Look(Ask::Exit);
         }
         if now >= self.rules.deadline {
-            let outcome = match self.counts.opened.stopped(now, self.rules.settle) {
+            let outcome = match self.counts.opened.stopped(self.rules.settle) {
                 _ if !self.counts.counted => Outcome::NothingCounted,
                 Some(since) if self.counts.low_since.is_some() && self.counts.arrived => {
                     Outcome::KeptAlive(since)
@@ -481,6 +484,12 @@ impl Counts {
             if !arrived {
                 self.next = self.next.min(done_at.saturating_sub(cost));
             }
+        }
+        // `hold` counts once more just before its deadline, so that what it says then (new
+        // connections still coming, or requests on kept-alive ones alone) holds up to it.
+        let last_look = rules.deadline.saturating_sub(cost.saturating_mul(2).max(RECHECK));
+        if rules.until == Until::Quiet && self.next > last_look && now < last_look {
+            self.next = last_look;
         }
         // A paced wait with no count due before the deadline counts once more where one can end.
         let last_chance = rules.deadline.saturating_sub((now - started).saturating_mul(2));
@@ -1041,26 +1050,29 @@ mod tests {
     #[test]
     fn a_hold_held_by_kept_alive_clients_alone_ends_at_its_deadline_as_a_normal_end() {
         // Requests every 100 ms to the deadline; new connections every 100 ms until `last_new`
-        // (ms), then only requests on connections open from before.
+        // (ms), and one at `late`, then only requests on connections already open.
         let r = hold(5000, 500, 20000);
-        let outcome = |last_new: u64| {
+        let outcome = |last_new: u64, late: u64| {
             let now = Cell::new(ms(0));
             let (end, _) = wait_with(&r, ms(0), &now, |_, _| {
                 let t = now.get();
                 now.set(t + ms(20));
                 let (n, opened) = (t.as_millis() as u64 / 100, t.min(ms(last_new)).as_millis());
-                let opened = Some(opened as u64 / 100);
+                let opened = Some(opened as u64 / 100 + u64::from(t >= ms(late)));
                 Tick { count: Some(2), arrivals: Some(n), opened, ..Tick::default() }
             });
             end.outcome
         };
-        let Outcome::KeptAlive(since) = outcome(6000) else { panic!("{:?}", outcome(6000)) };
+        let kept = outcome(6000, u64::MAX);
+        let Outcome::KeptAlive(since) = kept else { panic!("{kept:?}") };
         assert!(
-            since >= ms(13_500) && since <= ms(14_100),
-            "no new connection since 6 s: {since:?}"
+            since >= ms(13_500) && since <= ms(14_000),
+            "no new connection since 6 s, up to the last count: {since:?}"
         );
-        // New connections still coming: clients the mesh still sends here.
-        assert_eq!(outcome(20_000), Outcome::Deadline);
+        // New connections still coming: clients the mesh still sends here; also when the last
+        // came after the last count at the interval (19.5 s), 0.3 s before the deadline.
+        assert_eq!(outcome(20_000, u64::MAX), Outcome::Deadline);
+        assert_eq!(outcome(6000, 19_700), Outcome::Deadline);
         assert_eq!(Outcome::KeptAlive(since).exit_code(), 0);
     }
 

@@ -976,7 +976,7 @@ fn a_hold_that_only_kept_alive_clients_keep_up_ends_at_its_deadline_with_exit_0(
         } else {
             assert_eq!(out.code, Some(0), "{out}");
             assert!(
-                out.last_line().contains("with requests arriving only on connections kept alive"),
+                out.last_line().contains("with requests arriving only on kept-alive connections"),
                 "{out}"
             );
         }

@@ -1,4 +1,5 @@
-//! SIGTERM and SIGINT during the wait: the summary line, then 143 or 130, at once.
+//! A signal that ends a process during the wait: the summary line, then 128 + the signal, at once;
+//! one ignored from the start (nohup's SIGHUP) stays ignored.
 
 mod support;
 
@@ -6,8 +7,13 @@ use std::time::{Duration, Instant};
 use support::{one_open_connection, spawn, watch_table};
 
 #[test]
-fn sigterm_and_sigint_print_the_summary_and_exit_143_and_130_at_once() {
-    for (sig, code, name) in [(libc::SIGTERM, 143, "SIGTERM"), (libc::SIGINT, 130, "SIGINT")] {
+fn sigterm_sigint_and_sighup_print_the_summary_and_exit_143_130_and_129_at_once() {
+    for (sig, code, name) in [
+        (libc::SIGTERM, 143, "SIGTERM"),
+        (libc::SIGINT, 130, "SIGINT"),
+        (libc::SIGHUP, 129, "SIGHUP"),
+        (libc::SIGUSR1, 138, "SIGUSR1"),
+    ] {
         let dir = one_open_connection(&format!("signals-{name}"));
         let mut r = spawn(watch_table(&dir, &["--deadline", "30s"]));
         r.expect_line("1 active connection (proc)", Duration::from_secs(10));
@@ -39,4 +45,31 @@ fn sigterm_and_sigint_print_the_summary_and_exit_143_and_130_at_once() {
             "says {stated}s, lived {lived:.2}s {out}"
         );
     }
+}
+
+#[test]
+fn under_nohup_sighup_is_left_ignored_and_sigterm_still_ends_the_wait() {
+    use std::os::unix::process::CommandExt;
+    let dir = one_open_connection("signals-nohup");
+    let mut cmd = watch_table(&dir, &["--deadline", "30s"]);
+    // SAFETY: signal() is async-signal-safe, as pre_exec requires.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut r = spawn(cmd);
+    r.expect_line("1 active connection (proc)", Duration::from_secs(10));
+    // SIGHUP first: were it taken, it would be the one the summary names (the lower number is
+    // delivered first when both are pending).
+    // SAFETY: signalling our own child.
+    unsafe {
+        assert_eq!(libc::kill(r.pid(), libc::SIGHUP), 0);
+        assert_eq!(libc::kill(r.pid(), libc::SIGTERM), 0);
+    }
+    let out = r.finish();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.code, Some(143), "{out}");
+    assert!(out.last_line().contains("interrupted by SIGTERM after"), "{out}");
 }

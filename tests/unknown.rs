@@ -112,6 +112,11 @@ fn a_quiet_pod_exits_0_when_its_min_drain_is_as_long_as_its_deadline() {
             out.elapsed >= Duration::from_millis(1500) && out.elapsed < Duration::from_secs(2),
             "ends in the last interval before the deadline {out}"
         );
+        // Its first line says so before it starts.
+        assert!(
+            out.stderr.contains("at least 2s after the drain, cut to 1.5s by the deadline)"),
+            "{out}"
+        );
     }
     assert!(env.stderr.contains("MINIMUM_DRAIN_DURATION=60s is longer than the deadline"), "{env}");
 }

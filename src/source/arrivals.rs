@@ -132,6 +132,9 @@ impl Tracker {
         let since = at.saturating_sub(*self.first_at.get_or_insert(at));
         let mut read = Read::default();
         let (mut ages, mut sent, mut open) = (Vec::new(), Vec::new(), BTreeMap::new());
+        // In ambient mode a client's connection arrives twice: a stream on 15008 and ztunnel's
+        // hop to the app (both ends in the pod). A read takes the two as one where it sees both.
+        let (mut streams, mut hops) = (0u64, 0u64);
         for (key, seen) in &mut now {
             let before = last.get(key);
             let client = self.probed_or_client(key, seen, before, (since, first));
@@ -148,12 +151,19 @@ impl Tracker {
             }
             let grew = self.grew(key, seen, before, (at, first), &mut sent);
             read.polls += u64::from(seen.polled);
-            read.arrived += u64::from(before.is_none() || grew);
+            let arrived = u64::from(before.is_none() || grew);
+            read.arrived += arrived;
             read.opened += u64::from(before.is_none() || client);
+            if self.rule.hbone == Some(key.server.port) {
+                streams += arrived;
+            } else if self.rule.hbone.is_some() && seen.inside {
+                hops += arrived;
+            }
             if seen.received.is_some() {
                 *open.entry(key.server.port).or_insert(0) += 1;
             }
         }
+        read.arrived -= streams.min(hops);
         read.open = open.into_iter().collect();
         read.hiding = self.hiding();
         self.sent.retain(|_, t| at.saturating_sub(*t) < POLL);
@@ -659,6 +669,35 @@ mod tests {
         let each: Vec<(&[Socket], _)> = each.iter().map(|(s, p)| (&s[..], *p)).collect();
         let found = reads(rule, &[8080, 15008], &each);
         assert_eq!(arrived(&found), [0, 0, 1, 0, 1], "the pings never, each stream");
+    }
+
+    #[test]
+    fn in_ambient_mode_a_stream_and_ztunnels_hop_for_it_are_one_arrival() {
+        let rule = Rule { hbone: Some(15008), ..Rule::default() };
+        let hbone =
+            |bytes| socket(&format!("{POD}:15008"), "10.90.0.5:40000", ESTABLISHED, Some(bytes));
+        // ztunnel's hop to the app from the client's address: both ends in the pod.
+        let hop = |port: u16, bytes| {
+            let client = format!("10.90.0.9:{port}");
+            [
+                socket(&format!("{POD}:8080"), &client, ESTABLISHED, Some(bytes)),
+                socket(&client, &format!("{POD}:8080"), ESTABLISHED, None),
+            ]
+        };
+        let each = [
+            vec![hbone(100)],
+            // One client connection: its stream and its hop, in one read.
+            [&[hbone(400)][..], &hop(50000, 80)].concat(),
+            // A second request on it: bytes on both.
+            [&[hbone(700)][..], &hop(50000, 160)].concat(),
+            // Two more client connections, their hops seen, then a read that sees nothing new.
+            [&[hbone(1300)][..], &hop(50000, 160), &hop(50001, 80), &hop(50002, 80)].concat(),
+            [&[hbone(1300)][..], &hop(50000, 160), &hop(50001, 80), &hop(50002, 80)].concat(),
+        ];
+        let each: Vec<(&[Socket], _)> = each.iter().map(|s| (&s[..], None)).collect();
+        let found = reads(rule, &[8080, 15008], &each);
+        assert_eq!(arrived(&found), [0, 1, 1, 2, 0], "a client's request once");
+        assert_eq!(found[3].opened, 2, "the hops are the new connections");
     }
 
     #[test]
