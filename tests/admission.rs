@@ -133,6 +133,8 @@ struct Run {
     key_typo: [(&'static str, bool); 3],
     /// The hook's command with the ConfigMap's logFormat: json.
     json_command: String,
+    /// The image web gets in shop while the ConfigMap's is no image reference.
+    malformed: String,
     /// Warnings any create printed.
     warnings: Vec<String>,
     /// MutatingAdmissionPolicy only: the API server's count of the policy's evaluations by
@@ -399,6 +401,11 @@ fn operate(form: Form) -> Run {
         command[0].contains("--log-format").then(|| command[0].clone())
     });
     cp.ok(&[&configmap[..], &[r#"[{"op":"remove","path":"/data/logFormat"}]"#]].concat());
+    // An image that is no reference (its repository in capitals: the kubelet would leave every
+    // served pod in InvalidImageName): nothing served, as without an image; bounded by wait_for.
+    set("image", "registry.example.com/Envoy-Drain:0.1.0");
+    wait_until(&cp, &written, "shop", false);
+    let malformed = image_in("shop");
     set("image", "registry.example.com/envoy-drain:0.1.0");
     cp.wait_for("the image back", || image_in("shop").ends_with("0.1.0").then_some(()));
 
@@ -464,6 +471,7 @@ fn operate(form: Form) -> Run {
         typo,
         key_typo,
         json_command,
+        malformed,
         warnings,
         checks,
         consul,
@@ -574,9 +582,11 @@ fn the_trial_reaches_labelled_ambient_namespaces_only_and_the_dry_run_prints_wha
 
 #[test]
 #[ignore = "needs root and the control plane built from source (`bash scripts/test`)"]
-fn an_image_ending_in_a_newline_is_trimmed_and_a_misspelt_scope_never_widens() {
+fn an_image_ending_in_a_newline_is_trimmed_a_malformed_one_serves_nothing_and_a_misspelt_scope_never_widens()
+ {
     for run in runs() {
         assert_eq!(run.newline, "registry.example.com/envoy-drain:0.1.1", "{:?}", run.form);
+        assert_eq!(run.malformed, "", "{:?}: no pod gets an image it cannot pull", run.form);
         // "labeld" is taken as labelled: the trial namespace and the one without a mesh only;
         // so is `ambientNamespace: all`, a key the policy does not know.
         let labelled = [("shop", false), ("staging", true), ("batch", true)];

@@ -364,22 +364,29 @@ pub fn run_together(cases: &[Case]) -> Vec<Row> {
         "NOT RUN: {RELEASE} is missing: `bash scripts/build-release` makes it"
     );
     let envoy = super::envoy::required();
+    let mut phases = Phases(Instant::now(), String::from("setup:"));
     let cp = ControlPlane::start_with("rollout", "kube-apiserver", &[], Nodes::Kubelet);
+    phases.done("control plane");
     let bootstrap = super::cluster::components().join("istio-bootstrap.json");
     let meshes: Vec<Mesh> = cases.iter().map(|c| c.mesh).collect();
     let node = Node::start(&cp, &images(&cp, &meshes, &envoy, &bootstrap));
+    phases.done("node");
     // Kept to the end: ambient's node init (dropped before the node).
     let _init = mesh(&cp, &node, &meshes, cases.first().and_then(|c| c.debounce));
+    phases.done("mesh");
     let sides: Vec<Side> = cases
         .iter()
         .enumerate()
         .map(|(i, &case)| Side::deploy(&cp, case, format!("shop-{i}")))
         .collect();
     let sides: Vec<Side> = sides.into_iter().map(|s| s.ready(&cp, &node)).collect();
+    phases.done("pods ready");
     let logs = Logs::follow(node.pod_logs());
     let loads: Vec<Load> = sides.iter().map(|s| Load::start(&cp, s)).collect();
     // The load runs a while before the rollout, as it does before a user's.
     std::thread::sleep(Duration::from_secs(5));
+    phases.done("load");
+    eprintln!("{}", phases.1);
     let restarted = Instant::now();
     for side in &sides {
         cp.ok(&["rollout", "restart", "-n", &side.ns, "deployment/app"]);
@@ -407,11 +414,24 @@ pub fn run_together(cases: &[Case]) -> Vec<Row> {
         .map(|((side, load), took)| {
             let mut row = load.stop(&side, &logs);
             row.took = took;
-            row.diagnosis =
-                format!("{probes} failed probes; {}; kube-proxy:\n{kube_proxy}", row.diagnosis);
+            row.diagnosis = format!(
+                "{}; {probes} failed probes; {}; kube-proxy:\n{kube_proxy}",
+                phases.1, row.diagnosis
+            );
             row
         })
         .collect()
+}
+
+/// How long each step of a rollout's setup took (one run took 333 s where ~95 s is usual, all of
+/// it before the rollout): since when, and the steps so far.
+struct Phases(Instant, String);
+
+impl Phases {
+    fn done(&mut self, step: &str) {
+        self.1 += &format!(" {step} {:.1}s", self.0.elapsed().as_secs_f64());
+        self.0 = Instant::now();
+    }
 }
 
 /// The mesh the cases need, installed: the hold policy for the pods without a sidecar; istiod
