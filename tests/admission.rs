@@ -102,8 +102,9 @@ type Everywhere = BTreeMap<(&'static str, &'static str), Admitted>;
 /// What one form did over the operator's run.
 struct Run {
     form: Form,
-    /// `kubectl apply -f` of the form's file: its stderr.
+    /// `kubectl apply -f` of the form's file: its stderr; and what applying it again printed.
     applied: String,
+    applied_again: String,
     /// Before the file was applied.
     written: Everywhere,
     /// Applied, no ConfigMap yet.
@@ -304,6 +305,7 @@ fn operate(form: Form) -> Run {
     if form == Form::Kyverno {
         cp.wait_for_kyverno_policy("envoy-drain-hold");
     }
+    let applied_again = cp.ok(&["apply", "-f", &format!("{repo}{}", form.file())]);
     let before_configmap = admit_everywhere(&cp, &mut warnings);
 
     // The README's ConfigMap: a trial on labelled namespaces.
@@ -457,6 +459,7 @@ fn operate(form: Form) -> Run {
     Run {
         form,
         applied: applied.stderr,
+        applied_again,
         written,
         before_configmap,
         labelled,
@@ -535,6 +538,13 @@ fn the_install_applies_without_a_warning_and_changes_nothing_until_its_configmap
     for run in runs() {
         let form = run.form;
         assert_eq!(run.applied, "", "{form:?}: kubectl apply warned");
+        // Applied again unchanged, it says so of every object (an operator's GitOps diff).
+        let lines: Vec<&str> = run.applied_again.lines().collect();
+        assert!(
+            lines.len() >= 2 && lines.iter().all(|l| l.ends_with(" unchanged")),
+            "{form:?}: {}",
+            run.applied_again
+        );
         assert!(run.warnings.is_empty(), "{form:?}: {:?}", run.warnings);
         for (state, what) in [
             (&run.before_configmap, "before the ConfigMap"),
