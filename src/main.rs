@@ -3,20 +3,28 @@
 
 use envoy_drain::cli::{self, Parsed};
 use envoy_drain::outcome::EXIT_REACHED;
-use envoy_drain::{config, install, run, status};
+use envoy_drain::{config, install, run, signals, status};
 use std::io::Write;
 use std::time::Instant;
 
 fn main() {
-    // The deadline counts from here.
+    // The deadline counts from here; a signal from here on waits for the wait's summary.
     let start = Instant::now();
+    let blocked = signals::block();
     let args: Vec<_> = std::env::args_os().collect();
     let env = |k: &str| std::env::var(k).ok();
     let code = match cli::parse(&args, &|k| std::env::var_os(k)) {
-        Parsed::Run(a) => run::command(config::run_config(&a, &env), start),
-        Parsed::Hold(a) => run::command(config::hold_config(&a, &env), start),
-        Parsed::Status(a) => status::command(&a, &env),
-        Parsed::Install(a) => install::command(&a),
+        Parsed::Run(a) => run::command(config::run_config(&a, &env), start, blocked),
+        Parsed::Hold(a) => run::command(config::hold_config(&a, &env), start, blocked),
+        // A command that does not wait keeps the signals' default actions.
+        Parsed::Status(a) => {
+            blocked.release();
+            status::command(&a, &env)
+        }
+        Parsed::Install(a) => {
+            blocked.release();
+            install::command(&a)
+        }
         Parsed::Disabled(setting) => run::disabled(&setting),
         Parsed::Print(text) => {
             let _ = write!(std::io::stdout(), "{text}");

@@ -11,6 +11,7 @@ use crate::log::{Level, Logger};
 use crate::outcome::{EXIT_REACHED, Outcome};
 use crate::record::Identity;
 use crate::report::Report;
+use crate::signals::Blocked;
 use crate::source::Reading;
 use crate::source::Sources;
 use crate::source::admin::{Client, REQUEST_TIMEOUT};
@@ -21,13 +22,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// `run` or `hold`, as configured, from start to summary; gives the exit code. The deadline
-/// counts from `start`.
-pub fn command(cfg: Result<RunConfig, UsageError>, start: Instant) -> i32 {
+/// counts from `start`; the signals `blocked` then end the wait with the summary.
+pub fn command(cfg: Result<RunConfig, UsageError>, start: Instant, blocked: Blocked) -> i32 {
     let cfg = match &cfg {
         Ok(cfg) => cfg,
         Err(e) => return usage_error(&e.to_string()),
     };
-    let report = report(cfg, start);
+    let report = report(cfg, start, blocked);
     let mut sources = Sources::new(&cfg.counting);
     // Through the sources' client: an answer that is not Envoy's tells the socket table too.
     let agent = Client::new(Address::Tcp(cfg.agent));
@@ -93,8 +94,8 @@ fn wait(
     }
 }
 
-/// The run's report, taking SIGINT and SIGTERM to write its summary, with the config's warnings.
-fn report(cfg: &RunConfig, start: Instant) -> Arc<Report> {
+/// The run's report, taking the signals `blocked` to write its summary, with the config's warnings.
+fn report(cfg: &RunConfig, start: Instant, blocked: Blocked) -> Arc<Report> {
     let mut logger = Logger::stderr();
     logger.set_format(cfg.log_format);
     if let Some(path) = &cfg.log_file {
@@ -103,7 +104,7 @@ fn report(cfg: &RunConfig, start: Instant) -> Arc<Report> {
     let who = Identity::of_this_pod(&|name| std::env::var(name).ok());
     let report = Arc::new(Report::new(logger, start, cfg, who));
     let on_signal = Arc::clone(&report);
-    let caught = crate::signals::on_interrupt(move |sig| {
+    let caught = blocked.on_interrupt(move |sig| {
         let outcome = Outcome::Interrupted(sig);
         // When the wait has just ended, its own summary and exit code stand.
         if on_signal.finish(outcome) {

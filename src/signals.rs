@@ -1,6 +1,7 @@
 //! The signals that end a process by default (`outcome::SIGNALS`) during the wait: the summary
-//! line, then exit 128 + the signal. A thread takes them (sigwait), so one is seen even while a
-//! request is in flight, with no signal handler.
+//! line, then exit 128 + the signal. They are blocked first thing in `main`, so that one sent
+//! while the command line is read waits for the wait; a thread then takes them (sigwait), so one
+//! is seen even while a request is in flight, with no signal handler.
 
 use crate::outcome::SIGNALS;
 use std::thread;
@@ -18,45 +19,63 @@ fn ignored(sig: i32) -> bool {
     }
 }
 
-/// Blocks `SIGNALS` (but those started ignored) in the calling thread (and the threads it spawns
-/// later) and starts a thread that calls `report`, which should exit, with the first; a second
-/// ends the process. Call before spawning any other thread. False when the signals could not be
-/// taken over.
-pub fn on_interrupt(report: impl FnOnce(i32) + Send + 'static) -> bool {
+/// `SIGNALS` (but those started ignored), blocked in the thread that made it and the threads it
+/// spawns later; `None` where they could not be.
+pub struct Blocked(Option<libc::sigset_t>);
+
+/// Blocks the signals; call before spawning any thread.
+pub fn block() -> Blocked {
     // SAFETY: plain libc calls on a sigset_t we own; the set is fully initialised by
     // sigemptyset before use.
-    let set = unsafe {
+    unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         for (sig, _) in SIGNALS.iter().filter(|(sig, _)| !ignored(*sig)) {
             libc::sigaddset(&mut set, *sig);
         }
-        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+        let ok = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) == 0;
+        Blocked(ok.then_some(set))
+    }
+}
+
+impl Blocked {
+    /// Unblocks them: a command that does not wait keeps their default actions (one already
+    /// sent acts now).
+    pub fn release(self) {
+        if let Some(set) = self.0 {
+            // SAFETY: as in `block`.
+            unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+        }
+    }
+
+    /// Starts a thread that calls `report`, which should exit, with the first of them (one sent
+    /// since `block` included); a second ends the process. False when they could not be taken
+    /// over (then they are unblocked).
+    pub fn on_interrupt(self, report: impl FnOnce(i32) + Send + 'static) -> bool {
+        let Some(set) = self.0 else { return false };
+        let spawned = thread::Builder::new()
+            .name("signals".to_string())
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                let mut sig = 0;
+                // SAFETY: sigwait and signal with valid arguments; SIG_DFL restores the default.
+                unsafe {
+                    if libc::sigwait(&set, &mut sig) != 0 {
+                        return;
+                    }
+                    for (other, _) in SIGNALS {
+                        if libc::sigismember(&set, other) == 1 {
+                            libc::signal(other, libc::SIG_DFL);
+                        }
+                    }
+                    libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+                }
+                report(sig);
+            });
+        if spawned.is_err() {
+            Blocked(Some(set)).release();
             return false;
         }
-        set
-    };
-    let spawned =
-        thread::Builder::new().name("signals".to_string()).stack_size(64 * 1024).spawn(move || {
-            let mut sig = 0;
-            // SAFETY: sigwait and signal with valid arguments; SIG_DFL restores the default.
-            unsafe {
-                if libc::sigwait(&set, &mut sig) != 0 {
-                    return;
-                }
-                for (other, _) in SIGNALS {
-                    if libc::sigismember(&set, other) == 1 {
-                        libc::signal(other, libc::SIG_DFL);
-                    }
-                }
-                libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-            }
-            report(sig);
-        });
-    if spawned.is_err() {
-        // SAFETY: as above; without the thread the signals must not stay blocked.
-        unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
-        return false;
+        true
     }
-    true
 }
