@@ -3,8 +3,28 @@
 
 mod support;
 
+use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 use support::{one_open_connection, spawn, watch_table};
+
+/// The hook watching one open connection, started with `sig` as `disposition` (`SIG_DFL`,
+/// `SIG_IGN`) whatever the test runner's is: a runner under nohup ignores SIGHUP, and a child
+/// inherits that.
+fn watching(
+    dir: &std::path::Path,
+    sig: i32,
+    disposition: libc::sighandler_t,
+) -> std::process::Command {
+    let mut cmd = watch_table(dir, &["--deadline", "30s"]);
+    // SAFETY: signal() is async-signal-safe, as pre_exec requires.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::signal(sig, disposition);
+            Ok(())
+        });
+    }
+    cmd
+}
 
 #[test]
 fn sigterm_sigint_and_sighup_print_the_summary_and_exit_143_130_and_129_at_once() {
@@ -15,7 +35,7 @@ fn sigterm_sigint_and_sighup_print_the_summary_and_exit_143_130_and_129_at_once(
         (libc::SIGUSR1, 138, "SIGUSR1"),
     ] {
         let dir = one_open_connection(&format!("signals-{name}"));
-        let mut r = spawn(watch_table(&dir, &["--deadline", "30s"]));
+        let mut r = spawn(watching(&dir, sig, libc::SIG_DFL));
         r.expect_line("1 active connection (proc)", Duration::from_secs(10));
         let sent = Instant::now();
         // SAFETY: signalling our own child.
@@ -49,17 +69,8 @@ fn sigterm_sigint_and_sighup_print_the_summary_and_exit_143_130_and_129_at_once(
 
 #[test]
 fn under_nohup_sighup_is_left_ignored_and_sigterm_still_ends_the_wait() {
-    use std::os::unix::process::CommandExt;
     let dir = one_open_connection("signals-nohup");
-    let mut cmd = watch_table(&dir, &["--deadline", "30s"]);
-    // SAFETY: signal() is async-signal-safe, as pre_exec requires.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::signal(libc::SIGHUP, libc::SIG_IGN);
-            Ok(())
-        });
-    }
-    let mut r = spawn(cmd);
+    let mut r = spawn(watching(&dir, libc::SIGHUP, libc::SIG_IGN));
     r.expect_line("1 active connection (proc)", Duration::from_secs(10));
     // SIGHUP first: were it taken, it would be the one the summary names (the lower number is
     // delivered first when both are pending).
