@@ -3,8 +3,7 @@
 use crate::count::Count;
 
 // Exit codes: 0/1/2 as linkerd-await and ripgrep use them (success, "did not happen", usage
-// error); 128 + the signal's number as a shell reports a process killed by it (130 SIGINT, 143
-// SIGTERM).
+// error); 128 + the signal, as a shell reports a process a signal killed (143 SIGTERM).
 pub const EXIT_REACHED: i32 = 0;
 pub const EXIT_DEADLINE: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;
@@ -12,8 +11,7 @@ pub const EXIT_NOTHING_COUNTED: i32 = 3;
 /// `install` could not copy the binary.
 pub const EXIT_INSTALL_FAILED: i32 = 1;
 
-/// The signals that end a wait with its summary (signals.rs): those whose default action ends a
-/// process and that a hand, a terminal or a supervisor may send, by name.
+/// The signals, by name, that end a wait with its summary (signals.rs): those that end a process.
 pub const SIGNALS: [(i32, &str); 7] = [
     (libc::SIGHUP, "SIGHUP"),
     (libc::SIGINT, "SIGINT"),

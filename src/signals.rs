@@ -1,32 +1,25 @@
-//! The signals that end a process by default (`outcome::SIGNALS`) during the wait: the summary
-//! line, then exit 128 + the signal. They are blocked first thing in `main`, so that one sent
-//! while the command line is read waits for the wait; a thread then takes them (sigwait), so one
-//! is seen even while a request is in flight, with no signal handler.
+//! `outcome::SIGNALS` during the wait: the summary, then exit 128 + the signal. Blocked first thing
+//! in `main`, then taken by a thread (sigwait): seen even while a request is in flight.
 
 use crate::outcome::SIGNALS;
 use std::thread;
 
-/// Whether `sig` was ignored when the process started: `nohup` ignores SIGHUP, a shell's
-/// background job SIGQUIT, and the wait keeps that. SIGINT and SIGTERM are always taken.
+/// Whether `sig` was ignored at start (nohup's SIGHUP), which the wait keeps; never SIGINT, SIGTERM.
 fn ignored(sig: i32) -> bool {
-    if sig == libc::SIGINT || sig == libc::SIGTERM {
-        return false;
-    }
     // SAFETY: sigaction with a null new action only reads the current one into `old`.
-    unsafe {
+    let handler = unsafe {
         let mut old: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
-    }
+        (libc::sigaction(sig, std::ptr::null(), &mut old) == 0).then_some(old.sa_sigaction)
+    };
+    handler == Some(libc::SIG_IGN) && sig != libc::SIGINT && sig != libc::SIGTERM
 }
 
-/// `SIGNALS` (but those started ignored), blocked in the thread that made it and the threads it
-/// spawns later; `None` where they could not be.
+/// `SIGNALS` but the ignored, blocked in this thread and those it spawns; `None`: they could not be.
 pub struct Blocked(Option<libc::sigset_t>);
 
 /// Blocks the signals; call before spawning any thread.
 pub fn block() -> Blocked {
-    // SAFETY: plain libc calls on a sigset_t we own; the set is fully initialised by
-    // sigemptyset before use.
+    // SAFETY: plain libc calls on a sigset_t we own, initialised by sigemptyset.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);

@@ -204,8 +204,7 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, Stri
     )
 }
 
-/// The min-drain, and where the deadline cuts it short (one read before it: wait.rs `drain_done`),
-/// what it is cut to.
+/// The min-drain, and what the deadline cuts it to (wait.rs `drain_done`) where it does.
 fn least(r: &Rules, after: &str) -> String {
     let (min, cut) = (format_duration(r.min_drain), drain_done(r, Duration::ZERO));
     match cut < r.min_drain {
