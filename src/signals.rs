@@ -4,7 +4,7 @@
 use crate::outcome::SIGNALS;
 use std::thread;
 
-/// Whether `sig` was ignored at start (nohup's SIGHUP), which the wait keeps; never SIGINT, SIGTERM.
+/// Whether `sig` started ignored (nohup's SIGHUP), which the wait keeps; never SIGINT or SIGTERM.
 fn ignored(sig: i32) -> bool {
     // SAFETY: sigaction with a null new action only reads the current one into `old`.
     let handler = unsafe {
@@ -14,7 +14,7 @@ fn ignored(sig: i32) -> bool {
     handler == Some(libc::SIG_IGN) && sig != libc::SIGINT && sig != libc::SIGTERM
 }
 
-/// `SIGNALS` but the ignored, blocked in this thread and those it spawns; `None`: they could not be.
+/// `SIGNALS` but the ignored, blocked here and in threads spawned later; `None`: not blocked.
 pub struct Blocked(Option<libc::sigset_t>);
 
 /// Blocks the signals; call before spawning any thread.

@@ -170,8 +170,8 @@ fn pace(
 
 /// `hold`: the new connections among the arrivals. At the deadline, none for the quiet time
 /// their own rate asks (up to the last count, just before the deadline) means that the requests
-/// still arriving come on kept-alive connections: clients the mesh no longer sends here, which the app's shutdown hands over by closing
-/// their connections (docs/holding.md, "Exit codes").
+/// still arriving come on kept-alive connections: clients the mesh no longer sends here, which
+/// the app's shutdown hands over by closing them (docs/holding.md, "Exit codes").
 #[derive(Debug, Default)]
 struct Opened {
     counter: Option<u64>,
