@@ -142,7 +142,8 @@ pub enum Command {
 #[argh(subcommand, name = "run")]
 pub struct RunArgs {
     /// the Envoy-based proxy, whose defaults and own listeners, HTTP managers and clusters
-    /// (never counted) apply: istio, consul, kuma, envoy-gateway or contour (default: istio)
+    /// (never counted) apply: istio, waypoint (Istio ambient's), consul, kuma, envoy-gateway or
+    /// contour (default: istio)
     #[argh(option)]
     pub preset: Option<String>,
 
@@ -154,7 +155,7 @@ pub struct RunArgs {
 
     /// which listeners to drain: inbound, all or none; or agent: ask Istio's agent, as Istio's
     /// native-sidecar preStop does, which drains inbound and later stops the proxy at once on
-    /// SIGTERM (default: inbound; all for the envoy-gateway and contour presets)
+    /// SIGTERM (default: inbound; all for the waypoint, envoy-gateway and contour presets)
     #[argh(option)]
     pub drain: Option<String>,
 
@@ -170,7 +171,7 @@ pub struct RunArgs {
 
     /// connections, or requests: requests in flight (HTTP requests, and TCP streams), so idle
     /// keep-alive connections do not hold the wait; from Envoy's stats, else its /clusters, else
-    /// connections; status shows both (default: connections)
+    /// connections; status shows both (default: connections; requests for waypoint)
     #[argh(option)]
     pub count: Option<String>,
 

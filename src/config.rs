@@ -210,8 +210,8 @@ fn no_agent(asks: &str, preset: Preset) -> UsageError {
         "--preset",
         preset.name,
         format!(
-            "istio with {asks}, which asks Istio's agent: only istio has one (to stop such a \
-             proxy, the kubelet's SIGTERM to its container does)"
+            "istio or waypoint with {asks}, which asks Istio's agent: only Istio has one (to stop \
+             such a proxy, the kubelet's SIGTERM to its container does)"
         ),
     )
 }
@@ -327,7 +327,7 @@ pub fn counting(a: &RunArgs) -> Result<Counting, UsageError> {
     };
     let modes = [("auto", Mode::Auto), ("stats", Mode::Stats), ("proc", Mode::Proc)];
     let mode = one_of("--source", a.source.as_deref().unwrap_or("auto"), &modes)?;
-    let unit = one_of("--count", a.count.as_deref().unwrap_or("connections"), &UNITS)?;
+    let unit = a.count.as_deref().map_or(Ok(preset.unit), |v| one_of("--count", v, &UNITS))?;
     // The socket table knows connections, never requests.
     if unit == Unit::Requests && mode == Mode::Proc {
         return Err(UsageError::new("--count", "requests", ONLY_STATS));
@@ -682,7 +682,7 @@ fn hold_rules(a: &HoldArgs) -> Result<Rules, UsageError> {
 }
 
 const HOLD_PRESETS: &str = "a sidecar's preset, istio, consul or kuma, or ambient (Istio's ambient \
-    mode) or none (no mesh): a gateway has no app behind it to hold";
+    mode) or none (no mesh): a gateway or waypoint has no app behind it to hold";
 
 /// ztunnel's own ports in an ambient pod's namespace: its outbound capture and DNS
 /// (istio/ztunnel `scripts/ztunnel-redirect-inpod.sh`); 15008 and 15006 carry arrivals.
@@ -1129,8 +1129,16 @@ mod tests {
         assert_eq!(c.before, vec![]);
         let istio = run_config(&args(&[]), &no_env).unwrap();
         assert_eq!(istio.counting.preset, preset::ISTIO, "the default");
+        assert_eq!(istio.counting.unit, Unit::Connections);
+        // A waypoint: Istio's admin API and agent, all listeners, requests unless told otherwise.
+        let c = run_config(&args(&[("preset", "waypoint")]), &no_env).unwrap();
+        assert_eq!(c.counting.admin.to_string(), "127.0.0.1:15000");
+        assert_eq!(c.before, vec![Request::DrainListeners { all: true }]);
+        assert_eq!(c.counting.unit, Unit::Requests);
+        let c = run_config(&args(&[("preset", "waypoint"), ("count", "connections")]), &no_env);
+        assert_eq!(c.unwrap().counting.unit, Unit::Connections);
         assert!(err(&[("preset", "linkerd")]).ends_with(
-            "invalid value 'linkerd' for --preset: expected istio, consul, kuma, envoy-gateway or contour"
+            "invalid value 'linkerd' for --preset: expected istio, waypoint, consul, kuma, envoy-gateway or contour"
         ));
         for gateway in ["contour", "envoy-gateway"] {
             assert_eq!(
@@ -1144,14 +1152,14 @@ mod tests {
         }
         let e = err(&[("preset", "kuma"), ("drain", "agent")]);
         assert!(
-            e.starts_with("invalid value 'kuma' for --preset: expected istio with --drain agent, which asks Istio's agent"),
+            e.starts_with("invalid value 'kuma' for --preset: expected istio or waypoint with --drain agent, which asks Istio's agent"),
             "{e}"
         );
         let mut a = args(&[("preset", "consul")]);
         a.then_quit = true;
         let e = run_config(&a, &no_env).unwrap_err().to_string();
         assert!(
-            e.starts_with("invalid value 'consul' for --preset: expected istio with --then-quit, which asks Istio's agent"),
+            e.starts_with("invalid value 'consul' for --preset: expected istio or waypoint with --then-quit, which asks Istio's agent"),
             "{e}"
         );
     }

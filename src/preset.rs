@@ -2,6 +2,7 @@
 //! counted), what its drain covers, and whether Istio's agent is there. A flag overrides each.
 //! The facts, from each proxy's source: docs/running.md ("Other Envoy-based proxies").
 
+use crate::count::Unit;
 use crate::drain::Drain;
 use crate::lists::ISTIO_INFRA_PORTS;
 
@@ -32,6 +33,11 @@ pub struct Preset {
     pub drain: Drain,
     /// Whether Istio's agent is there, for `--drain agent` and `--then-quit`.
     pub agent: bool,
+    /// `--count`'s default.
+    pub unit: Unit,
+    /// Whether hosts at Envoy's internal addresses (`envoy://listener/...`) count: a waypoint's
+    /// services reach their pods through its own HBONE listener.
+    pub internal_hosts: bool,
 }
 
 /// Istio's sidecars and gateways, the default. Its own managers and clusters are in its bootstrap
@@ -61,10 +67,39 @@ pub const ISTIO: Preset = Preset {
     inbound_clusters: &["inbound|*", "InboundPassthroughCluster*"],
     drain: Drain::Inbound,
     agent: true,
+    unit: Unit::Connections,
+    internal_hosts: false,
 };
 
-pub const PRESETS: [Preset; 5] = [
+pub const PRESETS: [Preset; 6] = [
     ISTIO,
+    // Istio's waypoint (pilot/pkg/networking/core/waypoint.go): ztunnels' pooled HBONE connections
+    // end on `connect_terminate`, one CONNECT stream per client connection, idle or not, which
+    // `main_internal` carries; the services' clusters (`inbound-vip|...`) hold the requests, on
+    // hosts at `connect_originate`'s internal address. See docs/running.md, "Waypoints".
+    Preset {
+        name: "waypoint",
+        // Internal listeners' stats (istio pkg/envoy/agent.go skips them too).
+        own_listeners: &["envoy_internal_*"],
+        own_hcms: &["admin", "agent", "stats", "connect_terminate"],
+        own_clusters: &[
+            "prometheus_stats",
+            "agent",
+            "sds-grpc",
+            "xds-grpc",
+            "main_internal",
+            "connect_originate",
+            "encap",
+            "inner_connect_originate",
+            "outer_connect_originate",
+            "forward_inner_connect",
+        ],
+        inbound_clusters: &[],
+        drain: Drain::All,
+        unit: Unit::Requests,
+        internal_hosts: true,
+        ..ISTIO
+    },
     // hashicorp/consul-dataplane internal/bootstrap, pkg/consuldp/bootstrap.go.
     Preset {
         name: "consul",
@@ -83,6 +118,7 @@ pub const PRESETS: [Preset; 5] = [
         inbound_clusters: &["local_app"],
         drain: Drain::Inbound,
         agent: false,
+        ..ISTIO
     },
     // kumahq/kuma (pkg/xds/bootstrap/template_v3.go, pkg/xds/generator/admin_proxy_generator.go,
     // pkg/plugins/policies/meshmetric, pkg/xds/dynconf, pkg/xds/envoy/names), older names too.
@@ -115,6 +151,7 @@ pub const PRESETS: [Preset; 5] = [
         inbound_clusters: &["localhost:*"],
         drain: Drain::Inbound,
         agent: false,
+        ..ISTIO
     },
     // envoyproxy/gateway internal/xds/bootstrap/bootstrap.yaml.tpl.
     Preset {
@@ -128,6 +165,7 @@ pub const PRESETS: [Preset; 5] = [
         inbound_clusters: &[],
         drain: Drain::All,
         agent: false,
+        ..ISTIO
     },
     // projectcontour/contour internal/envoy/v3/bootstrap.go.
     Preset {
@@ -141,6 +179,7 @@ pub const PRESETS: [Preset; 5] = [
         inbound_clusters: &[],
         drain: Drain::All,
         agent: false,
+        ..ISTIO
     },
 ];
 

@@ -142,7 +142,11 @@ fn hold_refuses_a_gateway_and_a_zero_quiet_time_in_one_line() {
     for (args, want) in [
         (
             &["hold", "--preset", "contour"][..],
-            "envoy-drain: invalid value 'contour' for --preset: expected a sidecar's preset, istio, consul or kuma, or ambient (Istio's ambient mode) or none (no mesh): a gateway has no app behind it to hold\n",
+            "envoy-drain: invalid value 'contour' for --preset: expected a sidecar's preset, istio, consul or kuma, or ambient (Istio's ambient mode) or none (no mesh): a gateway or waypoint has no app behind it to hold\n",
+        ),
+        (
+            &["hold", "--preset", "waypoint"],
+            "envoy-drain: invalid value 'waypoint' for --preset: expected a sidecar's preset, istio, consul or kuma, or ambient (Istio's ambient mode) or none (no mesh): a gateway or waypoint has no app behind it to hold\n",
         ),
         (
             &["hold", "--quiet", "0s"],

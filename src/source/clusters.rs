@@ -238,11 +238,13 @@ impl Arrived {
 }
 
 /// Why a host's figures do not count: a Unix socket or internal address (but `hold`'s app on a
-/// Unix socket, an Istio Sidecar's `defaultEndpoint: unix://`), or an ignored port.
+/// Unix socket, an Istio Sidecar's `defaultEndpoint: unix://`; a waypoint's pods), or an ignored
+/// port.
 fn why_host(host: &str, cluster: &str, rule: &Rule) -> Option<String> {
     let pipe = host.starts_with('/') || host.starts_with('@');
     match host.parse::<SocketAddr>() {
         Err(_) if rule.inbound && pipe && any(rule.preset.inbound_clusters, cluster) => None,
+        Err(_) if rule.preset.internal_hosts && host.starts_with("envoy://") => None,
         Err(_) => Some("Unix socket or internal address".to_string()),
         Ok(a) if rule.ignore_ports.contains(a.port()) => Some(format!("ignored port {}", a.port())),
         Ok(_) => None,
@@ -343,6 +345,42 @@ prometheus_stats::127.0.0.1:15000::rq_active::0
             // Istio knows none of them: read as Istio's, the stream would hold the hook.
             assert_eq!(tally(&body, &istio()).unwrap().count.total, 2, "{own}");
         }
+    }
+
+    /// Upstream Envoy as istiod's waypoint in the rollout replica (tests/rollout.rs) under hey's
+    /// load, ten kept-alive clients: Envoy's lines, some hosts cut, one host's rq_active set to 2.
+    const WAYPOINT: &str = "main_internal::envoy://main_internal/::cx_active::10
+main_internal::envoy://main_internal/::rq_active::10
+main_internal::envoy://main_internal/::rq_total::40
+connect_originate::10.244.0.4:15008::cx_active::1
+connect_originate::10.244.0.4:15008::rq_active::4
+connect_originate::10.244.0.5:15008::cx_active::1
+connect_originate::10.244.0.5:15008::rq_active::5
+agent::127.0.0.1:15020::rq_active::0
+encap::envoy://connect_originate/::rq_active::0
+inbound-vip|80|http|app.shop-0.svc.cluster.local::envoy://connect_originate/10.244.0.5:8080::cx_active::5
+inbound-vip|80|http|app.shop-0.svc.cluster.local::envoy://connect_originate/10.244.0.5:8080::rq_active::2
+inbound-vip|80|http|app.shop-0.svc.cluster.local::envoy://connect_originate/10.244.0.4:8080::cx_active::4
+inbound-vip|80|http|app.shop-0.svc.cluster.local::envoy://connect_originate/10.244.0.4:8080::rq_active::0
+sds-grpc::./var/run/secrets/workload-spiffe-uds/socket::rq_active::2
+xds-grpc::./etc/istio/proxy/XDS::rq_active::1
+";
+
+    #[test]
+    fn a_waypoint_counts_its_services_requests_not_its_clients_streams_nor_tunnels() {
+        let waypoint = crate::preset::PRESETS.into_iter().find(|p| p.name == "waypoint").unwrap();
+        let a = tally(WAYPOINT, &Rule { preset: waypoint, ..istio() }).unwrap();
+        assert_eq!(
+            a.count.breakdown(),
+            "cluster inbound-vip|80|http|app.shop-0.svc.cluster.local=2"
+        );
+        // The CONNECT streams (idle kept-alive clients too) and the tunnels to the pods: shown.
+        for (own, requests) in [("main_internal", 10), ("connect_originate", 9)] {
+            let c = a.clusters.iter().find(|c| c.name == own).unwrap();
+            assert_eq!((c.requests, c.left_out), (requests, Some("Istio's own cluster")));
+        }
+        // Read as a sidecar's, the tunnels would hold the hook and the requests go unseen.
+        assert_eq!(tally(WAYPOINT, &istio()).unwrap().count.total, 9);
     }
 
     #[test]

@@ -153,6 +153,10 @@ impl Lines {
     /// streams), from `connections`, this answer's connection count.
     pub fn requests(&self, connections: &Count) -> Result<(Count, Vec<Hcm>), String> {
         self.check(self.admin_requests, "downstream_rq_active")?;
+        if self.preset.internal_hosts {
+            // Its TCP streams are connections of its internal listeners, as idle clients' are.
+            return Err("a waypoint's stats cannot tell a TCP stream from an idle client".into());
+        }
         let hcms = self.hcms.all(|_, [requests, connections]| Hcm {
             prefix: "(more HTTP connection managers)".to_string(),
             requests,
@@ -505,7 +509,7 @@ listener.0.0.0.0_8002.downstream_cx_active: 1
 listener.0.0.0.0_8080.downstream_cx_active: 2
 listener.admin.downstream_cx_active: 1
 ";
-        let contour = crate::preset::PRESETS[4];
+        let contour = crate::preset::PRESETS[5];
         let mut lines = Lines::new(&PortSet::parse(contour.ignore_ports).unwrap(), contour);
         for line in body.lines() {
             lines.add(line);
@@ -515,6 +519,32 @@ listener.admin.downstream_cx_active: 1
         assert_eq!(hcms.len(), 1);
         // Read as Istio's, the same answer counts it.
         assert_eq!(parse_requests(body, &PortSet::default()).unwrap().0.total, 2);
+    }
+
+    #[test]
+    fn a_waypoints_internal_listeners_never_count_and_its_requests_come_from_clusters() {
+        // With listener and HTTP stats let through Istio's stats matcher: its HBONE manager
+        // (pilot/pkg/networking/core/listener_waypoint.go) holds a CONNECT stream per client
+        // connection; internal listeners are named so by Envoy 1.40.0.
+        let body = "http.admin.downstream_rq_active: 1
+http.connect_terminate.downstream_cx_active: 2
+http.connect_terminate.downstream_rq_active: 10
+http.inbound_10.96.0.7_80.downstream_cx_active: 10
+http.inbound_10.96.0.7_80.downstream_rq_active: 1
+listener.0.0.0.0_15008.downstream_cx_active: 2
+listener.envoy_internal_main_internal.downstream_cx_active: 10
+listener.envoy_internal_connect_originate.downstream_cx_active: 4
+listener.admin.downstream_cx_active: 1
+";
+        let waypoint = crate::preset::PRESETS[1];
+        let mut lines = Lines::new(&PortSet::parse(waypoint.ignore_ports).unwrap(), waypoint);
+        for line in body.lines() {
+            lines.add(line);
+        }
+        let connections = lines.connections().unwrap();
+        assert_eq!(connections.total, 2, "ztunnels' HBONE connections: {connections:?}");
+        // A request would be 1, a TCP stream an idle client's: /clusters counts them.
+        assert!(lines.requests(&connections).unwrap_err().contains("TCP stream"));
     }
 
     #[test]
@@ -532,7 +562,7 @@ listener.system_meshmetric_prometheus_default.downstream_cx_active: 1
 listener.system_dynamicconfig.downstream_cx_active: 1
 listener.admin.downstream_cx_active: 1
 ";
-        let kuma = crate::preset::PRESETS[2];
+        let kuma = crate::preset::PRESETS[3];
         let mut lines = Lines::new(&PortSet::parse(kuma.ignore_ports).unwrap(), kuma);
         for line in body.lines() {
             lines.add(line);
