@@ -2,13 +2,14 @@
 //! real node (kubelet, containerd, runc, kube-proxy; with sidecars istiod and pilot-agent; in
 //! ambient mode istiod, ztunnel and istio-cni; tests/support/rollout.rs), one row per data plane x
 //! app shutdown x clients. Arguments narrow it down: data planes (`no-mesh`, `classic`, `native`,
-//! `ambient`), shutdowns (`none`, `exit-on-zero`, `sleep15` or any `sleep<seconds>`,
-//! `envoy-drain`), clients (`new-conn`, `keep-alive`); several of one sort are all run. And for
-//! every row: `debounce=<seconds>` (istiod's push held back that long), `replicas=<n>` (3),
-//! `rate=<requests a second>` (100), `grace=<seconds>` (the pods' terminationGracePeriodSeconds,
-//! 30). `demo` alone: the demo's four rows side by side in one cluster, restarted at once (native
-//! sidecars and ambient mode, each as written and with envoy-drain). Run it with
-//! `bash examples/rollout.sh [ARG...]`, as root.
+//! `ambient`; `waypoint`, an ambient waypoint restarted instead of the app), shutdowns (`none`,
+//! `exit-on-zero`, `sleep15` or any `sleep<seconds>`, `envoy-drain`), clients (`new-conn`,
+//! `keep-alive`); several of one sort are all run. And for every row: `debounce=<seconds>`
+//! (istiod's push held back that long), `replicas=<n>` (3), `rate=<requests a second>` (100),
+//! `request-ms=<ms>` (the app's time for each answer, 50), `grace=<seconds>` (the pods'
+//! terminationGracePeriodSeconds, 30). `demo` alone: the demo's four rows side by side in one
+//! cluster, restarted at once (native sidecars and ambient mode, each as written and with
+//! envoy-drain). Run it with `bash examples/rollout.sh [ARG...]`, as root.
 
 #[allow(dead_code)]
 #[path = "../tests/support"]
@@ -31,7 +32,7 @@ fn main() {
     let mut shutdowns = Vec::new();
     let mut clients = Vec::new();
     let mut debounce = None;
-    let (mut replicas, mut rate, mut grace) = (3, 100, 30);
+    let (mut replicas, mut rate, mut grace, mut request_ms) = (3, 100, 30, 50);
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args == ["demo"] {
         return demo();
@@ -43,6 +44,7 @@ fn main() {
             "classic" => meshes.push(Mesh::Sidecar { native: false }),
             "native" => meshes.push(Mesh::Sidecar { native: true }),
             "ambient" => meshes.push(Mesh::Ambient),
+            "waypoint" => meshes.push(Mesh::Waypoint),
             "none" => shutdowns.push(Shutdown::None),
             "exit-on-zero" => shutdowns.push(Shutdown::ExitOnZero),
             "envoy-drain" => shutdowns.push(Shutdown::EnvoyDrain),
@@ -59,11 +61,15 @@ fn main() {
             }
             _ if number("rate=").is_some_and(|n| n > 0) => rate = number("rate=").unwrap_or(rate),
             _ if number("grace=").is_some() => grace = number("grace=").unwrap_or(grace),
+            _ if number("request-ms=").is_some_and(|n| n > 0) => {
+                request_ms = number("request-ms=").unwrap_or(request_ms)
+            }
             other => {
                 eprintln!(
-                    "rollout: {other:?}: expected no-mesh, classic, native, ambient, none, \
+                    "rollout: {other:?}: expected no-mesh, classic, native, ambient, waypoint, none, \
                      exit-on-zero, sleep<seconds>, envoy-drain, new-conn, keep-alive, \
                      debounce=<seconds>, replicas=<n>, rate=<requests a second>, \
+                     request-ms=<the app's answer time>, \
                      grace=<seconds>, or demo alone"
                 );
                 std::process::exit(2);
@@ -86,8 +92,8 @@ fn main() {
         clients = vec![Clients::NewConn, Clients::KeepAlive];
     }
     println!(
-        "{replicas} replicas, {rate} requests a second, grace period {grace} s, istiod's debounce \
-         {}\n",
+        "{replicas} replicas, {rate} requests a second of {request_ms} ms each, grace period \
+         {grace} s, istiod's debounce {}\n",
         debounce.map_or("its default".to_string(), |d| format!("{d:?}"))
     );
     println!(
@@ -100,9 +106,19 @@ fn main() {
             if matches!(mesh, Mesh::None | Mesh::Ambient) && shutdown == Shutdown::ExitOnZero {
                 continue;
             }
+            // A waypoint's rows restart the waypoint: the app's preStop plays no part.
+            if mesh == Mesh::Waypoint && matches!(shutdown, Shutdown::Sleep(_)) {
+                continue;
+            }
             for &clients in &clients {
-                let case =
-                    Case { debounce, replicas, rate, grace, ..Case::new(mesh, shutdown, clients) };
+                let case = Case {
+                    debounce,
+                    replicas,
+                    rate,
+                    grace,
+                    request_ms,
+                    ..Case::new(mesh, shutdown, clients)
+                };
                 let row = run(case);
                 println!("{}", table_row(&row));
                 for (_, summary) in &row.holds {

@@ -11,7 +11,7 @@
 
 mod support;
 
-use support::rollout::{Case, Clients, Mesh, Row, Shutdown, run_together};
+use support::rollout::{Case, Clients, Mesh, Row, Shutdown, run, run_together};
 
 #[test]
 #[ignore = "needs root, the control plane and the node built from source (`bash scripts/test`)"]
@@ -59,6 +59,51 @@ fn a_rollout_in_every_data_plane_at_once_loses_nothing_with_envoy_drain() {
         // Envoy or to ztunnel) dropped each old pod.
         assert!(row.propagation.iter().all(Option::is_some), "{:?}", row.propagation);
     }
+}
+
+#[test]
+#[ignore = "needs root, the control plane and the node built from source (`bash scripts/test`)"]
+fn a_waypoints_rollout_loses_nothing_with_the_waypoint_preset() {
+    // istiod's own waypoint for the namespace's services, two replicas, restarted under the load
+    // of kept-alive clients (each a CONNECT stream through it for as long as it lives): the
+    // preStop of examples/waypoint.yaml drains it and waits for its requests alone.
+    let row = run(Case::new(Mesh::Waypoint, Shutdown::EnvoyDrain, Clients::KeepAlive));
+    eprintln!(
+        "waypoint: rollout restart {:.1?}; {} answered 200; left ztunnel after {:?}; runs {:?}; {}",
+        row.took, row.ok, row.propagation, row.holds, row.diagnosis
+    );
+    assert!(row.ok > 2000, "hey's requests were answered: {} ({:?})", row.ok, row.failed);
+    assert_eq!(row.failed, [], "a request failed: {:?}; {}", row.holds, row.diagnosis);
+    // `status` in a waypoint under that load: the requests counted, the clients' CONNECT streams
+    // and the tunnels to the pods shown as Istio's own.
+    eprintln!("{}", row.status);
+    for shown in ["main_internal (Istio's own cluster)", "connect_originate (Istio's own cluster)"]
+    {
+        assert!(row.status.contains(shown), "{shown}: {}", row.status);
+    }
+    assert!(
+        row.status.contains("inbound-vip|80|http|app.shop-0.svc.cluster.local"),
+        "{}",
+        row.status
+    );
+    // Each old waypoint's hook ended on its own once no request was in flight, well before its
+    // deadline (50 s): not held by the clients' streams nor the tunnels to the pods.
+    assert_eq!(row.records.len(), 2, "{:?}", row.holds);
+    for record in &row.records {
+        assert!(
+            record.contains(r#""command":"run","preset":"waypoint","outcome":"reached""#),
+            "{record}"
+        );
+        assert!(
+            record.contains(r#""count_unit":"requests","count_source":"clusters""#),
+            "{record}"
+        );
+        let elapsed = record.split_once(r#""elapsed_ms":"#).and_then(|(_, r)| r.split(',').next());
+        let elapsed: u64 = elapsed.and_then(|e| e.parse().ok()).expect("the record's elapsed_ms");
+        assert!(elapsed < 30_000, "{record}");
+    }
+    // ztunnel itself dropped each old waypoint (istiod's push).
+    assert!(row.propagation.iter().all(Option::is_some), "{:?}", row.propagation);
 }
 
 /// examples/records.sh's table of `records`.

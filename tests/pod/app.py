@@ -4,7 +4,8 @@ unprivileged user, its outgoing connections are captured by the sidecar's iptabl
 
   GET /call/<seconds>   calls http://10.90.0.3:9080/delay/<seconds> (the other namespace), then
                         answers 200 with what it got
-  GET /local/<seconds>  answers 200 after <seconds>, calling nothing
+  GET /local/<seconds>  answers 200 after <seconds>, calling nothing; <low>-<high> seconds: a
+                        time drawn evenly between them for each request
 
 A query string (`/local/10?long=1`) only tells requests apart; one that holds `probe` is the
 kubelet's, which a graceful shutdown does not take for traffic; one that holds `reset` has the
@@ -28,6 +29,7 @@ Every event is a line on stdout, for the test to wait on: `listening`, `received
 
 import http.client
 import http.server
+import random
 import signal
 import socket
 import struct
@@ -91,8 +93,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def answer(self):
         say("received " + self.path)
         kind, _, seconds = self.path.partition("?")[0].strip("/").partition("/")
+        low, _, high = seconds.partition("-")
         try:
-            delay = float(seconds)
+            delay = random.uniform(float(low), float(high)) if high else float(low)
         except ValueError:
             delay = 0.0
         status, body = 200, b"ok\n"

@@ -13,7 +13,9 @@
 //!   pod by Istio's own annotation;
 //! - ambient: istiod's charts' ztunnel and istio-cni DaemonSets on the node (`ambient`): istio-cni
 //!   captures each pod as it starts and hands it to ztunnel, which carries the client's
-//!   connections over HBONE to the pods it learns from istiod.
+//!   connections over HBONE to the pods it learns from istiod;
+//! - a waypoint: ambient mode, the namespace's Service behind istiod's own waypoint (two replicas,
+//!   examples/waypoint.yaml), which the rollout restarts instead of the app.
 //!
 //! The app's shutdown is none (the pod as written: with a sidecar, Istio's own preStop and
 //! SIGTERM handling), EXIT_ON_ZERO_ACTIVE_CONNECTIONS for the proxy, `preStop: sleep`, or
@@ -39,6 +41,7 @@ use std::time::{Duration, Instant};
 
 const POLICY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hold-policy.yaml");
 const TEMPLATE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/istio-template-values.yaml");
+const WAYPOINT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/waypoint.yaml");
 const APP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pod/app.py");
 /// scripts/build-release's static binary, as the FROM scratch image holds it.
 const RELEASE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/target/dist/amd64/envoy-drain");
@@ -56,18 +59,29 @@ pub enum Mesh {
     },
     /// Istio's ambient mode: the node's ztunnel and istio-cni, as istiod's chart installs them.
     Ambient,
+    /// Ambient mode with a waypoint for the namespace's services: istiod's own (a Gateway of
+    /// class istio-waypoint, two replicas), which the rollout restarts instead of the app; the
+    /// row's shutdown is the waypoint's.
+    Waypoint,
+}
+
+impl Mesh {
+    /// Whether the node runs ztunnel and istio-cni.
+    fn ambient(self) -> bool {
+        matches!(self, Mesh::Ambient | Mesh::Waypoint)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shutdown {
     /// The pod as written: SIGTERM at deletion, and with a sidecar Istio's own preStop and drain.
     None,
-    /// Istio's EXIT_ON_ZERO_ACTIVE_CONNECTIONS for the proxy (sidecars only).
+    /// Istio's EXIT_ON_ZERO_ACTIVE_CONNECTIONS for the proxy (sidecars, waypoints).
     ExitOnZero,
     /// Kubernetes' own `preStop: sleep` of that many seconds for the app.
     Sleep(u32),
     /// envoy-drain: examples/hold-policy.yaml's hold without a sidecar (no mesh, ambient); the
-    /// template's `run` and `hold` with sidecars.
+    /// template's `run` and `hold` with sidecars; examples/waypoint.yaml's `run` for a waypoint.
     EnvoyDrain,
 }
 
@@ -89,8 +103,13 @@ pub struct Case {
     pub debounce: Option<Duration>,
     /// The app's replicas.
     pub replicas: u32,
-    /// The client's requests a second, over ten connections at a time (hey's workers).
+    /// The client's requests a second, over ten connections at a time (hey's workers), or as many
+    /// as the requests' length needs.
     pub rate: u32,
+    /// How long the app takes to answer each request, in milliseconds; from 1 s on, the mean of
+    /// times drawn between half and one and a half of it, so that the clients' requests spread
+    /// out in time.
+    pub request_ms: u32,
     /// The app pods' terminationGracePeriodSeconds.
     pub grace: u32,
 }
@@ -99,7 +118,16 @@ impl Case {
     /// The table's usual case: three replicas, 100 requests a second, Kubernetes' default grace
     /// period (30 s), istiod's own debounce.
     pub fn new(mesh: Mesh, shutdown: Shutdown, clients: Clients) -> Case {
-        Case { mesh, shutdown, clients, debounce: None, replicas: 3, rate: 100, grace: 30 }
+        Case {
+            mesh,
+            shutdown,
+            clients,
+            debounce: None,
+            replicas: 3,
+            rate: 100,
+            request_ms: 50,
+            grace: 30,
+        }
     }
 
     pub fn mesh_name(&self) -> &'static str {
@@ -108,6 +136,7 @@ impl Case {
             Mesh::Sidecar { native: false } => "sidecar (classic)",
             Mesh::Sidecar { native: true } => "sidecar (native)",
             Mesh::Ambient => "ambient (ztunnel)",
+            Mesh::Waypoint => "ambient waypoint",
         }
     }
 
@@ -120,6 +149,7 @@ impl Case {
             (Shutdown::EnvoyDrain, Mesh::None | Mesh::Ambient) => {
                 "envoy-drain hold (policy)".into()
             }
+            (Shutdown::EnvoyDrain, Mesh::Waypoint) => "envoy-drain run --preset waypoint".into(),
             (Shutdown::EnvoyDrain, _) => "envoy-drain run + hold (template)".into(),
         }
     }
@@ -146,6 +176,9 @@ pub struct Row {
     /// What explains a failure: the kubelet's probe failures, hey's errors and kube-proxy's last
     /// lines.
     pub diagnosis: String,
+    /// With a waypoint: what `envoy-drain status --preset waypoint` printed in one of the old
+    /// waypoints under the load, before the restart.
+    pub status: String,
 }
 
 impl Row {
@@ -186,6 +219,9 @@ fn workload(case: Case, ns: &str) -> (String, String) {
         Mesh::Ambient => {
             format!("envoy-drain.io/hold: {hold}, istio.io/dataplane-mode: ambient")
         }
+        Mesh::Waypoint => "envoy-drain.io/hold: disabled, istio.io/dataplane-mode: ambient, \
+                           istio.io/use-waypoint: waypoint"
+            .to_string(),
     };
     let namespace = format!(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels: {{{labels}}}\n"
@@ -263,6 +299,80 @@ spec:
     (namespace, deployment)
 }
 
+/// What upstream Envoy needs to run istiod's waypoint configuration (Istio's own Envoy,
+/// istio/proxy, cannot be built here), scoped to the waypoint: its two `io.istio.http.peer_metadata`
+/// filters (telemetry) gone, the double-HBONE listener (multi-network only) gone, and
+/// `connect_authority` the same set_filter_state on Envoy's own `envoy.hashable_string` factory
+/// where istiod names Istio's `istio.hashable_string` (pilot/pkg/xds/filters/filters.go).
+const UPSTREAM_ENVOY_WAYPOINT: &str = "apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {name: upstream-envoy}
+spec:
+  targetRefs: [{kind: Gateway, group: gateway.networking.k8s.io, name: waypoint}]
+  configPatches:
+  - applyTo: HTTP_FILTER
+    match: {listener: {filterChain: {filter: {name: envoy.filters.network.http_connection_manager, subFilter: {name: waypoint_downstream_peer_metadata}}}}}
+    patch: {operation: REMOVE}
+  - applyTo: HTTP_FILTER
+    match: {listener: {filterChain: {filter: {name: envoy.filters.network.http_connection_manager, subFilter: {name: waypoint_upstream_peer_metadata}}}}}
+    patch: {operation: REMOVE}
+  - applyTo: LISTENER
+    match: {listener: {name: inner_connect_originate}}
+    patch: {operation: REMOVE}
+  - applyTo: HTTP_FILTER
+    match: {listener: {filterChain: {filter: {name: envoy.filters.network.http_connection_manager, subFilter: {name: connect_authority}}}}}
+    patch:
+      operation: REPLACE
+      value:
+        name: connect_authority
+        typed_config:
+          '@type': type.googleapis.com/envoy.extensions.filters.http.set_filter_state.v3.Config
+          on_request_headers:
+          - {object_key: envoy.filters.listener.original_dst.local_ip, format_string: {text_format_source: {inline_string: '%REQ(:AUTHORITY)%'}}, shared_with_upstream: ONCE}
+          - {object_key: io.istio.connect_authority, factory_key: envoy.hashable_string, format_string: {text_format_source: {inline_string: '%REQ(:AUTHORITY)%'}}, shared_with_upstream: ONCE}
+          - {object_key: envoy.filters.listener.original_dst.remote_ip, format_string: {text_format_source: {inline_string: '%DOWNSTREAM_REMOTE_ADDRESS%'}}, shared_with_upstream: ONCE}
+          - {object_key: io.istio.peer_principal, factory_key: envoy.hashable_string, format_string: {text_format_source: {inline_string: '%DOWNSTREAM_PEER_URI_SAN%'}}, shared_with_upstream: ONCE}
+          - {object_key: io.istio.local_principal, factory_key: envoy.hashable_string, format_string: {text_format_source: {inline_string: '%DOWNSTREAM_LOCAL_URI_SAN%'}}, shared_with_upstream: ONCE}
+";
+
+/// The waypoint of namespace `ns` as examples/waypoint.yaml makes it (its Gateway, of istiod's
+/// revision here; with envoy-drain its ConfigMap, the hook's record in JSON), and upstream
+/// Envoy's EnvoyFilter. Without envoy-drain the ConfigMap asks for the two replicas alone, and
+/// with EXIT_ON_ZERO_ACTIVE_CONNECTIONS sets it for pilot-agent.
+fn waypoint(case: Case, ns: &str) -> String {
+    let example = std::fs::read_to_string(WAYPOINT).expect("examples/waypoint.yaml");
+    let example = example.replace("namespace: shop\n", &format!("namespace: {ns}\n"));
+    let (config_map, gateway) = example.split_once("\n---\n").expect("a ConfigMap, then a Gateway");
+    let labels = "    istio.io/waypoint-for: service\n";
+    assert!(gateway.contains(labels), "{WAYPOINT}: the Gateway's labels");
+    let gateway = gateway.replace(labels, &format!("{labels}    istio.io/rev: {REVISION}\n"));
+    let config_map = match case.shutdown {
+        Shutdown::EnvoyDrain => {
+            let hook = "- --log-file=/proc/1/fd/1";
+            assert!(config_map.contains(hook), "{WAYPOINT}: the hook's log file");
+            let with_json = format!("{hook}\n{}- --log-format=json", " ".repeat(18));
+            config_map
+                .replace("image: envoy-drain:0.1.0", "image: localhost/envoy-drain:test")
+                .replace(hook, &with_json)
+        }
+        shutdown => {
+            let mut patch = "spec:\n  replicas: 2\n".to_string();
+            if shutdown == Shutdown::ExitOnZero {
+                patch += "  template:\n    spec:\n      containers:\n      - name: istio-proxy\n        \
+                          env: [{name: EXIT_ON_ZERO_ACTIVE_CONNECTIONS, value: 'true'}]\n";
+            }
+            let patch = patch.lines().map(|l| format!("    {l}\n")).collect::<String>();
+            format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: waypoint-envoy-drain, \
+                 namespace: {ns}}}\ndata:\n  deployment: |\n{patch}"
+            )
+        }
+    };
+    let filter = UPSTREAM_ENVOY_WAYPOINT
+        .replace("{name: upstream-envoy}", &format!("{{name: upstream-envoy, namespace: {ns}}}"));
+    format!("{filter}---\n{config_map}\n---\n{gateway}")
+}
+
 /// The node's images: the app, envoy-drain's FROM scratch content, the client (Kubernetes' pause
 /// program, and hey to exec); with sidecars Istio's proxyv2 as its Dockerfile lays it out
 /// (pilot/docker/Dockerfile.proxyv2: pilot-agent, Envoy, the bootstrap template); in ambient
@@ -304,7 +414,7 @@ fn images(cp: &ControlPlane, meshes: &[Mesh], envoy: &Path, bootstrap: &Path) ->
         }
     }
     let modules = vec!["/usr/lib/x86_64-linux-gnu/xtables".to_string()];
-    if meshes.iter().any(|m| matches!(m, Mesh::Sidecar { .. })) {
+    if meshes.iter().any(|m| matches!(m, Mesh::Sidecar { .. } | Mesh::Waypoint)) {
         let mut extra = vec![
             (cp.bin("pilot-agent"), "/usr/local/bin/pilot-agent".to_string()),
             (envoy.to_path_buf(), "/usr/local/bin/envoy".into()),
@@ -321,7 +431,7 @@ fn images(cp: &ControlPlane, meshes: &[Mesh], envoy: &Path, bootstrap: &Path) ->
     // As Istio's images lay them out (pilot/docker/Dockerfile.ztunnel is ztunnel's own
     // repository's; cni/deployments/kubernetes/Dockerfile.install-cni: install-cni on the PATH,
     // the plugin in /opt/cni/bin).
-    if meshes.contains(&Mesh::Ambient) {
+    if meshes.iter().any(|m| m.ambient()) {
         let ztunnel = super::built::built_by(
             "ZTUNNEL_BIN",
             "../shared/ztunnel/build.sh",
@@ -359,6 +469,9 @@ pub fn run(case: Case) -> Row {
 /// istiod's (the first case's). Sidecar and ambient namespaces share one istiod, as in a mesh
 /// that has both.
 pub fn run_together(cases: &[Case]) -> Vec<Row> {
+    // One node at a time: each takes the node's address and istiod's (NODE_IP, ISTIOD).
+    static ONE_NODE: Mutex<()> = Mutex::new(());
+    let _one = ONE_NODE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     assert!(
         Path::new(RELEASE).exists(),
         "NOT RUN: {RELEASE} is missing: `bash scripts/build-release` makes it"
@@ -367,8 +480,22 @@ pub fn run_together(cases: &[Case]) -> Vec<Row> {
     let mut phases = Phases(Instant::now(), String::from("setup:"));
     let cp = ControlPlane::start_with("rollout", "kube-apiserver", &[], Nodes::Kubelet);
     phases.done("control plane");
-    let bootstrap = super::cluster::components().join("istio-bootstrap.json");
+    let mut bootstrap = super::cluster::components().join("istio-bootstrap.json");
     let meshes: Vec<Mesh> = cases.iter().map(|c| c.mesh).collect();
+    if meshes.contains(&Mesh::Waypoint) {
+        // A waypoint is a Gateway: Gateway API's CRDs, at the version Istio pins, before istiod.
+        let crds = super::cluster::components().join("gateway-api-crds");
+        cp.ok(&["apply", "--server-side", "-f", &crds.to_string_lossy()]);
+        // pilot-agent turns on Istio's workload metadata extension for every waypoint (istio
+        // pkg/bootstrap/config.go, "Waypoint overrides"), which upstream Envoy does not have: the
+        // proxyv2 image's bootstrap template, which this image lays out, without its block.
+        let template = std::fs::read_to_string(&bootstrap).expect("the bootstrap template");
+        let block = "{{- if .metadata_discovery }}";
+        assert!(template.contains(block), "{}: {block}", bootstrap.display());
+        bootstrap = PathBuf::from(cp.path("istio-bootstrap-waypoint.json"));
+        let edited = template.replace(block, "{{- if and .metadata_discovery false }}");
+        std::fs::write(&bootstrap, edited).expect("the waypoint's bootstrap template");
+    }
     let node = Node::start(&cp, &images(&cp, &meshes, &envoy, &bootstrap));
     phases.done("node");
     // Kept to the end: ambient's node init (dropped before the node).
@@ -383,13 +510,16 @@ pub fn run_together(cases: &[Case]) -> Vec<Row> {
     phases.done("pods ready");
     let logs = Logs::follow(node.pod_logs());
     let loads: Vec<Load> = sides.iter().map(|s| Load::start(&cp, s)).collect();
-    // The load runs a while before the rollout, as it does before a user's.
-    std::thread::sleep(Duration::from_secs(5));
+    // The load runs a while before the rollout, as it does before a user's; long requests a few
+    // of their lengths, so that they spread out.
+    let longest = cases.iter().map(|c| c.request_ms).max().unwrap_or(0);
+    std::thread::sleep(Duration::from_millis(u64::from(longest * 3).max(5000)));
     phases.done("load");
     eprintln!("{}", phases.1);
+    let statuses: Vec<String> = sides.iter().map(Side::waypoint_status).collect();
     let restarted = Instant::now();
     for side in &sides {
-        cp.ok(&["rollout", "restart", "-n", &side.ns, "deployment/app"]);
+        cp.ok(&["rollout", "restart", "-n", &side.ns, side.restarted().0]);
     }
     // Each rollout ends with its last old pod gone: the Deployment counts a terminating pod as
     // gone.
@@ -411,9 +541,10 @@ pub fn run_together(cases: &[Case]) -> Vec<Row> {
         .into_iter()
         .zip(loads)
         .zip(took)
-        .map(|((side, load), took)| {
+        .zip(statuses)
+        .map(|(((side, load), took), status)| {
             let mut row = load.stop(&side, &logs);
-            row.took = took;
+            (row.took, row.status) = (took, status);
             row.diagnosis = format!(
                 "{}; {probes} failed probes; {}; kube-proxy:\n{kube_proxy}",
                 phases.1, row.diagnosis
@@ -443,12 +574,12 @@ fn mesh(
     meshes: &[Mesh],
     debounce: Option<Duration>,
 ) -> Option<NodeInit> {
-    if meshes.iter().any(|m| matches!(m, Mesh::None | Mesh::Ambient)) {
+    if meshes.iter().any(|m| matches!(m, Mesh::None | Mesh::Ambient | Mesh::Waypoint)) {
         cp.ok(&["apply", "-f", POLICY]);
         // Every hook's log in JSON, its last line the termination's record.
         cp.hold_settings(&["image=localhost/envoy-drain:test", "logFormat=json"]);
     }
-    if meshes.contains(&Mesh::Ambient) {
+    if meshes.iter().any(|m| m.ambient()) {
         return Some(ambient(cp, node, debounce));
     }
     if meshes.iter().any(|m| matches!(m, Mesh::Sidecar { .. })) {
@@ -493,7 +624,8 @@ impl Side {
     fn deploy(cp: &ControlPlane, case: Case, ns: String) -> Side {
         let (namespace, deployment) = workload(case, &ns);
         cp.namespace(&namespace, &ns);
-        if !matches!(case.mesh, Mesh::Sidecar { .. }) && case.shutdown == Shutdown::EnvoyDrain {
+        if matches!(case.mesh, Mesh::None | Mesh::Ambient) && case.shutdown == Shutdown::EnvoyDrain
+        {
             // The API server serves a policy once its informers have the ConfigMap: the
             // Deployment comes after a dry run shows the hook.
             let probe = format!(
@@ -508,8 +640,43 @@ impl Side {
                 pod.contains("preStop").then_some(())
             });
         }
+        if case.mesh == Mesh::Waypoint {
+            cp.ok_with(&["apply", "-f", "-"], Some(&waypoint(case, &ns)));
+        }
         cp.ok_with(&["apply", "-f", "-"], Some(&deployment));
         Side { case, ns, old: Vec::new(), client: String::new(), ip: String::new() }
+    }
+
+    /// The Deployment the rollout restarts, and its pods' label.
+    fn restarted(&self) -> (&'static str, &'static str) {
+        match self.case.mesh {
+            Mesh::Waypoint => {
+                ("deployment/waypoint", "gateway.networking.k8s.io/gateway-name=waypoint")
+            }
+            _ => ("deployment/app", "app=app"),
+        }
+    }
+
+    /// With a waypoint: istiod's Deployment of it ready, and each pod's istio-proxy preStop the
+    /// row's.
+    fn waypoint_ready(&self, cp: &ControlPlane, node: &Node) {
+        let ns = self.ns.as_str();
+        cp.wait_for(&format!("istiod to make the waypoint of {ns}"), || {
+            cp.kubectl(&["get", "-n", ns, "deployment/waypoint"]).ok.then_some(())
+        });
+        let status = ["rollout", "status", "-n", ns, "deployment/waypoint", "--timeout=90s"];
+        let rolled = cp.kubectl(&status);
+        assert!(rolled.ok, "{ns} waypoint: {}\n{}", rolled.stderr, node.log_tail("kubelet", 4));
+        let path = "jsonpath={range .items[*]}{.spec.containers[?(@.name==\"istio-proxy\")].\
+                    lifecycle.preStop.exec.command}{\"\\n\"}{end}";
+        let label = self.restarted().1;
+        let proxies = cp.ok(&["get", "pods", "-n", ns, "-l", label, "-o", path]);
+        let ours = self.case.shutdown == Shutdown::EnvoyDrain;
+        assert_eq!(proxies.lines().count(), 2, "two waypoints: {proxies}");
+        assert!(
+            proxies.lines().all(|p| p.contains("\"run\",\"--preset=waypoint\"") == ours),
+            "each waypoint's istio-proxy preStop in {ns} is the row's: {proxies}"
+        );
     }
 
     /// Waits for the pods to be ready, and checks they are the case's: captured in ambient mode,
@@ -526,6 +693,9 @@ impl Side {
                 node.log_tail("kubelet", 4)
             );
         }
+        if self.case.mesh == Mesh::Waypoint {
+            self.waypoint_ready(cp, node);
+        }
         assert_captured(cp, &self);
         let hooks = cp.ok(&[
             "get",
@@ -538,6 +708,7 @@ impl Side {
             "jsonpath={range .items[*]}{.metadata.name} {.spec.containers[?(@.name==\"app\")].lifecycle.preStop}{\"\\n\"}{end}",
         ]);
         let expected = match self.case.shutdown {
+            _ if self.case.mesh == Mesh::Waypoint => "",
             Shutdown::None | Shutdown::ExitOnZero => "",
             Shutdown::Sleep(_) => "\"sleep\"",
             Shutdown::EnvoyDrain => "\"hold\"",
@@ -563,8 +734,10 @@ impl Side {
                 "each pod's istio-proxy ({field}) preStop in {ns} is the row's: {proxies}"
             );
         }
-        self.old =
-            hooks.lines().filter_map(|l| l.split_whitespace().next()).map(String::from).collect();
+        let label = self.restarted().1;
+        let names = "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}";
+        let old = cp.ok(&["get", "pods", "-n", ns, "-l", label, "-o", names]);
+        self.old = old.lines().map(String::from).collect();
         self.client = cp.ok(&[
             "get",
             "pods",
@@ -587,18 +760,42 @@ impl Side {
         cmd
     }
 
-    /// The URL the load asks (a 50 ms request), which also finds hey's process.
+    /// The URL the load asks (the case's request length), which also finds hey's process.
     fn url(&self) -> String {
-        format!("http://{}/local/0.05", self.ip)
+        let seconds = f64::from(self.case.request_ms) / 1000.0;
+        match self.case.request_ms {
+            ..1000 => format!("http://{}/local/{seconds}", self.ip),
+            _ => format!("http://{}/local/{}-{}", self.ip, seconds / 2.0, seconds * 1.5),
+        }
+    }
+
+    /// With a waypoint, `envoy-drain status --preset waypoint` in the network namespace of one of
+    /// its pods, as `kubectl debug` would run it there; else nothing.
+    fn waypoint_status(&self) -> String {
+        if self.case.mesh != Mesh::Waypoint {
+            return String::new();
+        }
+        let pod = format!("POD_NAME={}", self.old[0]);
+        let pid = process("envoy", "environ", &[&pod]).expect("the waypoint's Envoy");
+        let out = std::process::Command::new("nsenter")
+            .args(["-t", &pid.to_string(), "-n", RELEASE, "status", "--preset", "waypoint"])
+            .output()
+            .expect("nsenter (util-linux)");
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
     }
 
     /// Waits for the restart's rollout and the old pods to be gone: how long after `restarted`.
     fn rolled(&self, cp: &ControlPlane, node: &Node, restarted: Instant) -> Duration {
         let ns = self.ns.as_str();
-        // Bounded by the pods' grace periods, one after the other, and their starts.
-        let (replicas, grace) = (self.case.replicas, self.case.grace);
+        // Bounded by the pods' grace periods (a waypoint's: examples/waypoint.yaml's at most),
+        // one after the other, and their starts.
+        let (replicas, grace) = match self.case.mesh {
+            Mesh::Waypoint => (2, 60),
+            _ => (self.case.replicas, self.case.grace),
+        };
         let timeout = format!("--timeout={}s", 30 + replicas * (grace + 10));
-        let rolled = cp.kubectl(&["rollout", "status", "-n", ns, "deployment/app", &timeout]);
+        let deployment = self.restarted().0;
+        let rolled = cp.kubectl(&["rollout", "status", "-n", ns, deployment, &timeout]);
         assert!(
             rolled.ok,
             "the restart of {ns}: {}\n{}",
@@ -635,13 +832,20 @@ impl Load {
             (ok == 30 && failed.is_empty()).then_some(())
         });
         let seen = Endpoints::follow(cp, side);
-        let deleted = Deletions::follow(cp, &side.ns);
-        // Until told to stop (`stop`), at most ten minutes. Workers share the rate, at most 10
-        // a second each: a worker waits for each answer (50 ms), so 10 of them top out at 200.
-        let workers = side.case.rate.div_ceil(10).max(10);
-        let each = format!("{}", f64::from(side.case.rate) / f64::from(workers));
-        let workers = workers.to_string();
-        let mut load = vec!["-z", "600s", "-q", &each, "-c", &workers, "-t", "10"];
+        let deleted = Deletions::follow(cp, &side.ns, side.restarted().1);
+        // Until told to stop (`stop`), at most ten minutes. Workers share the rate, each at most
+        // half of what it could: a worker waits for each answer (50 ms: 10 of them top out at
+        // 200). Long requests go back to back, as many workers as the rate needs: hey's limit of
+        // a rate starts every worker's requests at once, and their spread lengths part them.
+        let (rate, request) = (side.case.rate, side.case.request_ms);
+        let long = request >= 1000;
+        let workers = (rate * request * if long { 1 } else { 2 }).div_ceil(1000).max(10);
+        let each = format!("{}", f64::from(rate) / f64::from(workers));
+        let (workers, timeout) = (workers.to_string(), (request * 3 / 2000 + 10).to_string());
+        let mut load = vec!["-z", "600s", "-c", &workers, "-t", &timeout];
+        if !long {
+            load.extend(["-q", &each]);
+        }
         if side.case.clients == Clients::NewConn {
             load.push("-disable-keepalive");
         }
@@ -702,7 +906,8 @@ impl Load {
             .collect();
         let diagnosis = format!("hey: {}", String::from_utf8_lossy(&out.stderr).trim());
         let took = Duration::ZERO;
-        Row { case: side.case, ok, failed, took, holds, records, propagation, diagnosis }
+        let status = String::new();
+        Row { case: side.case, ok, failed, took, holds, records, propagation, diagnosis, status }
     }
 }
 
@@ -870,7 +1075,7 @@ impl Endpoints {
                 let netns = Netns::of_process(pid).expect("the client pod's network namespace");
                 Box::new(move || netns.enter(|| admin_get("127.0.0.1:15000", "/clusters")))
             }
-            Mesh::Ambient => {
+            Mesh::Ambient | Mesh::Waypoint => {
                 let ztunnel = cp.ok(&[
                     "get",
                     "pods",
@@ -997,7 +1202,7 @@ fn process(program: &str, file: &str, entries: &[&str]) -> Option<u32> {
 /// ztunnel (`ambient.istio.io/redirection: enabled`); without it the client's requests would go
 /// by kube-proxy alone and the row would be no mesh's.
 fn assert_captured(cp: &ControlPlane, side: &Side) {
-    if side.case.mesh != Mesh::Ambient {
+    if !side.case.mesh.ambient() {
         return;
     }
     let marks = cp.ok(&[
@@ -1009,8 +1214,12 @@ fn assert_captured(cp: &ControlPlane, side: &Side) {
         "jsonpath={range .items[*]}{.metadata.name}|{.metadata.deletionTimestamp}|\
          {.metadata.annotations.ambient\\.istio\\.io/redirection}{\"\\n\"}{end}",
     ]);
-    // The pods that serve now (the app's, the client); those being deleted may be released.
-    let serving: Vec<&str> = marks.lines().filter(|l| l.split('|').nth(1) == Some("")).collect();
+    // The pods that serve now (the app's, the client); those being deleted may be released. A
+    // waypoint is a proxy of its own, never captured (istiod's template labels it so).
+    let serving: Vec<&str> = marks
+        .lines()
+        .filter(|l| l.split('|').nth(1) == Some("") && !l.starts_with("waypoint-"))
+        .collect();
     assert!(
         serving.len() > side.case.replicas as usize
             && serving.iter().all(|l| l.ends_with("|enabled")),
@@ -1019,14 +1228,15 @@ fn assert_captured(cp: &ControlPlane, side: &Side) {
     );
 }
 
-/// When the test saw each app pod marked for deletion (a watch of the API server), and its address.
+/// When the test saw each restarted pod marked for deletion (a watch of the API server), and its
+/// address.
 struct Deletions {
     child: std::process::Child,
     thread: std::thread::JoinHandle<BTreeMap<String, (Instant, String)>>,
 }
 
 impl Deletions {
-    fn follow(cp: &ControlPlane, ns: &str) -> Deletions {
+    fn follow(cp: &ControlPlane, ns: &str, label: &str) -> Deletions {
         let mut child = cp
             .kubectl_command(&[
                 "get",
@@ -1034,7 +1244,7 @@ impl Deletions {
                 "-n",
                 ns,
                 "-l",
-                "app=app",
+                label,
                 "--watch",
                 "-o",
                 "jsonpath={.metadata.name} {.status.podIP} {.metadata.deletionTimestamp}{\"\\n\"}",
@@ -1127,7 +1337,14 @@ fn hold_end(log: &str) -> (Option<f64>, String, Option<String>) {
             summary,
             Some(record),
         ),
-        _ => (None, "no hold".to_string(), None),
+        // Without a hook, a proxy's end as pilot-agent tells it (pkg/envoy/agent.go).
+        _ => {
+            let agent = log.lines().rev().find(|l| {
+                l.contains("active connections") || l.contains("Graceful termination period")
+            });
+            let said = agent.and_then(|l| l.split('\t').next_back());
+            (None, said.map_or("no hold".to_string(), |l| format!("pilot-agent: {l}")), None)
+        }
     }
 }
 
@@ -1140,7 +1357,7 @@ fn seconds_of_day(time: &str) -> Option<f64> {
 }
 
 /// The pods' log files, read every 100 ms while the kubelet writes them (it removes them with
-/// the pod): each pod's directory and what its container wrote.
+/// the pod): each pod's directory and container (`app`, `istio-proxy`), and what it wrote.
 struct Logs {
     stop: Stop,
     read: Arc<Mutex<BTreeMap<String, String>>>,
@@ -1158,11 +1375,12 @@ impl Logs {
                 for _ in 0..3000 {
                     let last = stop.load(Ordering::SeqCst);
                     for pod in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-                        let file = pod.path().join("app/0.log");
-                        if let Ok(text) = std::fs::read_to_string(&file) {
-                            let name = pod.file_name().to_string_lossy().to_string();
+                        for container in ["app", "istio-proxy"] {
+                            let file = pod.path().join(container).join("0.log");
+                            let Ok(text) = std::fs::read_to_string(&file) else { continue };
+                            let name = pod.file_name().to_string_lossy().into_owned();
                             let mut read = read.lock().expect("the logs");
-                            let kept = read.entry(name).or_default();
+                            let kept = read.entry(format!("{name}/{container}")).or_default();
                             if text.len() > kept.len() {
                                 *kept = text;
                             }
