@@ -509,16 +509,21 @@ listener.0.0.0.0_8002.downstream_cx_active: 1
 listener.0.0.0.0_8080.downstream_cx_active: 2
 listener.admin.downstream_cx_active: 1
 ";
-        let contour = crate::preset::PRESETS[5];
-        let mut lines = Lines::new(&PortSet::parse(contour.ignore_ports).unwrap(), contour);
-        for line in body.lines() {
-            lines.add(line);
-        }
+        let lines = read(body, crate::preset::PRESETS[5]);
         let (a, hcms) = lines.requests(&lines.connections().unwrap()).unwrap();
         assert_eq!(a.total, 1, "the health check in flight on 8002 is Contour's own");
         assert_eq!(hcms.len(), 1);
         // Read as Istio's, the same answer counts it.
         assert_eq!(parse_requests(body, &PortSet::default()).unwrap().0.total, 2);
+    }
+
+    /// An answer read as `preset`'s, with its own ports ignored.
+    fn read(body: &str, preset: Preset) -> Lines {
+        let mut lines = Lines::new(&PortSet::parse(preset.ignore_ports).unwrap(), preset);
+        for line in body.lines() {
+            lines.add(line);
+        }
+        lines
     }
 
     #[test]
@@ -536,11 +541,7 @@ listener.envoy_internal_main_internal.downstream_cx_active: 10
 listener.envoy_internal_connect_originate.downstream_cx_active: 4
 listener.admin.downstream_cx_active: 1
 ";
-        let waypoint = crate::preset::PRESETS[1];
-        let mut lines = Lines::new(&PortSet::parse(waypoint.ignore_ports).unwrap(), waypoint);
-        for line in body.lines() {
-            lines.add(line);
-        }
+        let lines = read(body, crate::preset::PRESETS[1]);
         let connections = lines.connections().unwrap();
         assert_eq!(connections.total, 2, "ztunnels' HBONE connections: {connections:?}");
         // A request would be 1, a TCP stream an idle client's: /clusters counts them.
@@ -562,11 +563,7 @@ listener.system_meshmetric_prometheus_default.downstream_cx_active: 1
 listener.system_dynamicconfig.downstream_cx_active: 1
 listener.admin.downstream_cx_active: 1
 ";
-        let kuma = crate::preset::PRESETS[3];
-        let mut lines = Lines::new(&PortSet::parse(kuma.ignore_ports).unwrap(), kuma);
-        for line in body.lines() {
-            lines.add(line);
-        }
+        let lines = read(body, crate::preset::PRESETS[3]);
         let connections = lines.connections().unwrap();
         assert_eq!(connections.total, 1, "{connections:?}");
         let whys: Vec<_> = connections.excluded.iter().map(|s| s.why.as_str()).collect();
