@@ -154,8 +154,9 @@ pub struct RunArgs {
     pub admin: Option<String>,
 
     /// which listeners to drain: inbound, all or none; or agent: ask Istio's agent, as Istio's
-    /// native-sidecar preStop does, which drains inbound and later stops the proxy at once on
-    /// SIGTERM (default: inbound; all for the waypoint, envoy-gateway and contour presets)
+    /// native-sidecar preStop does, which drains (a sidecar's inbound, a waypoint's all) and later
+    /// stops the proxy at once on SIGTERM (default: inbound; all for the waypoint, envoy-gateway
+    /// and contour presets)
     #[argh(option)]
     pub drain: Option<String>,
 
@@ -170,8 +171,9 @@ pub struct RunArgs {
     pub source: Option<String>,
 
     /// connections, or requests: requests in flight (HTTP requests, and TCP streams), so idle
-    /// keep-alive connections do not hold the wait; from Envoy's stats, else its /clusters, else
-    /// connections; status shows both (default: connections; requests for waypoint)
+    /// keep-alive connections do not hold the wait; from Envoy's stats, else its /clusters (a
+    /// waypoint's: /clusters), else connections; status shows both (default: connections;
+    /// requests for waypoint)
     #[argh(option)]
     pub count: Option<String>,
 
@@ -191,7 +193,7 @@ pub struct RunArgs {
     #[argh(option)]
     pub settle: Option<String>,
 
-    /// the threshold: exit when at most this many connections are open (default: 0)
+    /// the threshold: exit when at most this many connections (or requests) are open (default: 0)
     #[argh(option)]
     pub exit_at: Option<String>,
 

@@ -40,6 +40,51 @@ pub struct Preset {
     pub internal_hosts: bool,
 }
 
+/// Istio's bootstrap template's clusters (istio/istio tools/packaging/common/envoy_bootstrap.json).
+const ISTIO_OWN: [&str; 11] = [
+    "prometheus_stats",
+    "agent",
+    "sds-grpc",
+    "sds-files-grpc",
+    "xds-grpc",
+    "zipkin",
+    "lightstep",
+    "datadog_agent",
+    "envoy_metrics_service",
+    "envoy_accesslog_service",
+    "local_cluster",
+];
+
+/// A waypoint's: Istio's, and its HBONE plumbing (pilot/pkg/networking/core/cluster_waypoint.go):
+/// the clients' CONNECT streams (`main_internal`), the tunnels to the pods (`connect_originate`)
+/// and those of the multi-network and east-west gateway's forms. `encap`, which carries the
+/// requests sent to a pod's own address, is not one of them.
+const WAYPOINT_OWN: [&str; 16] = join(
+    &ISTIO_OWN,
+    [
+        "main_internal",
+        "connect_originate",
+        "inner_connect_originate",
+        "outer_connect_originate",
+        "forward_inner_connect",
+    ],
+);
+
+/// `a` then `b`, for lists that extend others.
+const fn join<const N: usize, const M: usize>(
+    a: &[&'static str],
+    b: [&'static str; M],
+) -> [&'static str; N] {
+    assert!(N == a.len() + M, "the joined list's length");
+    let mut out = [""; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = if i < a.len() { a[i] } else { b[i - a.len()] };
+        i += 1;
+    }
+    out
+}
+
 /// Istio's sidecars and gateways, the default. Its own managers and clusters are in its bootstrap
 /// template (istio/istio tools/packaging/common/envoy_bootstrap.json).
 pub const ISTIO: Preset = Preset {
@@ -49,19 +94,7 @@ pub const ISTIO: Preset = Preset {
     ignore_ports: ISTIO_INFRA_PORTS,
     own_listeners: &[],
     own_hcms: &["admin", "agent", "stats"],
-    own_clusters: &[
-        "prometheus_stats",
-        "agent",
-        "sds-grpc",
-        "sds-files-grpc",
-        "xds-grpc",
-        "zipkin",
-        "lightstep",
-        "datadog_agent",
-        "envoy_metrics_service",
-        "envoy_accesslog_service",
-        "local_cluster",
-    ],
+    own_clusters: &ISTIO_OWN,
     // `inbound|PORT||` (pilot/pkg/model/service.go BuildInboundSubsetKey), and the passthrough
     // cluster for ports no Service names (pilot/pkg/util/network, InboundPassthroughCluster).
     inbound_clusters: &["inbound|*", "InboundPassthroughCluster*"],
@@ -75,25 +108,15 @@ pub const PRESETS: [Preset; 6] = [
     ISTIO,
     // Istio's waypoint (pilot/pkg/networking/core/waypoint.go): ztunnels' pooled HBONE connections
     // end on `connect_terminate`, one CONNECT stream per client connection, idle or not, which
-    // `main_internal` carries; the services' clusters (`inbound-vip|...`) hold the requests, on
-    // hosts at `connect_originate`'s internal address. See docs/running.md, "Waypoints".
+    // `main_internal` carries; the services' clusters (`inbound-vip|...`) and `encap` (to a pod's
+    // own address) hold the requests, on hosts at `connect_originate`'s internal address. See
+    // docs/running.md, "Waypoints".
     Preset {
         name: "waypoint",
         // Internal listeners' stats (istio pkg/envoy/agent.go skips them too).
         own_listeners: &["envoy_internal_*"],
         own_hcms: &["admin", "agent", "stats", "connect_terminate"],
-        own_clusters: &[
-            "prometheus_stats",
-            "agent",
-            "sds-grpc",
-            "xds-grpc",
-            "main_internal",
-            "connect_originate",
-            "encap",
-            "inner_connect_originate",
-            "outer_connect_originate",
-            "forward_inner_connect",
-        ],
+        own_clusters: &WAYPOINT_OWN,
         inbound_clusters: &[],
         drain: Drain::All,
         unit: Unit::Requests,

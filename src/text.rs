@@ -185,6 +185,10 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, Stri
     let stats = format!("Envoy's stats ({})", sources.stats_url());
     let (what, stats) = match sources.unit {
         Unit::Connections => ("active connections", stats),
+        // A waypoint's stats never tell its requests (source/stats.rs).
+        Unit::Requests if cfg.counting.preset.internal_hosts && sources.mode == Mode::Auto => {
+            ("active requests", format!("Envoy's /clusters ({})", sources.admin.url(CLUSTERS_PATH)))
+        }
         Unit::Requests => {
             ("active requests (and non-HTTP connections)", stats + ", else its /clusters")
         }

@@ -348,7 +348,8 @@ prometheus_stats::127.0.0.1:15000::rq_active::0
     }
 
     /// Upstream Envoy as istiod's waypoint in the rollout replica (tests/rollout.rs) under hey's
-    /// load, ten kept-alive clients: Envoy's lines, some hosts cut, one host's rq_active set to 2.
+    /// load, ten kept-alive clients: Envoy's lines, some hosts cut, one host's rq_active set to 2
+    /// and encap's to 1 (a request to a pod's own address).
     const WAYPOINT: &str = "main_internal::envoy://main_internal/::cx_active::10
 main_internal::envoy://main_internal/::rq_active::10
 main_internal::envoy://main_internal/::rq_total::40
@@ -357,7 +358,7 @@ connect_originate::10.244.0.4:15008::rq_active::4
 connect_originate::10.244.0.5:15008::cx_active::1
 connect_originate::10.244.0.5:15008::rq_active::5
 agent::127.0.0.1:15020::rq_active::0
-encap::envoy://connect_originate/::rq_active::0
+encap::envoy://connect_originate/::rq_active::1
 inbound-vip|80|http|app.shop-0.svc.cluster.local::envoy://connect_originate/10.244.0.5:8080::cx_active::5
 inbound-vip|80|http|app.shop-0.svc.cluster.local::envoy://connect_originate/10.244.0.5:8080::rq_active::2
 inbound-vip|80|http|app.shop-0.svc.cluster.local::envoy://connect_originate/10.244.0.4:8080::cx_active::4
@@ -372,7 +373,7 @@ xds-grpc::./etc/istio/proxy/XDS::rq_active::1
         let a = tally(WAYPOINT, &Rule { preset: waypoint, ..istio() }).unwrap();
         assert_eq!(
             a.count.breakdown(),
-            "cluster inbound-vip|80|http|app.shop-0.svc.cluster.local=2"
+            "cluster encap=1, cluster inbound-vip|80|http|app.shop-0.svc.cluster.local=2"
         );
         // The CONNECT streams (idle kept-alive clients too) and the tunnels to the pods: shown.
         for (own, requests) in [("main_internal", 10), ("connect_originate", 9)] {
@@ -381,6 +382,9 @@ xds-grpc::./etc/istio/proxy/XDS::rq_active::1
         }
         // Read as a sidecar's, the tunnels would hold the hook and the requests go unseen.
         assert_eq!(tally(WAYPOINT, &istio()).unwrap().count.total, 9);
+        // Istio's own exporters are a waypoint's too: an access-log stream never holds it.
+        let stream = "envoy_accesslog_service::10.0.0.9:9411::rq_active::1\n";
+        assert_eq!(tally(stream, &Rule { preset: waypoint, ..istio() }).unwrap().count.total, 0);
     }
 
     #[test]

@@ -677,6 +677,11 @@ impl Side {
             proxies.lines().all(|p| p.contains("\"run\",\"--preset=waypoint\"") == ours),
             "each waypoint's istio-proxy preStop in {ns} is the row's: {proxies}"
         );
+        if ours {
+            // The example's disruption budget, which istiod renders only when asked.
+            let pdb = ["get", "pdb", "-n", ns, "waypoint", "-o", "jsonpath={.spec.minAvailable}"];
+            assert_eq!(cp.kubectl(&pdb).stdout, "1", "examples/waypoint.yaml's budget in {ns}");
+        }
     }
 
     /// Waits for the pods to be ready, and checks they are the case's: captured in ambient mode,
