@@ -38,6 +38,16 @@ impl Finished {
         self.stderr.lines().last().unwrap_or_default()
     }
 
+    /// The time between counts at the end: `given`, or what the hook last paced it to when
+    /// counts cost more (`counting every 698ms instead of every 200ms: ...`).
+    pub fn interval(&self, given: Duration) -> Duration {
+        let paced = self.stderr.lines().rev().find_map(|l| {
+            let every = l.split("counting every ").nth(1)?.split(" instead of").next()?;
+            humantime::parse_duration(every).ok()
+        });
+        paced.unwrap_or(given)
+    }
+
     /// The count lines of the log, in order: `3 active connections (stats)`.
     pub fn counts(&self) -> Vec<String> {
         self.stderr
