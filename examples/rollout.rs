@@ -92,8 +92,9 @@ fn main() {
         clients = vec![Clients::NewConn, Clients::KeepAlive];
     }
     println!(
-        "{replicas} replicas, {rate} requests a second of {request_ms} ms each, grace period \
-         {grace} s, istiod's debounce {}\n",
+        "{replicas} replicas, {rate} requests a second of {request_ms} ms each, the app's grace \
+         period {grace} s (a waypoint's: examples/waypoint.yaml's 60 s with envoy-drain, else \
+         istiod's 30 s), istiod's debounce {}\n",
         debounce.map_or("its default".to_string(), |d| format!("{d:?}"))
     );
     println!(
