@@ -29,6 +29,9 @@ pub const DEFAULT_HOLD_MIN: Duration = Duration::from_secs(5);
 pub const DEFAULT_QUIET: Duration = Duration::from_millis(500);
 pub const DEFAULT_HOLD_DEADLINE: Duration = Duration::from_secs(20);
 
+/// An environment variable's value by name: `std::env::var`, or a test's.
+pub type Env<'a> = dyn Fn(&str) -> Option<String> + 'a;
+
 /// Where an admin API listens: a TCP address, or a Unix socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Address {
@@ -327,7 +330,8 @@ pub fn counting(a: &RunArgs) -> Result<Counting, UsageError> {
     };
     let modes = [("auto", Mode::Auto), ("stats", Mode::Stats), ("proc", Mode::Proc)];
     let mode = one_of("--source", a.source.as_deref().unwrap_or("auto"), &modes)?;
-    let unit = a.count.as_deref().map_or(Ok(preset.unit), |v| one_of("--count", v, &UNITS))?;
+    let unit = if preset.waypoint { Unit::Requests } else { Unit::Connections };
+    let unit = a.count.as_deref().map_or(Ok(unit), |v| one_of("--count", v, &UNITS))?;
     // The socket table knows connections, never requests.
     if unit == Unit::Requests && mode == Mode::Proc {
         return Err(UsageError::new("--count", "requests", ONLY_STATS));
@@ -358,10 +362,7 @@ pub fn counting(a: &RunArgs) -> Result<Counting, UsageError> {
 }
 
 /// `env` looks up an environment variable; empty values count as unset.
-pub fn run_config(
-    a: &RunArgs,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<RunConfig, UsageError> {
+pub fn run_config(a: &RunArgs, env: &Env<'_>) -> Result<RunConfig, UsageError> {
     let mut counting = counting(a)?;
     let preset = counting.preset;
     let warnings = &mut counting.warnings;
@@ -373,12 +374,12 @@ pub fn run_config(
     }
     let deadline = deadline(a, pod.deadline, warnings)?;
     let min_drain = min_drain(a, &pod, deadline, env, warnings)?;
-    let exit_at = match &a.exit_at {
+    let until = Until::AtMost(match &a.exit_at {
         None => 0,
         Some(v) => v.trim().parse::<u64>().map_err(|_| {
             UsageError::new("--exit-at", v, "a whole number of connections, like 0")
         })?,
-    };
+    });
     let interval = positive("--interval", &a.interval, DEFAULT_INTERVAL)?;
     let settle =
         a.settle.as_deref().map_or(Ok(Duration::ZERO), |v| parse_duration("--settle", v))?;
@@ -386,14 +387,7 @@ pub fn run_config(
     Ok(RunConfig {
         counting,
         before: drain::before(drain, a.fail_healthcheck),
-        rules: Rules {
-            min_drain,
-            deadline,
-            interval,
-            settle,
-            until: Until::AtMost(exit_at),
-            then_quit: a.then_quit,
-        },
+        rules: Rules { min_drain, deadline, interval, settle, until, then_quit: a.then_quit },
         log_file: a.log_file.as_ref().map(PathBuf::from),
         log_format,
         agent: parse_addr("--agent", a.agent.as_deref().unwrap_or(DEFAULT_AGENT))?,
@@ -404,7 +398,7 @@ pub fn run_config(
 /// `--log-format`, else `ENV_LOG_FORMAT` (a bad value there is a warning: the hook still runs).
 fn log_format(
     flag: Option<&str>,
-    env: &dyn Fn(&str) -> Option<String>,
+    env: &Env<'_>,
     warnings: &mut Vec<ConfigWarning>,
 ) -> Result<Format, UsageError> {
     let parse = |v: &str| match v.trim().to_ascii_lowercase().as_str() {
@@ -416,14 +410,9 @@ fn log_format(
         return parse(v).ok_or_else(|| UsageError::new("--log-format", v, "text or json"));
     }
     let set = env(ENV_LOG_FORMAT).filter(|v| !v.trim().is_empty());
-    Ok(match set.as_deref().map(|v| (v, parse(v))) {
-        Some((_, Some(f))) => f,
-        Some((v, None)) => {
-            warnings.push(ConfigWarning::LogFormatEnv(v.to_string()));
-            Format::Text
-        }
-        None => Format::Text,
-    })
+    let format = set.as_deref().map(|v| parse(v).ok_or(v));
+    warnings.extend(format.and_then(Result::err).map(|v| ConfigWarning::LogFormatEnv(v.into())));
+    Ok(format.and_then(Result::ok).unwrap_or(Format::Text))
 }
 
 fn drain(a: &RunArgs, preset: Preset) -> Result<Drain, UsageError> {
@@ -474,7 +463,7 @@ fn min_drain(
     a: &RunArgs,
     pod: &PodSettings,
     deadline: Duration,
-    env: &dyn Fn(&str) -> Option<String>,
+    env: &Env<'_>,
     warnings: &mut Vec<ConfigWarning>,
 ) -> Result<Duration, UsageError> {
     let (what, d) = if let Some(d) = pod.min_drain {
@@ -555,10 +544,7 @@ fn positive(
 /// `hold`: what arrives at the app. Behind a sidecar, read from /clusters (Istio's stats have no
 /// counter per app), else from the socket table; with `ambient` or `none`, where no Envoy is in
 /// the pod, from the socket table alone (`arrivals`). `run`'s pace and `Until::Quiet`.
-pub fn hold_config(
-    a: &HoldArgs,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<RunConfig, UsageError> {
+pub fn hold_config(a: &HoldArgs, env: &Env<'_>) -> Result<RunConfig, UsageError> {
     let holding = Holding::of(a.preset.as_deref().unwrap_or("istio"))?;
     let (preset, own) = match holding {
         Holding::Sidecar(p) => (p, p.ignore_ports),
@@ -635,7 +621,7 @@ impl Holding {
 fn probes(
     a: &HoldArgs,
     holding: Holding,
-    env: &dyn Fn(&str) -> Option<String>,
+    env: &Env<'_>,
     warnings: &mut Vec<ConfigWarning>,
 ) -> Result<Vec<Ipv6Addr>, UsageError> {
     let names_node =
@@ -717,11 +703,7 @@ fn probe_sources(value: &str, node: &[Ipv6Addr]) -> Result<Vec<Ipv6Addr>, UsageE
 /// which the admission policy sets from the downward API's `status.hostIPs` (the kubelet expands
 /// no `$(VAR)` in a hook's command, but runs it with the container's environment). A bad item is
 /// a warning; so is the variable unset where `--probes-from` names `node`.
-fn node_addresses(
-    env: &dyn Fn(&str) -> Option<String>,
-    named: bool,
-    warnings: &mut Vec<ConfigWarning>,
-) -> Vec<Ipv6Addr> {
+fn node_addresses(env: &Env<'_>, named: bool, warnings: &mut Vec<ConfigWarning>) -> Vec<Ipv6Addr> {
     let Some(value) = env(ENV_NODE_IPS) else {
         warnings.extend(named.then_some(ConfigWarning::NodeIpsUnset));
         return Vec::new();
@@ -818,9 +800,8 @@ fn pod_settings(given: &[String], mode: Mode, warnings: &mut Vec<ConfigWarning>)
             continue;
         };
         let mut ignore = |expected: &str| {
-            let (name, value, expected) =
-                (name.to_string(), value.to_string(), expected.to_string());
-            warnings.push(ConfigWarning::Annotation { name, value, expected });
+            let (name, value) = (name.to_string(), value.to_string());
+            warnings.push(ConfigWarning::Annotation { name, value, expected: expected.into() });
         };
         let duration = || humantime::parse_duration(value.trim()).ok();
         match name.strip_prefix(ANNOTATION_PREFIX) {

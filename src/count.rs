@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 /// Where a count came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SourceKind {
     /// Envoy's admin API: `listener.<L>.downstream_cx_active`.
+    #[default]
     Stats,
     /// The kernel's socket table: `/proc/net/tcp` and `tcp6`.
     Proc,
@@ -14,8 +15,9 @@ pub enum SourceKind {
 }
 
 /// What a count counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Unit {
+    #[default]
     Connections,
     /// HTTP requests in flight, plus the connections of listeners that carry no HTTP (TCP proxy).
     Requests,
@@ -40,7 +42,7 @@ pub struct Excluded {
 }
 
 /// A successful count.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Count {
     pub source: SourceKind,
     pub unit: Unit,
@@ -126,20 +128,8 @@ impl Basis {
 
 impl Count {
     pub fn new(source: SourceKind, unit: Unit, parts: Vec<Part>, warnings: Vec<Warning>) -> Count {
-        Count {
-            source,
-            unit,
-            total: parts.iter().map(|p| p.active).fold(0, u64::saturating_add),
-            parts,
-            warnings,
-            excluded: Vec::new(),
-            basis: None,
-            arrivals: None,
-            recounted: 0,
-            opened: None,
-            polls: 0,
-            before: None,
-        }
+        let total = parts.iter().map(|p| p.active).fold(0, u64::saturating_add);
+        Count { source, unit, total, parts, warnings, ..Count::default() }
     }
 }
 

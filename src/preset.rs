@@ -2,7 +2,6 @@
 //! counted), what its drain covers, and whether Istio's agent is there. A flag overrides each.
 //! The facts, from each proxy's source: docs/running.md ("Other Envoy-based proxies").
 
-use crate::count::Unit;
 use crate::drain::Drain;
 use crate::lists::ISTIO_INFRA_PORTS;
 
@@ -33,15 +32,18 @@ pub struct Preset {
     pub drain: Drain,
     /// Whether Istio's agent is there, for `--drain agent` and `--then-quit`.
     pub agent: bool,
-    /// `--count`'s default.
-    pub unit: Unit,
-    /// Whether hosts at Envoy's internal addresses (`envoy://listener/...`) count: a waypoint's
-    /// services reach their pods through its own HBONE listener.
-    pub internal_hosts: bool,
+    /// Istio's waypoint: requests by default, from /clusters alone (its stats cannot tell a TCP
+    /// stream from an idle client), hosts at Envoy's internal addresses (`envoy://listener/...`)
+    /// included, as its services reach their pods through its own HBONE listener.
+    pub waypoint: bool,
 }
 
-/// Istio's bootstrap template's clusters (istio/istio tools/packaging/common/envoy_bootstrap.json).
-const ISTIO_OWN: [&str; 11] = [
+/// A waypoint's own clusters: the 11 of Istio's bootstrap template (istio/istio
+/// tools/packaging/common/envoy_bootstrap.json), a sidecar's too, then its HBONE plumbing
+/// (pilot/pkg/networking/core/cluster_waypoint.go): the clients' CONNECT streams (`main_internal`),
+/// the tunnels to the pods (`connect_originate`) and those of the multi-network and east-west
+/// gateway's forms. `encap`, which carries the requests sent to a pod's own address, is not one.
+const WAYPOINT_OWN: [&str; 16] = [
     "prometheus_stats",
     "agent",
     "sds-grpc",
@@ -53,37 +55,12 @@ const ISTIO_OWN: [&str; 11] = [
     "envoy_metrics_service",
     "envoy_accesslog_service",
     "local_cluster",
+    "main_internal",
+    "connect_originate",
+    "inner_connect_originate",
+    "outer_connect_originate",
+    "forward_inner_connect",
 ];
-
-/// A waypoint's: Istio's, and its HBONE plumbing (pilot/pkg/networking/core/cluster_waypoint.go):
-/// the clients' CONNECT streams (`main_internal`), the tunnels to the pods (`connect_originate`)
-/// and those of the multi-network and east-west gateway's forms. `encap`, which carries the
-/// requests sent to a pod's own address, is not one of them.
-const WAYPOINT_OWN: [&str; 16] = join(
-    &ISTIO_OWN,
-    [
-        "main_internal",
-        "connect_originate",
-        "inner_connect_originate",
-        "outer_connect_originate",
-        "forward_inner_connect",
-    ],
-);
-
-/// `a` then `b`, for lists that extend others.
-const fn join<const N: usize, const M: usize>(
-    a: &[&'static str],
-    b: [&'static str; M],
-) -> [&'static str; N] {
-    assert!(N == a.len() + M, "the joined list's length");
-    let mut out = [""; N];
-    let mut i = 0;
-    while i < N {
-        out[i] = if i < a.len() { a[i] } else { b[i - a.len()] };
-        i += 1;
-    }
-    out
-}
 
 /// Istio's sidecars and gateways, the default. Its own managers and clusters are in its bootstrap
 /// template (istio/istio tools/packaging/common/envoy_bootstrap.json).
@@ -94,14 +71,13 @@ pub const ISTIO: Preset = Preset {
     ignore_ports: ISTIO_INFRA_PORTS,
     own_listeners: &[],
     own_hcms: &["admin", "agent", "stats"],
-    own_clusters: &ISTIO_OWN,
+    own_clusters: WAYPOINT_OWN.split_at(11).0,
     // `inbound|PORT||` (pilot/pkg/model/service.go BuildInboundSubsetKey), and the passthrough
     // cluster for ports no Service names (pilot/pkg/util/network, InboundPassthroughCluster).
     inbound_clusters: &["inbound|*", "InboundPassthroughCluster*"],
     drain: Drain::Inbound,
     agent: true,
-    unit: Unit::Connections,
-    internal_hosts: false,
+    waypoint: false,
 };
 
 pub const PRESETS: [Preset; 6] = [
@@ -113,14 +89,11 @@ pub const PRESETS: [Preset; 6] = [
     // docs/running.md, "Waypoints".
     Preset {
         name: "waypoint",
-        // Internal listeners' stats (istio pkg/envoy/agent.go skips them too).
-        own_listeners: &["envoy_internal_*"],
         own_hcms: &["admin", "agent", "stats", "connect_terminate"],
         own_clusters: &WAYPOINT_OWN,
         inbound_clusters: &[],
         drain: Drain::All,
-        unit: Unit::Requests,
-        internal_hosts: true,
+        waypoint: true,
         ..ISTIO
     },
     // hashicorp/consul-dataplane internal/bootstrap, pkg/consuldp/bootstrap.go.
@@ -129,7 +102,6 @@ pub const PRESETS: [Preset; 6] = [
         own_cluster: "Consul's own cluster",
         admin: "127.0.0.1:19000",
         ignore_ports: "19000,20100,20101,20200,20600,21000",
-        own_listeners: &[],
         own_hcms: &["admin", "envoy_prometheus_metrics", "envoy_ready"],
         own_clusters: &[
             "consul-dataplane",
@@ -139,7 +111,6 @@ pub const PRESETS: [Preset; 6] = [
         ],
         // agent/xds xdscommon LocalAppClusterName.
         inbound_clusters: &["local_app"],
-        drain: Drain::Inbound,
         agent: false,
         ..ISTIO
     },
@@ -172,7 +143,6 @@ pub const PRESETS: [Preset; 6] = [
         ],
         // pkg/xds/envoy/names GetLocalClusterName: `localhost:PORT`.
         inbound_clusters: &["localhost:*"],
-        drain: Drain::Inbound,
         agent: false,
         ..ISTIO
     },
@@ -182,7 +152,6 @@ pub const PRESETS: [Preset; 6] = [
         own_cluster: "Envoy Gateway's own cluster",
         admin: "127.0.0.1:19000",
         ignore_ports: "19000,19001,19002,19003",
-        own_listeners: &[],
         own_hcms: &["admin", "eg-stats-http", "eg-ready-http"],
         own_clusters: &["xds_cluster", "prometheus_stats", "otel_metric_sink_*"],
         inbound_clusters: &[],
@@ -196,7 +165,6 @@ pub const PRESETS: [Preset; 6] = [
         own_cluster: "Contour's own cluster",
         admin: "unix:/admin/admin.sock",
         ignore_ports: "8002,9001",
-        own_listeners: &[],
         own_hcms: &["admin", "envoy-admin", "stats", "health", "stats-health"],
         own_clusters: &["contour", "envoy-admin"],
         inbound_clusters: &[],
@@ -209,5 +177,21 @@ pub const PRESETS: [Preset; 6] = [
 impl Default for Preset {
     fn default() -> Preset {
         ISTIO
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sidecar_leaves_out_the_bootstrap_clusters_and_a_waypoint_its_hbone_ones_too() {
+        assert_eq!(ISTIO.own_clusters.last(), Some(&"local_cluster"));
+        assert!(!ISTIO.own_clusters.contains(&"main_internal"));
+        assert!(!ISTIO.own_clusters.contains(&"connect_originate"));
+        let waypoint = PRESETS.iter().find(|p| p.name == "waypoint").unwrap();
+        assert!(waypoint.own_clusters.starts_with(ISTIO.own_clusters));
+        assert!(waypoint.own_clusters.contains(&"main_internal"));
+        assert!(!waypoint.own_clusters.contains(&"encap"));
     }
 }

@@ -24,7 +24,7 @@ pub struct Identity {
 }
 
 impl Identity {
-    pub fn of_this_pod(env: &dyn Fn(&str) -> Option<String>) -> Identity {
+    pub fn of_this_pod(env: &crate::config::Env<'_>) -> Identity {
         let mut name = [0u8; 256];
         // SAFETY: gethostname writes at most the buffer's length into a buffer we own.
         let ok = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0;

@@ -115,13 +115,7 @@ impl Report {
     }
 
     /// A change of source or basis, said once: whether the source changed.
-    fn source_said(
-        &self,
-        said: &mut Said,
-        reading: &Reading,
-        count: &Count,
-        proc: &Reader,
-    ) -> bool {
+    fn switched(&self, said: &mut Said, reading: &Reading, count: &Count, proc: &Reader) -> bool {
         let in_force = Some((count.source, count.unit));
         let changed = said.source != in_force;
         let (holding, returning) = (self.cfg.rules.until == Until::Quiet, said.source.is_some());
@@ -183,7 +177,7 @@ impl Report {
                 said.log.line(Level::Warn, &w.to_string());
             }
         }
-        let changed_source = self.source_said(&mut said, reading, count, proc);
+        let changed_source = self.switched(&mut said, reading, count, proc);
         let arriving = match rules.until {
             Until::AtMost(n) => seen.arrived > 0 && count.total <= n,
             Until::Quiet => seen.arrived > 0,

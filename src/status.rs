@@ -12,7 +12,7 @@ use std::time::Duration;
 const LOOK: Duration = Duration::from_secs(10);
 
 /// Prints the report; exits 0 when the source `run` would use can count now, else 3.
-pub fn command(args: &StatusArgs, env: &dyn Fn(&str) -> Option<String>) -> i32 {
+pub fn command(args: &StatusArgs, env: &crate::config::Env<'_>) -> i32 {
     let counting = match config::run_config(&args.0, env).map(|c| c.counting) {
         Ok(c) => c,
         Err(e) => return usage_error(&e.to_string()),

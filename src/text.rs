@@ -186,7 +186,7 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, Stri
     let (what, stats) = match sources.unit {
         Unit::Connections => ("active connections", stats),
         // A waypoint's stats never tell its requests (source/stats.rs).
-        Unit::Requests if cfg.counting.preset.internal_hosts && sources.mode == Mode::Auto => {
+        Unit::Requests if cfg.counting.preset.waypoint && sources.mode == Mode::Auto => {
             ("active requests", format!("Envoy's /clusters ({})", sources.admin.url(CLUSTERS_PATH)))
         }
         Unit::Requests => {
@@ -323,9 +323,8 @@ pub fn switched(
 
 /// The app's sockets, as in `uid 1000: 2 sockets, uid 1001: 1 socket`.
 fn sockets_by_user(others: &BTreeMap<u32, u64>) -> String {
-    let each: Vec<String> =
-        others.iter().map(|(uid, n)| format!("uid {uid}: {}", plural(*n, "socket"))).collect();
-    each.join(", ")
+    let each = others.iter().map(|(uid, n)| format!("uid {uid}: {}", plural(*n, "socket")));
+    each.collect::<Vec<_>>().join(", ")
 }
 
 /// `--then-quit` waiting for the app before it stops the proxy.
@@ -560,9 +559,7 @@ pub fn summary(
         Outcome::Deadline | Outcome::NothingCounted | Outcome::KeptAlive(_) => {
             format!("deadline of {} passed after {took}", format_duration(rules.deadline))
         }
-        Outcome::Interrupted(sig) => {
-            format!("interrupted by {} after {took}", signal_name(sig))
-        }
+        Outcome::Interrupted(sig) => format!("interrupted by {} after {took}", signal_name(sig)),
     };
     line += &match outcome {
         Outcome::Reached if hold => format!(": {}, {counted}{after}", quiet(p, rules)),
@@ -604,12 +601,9 @@ fn last_count(p: &Progress) -> (String, String) {
         Some(c) => format!("{} ({})", c.describe(), c.source),
         None => "nothing counted".to_string(),
     };
-    let stale = match (&p.last, &p.unknown) {
-        (Some(_), Some(why)) => {
-            format!("; the last count failed ({why}), so this is the last known count")
-        }
-        _ => String::new(),
-    };
+    let stale = p.unknown.as_ref().filter(|_| p.last.is_some()).map_or(String::new(), |why| {
+        format!("; the last count failed ({why}), so this is the last known count")
+    });
     (counted, stale)
 }
 
@@ -643,11 +637,8 @@ fn lost_lines(dropped: u64, failed: Option<&str>) -> String {
 }
 
 pub fn installed(path: &std::path::Path, size: u64) -> String {
-    format!(
-        "installed {} ({size} bytes, envoy-drain {})",
-        path.display(),
-        env!("CARGO_PKG_VERSION")
-    )
+    let version = env!("CARGO_PKG_VERSION");
+    format!("installed {} ({size} bytes, envoy-drain {version})", path.display())
 }
 
 /// The `status` report: each source read, what it counts and leaves out, and what `run` would count.

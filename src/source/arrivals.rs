@@ -118,7 +118,9 @@ impl Tracker {
 
     /// One read at `at`: the pod's addresses (`ours`), its sockets, and its TCP counters read
     /// before them. The first read only sets what later ones are compared with, and tells what
-    /// the kernel remembers of earlier arrivals.
+    /// the kernel remembers of earlier arrivals. In ambient mode a client's connection arrives
+    /// twice, a stream on 15008 and ztunnel's hop to the app (both ends in the pod): a read takes
+    /// the two as one where it sees both.
     pub fn read(
         &mut self,
         at: Duration,
@@ -132,8 +134,6 @@ impl Tracker {
         let since = at.saturating_sub(*self.first_at.get_or_insert(at));
         let mut read = Read::default();
         let (mut ages, mut sent, mut open) = (Vec::new(), Vec::new(), BTreeMap::new());
-        // In ambient mode a client's connection arrives twice: a stream on 15008 and ztunnel's
-        // hop to the app (both ends in the pod). A read takes the two as one where it sees both.
         let (mut streams, mut hops) = (0u64, 0u64);
         for (key, seen) in &mut now {
             let before = last.get(key);
@@ -174,9 +174,7 @@ impl Tracker {
             read.before = before(ages);
         }
         if let Some(counters) = counters.filter(|_| self.rule.passive_opens) {
-            read.unseen = self.unseen(counters, first, !read.hiding.is_empty(), since);
-            read.arrived += read.unseen;
-            read.opened += read.unseen;
+            self.unseen(counters, (first, since), &mut read);
         }
         self.total = self.total.saturating_add(read.arrived);
         self.opened = self.opened.saturating_add(read.opened);
@@ -313,24 +311,27 @@ impl Tracker {
         ports
     }
 
-    /// Connections the pod accepted since the last read that no read saw, less the probes' share
-    /// of them: `PassiveOpens`, which counts every accepted connection, less those seen, beyond
-    /// the most this has been. Read before the sockets, a connection accepted in between is seen
-    /// before it is counted, which the highest so far absorbs. Where a listener that does not
-    /// count may have taken them (`hiding`), only those reset are known to be the app's.
-    fn unseen(&mut self, counters: Counters, first: bool, hiding: bool, since: Duration) -> u64 {
+    /// Adds to `read` the connections the pod accepted since the last read that no read saw, less
+    /// the probes' share of them: `PassiveOpens`, which counts every accepted connection, less
+    /// those seen, beyond the most this has been. Read before the sockets, a connection accepted
+    /// in between is seen before it is counted, which the highest so far absorbs. Where a listener
+    /// that does not count may have taken them (`read.hiding`), only those reset are known to be
+    /// the app's.
+    fn unseen(&mut self, counters: Counters, (first, since): (bool, Duration), read: &mut Read) {
         let now = i128::from(counters.passive_opens) - i128::from(self.accepted);
         let before = self.unexplained.replace(now.max(self.unexplained.unwrap_or(now)));
         let mut unseen = match before {
             Some(was) if !first && now > was => u64::try_from(now - was).unwrap_or(u64::MAX),
             _ => 0,
         };
-        if hiding {
+        if !read.hiding.is_empty() {
             let was = self.counters.map_or(counters.resets, |c| c.resets);
             unseen = unseen.min(counters.resets.saturating_sub(was));
         }
         self.counters = Some(counters);
-        unseen - (0..unseen).take_while(|_| self.probe(since, false)).count() as u64
+        read.unseen = unseen - (0..unseen).take_while(|_| self.probe(since, false)).count() as u64;
+        read.arrived += read.unseen;
+        read.opened += read.unseen;
     }
 }
 

@@ -237,14 +237,13 @@ impl Arrived {
     }
 }
 
-/// Why a host's figures do not count: a Unix socket or internal address (but `hold`'s app on a
-/// Unix socket, an Istio Sidecar's `defaultEndpoint: unix://`; a waypoint's pods), or an ignored
-/// port.
+/// Why a host's figures do not count: a Unix socket or internal address (but `hold`'s app on one,
+/// an Istio Sidecar's `defaultEndpoint: unix://`; a waypoint's pods), or an ignored port.
 fn why_host(host: &str, cluster: &str, rule: &Rule) -> Option<String> {
     let pipe = host.starts_with('/') || host.starts_with('@');
     match host.parse::<SocketAddr>() {
         Err(_) if rule.inbound && pipe && any(rule.preset.inbound_clusters, cluster) => None,
-        Err(_) if rule.preset.internal_hosts && host.starts_with("envoy://") => None,
+        Err(_) if rule.preset.waypoint && host.starts_with("envoy://") => None,
         Err(_) => Some("Unix socket or internal address".to_string()),
         Ok(a) if rule.ignore_ports.contains(a.port()) => Some(format!("ignored port {}", a.port())),
         Ok(_) => None,

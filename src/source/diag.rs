@@ -7,8 +7,7 @@
 use crate::error::{failed, io_cause};
 use crate::source::procnet::{Endpoint, Sink, Socket, TIME_WAIT};
 use std::io;
-use std::net::UdpSocket;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 

@@ -165,8 +165,7 @@ impl Sources {
         self.admin.url(self.stats_path())
     }
 
-    /// One count, what the socket table says about the pod, and what the count cost, within
-    /// `left`.
+    /// One count, what the socket table says about the pod, and what it cost, within `left`.
     pub fn tick(&mut self, left: Duration) -> (Reading, Result<Pod, String>, Cost) {
         let until = within(left.max(PROC_GRACE));
         let (asked, own) = (Instant::now(), Meter::start(process_cpu));

@@ -153,7 +153,7 @@ impl Lines {
     /// streams), from `connections`, this answer's connection count.
     pub fn requests(&self, connections: &Count) -> Result<(Count, Vec<Hcm>), String> {
         self.check(self.admin_requests, "downstream_rq_active")?;
-        if self.preset.internal_hosts {
+        if self.preset.waypoint {
             // Its TCP streams are connections of its internal listeners, as idle clients' are.
             return Err("a waypoint's stats cannot tell a TCP stream from an idle client".into());
         }
