@@ -89,6 +89,7 @@ pub const PRESETS: [Preset; 6] = [
     // docs/running.md, "Waypoints".
     Preset {
         name: "waypoint",
+        own_listeners: &["envoy_internal_*"],
         own_hcms: &["admin", "agent", "stats", "connect_terminate"],
         own_clusters: &WAYPOINT_OWN,
         inbound_clusters: &[],

@@ -544,6 +544,11 @@ listener.admin.downstream_cx_active: 1
         let lines = read(body, crate::preset::PRESETS[1]);
         let connections = lines.connections().unwrap();
         assert_eq!(connections.total, 2, "ztunnels' HBONE connections: {connections:?}");
+        let whys: Vec<_> = connections.excluded.iter().map(|s| s.why.as_str()).collect();
+        assert!(
+            whys.contains(&"envoy_internal_main_internal (the proxy's own listener)"),
+            "{whys:?}"
+        );
         // A request would be 1, a TCP stream an idle client's: /clusters counts them.
         assert!(lines.requests(&connections).unwrap_err().contains("TCP stream"));
     }
