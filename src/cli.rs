@@ -285,19 +285,30 @@ pub struct HoldArgs {
     #[argh(option)]
     pub probe_periods: Option<String>,
 
-    /// never return sooner (default: 5s)
+    /// comma-separated periods of the probes the kubelet stops before the preStop (liveness,
+    /// startup) and that connect, e.g. 10s, or none: they are not clients among the connections
+    /// the pod accepted over its life, which tell how often requests come (default: none)
+    #[argh(option)]
+    pub liveness_periods: Option<String>,
+
+    /// never return sooner (default: 3s)
     #[argh(option)]
     pub min: Option<String>,
 
     /// return once no request has arrived for this long at least; longer where requests come
-    /// further apart: 7 times their mean gap, twice their longest pause between reads
-    /// (default: 500ms)
+    /// further apart: until their rate tells they stopped (wrong for one deletion in 2,000),
+    /// and twice their longest pause between reads (default: 500ms)
     #[argh(option)]
     pub quiet: Option<String>,
 
     /// return after this long, whatever still arrives (default: 20s)
     #[argh(option)]
     pub deadline: Option<String>,
+
+    /// how long after the deletion the mesh may still send here: arrivals too sparse to tell
+    /// their end hold until then, and none after it is expected unless one comes (default: 15s)
+    #[argh(option)]
+    pub propagation: Option<String>,
 
     /// time between reads of what arrives; longer when a read takes long: 20 times its time,
     /// as /clusters' reads are (default: 500ms)

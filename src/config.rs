@@ -23,11 +23,13 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
 pub const ENV_MIN_DRAIN: &str = "MINIMUM_DRAIN_DURATION";
 /// `hold`'s: a minimum as long as the `preStop: sleep 5` it replaces, a quiet time a client of one
 /// request a second never leaves, a deadline that leaves the app 10 s of a 30 s grace period.
-pub const DEFAULT_HOLD_MIN: Duration = Duration::from_secs(5);
+pub const DEFAULT_HOLD_MIN: Duration = Duration::from_secs(3);
 /// `hold`'s least quiet time: one read at the default interval, so that a busy pod ends within a
 /// second of its last request; sparser arrivals ask for more (wait.rs, `Rate`).
 pub const DEFAULT_QUIET: Duration = Duration::from_millis(500);
 pub const DEFAULT_HOLD_DEADLINE: Duration = Duration::from_secs(20);
+/// `hold`'s `--propagation`: the `sleep 15` it replaces.
+pub const DEFAULT_PROPAGATION: Duration = Duration::from_secs(15);
 
 /// An environment variable's value by name: `std::env::var`, or a test's.
 pub type Env<'a> = dyn Fn(&str) -> Option<String> + 'a;
@@ -114,8 +116,13 @@ pub struct ArrivalRule {
     /// Also count the connections the namespace accepted that left no socket to see (a client
     /// that closed first, outside the pod, or a reset), from its `PassiveOpens`.
     pub passive_opens: bool,
-    /// ztunnel's HBONE port (ambient mode), whose connections' bytes count by their streams.
-    pub hbone: Option<u16>,
+    /// The periods of the probes the kubelet stops before the preStop (`--liveness-periods`):
+    /// none during the hold, but over the pod's life among its accepted connections.
+    pub liveness: Vec<Duration>,
+    /// The mesh's own listeners in the pod (ambient mode: ztunnel's), whose connections never
+    /// count: a client's reaches the app over a hop in the pod, which does; the app's calls out
+    /// are its own.
+    pub proxy: Vec<u16>,
     /// A sidecar's: connections whose client is in the pod never count (the proxy's own hop to
     /// the app, the app's calls to the pod's other containers): a client's own connection to the
     /// proxy shows each of its requests.
@@ -154,6 +161,8 @@ pub struct Rules {
     pub until: Until,
     /// `--then-quit`: once the threshold is reached and the app has exited, stop the proxy.
     pub then_quit: bool,
+    /// `hold`'s `--propagation`: by then the mesh has stopped sending to the pod.
+    pub propagation: Duration,
 }
 
 /// What ends a wait once the min-drain is over.
@@ -387,7 +396,15 @@ pub fn run_config(a: &RunArgs, env: &Env<'_>) -> Result<RunConfig, UsageError> {
     Ok(RunConfig {
         counting,
         before: drain::before(drain, a.fail_healthcheck),
-        rules: Rules { min_drain, deadline, interval, settle, until, then_quit: a.then_quit },
+        rules: Rules {
+            min_drain,
+            deadline,
+            interval,
+            settle,
+            until,
+            then_quit: a.then_quit,
+            propagation: Duration::ZERO,
+        },
         log_file: a.log_file.as_ref().map(PathBuf::from),
         log_format,
         agent: parse_addr("--agent", a.agent.as_deref().unwrap_or(DEFAULT_AGENT))?,
@@ -563,10 +580,17 @@ pub fn hold_config(a: &HoldArgs, env: &Env<'_>) -> Result<RunConfig, UsageError>
             only: a.ports.as_deref().map(|v| some_ports("--ports", v)).transpose()?,
         },
         probes,
-        probe_periods: a.probe_periods.as_deref().map(probe_periods).transpose()?,
-        // In ambient mode every client connection reaches the app over a hop in the pod.
-        passive_opens: holding == Holding::NoMesh,
-        hbone: (holding == Holding::Ambient).then_some(15008),
+        probe_periods: a
+            .probe_periods
+            .as_deref()
+            .map(|v| probe_periods("--probe-periods", v))
+            .transpose()?,
+        liveness: match a.liveness_periods.as_deref() {
+            Some(v) => probe_periods("--liveness-periods", v)?,
+            None => Vec::new(),
+        },
+        passive_opens: !sidecar,
+        proxy: if holding == Holding::Ambient { ZTUNNEL.to_vec() } else { Vec::new() },
         outside_only: holding != Holding::Ambient,
     };
     let mut counting = Counting {
@@ -638,7 +662,9 @@ fn probes(
         (Holding::NoMesh, None) => probe_sources("gateway,node", &node)?,
         _ => Vec::new(),
     };
-    probes.extend((holding == Holding::Ambient).then_some(AMBIENT_PROBES.to_ipv6_mapped()));
+    if holding == Holding::Ambient {
+        probes.extend(AMBIENT_PROBES.map(mapped));
+    }
     Ok(probes)
 }
 
@@ -664,6 +690,7 @@ fn hold_rules(a: &HoldArgs) -> Result<Rules, UsageError> {
         settle: quiet,
         until: Until::Quiet,
         then_quit: false,
+        propagation: positive("--propagation", &a.propagation, DEFAULT_PROPAGATION)?.min(deadline),
     })
 }
 
@@ -674,8 +701,17 @@ const HOLD_PRESETS: &str = "a sidecar's preset, istio, consul or kuma, or ambien
 /// (istio/ztunnel `scripts/ztunnel-redirect-inpod.sh`); 15008 and 15006 carry arrivals.
 const AMBIENT_OWN: &str = "15001,15053";
 
-/// Where istio-cni sends the kubelet's probes from in ambient mode (it SNATs them on the node).
-const AMBIENT_PROBES: Ipv4Addr = Ipv4Addr::new(169, 254, 7, 127);
+/// ztunnel's listeners in an ambient pod: the pod's calls out (15001), plaintext (15006) and
+/// HBONE (15008) clients, DNS (15053) (istio/ztunnel `scripts/ztunnel-redirect-inpod.sh`).
+const ZTUNNEL: [u16; 4] = [15001, 15006, 15008, 15053];
+
+/// Where istio-cni sends the kubelet's probes from in ambient mode: it SNATs them, and every
+/// other connection from the node, on the node (istio/istio `cni/pkg/iptables/iptables.go`,
+/// `HostProbeSNATAddress`, `HostProbeV6SNATAddress`).
+const AMBIENT_PROBES: [IpAddr; 2] = [
+    IpAddr::V4(Ipv4Addr::new(169, 254, 7, 127)),
+    IpAddr::V6(Ipv6Addr::new(0xfd16, 0x9254, 0x7127, 0x1337, 0xffff, 0xffff, 0xffff, 0xffff)),
+];
 
 /// `--probes-from`: IP addresses, `gateway` for the pod's default gateway and `node` for the
 /// node's addresses (`node`).
@@ -736,16 +772,16 @@ fn link_local(ip: &Ipv6Addr) -> bool {
     }
 }
 
-/// `--probe-periods`: comma-separated whole seconds, as a probe's `periodSeconds` are (at least
-/// 1), or `none`.
-fn probe_periods(value: &str) -> Result<Vec<Duration>, UsageError> {
+/// `--probe-periods`, `--liveness-periods` (`name`): comma-separated whole seconds, as a probe's
+/// `periodSeconds` are (at least 1), or `none`.
+fn probe_periods(name: &'static str, value: &str) -> Result<Vec<Duration>, UsageError> {
     if value.trim() == "none" {
         return Ok(Vec::new());
     }
     let expected = "comma-separated whole seconds from 1s, like 10s,5s, or none";
-    let bad = || UsageError::new("--probe-periods", value, expected);
+    let bad = || UsageError::new(name, value, expected);
     let period = |item: &str| {
-        let d = parse_duration("--probe-periods", item.trim()).map_err(|_| bad())?;
+        let d = parse_duration(name, item.trim()).map_err(|_| bad())?;
         let whole = d >= Duration::from_secs(1) && d.subsec_nanos() == 0;
         // humantime adds up "10s 1s": one period each.
         if whole && !item.trim().contains(char::is_whitespace) { Ok(d) } else { Err(bad()) }
@@ -1265,6 +1301,33 @@ mod tests {
             "{:?}",
             proc.counting.warnings
         );
+    }
+
+    #[test]
+    fn holds_defaults_and_ambient_modes_rule() {
+        let hold = |preset: &str, deadline: Option<&str>| {
+            let a = HoldArgs {
+                preset: Some(preset.into()),
+                deadline: deadline.map(String::from),
+                liveness_periods: Some("10s,30s".into()),
+                ..HoldArgs::default()
+            };
+            hold_config(&a, &no_env).unwrap()
+        };
+        let c = hold("ambient", None);
+        let secs = Duration::from_secs;
+        assert_eq!((c.rules.min_drain, c.rules.propagation), (secs(3), secs(15)));
+        assert_eq!(c.rules.deadline, secs(20));
+        let rule = c.counting.hold.unwrap();
+        let v6 = "fd16:9254:7127:1337:ffff:ffff:ffff:ffff".parse().unwrap();
+        assert_eq!(rule.probes, [mapped("169.254.7.127".parse().unwrap()), v6]);
+        assert_eq!(rule.proxy, [15001, 15006, 15008, 15053], "ztunnel's listeners");
+        assert!(rule.passive_opens && !rule.outside_only);
+        assert_eq!(rule.liveness, [secs(10), secs(30)]);
+        // The propagation within a shorter deadline; the min cut to it as before.
+        let c = hold("none", Some("8s"));
+        assert_eq!((c.rules.propagation, c.rules.min_drain), (secs(8), secs(3)));
+        assert!(c.counting.hold.unwrap().proxy.is_empty());
     }
 
     #[test]

@@ -66,6 +66,8 @@ pub struct Count {
     pub polls: u64,
     /// At the first read, what the kernel remembers of arrivals before it.
     pub before: Option<Before>,
+    /// How long ago the newest arrival came, where the source can tell.
+    pub newest: Option<Duration>,
 }
 
 /// What a count could not see, or corrected: said once a run (text.rs words it).
@@ -95,13 +97,15 @@ pub enum Warning {
     ClustersAlone(String),
 }
 
-/// The arrivals before `hold`'s first read that the kernel remembers (connections closed since
-/// less than 60 s ago wait in TIME_WAIT): how long ago the newest came, and the longest pause
-/// between two.
+/// What a source remembers of `hold`'s arrivals before its first read: how many came over how
+/// long (the connections closed in the last minute, which wait in TIME_WAIT; or those the pod's
+/// namespace accepted over its life), and of the last 10 s the newest's age and the longest
+/// pause between two (`None`: none came then).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Before {
-    pub newest: Duration,
-    pub pause: Duration,
+    pub arrivals: u64,
+    pub span: Duration,
+    pub recent: Option<(Duration, Duration)>,
 }
 
 /// How a socket-table count told Envoy's sockets from the rest.

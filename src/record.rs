@@ -100,7 +100,7 @@ impl Record<'_> {
 /// The preset as `--preset` names it: `hold`'s ambient and none, else the sidecar's.
 fn preset(cfg: &RunConfig) -> &'static str {
     match &cfg.counting.hold {
-        Some(rule) if rule.hbone.is_some() => "ambient",
+        Some(rule) if !rule.proxy.is_empty() => "ambient",
         Some(rule) if rule.passive_opens => "none",
         _ => cfg.counting.preset.name,
     }
@@ -146,7 +146,7 @@ mod tests {
             record.members(),
             ",\"event\":\"summary\",\"version\":\"0.1.0\",\"pod\":\"app-7d9f-x2x8q\",\
              \"namespace\":null,\"command\":\"hold\",\"preset\":\"none\",\"outcome\":\"reached\",\
-             \"exit_code\":0,\"elapsed_ms\":5200,\"deadline_ms\":20000,\"min_ms\":5000,\
+             \"exit_code\":0,\"elapsed_ms\":5200,\"deadline_ms\":20000,\"min_ms\":3000,\
              \"quiet_ms\":500,\"since_last_arrival_ms\":700,\"count\":null,\"count_unit\":null,\
              \"count_source\":null,\"count_failed\":null,\
              \"warnings\":[\"UDP is served on port 5353 \\\"x\\\"\"],\"dropped_lines\":0"

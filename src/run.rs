@@ -164,6 +164,7 @@ impl Looks<'_> {
             recounted: count.map_or(0, |c| c.recounted),
             opened: count.and_then(|c| c.opened),
             before: count.and_then(|c| c.before),
+            newest: count.and_then(|c| c.newest),
             app: pod.as_ref().ok().map(|p| !p.is_empty()),
             cost,
         };

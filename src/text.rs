@@ -169,8 +169,9 @@ pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, Stri
             );
         }
         let (quiet, min, most, every) = (d(r.settle), least(r, ""), d(r.deadline), d(r.interval));
+        let propagation = d(r.propagation);
         return format!(
-            "holding the app's SIGTERM until requests have stopped arriving: none for {quiet}, or for 7 times their mean gap and twice their longest pause between reads where they come further apart (at least {min}, at most {most}), reading arrivals every {every} from {from}"
+            "holding the app's SIGTERM until requests have stopped arriving: none for {quiet}, longer where they come further apart, until their rate tells they stopped and for twice their longest pause between reads, and none after {propagation} unless they still come then (at least {min}, at most {most}), reading arrivals every {every} from {from}"
         );
     };
     let announce = |(q, url): &(Request, String)| {
@@ -401,9 +402,9 @@ fn held(p: &Progress, rules: &Rules, elapsed: Duration) -> String {
         (None, _) => format!("no request seen, but not yet for {}", seconds(rules.settle)),
         // Quiet for longer than a busy pod needs, not for as long as these arrivals do.
         (Some(at), Some(pace)) if elapsed.saturating_sub(at) >= rules.settle => format!(
-            "arrivals every ~{}: the deadline is too short to tell they stopped ({} without one would)",
+            "arrivals every ~{} still coming after the propagation ({}): the deadline is too short to tell they stopped",
             seconds(pace.gap),
-            seconds(pace.quiet)
+            seconds(rules.propagation)
         ),
         (Some(_), _) => "requests still arriving".to_string(),
     }
@@ -496,8 +497,8 @@ impl std::fmt::Display for Warning {
             ),
             Warning::Hiding(hiding) => write!(
                 f,
-                "port {} listens and does not count: a connection that its client closes between \
-                 two reads leaves no socket and may be that port's, so it counts only when reset",
+                "port {} listens and does not count: a connection to it that its client closes \
+                 between two reads leaves no socket, cannot be told from the app's and counts",
                 ports(hiding)
             ),
             Warning::Unseen => f.write_str(
@@ -524,16 +525,11 @@ impl std::fmt::Display for Warning {
     }
 }
 
-/// What a hold could not see arrive, for its summary: its count's `Udp` and `Hiding` warnings.
+/// What a hold could not see arrive, for its summary: its count's `Udp` warning.
 fn unseen(warnings: &[Warning]) -> String {
     let parts: Vec<String> = (warnings.iter())
         .filter_map(|w| match w {
             Warning::Udp(udp) => Some(format!("UDP to port {} is not seen", ports(udp))),
-            Warning::Hiding(hiding) => Some(format!(
-                "a connection its client closes between two reads is not seen unless reset, as \
-                 port {} listens without counting",
-                ports(hiding)
-            )),
             _ => None,
         })
         .collect();
@@ -903,6 +899,7 @@ mod tests {
         settle: Duration::ZERO,
         until: Until::AtMost(0),
         then_quit: false,
+        propagation: Duration::ZERO,
     };
 
     fn progress(last: Option<Count>, unknown: Option<&str>) -> Progress {
@@ -968,10 +965,9 @@ mod tests {
         );
         assert_eq!(
             line,
-            "done after 5.0s: no request seen for 0.5s (UDP to port 53, 5353 is not seen; a \
-             connection its client closes between two reads is not seen unless reset, as port \
-             9090 listens without counting; 2 polls on kept-alive connections, after 5s of \
-             silence, left out), 0 active connections (proc); the app gets its SIGTERM now"
+            "done after 5.0s: no request seen for 0.5s (UDP to port 53, 5353 is not seen; 2 \
+             polls on kept-alive connections, after 5s of silence, left out), 0 active \
+             connections (proc); the app gets its SIGTERM now"
         );
     }
 
@@ -1021,7 +1017,8 @@ mod tests {
         p.arrived_at = Some(Duration::from_millis(1_500));
         assert!(said(&p).contains(" with requests still arriving, "), "{}", said(&p));
         // Quiet for longer than the floor, not for as long as arrivals 4 s apart ask.
-        let rules = Rules { settle: Duration::from_millis(500), ..rules };
+        let propagation = Duration::from_secs(15);
+        let rules = Rules { settle: Duration::from_millis(500), propagation, ..rules };
         let said =
             |p: &Progress| summary(Outcome::Deadline, Duration::from_secs(2), &rules, p, (0, None));
         p.arrived_at = Some(Duration::from_millis(500));
@@ -1029,8 +1026,8 @@ mod tests {
         p.pace = Some(crate::outcome::Pace { gap, quiet });
         assert!(
             said(&p).contains(
-                " with arrivals every ~4.0s: the deadline is too short to tell they stopped (27.6s \
-                 without one would), "
+                " with arrivals every ~4.0s still coming after the propagation (15.0s): the \
+                 deadline is too short to tell they stopped, "
             ),
             "{}",
             said(&p)

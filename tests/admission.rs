@@ -511,11 +511,18 @@ fn of(container: &str, field: &str) -> String {
     format!("{{.spec.containers[?(@.name==\"{container}\")].{field}}}")
 }
 
-/// The preStop command a container gets, as kubectl's jsonpath prints it.
-fn hold(preset: &str, deadline: u64, probes: &str, ignore: Option<&str>) -> String {
+/// The preStop command a container gets, as kubectl's jsonpath prints it: the periods of the
+/// probes that go on while the pod terminates, and of the containers' liveness probes.
+fn hold(
+    preset: &str,
+    deadline: u64,
+    (probes, liveness): (&str, &str),
+    ignore: Option<&str>,
+) -> String {
     let deadline = format!("{deadline}s");
     let mut args = vec!["/envoy-drain/envoy-drain", "hold", "--preset", preset];
     args.extend(["--deadline", &deadline, "--probe-periods", probes]);
+    args.extend(["--liveness-periods", liveness]);
     args.extend(ignore.into_iter().flat_map(|i| ["--ignore-ports", i]));
     args.extend(["--log-file", "/proc/1/fd/1"]);
     format!("[{}]", args.into_iter().map(json_string).collect::<Vec<_>>().join(","))
@@ -563,7 +570,11 @@ fn the_install_applies_without_a_warning_and_changes_nothing_until_its_configmap
         let f =
             |spec: &str| spec_fields(spec, &[of("productpage", "lifecycle.preStop.exec.command")]);
         assert_eq!(f(&run.early.0), [""], "{form:?}");
-        assert_eq!(f(&run.early.1), [hold("ambient", 20, "5s", Some("15001,15053"))], "{form:?}");
+        assert_eq!(
+            f(&run.early.1),
+            [hold("ambient", 20, ("5s", "10s"), Some("15001,15053"))],
+            "{form:?}"
+        );
     }
 }
 
@@ -622,11 +633,11 @@ fn each_container_without_a_prestop_gets_the_hold_of_its_namespace_and_a_deadlin
             ("batch", "none", None),
         ] {
             // (pod, container, the deadline: 10 s less than the grace period, or half of a short
-            // one, the readiness probes' periods)
+            // one, the readiness probes' periods and the liveness probes')
             for (pod, container, deadline, probes) in [
-                ("web", "productpage", 20, "5s"),
-                ("two-containers", "orders", 50, "none"),
-                ("short-grace", "ratings", 7, "none"),
+                ("web", "productpage", 20, ("5s", "10s")),
+                ("two-containers", "orders", 50, ("none", "none")),
+                ("short-grace", "ratings", 7, ("none", "none")),
             ] {
                 let what = format!("{form:?}: {pod} in {namespace}");
                 let f = spec_fields(
@@ -700,9 +711,9 @@ fn each_container_without_a_prestop_gets_the_hold_of_its_namespace_and_a_deadlin
 #[ignore = "needs root and the control plane built from source (`bash scripts/test`)"]
 fn the_readiness_probes_the_kubelet_keeps_sending_and_the_ports_the_pod_names_reach_the_command() {
     // Readiness probes of the containers and of the native sidecar (1 s, the default 10 s, 3 s)
-    // and the sidecar's liveness probe (2 s); not the containers' liveness probes (the kubelet
-    // stops those before the preStop). The port named for metrics and the annotation's port are
-    // left out, after ztunnel's own in ambient mode.
+    // and the sidecar's liveness probe (2 s); the containers' liveness probes (the default 10 s),
+    // which the kubelet stops before the preStop, apart. The port named for metrics and the
+    // annotation's port are left out, after ztunnel's own in ambient mode.
     for run in runs() {
         for (namespace, preset, ignore) in
             [("shop", "ambient", "15001,15053,9091,9090"), ("batch", "none", "9091,9090")]
@@ -713,7 +724,7 @@ fn the_readiness_probes_the_kubelet_keeps_sending_and_the_ports_the_pod_names_re
             );
             assert_eq!(
                 f[0],
-                hold(preset, 20, "1s,10s,3s,2s", Some(ignore)),
+                hold(preset, 20, ("1s,10s,3s,2s", "10s"), Some(ignore)),
                 "{:?} {namespace}",
                 run.form
             );
@@ -723,7 +734,12 @@ fn the_readiness_probes_the_kubelet_keeps_sending_and_the_ports_the_pod_names_re
                 &[of("cart", "lifecycle.preStop.exec.command")],
             );
             let ignore = (preset == "ambient").then_some("15001,15053");
-            assert_eq!(f[0], hold(preset, 20, "none", ignore), "{:?} {namespace}", run.form);
+            assert_eq!(
+                f[0],
+                hold(preset, 20, ("none", "none"), ignore),
+                "{:?} {namespace}",
+                run.form
+            );
         }
     }
 }
@@ -1010,5 +1026,5 @@ fn on_kubernetes_1_34_the_policy_is_refused_as_v1_and_serves_as_v1beta1_where_th
         let f = spec_fields(&spec, &[of("productpage", "lifecycle.preStop.exec.command")]);
         (!f[0].is_empty()).then(|| f[0].clone())
     });
-    assert_eq!(command, hold("ambient", 20, "5s", Some("15001,15053")));
+    assert_eq!(command, hold("ambient", 20, ("5s", "10s"), Some("15001,15053")));
 }

@@ -65,6 +65,10 @@ const CASES: &[(&str, &str, &str, &str)] = &[
     ("hold", "--probe-periods", "10s,0s", "comma-separated whole seconds from 1s"),
     ("hold", "--probe-periods", "10s 1s", "comma-separated whole seconds from 1s"),
     ("hold", "--probe-periods", "500ms", "comma-separated whole seconds from 1s"),
+    ("hold", "--liveness-periods", "10", "comma-separated whole seconds from 1s"),
+    ("hold", "--liveness-periods", "1m,x", "comma-separated whole seconds from 1s"),
+    ("hold", "--propagation", "0s", "a duration above zero, like 15s"),
+    ("hold", "--propagation", "soon", "a duration like 500ms, 25s or 1m30s"),
 ];
 
 #[test]

@@ -14,7 +14,7 @@ use support::http::{Conn, H2, Response, in_flight};
 use support::kubelet::{Probe, Probes};
 use support::pod::{
     APP, APP_UID, CLIENT_IP, Capture, GATEWAY_IP6, Gateway, Mesh, OTHER_IP, Options, POD_IP,
-    POD_IP6, PROBE_IP, Pod, Stats,
+    POD_IP6, PROBE_IP, PROBE_IP6, Pod, Stats,
 };
 use support::ztunnel::{Control, Node, Served};
 use support::{Finished, Running, spawn};
@@ -690,45 +690,72 @@ enum Asked {
 }
 
 fn send(source: &str, target: &str, path: Asked, every: Duration, how_long: Duration) -> Instant {
-    use std::io::{Read, Write};
     let until = Instant::now() + how_long;
     let mut last = Instant::now();
     for _ in 0..1000 {
         if Instant::now() >= until {
             break;
         }
-        let mut c = support::pod::connect_from(source, target).expect("a connection to the pod");
-        last = Instant::now();
-        let (asked, close) = match path {
-            Asked::Answer(p) => (p, "connection: close\r\n"),
-            Asked::CloseFirst => ("/local/0", "connection: close\r\n"),
-            Asked::Scrape => ("/", ""),
-        };
-        // HTTP/1.1: a sidecar refuses HTTP/1.0 (426).
-        let request = format!("GET {asked} HTTP/1.1\r\nhost: app\r\n{close}\r\n");
-        c.write_all(request.as_bytes()).unwrap();
-        c.set_read_timeout(Some(5 * SECOND)).unwrap();
-        let mut answer = Vec::new();
-        match path {
-            Asked::Answer(_) => {
-                let _ = c.read_to_end(&mut answer);
-            }
-            Asked::Scrape => {
-                let mut buf = [0u8; 512];
-                while !answer.ends_with(b"ok\n") {
-                    match c.read(&mut buf) {
-                        Ok(n) if n > 0 => answer.extend_from_slice(&buf[..n]),
-                        _ => break,
-                    }
-                }
-            }
-            Asked::CloseFirst => answer.extend_from_slice(b"HTTP/1.1 200"),
-        }
-        assert!(answer.starts_with(b"HTTP/1.0 200") || answer.starts_with(b"HTTP/1.1 200"));
-        drop(c);
+        last = once(source, target, path);
         std::thread::sleep(every);
     }
     last
+}
+
+/// One request of `send`; when it was sent.
+fn once(source: &str, target: &str, path: Asked) -> Instant {
+    use std::io::{Read, Write};
+    let mut c = support::pod::connect_from(source, target).expect("a connection to the pod");
+    let sent = Instant::now();
+    let (asked, close) = match path {
+        Asked::Answer(p) => (p, "connection: close\r\n"),
+        Asked::CloseFirst => ("/local/0", "connection: close\r\n"),
+        Asked::Scrape => ("/", ""),
+    };
+    // HTTP/1.1: a sidecar refuses HTTP/1.0 (426).
+    let request = format!("GET {asked} HTTP/1.1\r\nhost: app\r\n{close}\r\n");
+    c.write_all(request.as_bytes()).unwrap();
+    c.set_read_timeout(Some(5 * SECOND)).unwrap();
+    let mut answer = Vec::new();
+    match path {
+        Asked::Answer(_) => {
+            let _ = c.read_to_end(&mut answer);
+        }
+        Asked::Scrape => {
+            let mut buf = [0u8; 512];
+            while !answer.ends_with(b"ok\n") {
+                match c.read(&mut buf) {
+                    Ok(n) if n > 0 => answer.extend_from_slice(&buf[..n]),
+                    _ => break,
+                }
+            }
+        }
+        Asked::CloseFirst => answer.extend_from_slice(b"HTTP/1.1 200"),
+    }
+    assert!(answer.starts_with(b"HTTP/1.0 200") || answer.starts_with(b"HTTP/1.1 200"));
+    sent
+}
+
+/// Requests of `send` at `offsets` (ms) from `zero`, which is later than now by more than the
+/// first negative one; when each was sent.
+fn at_offsets(
+    source: &str,
+    target: &str,
+    path: Asked,
+    zero: Instant,
+    offsets: &[i64],
+) -> Vec<Instant> {
+    let at = |ms: i64| {
+        let d = Duration::from_millis(ms.unsigned_abs());
+        if ms < 0 { zero - d } else { zero + d }
+    };
+    let sent: Vec<Instant> = (offsets.iter().take(2000))
+        .map(|&ms| {
+            std::thread::sleep(at(ms).saturating_duration_since(Instant::now()));
+            once(source, target, path)
+        })
+        .collect();
+    sent
 }
 
 /// The kubelet's probes from `source` to the app every 200 ms until `stop`, bounded in count.
@@ -779,11 +806,17 @@ struct Ambient {
 const MESH_CLIENT: &str = "10.90.0.5";
 
 fn ambient() -> Ambient {
+    ambient_with(false)
+}
+
+/// `Ambient`, the app's pod with an IPv6 address too (`Options::ipv6`).
+fn ambient_with(ipv6: bool) -> Ambient {
     let network = support::pod::Network::new(false);
     let (none, bin) = (Path::new("/nonexistent"), Path::new(support::BIN));
-    let options = Options { mesh: Mesh::Ambient, ..Options::default() };
+    let options = Options { mesh: Mesh::Ambient, ipv6, ..Options::default() };
     let pod = Pod::join(&network, POD_IP, none, bin, options);
-    let client = Pod::join(&network, MESH_CLIENT, none, bin, Options { client: true, ..options });
+    let client = Options { client: true, ipv6: false, ..options };
+    let client = Pod::join(&network, MESH_CLIENT, none, bin, client);
     let control = Control::default();
     let app = Served { ns: pod.netns(), name: "app-a", ip: POD_IP };
     let caller = Served { ns: client.netns(), name: "client", ip: MESH_CLIENT };
@@ -819,7 +852,7 @@ fn in_ambient_mode_hold_sees_each_client_connection_but_never_the_probes_or_the_
         assert_eq!(calls.code, Some(0), "the app's calls out and DNS were answered {calls}");
         returned_after_quiet(&out, last);
         assert!(
-            out.stderr.contains("never from 169.254.7.127 (the kubelet's probes)")
+            out.stderr.contains("never from 169.254.7.127, fd16:9254:7127:1337:ffff:ffff:ffff:ffff (the kubelet's probes)")
                 && out.stderr.contains("but 15001,15053"),
             "{out}"
         );
@@ -895,16 +928,21 @@ const POLICY_HOLD: [&str; 7] =
 /// every second from there, a tcpSocket one (the kubelet closes first: nothing but PassiveOpens
 /// tells it) and an HTTP one.
 fn calico_like_pod() -> (Pod, Probes) {
+    let pod = calico_like();
+    let probes =
+        Probes::start(pod.network(), OTHER_IP, APP.into(), &[Probe::Tcp, Probe::Http], SECOND);
+    (pod, probes)
+}
+
+/// `calico_like_pod`'s pod, with no probes yet.
+fn calico_like() -> Pod {
     let options = Options {
         mesh: Mesh::None,
         gateway: Gateway::LinkLocal,
         node_ips: true,
         ..Options::default()
     };
-    let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
-    let probes =
-        Probes::start(pod.network(), OTHER_IP, APP.into(), &[Probe::Tcp, Probe::Http], SECOND);
-    (pod, probes)
+    Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options)
 }
 
 #[test]
@@ -1056,9 +1094,9 @@ fn bursts_with_pauses_before_the_hold_began_are_not_taken_for_the_end() {
 }
 
 /// A batch client's bursts across a hold (issue 55): 1 s of 20 requests a second every 6 s (each
-/// `burst`), from 8 s before the hold begins (the pod's deletion) until its endpoint would have
-/// left the clients, 14 s after. The hold begins 1 s after a burst and its first burst comes 4 s
-/// in: the silence it watched before is the batch's pause. Returns the hold's end (`ended` as it
+/// `burst`), from 9.5 s before the hold begins (the pod's deletion) until its endpoint would have
+/// left the clients, 12.5 s after. The hold begins 2.5 s after a burst and its first burst comes
+/// 2.5 s in, within its 3 s minimum: the silence it watched before is the batch's pause. Returns the hold's end (`ended` as it
 /// exited: it is waited for beside the bursts) and the last request's time.
 fn bursts_across_a_hold(
     burst: impl Fn() -> Instant,
@@ -1070,7 +1108,7 @@ fn bursts_across_a_hold(
     burst();
     at(6);
     burst();
-    at(8);
+    std::thread::sleep((start + 9500 * SECOND / 1000).saturating_duration_since(Instant::now()));
     let hold = hold();
     std::thread::scope(|scope| {
         let hold = scope.spawn(|| hold.finish());
@@ -1171,39 +1209,158 @@ while True:
 
 #[test]
 #[ignore = "needs root, iptables and setpriv: `bash scripts/test` runs it"]
-fn scrapes_of_a_port_that_does_not_count_never_hold_a_quiet_pod() {
-    // An exporter on 9090 scraped twice a second by a client that closes first once it has the
-    // answer (no socket of it stays in the pod: only PassiveOpens counts it, for the whole
-    // namespace), and the app's 8080 alone counting: the hold returns at its 5 s minimum and names what it cannot see.
-    // Connections to 8080 that the app resets, also leaving no socket, still arrive.
+fn a_port_for_metrics_scraped_on_a_kept_alive_connection_never_blinds_the_count() {
+    // Red-team finding 4: an exporter on 9090, which the policy leaves out (a port named for
+    // metrics), scraped every 2 s on a kept-alive connection (Prometheus keeps its connections);
+    // clients of 8080 at 10 a second for 8 s, one connection each, reading the answer and closing
+    // first (no socket of it stays in the pod: only PassiveOpens counts it). The hold returned at
+    // its minimum before, the clients' requests taken for 9090's: now it returns after the last
+    // one, and names 9090 at its start (a connection to it that left no socket would count).
     let options = Options { mesh: Mesh::None, ..Options::default() };
     let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
     let _exporter = beside_app(&pod, SERVER, &["0.0.0.0", "9090"]);
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| {
-            for _ in 0..100 {
-                if stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    break;
+            pod.client(|| {
+                let client = support::pod::connect_from(CLIENT_IP, "10.90.0.2:9090");
+                let mut kept = client.and_then(Conn::over).expect("a kept-alive connection");
+                for _ in 0..30 {
+                    if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        break;
+                    }
+                    assert_eq!(kept.get("/metrics").expect("a scrape").status, 200);
+                    std::thread::sleep(2 * SECOND);
                 }
-                let exporter = "10.90.0.2:9090";
-                pod.client(|| send(CLIENT_IP, exporter, Asked::Scrape, SECOND / 2, SECOND));
-            }
+            })
         });
-        let quiet = [&NONE_HOLD[..], &["--ports", "8080"]].concat();
-        let out = spawn(pod.hook_as(APP_UID, APP_UID, &quiet)).finish();
-        assert_eq!(out.code, Some(0), "{out}");
-        assert!(out.elapsed < 8 * SECOND, "held by the scrapes {out}");
-        assert!(out.stderr.contains("port 9090 listens and does not count"), "{out}");
-        assert!(out.last_line().contains(": no request seen for 0.5s (a connection "), "{out}");
-        let args = ["hold", "--preset", "none", "--ports", "8080", "--min", "1s", "--quiet", "2s"];
+        let args = [&NONE_HOLD[..], &["--ignore-ports", "9090"]].concat();
         let hold = spawn(pod.hook_as(APP_UID, APP_UID, &args));
-        let reset = Asked::Answer("/local/0?reset");
-        let last = pod.client(|| send(CLIENT_IP, APP, reset, SECOND / 10, 3 * SECOND));
+        let last = pod.client(|| send(CLIENT_IP, APP, Asked::Scrape, SECOND / 10, 8 * SECOND));
         let out = hold.finish();
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        returned_within(&out, last, (SECOND, 4 * SECOND));
+        returned_within(&out, last, (SECOND / 2, 4 * SECOND));
+        assert!(out.stderr.contains("port 9090 listens and does not count: a connection"), "{out}");
     });
+}
+
+/// A hold as the policy writes it for an idle pod whose readiness probes (HTTP and TCP, every
+/// 10 s) the kubelet sends from `from`: deleted 9 s and 7.5 s after a probe, the next coming 1 s
+/// and 2.5 s into the hold, after 20 s of them (their connections in TIME_WAIT at its first read).
+/// What went wrong, if anything.
+fn idle_with_probes(pod: &Pod, from: &'static str, hold: &[&str]) -> Vec<String> {
+    let probes =
+        Probes::start(pod.network(), from, APP.into(), &[Probe::Tcp, Probe::Http], 10 * SECOND);
+    let start = Instant::now();
+    let mut wrong = Vec::new();
+    for at in [29_000, 37_500] {
+        std::thread::sleep(
+            (start + Duration::from_millis(at)).saturating_duration_since(Instant::now()),
+        );
+        let out = spawn(pod.hook_as(APP_UID, APP_UID, hold)).finish();
+        if out.code != Some(0) || out.elapsed > 4 * SECOND {
+            wrong.push(format!(
+                "{from}, deleted {}.{} s after a probe: {out}",
+                at / 1000 % 10,
+                at % 1000 / 100
+            ));
+        }
+    }
+    assert!(probes.stop() >= 8, "the probes went on");
+    wrong
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and ztunnel: `bash scripts/test` runs it"]
+fn an_idle_pods_probes_every_10_s_end_its_hold_at_its_minimum_whatever_their_phase() {
+    // Red-team finding 1: with the kubelet's default period, the probes' connections still in
+    // TIME_WAIT at the hold's first read took their share, and the next probe during the hold
+    // was taken for a client's: held to the deadline, exit 1. Without a mesh on a Calico-like
+    // network (probes from the node's address) and in ambient mode (from 169.254.7.127, ztunnel
+    // itself on the node), as the policy writes the hold.
+    let calico = calico_like();
+    let Ambient { pod, .. } = &ambient();
+    let none = ["hold", "--preset", "none", "--deadline", "20s", "--probe-periods", "10s,10s"];
+    let mesh = ["hold", "--preset", "ambient", "--deadline", "20s", "--probe-periods", "10s,10s"];
+    let wrong = std::thread::scope(|s| {
+        let none = s.spawn(|| idle_with_probes(&calico, OTHER_IP, &none));
+        let mut wrong = idle_with_probes(pod, PROBE_IP, &mesh);
+        wrong.extend(none.join().expect("the holds without a mesh"));
+        wrong
+    });
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and ztunnel: `bash scripts/test` runs it"]
+fn in_ambient_mode_a_scrape_from_inside_the_mesh_never_holds_a_quiet_pod() {
+    // Red-team finding 5: a Prometheus in the mesh scrapes the app every 6 s on a kept-alive
+    // connection through ztunnel; the hold begins 1 s before a scrape. Its bytes on ztunnel's
+    // HBONE connection were taken for a stream and held the pod; ztunnel's hop to the app shows
+    // them as a poll (after 5 s of silence), and the HBONE bytes are no arrival.
+    let Ambient { pod, client, .. } = &ambient();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            client.inside(|| {
+                let c = support::pod::connect_from(MESH_CLIENT, APP);
+                let mut kept = c.and_then(Conn::over).expect("a kept-alive connection");
+                for _ in 0..3 {
+                    assert_eq!(kept.get("/metrics").expect("a scrape").status, 200);
+                    std::thread::sleep(6 * SECOND);
+                }
+            })
+        });
+        std::thread::sleep(11 * SECOND);
+        let args = ["hold", "--preset", "ambient", "--deadline", "20s", "--probe-periods", "none"];
+        let out = spawn(pod.hook_as(APP_UID, APP_UID, &args)).finish();
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(out.elapsed < 4 * SECOND, "held by the scrape {out}");
+        assert!(out.last_line().contains("1 poll on a kept-alive connection"), "{out}");
+    });
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and ztunnel: `bash scripts/test` runs it"]
+fn in_ambient_mode_the_kubelets_ipv6_probes_never_hold_a_quiet_pod() {
+    // Red-team finding 6: istio-cni SNATs the kubelet's IPv6 probes to its IPv6 address, which
+    // the hold did not know: an idle IPv6 pod probed every second was held to its deadline. An
+    // app on [::]:8081 that closes first (its ends wait in TIME_WAIT).
+    let Ambient { pod, .. } = &ambient_with(true);
+    let _app = beside_app(pod, SERVER, &["::", "8081"]);
+    let target = format!("[{POD_IP6}]:8081");
+    let probes = Probes::start(pod.network(), PROBE_IP6, target, &[Probe::Http], SECOND);
+    let args = ["hold", "--preset", "ambient", "--deadline", "10s", "--probe-periods", "1s"];
+    let out = spawn(pod.hook_as(APP_UID, APP_UID, &args)).finish();
+    assert!(probes.stop() >= 3, "the probes went on");
+    assert_eq!(out.code, Some(0), "{out}");
+    assert!(out.elapsed < 4 * SECOND, "held by the probes {out}");
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and ztunnel: `bash scripts/test` runs it"]
+fn in_ambient_mode_ports_still_see_connections_the_app_resets() {
+    // Red-team finding 7: `--ports 8080` left out ztunnel's 15008, where alone a connection the
+    // app resets showed: clients in the mesh at 20 a second, each reset, and the hold returned
+    // at its minimum with half of them still to come. PassiveOpens tells them now.
+    let Ambient { pod, client, .. } = &ambient();
+    let args = ["hold", "--preset", "ambient", "--ports", "8080", "--deadline", "20s"];
+    let hold = spawn(pod.hook_as(APP_UID, APP_UID, &args));
+    let reset = Asked::Answer("/local/0?reset");
+    let last = client.inside(|| send(MESH_CLIENT, APP, reset, SECOND / 20, 5 * SECOND));
+    returned_within(&hold.finish(), last, (SECOND / 2, 4 * SECOND));
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and ztunnel: `bash scripts/test` runs it"]
+fn in_ambient_mode_clients_on_the_nodes_network_are_not_taken_for_probes() {
+    // Red-team finding 8: istio-cni SNATs every connection from the node, not only the
+    // kubelet's, to 169.254.7.127: a host-network ingress at 10 a second, closing first, was
+    // taken for probes. Beyond the probes' share (one every 10 s) they are clients.
+    let Ambient { pod, .. } = &ambient();
+    let args = ["hold", "--preset", "ambient", "--deadline", "20s", "--probe-periods", "10s"];
+    let hold = spawn(pod.hook_as(APP_UID, APP_UID, &args));
+    let last = pod.client(|| send(PROBE_IP, APP, Asked::Scrape, SECOND / 10, 5 * SECOND));
+    returned_within(&hold.finish(), last, (SECOND / 2, 4 * SECOND));
 }
 
 #[test]
@@ -1305,4 +1462,83 @@ for _ in range(60):
     assert_eq!(out.code, Some(0), "{out}");
     assert!(out.elapsed < 5 * SECOND, "held by the probes {out}");
     assert!(out.stderr.contains("fd98::1"), "{out}");
+}
+
+/// A schedule of tests/pod/schedules.txt (examples/simulate.rs wrote it): how its clients close
+/// (`Pod`, `Client` or `Ambient`), the end the simulator found for its hold (ms), and the times
+/// of its requests (ms from the deletion, from a minute before it).
+struct Schedule {
+    close: String,
+    end: u64,
+    offsets: Vec<i64>,
+}
+
+fn schedules() -> Vec<Schedule> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pod/schedules.txt");
+    let text = std::fs::read_to_string(path).expect("tests/pod/schedules.txt");
+    (text.lines())
+        .map(|line| {
+            let f: Vec<&str> = line.split(' ').collect();
+            let offsets = f[4].split(',').map(|ms| ms.parse().unwrap()).collect();
+            Schedule { close: f[0].into(), end: f[3].parse().unwrap(), offsets }
+        })
+        .collect()
+}
+
+/// `schedule` replayed in a pod of its own: the requests from a minute before the deletion, the
+/// hold as the policy writes it at the deletion. What went wrong, if anything.
+fn replay(schedule: &Schedule) -> Result<(), String> {
+    let ambient = (schedule.close == "Ambient").then(ambient);
+    let none = ambient.is_none().then(|| {
+        let options = Options { mesh: Mesh::None, ..Options::default() };
+        Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options)
+    });
+    let (pod, preset) = match (&ambient, &none) {
+        (Some(a), _) => (&a.pod, "ambient"),
+        (_, Some(p)) => (p, "none"),
+        _ => unreachable!(),
+    };
+    let zero = Instant::now() + 61 * SECOND;
+    let offsets = &schedule.offsets;
+    std::thread::scope(|s| {
+        let sent = s.spawn(|| match (&ambient, schedule.close.as_str()) {
+            (Some(a), _) => {
+                a.client.inside(|| at_offsets(MESH_CLIENT, APP, Asked::Answer("/"), zero, offsets))
+            }
+            (_, "Client") => {
+                pod.client(|| at_offsets(CLIENT_IP, APP, Asked::Scrape, zero, offsets))
+            }
+            _ => pod.client(|| at_offsets(CLIENT_IP, APP, Asked::Answer("/"), zero, offsets)),
+        });
+        std::thread::sleep(zero.saturating_duration_since(Instant::now()));
+        let args = ["hold", "--preset", preset, "--deadline", "20s", "--probe-periods", "none"];
+        let out = spawn(pod.hook_as(APP_UID, APP_UID, &args)).finish();
+        let sent = sent.join().expect("the requests");
+        let lost = sent.iter().filter(|t| **t > out.ended).count();
+        let said = Duration::from_millis(schedule.end);
+        let off = out.elapsed.abs_diff(said);
+        if lost > 0 || off > 600 * SECOND / 1000 || out.code != Some(0) {
+            let close = &schedule.close;
+            return Err(format!(
+                "{close}: {lost} lost, ended {off:?} from the simulator's {said:?} {out}"
+            ));
+        }
+        Ok(())
+    })
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and ztunnel: `bash scripts/test` runs it"]
+fn the_simulators_hardest_schedules_replayed_lose_nothing_and_end_where_it_said() {
+    // examples/simulate.rs runs the hold's own wait on a fake clock under random arrivals
+    // (BENCHMARKS §13). For each way clients close it wrote down, from the cell that lost most,
+    // the schedule whose hold its rate ended closest after the last request: replayed here, from
+    // a minute before the deletion, without a mesh (the app closes first, and the client does)
+    // and through ztunnel, the hold loses none and ends where the simulator said it would.
+    let schedules = schedules();
+    let wrong: Vec<String> = std::thread::scope(|s| {
+        let replays: Vec<_> = schedules.iter().map(|sc| s.spawn(move || replay(sc))).collect();
+        replays.into_iter().filter_map(|r| r.join().expect("a replay").err()).collect()
+    });
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }

@@ -56,9 +56,15 @@ impl Script<'_> {
             opened: (b & 0x40 == 0).then_some(self.requests / 2),
             // What the kernel remembers of arrivals before the first look.
             before: (self.looks == 1).then(|| Before {
-                newest: Duration::from_millis(u64::from(b & 0xf) * 700),
-                pause: Duration::from_millis(u64::from(b >> 4) * 900),
+                arrivals: u64::from(b & 0x3f),
+                span: Duration::from_millis(u64::from(b) * 400),
+                recent: (b & 0x80 != 0).then(|| {
+                    let newest = Duration::from_millis(u64::from(b & 0xf) * 700);
+                    (newest, Duration::from_millis(u64::from(b >> 4) * 900))
+                }),
             }),
+            // How long ago the newest arrival came, where told.
+            newest: (b & 0x20 != 0).then(|| Duration::from_millis(u64::from(b & 0x1f) * 60)),
             app: match b & 0x3 {
                 0 => None,
                 1 => Some(true),
@@ -96,6 +102,7 @@ fuzz_target!(|data: &[u8]| {
             n => Until::AtMost(u64::from(n)),
         },
         then_quit: head[37] & 1 == 1,
+        propagation: Duration::from_millis(u64::from(head[39]) * 100).min(deadline),
     };
     // The drain's request may have taken any part of the deadline, or more.
     let drained_at = Duration::from_millis(u64::from(head[38]) * 100);

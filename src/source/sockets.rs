@@ -17,7 +17,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::ops::RangeInclusive;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reader {
@@ -51,6 +51,8 @@ pub struct SocketTable {
     tracker: Option<Tracker>,
     /// When the table was made: the tracker's reads are timed from it.
     made: Instant,
+    /// Whether the pod's age was looked for (`pod_age`), once.
+    aged: bool,
 }
 
 /// What the socket table says besides the count: the sockets of other users than the proxy's, by
@@ -80,8 +82,10 @@ impl SocketTable {
             searched: false,
             not_envoy: None,
             pod: None,
-            tracker: c.hold.clone().map(Tracker::new),
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            tracker: c.hold.clone().map(|rule| Tracker::new(rule, unsafe { libc::geteuid() })),
             made: Instant::now(),
+            aged: false,
         }
     }
 
@@ -93,8 +97,8 @@ impl SocketTable {
         // before it is counted, never counted before it is seen.
         let snmp = self.proc_root.as_ref().ok().map(|root| root.join("net/snmp"));
         let passive_opens = self.tracker.as_ref().is_some_and(|t| t.rule.passive_opens);
-        let counters = match snmp.filter(|_| passive_opens).map(|f| (fs::read_to_string(&f), f)) {
-            Some((Ok(text), _)) => arrivals::counters(&text),
+        let opens = match snmp.filter(|_| passive_opens).map(|f| (fs::read_to_string(&f), f)) {
+            Some((Ok(text), _)) => arrivals::passive_opens(&text),
             Some((Err(e), snmp)) => {
                 warnings.push(Warning::Snmp(failed("read", snmp.display(), io_cause(&e))));
                 None
@@ -102,6 +106,12 @@ impl SocketTable {
             None => None,
         };
         let (listening, open) = self.read_listening(until)?;
+        if let (Some(tracker), Ok(root), false) = (&mut self.tracker, &self.proc_root, self.aged) {
+            let mut inodes: Vec<u64> = listening.sockets.iter().map(|s| s.inode).collect();
+            inodes.sort_unstable();
+            tracker.age = pod_age(root, &inodes, until);
+            self.aged = true;
+        }
         let mut sockets = listening.sockets;
         read_open(open, until, &diag::request(diag::ALL, true), &mut sockets)?;
         self.reader_warning(&mut warnings);
@@ -112,7 +122,7 @@ impl SocketTable {
             warnings.push(Warning::NoBytes);
             return Ok(Count::new(SourceKind::Proc, Unit::Connections, Vec::new(), warnings));
         };
-        let read = tracker.read(self.made.elapsed(), &addresses(), &sockets, counters);
+        let read = tracker.read(self.made.elapsed(), &addresses(), &sockets, opens);
         let udp = udp_servers(root, &tracker.rule.ports, ephemeral);
         let hiding = tracker.rule.passive_opens && !read.hiding.is_empty();
         warnings.extend((!udp.is_empty()).then_some(Warning::Udp(udp)));
@@ -126,6 +136,7 @@ impl SocketTable {
             opened: Some(tracker.opened),
             polls: tracker.polls,
             before: read.before,
+            newest: read.newest,
             ..count
         })
     }
@@ -470,6 +481,45 @@ fn sockets_of(proc_root: &Path, pid: u32) -> std::io::Result<Vec<u64>> {
     let mut inodes: Vec<u64> = fds.filter_map(|e| target(e).and_then(inode)).collect();
     inodes.sort_unstable();
     Ok(inodes)
+}
+
+/// The pod's age: how long the oldest process this user can see holding one of its listening
+/// sockets (`inodes`, sorted) has run. In a pod's container that is its app, started with the pod,
+/// whose namespace's counters count since; `None` where no such process shows before `until`.
+fn pod_age(proc_root: &Path, inodes: &[u64], until: Instant) -> Option<Duration> {
+    // "12345.67 ...": seconds and hundredths (no float parsing: it would cost the binary 16 KiB).
+    let uptime = fs::read_to_string(proc_root.join("uptime")).ok()?;
+    let (whole, hundredths) = uptime.split_ascii_whitespace().next()?.split_once('.')?;
+    let uptime = whole.parse::<u64>().ok()? as f64 + hundredths.parse::<u64>().ok()? as f64 / 100.0;
+    // SAFETY: sysconf reads a constant of the system, with no memory given to it.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks <= 0 {
+        return None;
+    }
+    let mut oldest: Option<u64> = None;
+    for entry in fs::read_dir(proc_root).ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let holds = sockets_of(proc_root, pid)
+            .is_ok_and(|held| held.iter().any(|i| *i != 0 && inodes.binary_search(i).is_ok()));
+        if Instant::now() >= until {
+            return None;
+        }
+        if !holds {
+            continue;
+        }
+        // The start time, in clock ticks since boot, is the 22nd field; the command before it
+        // (the 2nd, in parentheses) may hold spaces.
+        let stat = fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let start =
+            stat.rsplit_once(')').and_then(|(_, rest)| rest.split_ascii_whitespace().nth(19));
+        if let Some(start) = start.and_then(|s| s.parse().ok()) {
+            oldest = Some(oldest.map_or(start, |o: u64| o.min(start)));
+        }
+    }
+    let started = oldest? as f64 / ticks as f64;
+    Duration::try_from_secs_f64(uptime - started).ok()
 }
 
 /// The process holding socket `inode` (owned by `uid`), and all its sockets; `last` is tried first.

@@ -47,6 +47,9 @@ pub const CLIENT_IP: &str = "10.90.0.7";
 pub const LINK_LOCAL_GATEWAY: &str = "169.254.1.1";
 /// The node's bridge over IPv6, and the pod's address there (`Options::ipv6`).
 pub const GATEWAY_IP6: &str = "fd98::1";
+/// Where istio-cni makes the kubelet's probes come from over IPv6 in ambient mode (istio/istio
+/// `cni/pkg/iptables/iptables.go`, `HostProbeV6SNATAddress`), on the bridge beside `PROBE_IP`.
+pub const PROBE_IP6: &str = "fd16:9254:7127:1337:ffff:ffff:ffff:ffff";
 pub const POD_IP6: &str = "fd98::2";
 
 /// How the pod reaches the node.
@@ -215,6 +218,7 @@ impl Network {
         ip(&other, &["addr", "add", &format!("{PROBE_IP}/32"), "dev", "br0"]);
         ip(&other, &["addr", "add", &format!("{LINK_LOCAL_GATEWAY}/32"), "dev", "br0"]);
         ip(&other, &["-6", "addr", "add", &format!("{GATEWAY_IP6}/64"), "dev", "br0", "nodad"]);
+        ip(&other, &["-6", "addr", "add", &format!("{PROBE_IP6}/128"), "dev", "br0", "nodad"]);
         ip(&other, &["link", "set", "br0", "up"]);
         let (service, database) =
             other.enter(|| (App::start("10.90.0.3:9080", false), Database::start()));
@@ -257,29 +261,47 @@ impl Network {
 /// A connection to `target` from `source`, an address of the namespace the calling thread is in:
 /// what a client of a given address does (std's TcpStream cannot bind before it connects).
 pub fn connect_from(source: &str, target: &str) -> std::io::Result<TcpStream> {
+    use std::net::SocketAddr;
     use std::os::fd::FromRawFd;
-    let v4 = |addr: &str| -> std::io::Result<libc::sockaddr_in> {
-        let a: std::net::SocketAddrV4 =
-            addr.parse().map_err(|_| std::io::Error::other(format!("not an address: {addr}")))?;
-        // SAFETY: sockaddr_in is plain data for which all zeroes is valid.
-        let mut s: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-        s.sin_family = libc::AF_INET as libc::sa_family_t;
-        s.sin_port = a.port().to_be();
-        s.sin_addr.s_addr = u32::from(*a.ip()).to_be();
-        Ok(s)
+    let bad = |addr: &str| std::io::Error::other(format!("not an address: {addr}"));
+    let to: SocketAddr = target.parse().map_err(|_| bad(target))?;
+    let from = SocketAddr::new(source.parse().map_err(|_| bad(source))?, 0);
+    // As the kernel takes them: sockaddr_in or sockaddr_in6, in a sockaddr_storage.
+    let raw = |a: SocketAddr| -> (libc::sockaddr_storage, libc::socklen_t) {
+        // SAFETY: sockaddr_storage is plain data for which all zeroes is valid, and large
+        // enough for either address; each is written through a pointer of its own type.
+        unsafe {
+            let mut s: libc::sockaddr_storage = std::mem::zeroed();
+            match a {
+                SocketAddr::V4(v4) => {
+                    let sin = (&raw mut s).cast::<libc::sockaddr_in>();
+                    (*sin).sin_family = libc::AF_INET as libc::sa_family_t;
+                    (*sin).sin_port = v4.port().to_be();
+                    (*sin).sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+                    (s, std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t)
+                }
+                SocketAddr::V6(v6) => {
+                    let sin6 = (&raw mut s).cast::<libc::sockaddr_in6>();
+                    (*sin6).sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                    (*sin6).sin6_port = v6.port().to_be();
+                    (*sin6).sin6_addr.s6_addr = v6.ip().octets();
+                    (s, std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t)
+                }
+            }
+        }
     };
-    let (from, to) = (v4(&format!("{source}:0"))?, v4(target)?);
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let family = if to.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    let ((from, from_len), (to, to_len)) = (raw(from), raw(to));
     // SAFETY: a new socket that the TcpStream then owns; bind and connect get addresses we own,
     // with their size.
     unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        let fd = libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
         let stream = TcpStream::from_raw_fd(fd);
-        if libc::bind(fd, (&raw const from).cast(), len) != 0
-            || libc::connect(fd, (&raw const to).cast(), len) != 0
+        if libc::bind(fd, (&raw const from).cast(), from_len) != 0
+            || libc::connect(fd, (&raw const to).cast(), to_len) != 0
         {
             return Err(std::io::Error::last_os_error());
         }
