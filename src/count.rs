@@ -97,6 +97,15 @@ pub enum Warning {
     ClustersAlone(String),
 }
 
+/// Connections the pod accepted that a request still keeps busy: bytes written to them that
+/// their peer has not acknowledged yet (a response still being delivered), or a request their
+/// peer sent last, not answered yet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Busy {
+    pub delivering: u64,
+    pub awaiting: u64,
+}
+
 /// What a source remembers of `hold`'s arrivals before its first read: how many came over how
 /// long (the connections closed in the last minute, which wait in TIME_WAIT; or those the pod's
 /// namespace accepted over its life), and of the last 10 s the newest's age and the longest

@@ -68,6 +68,8 @@ pub struct Progress {
     pub arrived_at: Option<std::time::Duration>,
     /// `hold`: how far apart arrivals came at that count, and the quiet time they asked for.
     pub pace: Option<Pace>,
+    /// The connections the pod accepted that a request kept busy at the last count.
+    pub busy: Option<crate::count::Busy>,
 }
 
 /// How far apart `hold`'s arrivals come lately (their mean gap), and the quiet time that tells

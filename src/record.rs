@@ -16,7 +16,8 @@ const WARNINGS: usize = 1000;
 /// Where the pod's namespace is, when no variable names it: the service account's mount.
 const NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
-/// Who ran: the pod's name (its hostname, which the kubelet sets to it) and namespace
+/// Who ran: the pod's name (`POD_NAME`, which Istio's injection sets, else its hostname, which the
+/// kubelet sets to it cut to 63 characters, or to `spec.hostname`) and namespace
 /// (`POD_NAMESPACE`, which Istio's injection sets, else the service account's mount).
 pub struct Identity {
     pub pod: Option<String>,
@@ -29,7 +30,8 @@ impl Identity {
         // SAFETY: gethostname writes at most the buffer's length into a buffer we own.
         let ok = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0;
         let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-        let pod = ok.then(|| String::from_utf8_lossy(&name[..end]).into_owned());
+        let pod = env("POD_NAME")
+            .or_else(|| ok.then(|| String::from_utf8_lossy(&name[..end]).into_owned()));
         let namespace = env("POD_NAMESPACE")
             .or_else(|| std::fs::read_to_string(NAMESPACE_FILE).ok())
             .map(|n| n.trim().to_string());
@@ -71,7 +73,8 @@ impl Record<'_> {
         add("exit_code", self.outcome.exit_code().to_string());
         add("elapsed_ms", ms(self.elapsed));
         add("deadline_ms", ms(cfg.rules.deadline));
-        add("min_ms", ms(cfg.rules.min_drain));
+        // As the deadline cut it: the min-drain the wait kept.
+        add("min_ms", ms(crate::wait::drain_done(&cfg.rules, Duration::ZERO)));
         let quiet = p.pace.map_or(cfg.rules.settle, |pace| pace.quiet);
         add("quiet_ms", if hold { ms(quiet) } else { "null".into() });
         let last = p.arrived_at.map(|t| self.elapsed.saturating_sub(t));
@@ -179,6 +182,33 @@ mod tests {
             &members,
         );
         assert!(line.len() <= 4096 && line.contains("\"msg\":\"xxx"), "{}", line.len());
+    }
+
+    #[test]
+    fn the_pod_is_pod_name_else_the_hostname_and_min_ms_the_min_the_deadline_kept() {
+        // Red-team of run, findings 5 and 8: the kubelet cuts a pod's hostname to 63 characters
+        // (and `spec.hostname` replaces it), where Istio gives istio-proxy POD_NAME; a min-drain
+        // of 3 s against a deadline of 3 s waits 2.5 s, which the record said was 3,000 ms.
+        let long = "checkout-service-canary-7d9f8c6b5a-x2x8q-with-a-name-longer-than-63-chars";
+        let who = Identity::of_this_pod(&|k| (k == "POD_NAME").then(|| long.to_string()));
+        assert_eq!(who.pod.as_deref(), Some(long));
+        assert!(Identity::of_this_pod(&|_| None).pod.is_some_and(|p| !p.is_empty()), "the host's");
+        let args = HoldArgs {
+            preset: Some("none".into()),
+            deadline: Some("3s".into()),
+            ..HoldArgs::default()
+        };
+        let cfg = hold_config(&args, &|_| None).expect("a hold's config");
+        let record = Record {
+            outcome: Outcome::Reached,
+            elapsed: Duration::from_millis(2500),
+            cfg: &cfg,
+            progress: &Progress::default(),
+            who: &who,
+            dropped: 0,
+            warnings: &[],
+        };
+        assert!(record.members().contains(",\"deadline_ms\":3000,\"min_ms\":2500,"));
     }
 
     #[test]

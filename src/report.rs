@@ -102,13 +102,13 @@ impl Report {
     /// A look at the app alone, waiting for its exit: what holds the proxy, once.
     pub fn app(&self, app: App, pod: &Result<Pod, String>) {
         let mut said = self.said();
-        said.app = pod.as_ref().ok().cloned();
+        said.app = pod.as_ref().ok().map(|p| p.owners.clone());
         if said.app_told || app == App::Leaving {
             return;
         }
         said.app_told = true;
         match (app, pod) {
-            (App::Running, Ok(p)) => said.log.line(Level::Info, &text::waiting_for_app(p)),
+            (App::Running, Ok(p)) => said.log.line(Level::Info, &text::waiting_for_app(&p.owners)),
             (App::Unknown, Err(why)) => said.log.line(Level::Warn, &text::app_unknown(why)),
             _ => {}
         }
@@ -184,13 +184,16 @@ impl Report {
         };
         // Kept whatever else is news: a change of arrivals is news by itself.
         let was_arriving = std::mem::replace(&mut said.arriving, arriving);
-        let news =
-            was_unknown.is_some() || last_total != Some(count.total) || arriving != was_arriving;
+        let was_busy = std::mem::replace(&mut said.progress.busy, seen.busy);
+        let news = was_unknown.is_some()
+            || last_total != Some(count.total)
+            || arriving != was_arriving
+            || was_busy != seen.busy;
         let worth_a_line = changed_source
             || news
             || self.cfg.verbose
             || now.saturating_sub(said.line_at) >= HEARTBEAT;
-        let line = text::count_line(count, arriving, now, seen.drain_done, &self.cfg);
+        let line = text::count_line(count, (arriving, seen.busy), now, seen.drain_done, &self.cfg);
         said.log.waiting(&line, worth_a_line);
         if worth_a_line {
             said.line_at = now;

@@ -53,8 +53,15 @@ pub fn command(cfg: Result<RunConfig, UsageError>, start: Instant, blocked: Bloc
         report.line(Level::Info, &text::app_exited());
     }
     match end.quit {
+        // The summary first: the agent, the container's first process, may end the container
+        // (and this hook) as soon as it has the request, before its answer is written.
         Some(App::Gone) => {
-            send(&sources, Request::Quit, false);
+            let url = agent.url(Request::Quit.path());
+            report.line(Level::Info, &text::quitting(&url));
+            report.finish(end.outcome);
+            let left = cfg.rules.deadline.saturating_sub(start.elapsed());
+            let _ = agent.post(Request::Quit.path(), left);
+            return end.outcome.exit_code();
         }
         Some(App::NotSeen) => report.line(Level::Warn, text::APP_NOT_SEEN),
         Some(_) => report.app_still_running(),
@@ -165,7 +172,8 @@ impl Looks<'_> {
             opened: count.and_then(|c| c.opened),
             before: count.and_then(|c| c.before),
             newest: count.and_then(|c| c.newest),
-            app: pod.as_ref().ok().map(|p| !p.is_empty()),
+            app: pod.as_ref().ok().map(|p| !p.owners.is_empty()),
+            busy: pod.as_ref().ok().map(|p| p.busy),
             cost,
         };
         (tick, reading, pod)

@@ -5,7 +5,7 @@ use crate::cli::{ANNOTATION_PREFIX, ENV_LOG_FORMAT, ENV_NODE_IPS};
 use crate::config::{
     ConfigWarning, DEFAULT_MIN_DRAIN, ENV_MIN_DRAIN, Mode, Rules, RunConfig, Until,
 };
-use crate::count::{Basis, Cost, Count, NON_HTTP, SourceKind, Unit, Warning};
+use crate::count::{Basis, Busy, Cost, Count, NON_HTTP, SourceKind, Unit, Warning};
 use crate::drain::Request;
 use crate::log::Level;
 use crate::outcome::{Outcome, Progress, signal_name};
@@ -138,6 +138,12 @@ fn request_words(r: Request) -> (&'static str, &'static str, &'static str) {
     }
 }
 
+/// The line before the summary with `--then-quit`: the request to stop the proxy follows it,
+/// its answer unwritten (the agent may end the container first).
+pub fn quitting(url: &str) -> String {
+    format!("asking the Istio agent to stop the proxy after this summary: POST {url}")
+}
+
 /// The line a request's answer is worth: the hook goes on either way.
 pub fn posted(r: Request, url: &str, answer: &Result<Reply, String>) -> (Level, String) {
     let (_, done, what) = request_words(r);
@@ -255,7 +261,7 @@ pub fn doors(rule: &crate::config::ArrivalRule) -> String {
 /// `3 active connections (stats); 21.5s left before the deadline`; verbose: with the breakdown.
 pub fn count_line(
     count: &Count,
-    arriving: bool,
+    (arriving, busy): (bool, Option<Busy>),
     now: Duration,
     min_drain_end: Duration,
     cfg: &RunConfig,
@@ -275,7 +281,24 @@ pub fn count_line(
         (false, true) => ", and no new request",
         (false, false) => "",
     };
-    format!("{} ({}){breakdown}{arriving}; {when}", count.describe(), count.source)
+    let busy = busy.map(busy_words).unwrap_or_default();
+    format!("{} ({}){breakdown}{arriving}{busy}; {when}", count.describe(), count.source)
+}
+
+/// What keeps the pod's accepted connections busy, where anything does: `, 1 connection still
+/// delivering an answer, 2 awaiting one`.
+pub fn busy_words(b: Busy) -> String {
+    let n = |k: u64| if k == 1 { "1 connection".to_string() } else { format!("{k} connections") };
+    let mut w = String::new();
+    if b.delivering > 0 {
+        w += &format!(", {} still delivering an answer", n(b.delivering));
+    }
+    if b.awaiting > 0 {
+        let first =
+            if w.is_empty() { format!("{} ", n(b.awaiting)) } else { format!("{} ", b.awaiting) };
+        w += &format!(", {first}awaiting one");
+    }
+    w
 }
 
 /// When the count in force changes source or unit, the line that says so and why.
@@ -580,7 +603,8 @@ pub fn summary(
             let quiet = ARRIVALS_QUIET.max(rules.settle);
             let arriving = p.arrived_at.is_some_and(|t| elapsed.saturating_sub(t) <= quiet);
             let arriving = if arriving { ", and new requests still arriving" } else { "" };
-            format!(" with {counted} still open{open}{arriving}{stale}")
+            let busy = p.busy.map(busy_words).unwrap_or_default();
+            format!(" with {counted} still open{open}{arriving}{busy}{stale}")
         }
         Outcome::NothingCounted => {
             let none = if hold { "no source told what arrived" } else { "no source answered" };
@@ -903,7 +927,7 @@ mod tests {
     };
 
     fn progress(last: Option<Count>, unknown: Option<&str>) -> Progress {
-        Progress { last, unknown: unknown.map(str::to_string), arrived_at: None, pace: None }
+        Progress { last, unknown: unknown.map(str::to_string), ..Progress::default() }
     }
 
     #[test]

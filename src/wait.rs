@@ -3,7 +3,7 @@
 //! that ends a wait is here; run.rs drives it with real time and looks, the tests with fake ones.
 
 use crate::config::{Rules, Until};
-use crate::count::{Before, Cost};
+use crate::count::{Before, Busy, Cost};
 use crate::outcome::{Outcome, Pace};
 use crate::source::admin::PACE;
 use std::time::Duration;
@@ -53,6 +53,8 @@ pub struct Tick {
     /// How long ago the newest arrival came, where the source can tell.
     pub newest: Option<Duration>,
     pub app: Option<bool>,
+    /// The connections the pod accepted that a request still keeps busy (`None`: unknown).
+    pub busy: Option<Busy>,
     pub cost: Cost,
 }
 
@@ -61,6 +63,8 @@ pub struct Tick {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Seen {
     pub app: App,
+    /// As the look's tick said.
+    pub busy: Option<Busy>,
     pub arrived: u64,
     /// More that arrived earlier than this look, which a later read recounted.
     pub recounted: u64,
@@ -105,9 +109,10 @@ struct Rate {
     before: Option<Before>,
     reads: Vec<Counted>,
     /// As of the last count that saw any (or the first, where arrivals came before it): their
-    /// pace, and when the last came.
+    /// pace, when the last came, and the span their rate was measured over.
     pace: Option<Pace>,
     last: Option<Duration>,
+    measured: Option<(Duration, Duration)>,
 }
 
 impl Rate {
@@ -127,16 +132,22 @@ impl Rate {
         };
         let was = self.reads.last().map_or(since, |r| r.at);
         self.reads.push(Counted { at: now, arrived: seen.arrived, recounted: seen.recounted });
-        if seen.arrived > 0 {
-            // Measured up to this count: the silence that follows must not lengthen it.
-            let from = since.max(now.saturating_sub(WINDOW));
-            self.reads.retain(|r| r.at > from);
-            let last = newest.map_or(now, |age| now.saturating_sub(age).max(was));
-            self.last = Some(last);
-            let reads = std::mem::take(&mut self.reads);
-            self.pace = Some(self.pace(&reads, (from, now), (last, Duration::ZERO), limits));
-            self.reads = reads;
-        }
+        // Measured up to the count that saw the last arrival: the silence that follows must not
+        // lengthen it. A later recount (/clusters' requests on a connection the table saw once)
+        // tells how many came then, and measures it again.
+        let (from, to, last) = match (seen.arrived, self.measured, self.last) {
+            (0, Some((from, to)), Some(last)) if seen.recounted > 0 => (from, to, last),
+            (0, _, _) => return,
+            _ => {
+                let from = since.max(now.saturating_sub(WINDOW));
+                self.reads.retain(|r| r.at > from);
+                (from, now, newest.map_or(now, |age| now.saturating_sub(age).max(was)))
+            }
+        };
+        (self.last, self.measured) = (Some(last), Some((from, to)));
+        let reads = std::mem::take(&mut self.reads);
+        self.pace = Some(self.pace(&reads, (from, to), (last, Duration::ZERO), limits));
+        self.reads = reads;
     }
 
     /// The pace of `reads` from `from` to `now`, the last arrival at `last` (or `ago` before it,
@@ -444,7 +455,10 @@ impl<'r> Wait<'r> {
             }
             counts.opened.add(now, tick.opened, &limits);
         }
-        if seen.app == App::Gone && now >= counts.drain_done {
+        // The app's exit leaves nothing to answer, but what it answered is still delivered.
+        let delivered = tick.busy.is_none_or(|b| b.delivering == 0);
+        seen.busy = tick.busy;
+        if seen.app == App::Gone && now >= counts.drain_done && delivered {
             let quit = rules.then_quit.then_some(App::Gone);
             self.end = Some(End { outcome: Outcome::AppExited, quit });
             return seen;
@@ -476,7 +490,9 @@ impl<'r> Wait<'r> {
     /// while its sockets are gone) until the deadline; an app never seen is not waited for.
     fn saw_exit(&mut self, (started, now): (Duration, Duration), tick: &Tick) -> Seen {
         let app = self.follow.app(tick.app, started, now);
+        let delivered = tick.busy.is_none_or(|b| b.delivering == 0);
         let pause = match app {
+            App::Gone if !delivered => RECHECK,
             App::Gone | App::NotSeen => Duration::MAX,
             App::Leaving => RECHECK,
             App::Running | App::Unknown => self.rules.interval,
@@ -486,7 +502,7 @@ impl<'r> Wait<'r> {
         } else {
             self.due = now.saturating_add(pause);
         }
-        Seen { app, ..Seen::default() }
+        Seen { app, busy: tick.busy, ..Seen::default() }
     }
 }
 
@@ -504,8 +520,6 @@ struct Counts {
     after_arrival: Duration,
     rate: Rate,
     opened: Opened,
-    /// The last count's time: a count meant to end at a given moment starts this long before it.
-    lead: Duration,
     next: Duration,
 }
 
@@ -519,8 +533,12 @@ impl Counts {
         arrived: bool,
         (started, now): (Duration, Duration),
     ) -> Option<Duration> {
+        // A request not answered, or an answer not delivered, on a connection the pod accepted
+        // holds the wait whatever the count says (a request to a host EDS removed is on none of
+        // /clusters' hosts; one Envoy has read whole may still be on its way to its client).
+        let idle = tick.busy.is_none_or(|b| b.delivering == 0 && b.awaiting == 0);
         let (known, low) = match rules.until {
-            Until::AtMost(n) => (tick.count.is_some(), tick.count.is_some_and(|c| c <= n)),
+            Until::AtMost(n) => (tick.count.is_some(), tick.count.is_some_and(|c| c <= n) && idle),
             Until::Quiet => (tick.arrivals.is_some(), tick.arrivals.is_some()),
         };
         self.counted |= known;
@@ -533,7 +551,6 @@ impl Counts {
         let cost = tick.cost.look;
         let pause = pause(rules.interval, tick.cost.paced());
         self.next = started.saturating_add(pause);
-        let ahead = std::mem::replace(&mut self.lead, cost).max(cost);
         if let Some(since) = self.low_since {
             // Saturating: durations up to u64::MAX seconds parse, and must not overflow.
             let quiet_until =
@@ -543,11 +560,13 @@ impl Counts {
             if now >= done_at && !(arrived && rules.until == Until::Quiet) {
                 return Some(now);
             }
-            // A count started to end when the min-drain or the settle time does decides then,
-            // rather than start another answer as long; the settle time needs a later count, and
-            // `hold`'s silence a count that lasts until it ends.
+            // A count that ends within a quarter of its own time before the min-drain or the
+            // settle time does decides then, rather than start another answer as long (its own
+            // time, not an earlier count's: a quick count after a slow one is no look at what
+            // comes next); the settle time needs a later count, and `hold`'s silence a count
+            // that lasts until it ends.
             let decides = rules.until != Until::Quiet
-                && started.saturating_add(ahead) >= done_at
+                && now.saturating_add(cost / 4) >= done_at
                 && (rules.settle.is_zero() || since <= started)
                 && self.arrived_at.is_none_or(|t| t <= started);
             if decides && done_at <= rules.deadline {
@@ -832,6 +851,26 @@ mod tests {
     }
 
     #[test]
+    fn a_quick_count_after_a_slow_one_decides_nothing_ahead_of_its_own_time() {
+        // Red-team of run, finding 4: /clusters held 3 s (Envoy's main thread busy with a push),
+        // then answering at once; a 10 s request from 3.5 s. The quick count at 3 s took the
+        // slow one's time for its own and decided the end at the min-drain (5 s) unseen.
+        let now = Cell::new(ms(0));
+        let mut at = Vec::new();
+        let (end, _) = wait_with(&rules(), ms(0), &now, |_, _| {
+            let t = now.get();
+            at.push(t);
+            let took = if t.is_zero() { ms(3000) } else { ms(1) };
+            now.set(t + took);
+            let count = u64::from(t >= ms(3500) && t < ms(13_500));
+            Tick { count: Some(count), cost: cost(took.as_millis() as u64), ..Tick::default() }
+        });
+        assert_eq!(end.outcome, Outcome::Reached);
+        assert!(now.get() >= ms(13_500), "ended at {:?}, the request in flight: {at:?}", now.get());
+        assert!(at.iter().any(|t| *t > ms(3500) && *t <= ms(5000)), "a fresh look: {at:?}");
+    }
+
+    #[test]
     fn slow_counts_run_back_to_back_and_still_stop_at_the_deadline() {
         let (o, end, at) = run(&rules(), &[(0, Some(1))], ms(700));
         assert_eq!(o, Outcome::Deadline);
@@ -961,6 +1000,44 @@ mod tests {
         ];
         let (o, _, _) = run(&rules(), &script, ms(0));
         assert_eq!(o, Outcome::Deadline);
+    }
+
+    /// A look's tick: the app's sockets, the count, and the connections busy delivering an
+    /// answer and awaiting one.
+    fn busy(holds: Option<bool>, n: u64, (delivering, awaiting): (u64, u64)) -> Tick {
+        Tick { busy: Some(Busy { delivering, awaiting }), ..app(holds, n) }
+    }
+
+    #[test]
+    fn an_answer_still_being_delivered_holds_the_proxy_whatever_the_app_and_the_count_say() {
+        // Red-team of run, findings 1 and 2: the app handed a 3 MB answer to the kernel and
+        // exited at 2 s; a slow client reads it until 9 s (bytes unacknowledged on the
+        // connection Envoy accepted). And /clusters' request ends once Envoy has read the
+        // backend's last byte, ahead of a slow client.
+        let script = [(0, busy(Some(true), 1, (1, 0))), (2000, busy(Some(false), 1, (1, 0)))];
+        let script = [&script[..], &[(9000, busy(Some(false), 1, (0, 0)))]].concat();
+        let (end, time, _, _) = run_steps(&rules(), &script, ms(0));
+        assert_eq!(end.outcome, Outcome::AppExited);
+        assert!(time >= ms(9000) && time <= ms(9600), "{time:?}");
+        // The count at zero, an answer still on its way, then a request to a host /clusters no
+        // longer lists (EDS removed it) awaiting its answer until 12 s.
+        let script = [
+            (0, busy(Some(true), 0, (1, 0))),
+            (6000, busy(Some(true), 0, (0, 1))),
+            (12_000, busy(Some(true), 0, (0, 0))),
+        ];
+        let (end, time, _, _) = run_steps(&rules(), &script, ms(0));
+        assert_eq!((end.outcome, time), (Outcome::Reached, ms(12_000)));
+        // With --then-quit the proxy is stopped once the app is gone and the answer delivered.
+        let r = Rules { then_quit: true, ..rules() };
+        let script = [
+            (0, busy(Some(true), 0, (0, 0))),
+            (6000, busy(Some(false), 0, (1, 0))),
+            (8000, busy(Some(false), 0, (0, 0))),
+        ];
+        let (end, time, _, _) = run_steps(&r, &script, ms(0));
+        assert_eq!((end.outcome, end.quit), (Outcome::Reached, Some(App::Gone)));
+        assert!(time >= ms(8000) && time <= ms(8200), "{time:?}");
     }
 
     #[test]
@@ -1318,9 +1395,20 @@ mod tests {
         }
         let pace = rate.pace.expect("arrivals seen");
         assert!(pace.gap < ms(30) && pace.quiet == ms(500), "{pace:?}");
-        // A recount after the arrivals stopped changes no quiet time already running.
-        rate.add(ms(10_500), &saw(0, 80), None, &limits(0));
-        assert_eq!(rate.pace, Some(pace));
+        // A recount after the arrivals stopped tells how many came then, and only shortens the
+        // quiet time already running (behind a sidecar /clusters answers at its own pace: the
+        // table's one arrival of a pooled connection alone would ask for the propagation).
+        let mut sparse = Rate::default();
+        for (t, n, again) in [(0, 0, 0), (500, 1, 0), (1000, 0, 0), (1500, 0, 40)] {
+            sparse.add(ms(t), &saw(n, again), None, &limits(0));
+            if t == 1000 {
+                let quiet = sparse.pace.map(|p| p.quiet);
+                assert_eq!(quiet, Some(ms(14_500)), "one arrival: to the propagation");
+            }
+        }
+        let quiet = sparse.pace.map(|p| p.quiet);
+        assert!(quiet.is_some_and(|q| q < ms(2500)), "41 in 0.5 s: {quiet:?}");
+        assert_eq!(sparse.last, Some(ms(500)), "the silence runs on from the last arrival");
     }
 
     #[test]

@@ -4,6 +4,8 @@
 mod support;
 
 use std::net::TcpListener;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 use support::{command, one_open_connection, run, spawn, temp_dir, watch_table};
 
@@ -200,8 +202,9 @@ fn the_log_file_gets_every_line_and_a_bad_or_full_one_is_only_a_warning() {
 }
 
 /// Answers one request the way pilot-agent's /quitquitquit does (a Go net/http `200 OK` with
-/// body `OK`) and hands back the request line it got.
-fn fake_agent() -> (String, std::thread::JoinHandle<String>) {
+/// body `OK`) and hands back the request line it got. With `exits`, it first kills the process
+/// whose pid is there, as the agent's exit ends the container and every process in it.
+fn fake_agent(exits: Option<Arc<AtomicI32>>) -> (String, std::thread::JoinHandle<String>) {
     use std::io::{BufRead, BufReader, Write};
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
@@ -214,6 +217,10 @@ fn fake_agent() -> (String, std::thread::JoinHandle<String>) {
         let mut header = String::new();
         while reader.read_line(&mut header).unwrap_or(0) > 2 {
             header.clear();
+        }
+        if let Some(pid) = exits {
+            // SAFETY: a signal to the hook's process, which the test spawned.
+            unsafe { libc::kill(pid.load(Ordering::SeqCst), libc::SIGKILL) };
         }
         conn.write_all(b"HTTP/1.1 200 OK\r\nDate: Sun, 22 Nov 2026 01:19:08 GMT\r\nContent-Length: 2\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nOK").unwrap();
         request_line.trim_end().to_string()
@@ -239,11 +246,23 @@ fn quitting(
     name: &str,
     min_drain: &str,
 ) -> (std::path::PathBuf, String, std::thread::JoinHandle<String>, support::Running) {
+    quitting_with(name, min_drain, None)
+}
+
+/// `quitting`, its agent ending the hook as it gets the request when `exits`.
+fn quitting_with(
+    name: &str,
+    min_drain: &str,
+    exits: Option<Arc<AtomicI32>>,
+) -> (std::path::PathBuf, String, std::thread::JoinHandle<String>, support::Running) {
     let dir = temp_dir(name);
     std::fs::write(dir.join("tcp"), APP_LISTENING).unwrap();
-    let (agent, request) = fake_agent();
+    let (agent, request) = fake_agent(exits.clone());
     let hook =
         spawn(watch_table(&dir, &["--min-drain", min_drain, "--then-quit", "--agent", &agent]));
+    if let Some(pid) = exits {
+        pid.store(hook.pid(), Ordering::SeqCst);
+    }
     (dir, agent, request, hook)
 }
 
@@ -273,11 +292,28 @@ fn then_quit_asks_the_agent_to_stop_the_proxy_once_the_app_has_exited() {
     let out = app_exits(dir, request, hook);
     assert!(
         out.stderr.contains(&format!(
-            "asked the Istio agent to stop the proxy now: POST http://{agent}/quitquitquit answered 200 'OK'"
+            "asking the Istio agent to stop the proxy after this summary: POST http://{agent}/quitquitquit"
         )),
         "{out}"
     );
     assert!(out.last_line().contains("done after"), "the summary stays last {out}");
+}
+
+#[test]
+fn then_quit_writes_its_summary_before_the_agent_can_end_the_container() {
+    // Red-team of run, finding 6: the agent (the container's first process) exits at once on
+    // /quitquitquit, and every process of the container with it; the summary and the record
+    // written after the request were lost (1 run in 60). Here the agent kills the hook as soon
+    // as it has the request.
+    let pid = Arc::new(AtomicI32::new(0));
+    let (dir, _, request, mut hook) = quitting_with("cli-quit-killed", "0s", Some(pid));
+    hook.expect_line("waiting for the app to exit", Duration::from_secs(5));
+    std::fs::write(dir.join("tcp.next"), NOTHING).unwrap();
+    std::fs::rename(dir.join("tcp.next"), dir.join("tcp")).unwrap();
+    let out = hook.finish();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(request.join().unwrap(), "POST /quitquitquit HTTP/1.1");
+    assert!(out.stderr.contains("done after"), "the summary was written first {out}");
 }
 
 #[test]

@@ -1542,3 +1542,87 @@ fn the_simulators_hardest_schedules_replayed_lose_nothing_and_end_where_it_said(
     });
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// A client that downloads `path` from the app at about `rate` bytes a second with a 32 KiB
+/// receive buffer (a mobile or cross-region client): the bytes of the answer it got before the
+/// connection ended, and the answer's length. Bounded: a minute at most.
+fn slow_download(path: &str, rate: usize) -> (usize, usize) {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    let mut c = support::pod::connect_from(CLIENT_IP, APP).expect("a connection to the pod");
+    let size: libc::c_int = 32 * 1024;
+    // SAFETY: a socket we own, and an int of the size given.
+    unsafe {
+        libc::setsockopt(
+            c.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&raw const size).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+    c.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: app\r\nconnection: close\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    c.set_read_timeout(Some(5 * SECOND)).unwrap();
+    let (start, mut got, mut buf) = (Instant::now(), Vec::new(), [0u8; 4096]);
+    while start.elapsed() < 60 * SECOND {
+        match c.read(&mut buf) {
+            Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+        // At the rate: the time these bytes should have taken.
+        let due = Duration::from_secs_f64(got.len() as f64 / rate as f64);
+        std::thread::sleep(due.saturating_sub(start.elapsed()));
+    }
+    let head = got.windows(4).position(|w| w == b"\r\n\r\n").map_or(got.len(), |i| i + 4);
+    let text = String::from_utf8_lossy(&got[..head]).to_ascii_lowercase();
+    let length = text.lines().find_map(|l| l.strip_prefix("content-length: ")?.trim().parse().ok());
+    (got.len() - head, length.unwrap_or(0))
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
+fn a_slow_clients_download_is_delivered_whole_before_the_proxy_stops() {
+    // Red-team of run, finding 1: a client reading a 3 MB answer at 250 KB/s, the pod deleted
+    // 2 s into it; the app (nginx's way) hands the whole answer to the kernel and exits. Its
+    // exit ended the template's hook, the agent stopped Envoy and the client got 2.9 of the 3 MB:
+    // the rest was in Envoy's buffers and the kernel's send queue. Now the hook waits until the
+    // connection Envoy accepted has nothing left unacknowledged, and says so.
+    let pod = pod(Capture::Redirect, Stats::IstioDefault, "close");
+    std::thread::scope(|s| {
+        let download = s.spawn(|| pod.client(|| slow_download("/bytes/3000000", 250_000)));
+        std::thread::sleep(2 * SECOND);
+        let hook = delete(&pod, &["run", "--then-quit", "--deadline", "24s"]);
+        let out = hook.finish();
+        let (got, length) = download.join().expect("the download");
+        assert_eq!((got, length), (3_000_000, 3_000_000), "{out}");
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(pod.agent_asked_to_quit(), "{out}");
+        assert!(out.stderr.contains("still delivering an answer"), "{out}");
+    });
+}
+
+#[test]
+#[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
+fn a_request_count_of_zero_waits_for_the_answer_envoy_has_read_to_reach_its_client() {
+    // Red-team of run, finding 2: counting requests from /clusters (the gateway template's
+    // `--count requests`), a request ends once Envoy has read the app's last byte, ahead of a
+    // slow client; the hook said "0 active requests", the agent stopped Envoy 5 s later and the
+    // client got 2 of its 3 MB. The deletion 1 s into a 3 MB download at 250 KB/s.
+    let pod = pod(Capture::Redirect, Stats::IstioDefault, "serve");
+    std::thread::scope(|s| {
+        let download = s.spawn(|| pod.client(|| slow_download("/bytes/3000000", 250_000)));
+        std::thread::sleep(SECOND);
+        let out = delete(&pod, &HOOK_REQUESTS).finish();
+        pod.sigterm_proxy(Instant::now() + 10 * SECOND);
+        let (got, length) = download.join().expect("the download");
+        assert_eq!((got, length), (3_000_000, 3_000_000), "{out}");
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(
+            out.stderr.contains("0 active requests (clusters), 1 connection still delivering"),
+            "{out}"
+        );
+    });
+}

@@ -135,6 +135,7 @@ impl Tracker {
         let since = at.saturating_sub(*self.first_at.get_or_insert(at));
         let mut read = Read::default();
         let (mut ages, mut sent, mut open) = (Vec::new(), Vec::new(), BTreeMap::new());
+        let mut lately = Vec::new();
         let mut newest = Duration::MAX;
         for (key, seen) in &mut now {
             let before = last.get(key);
@@ -152,6 +153,10 @@ impl Tracker {
             // Before the first read, the probes' addresses had their share without count.
             if first && seen.closed && !self.rule.probes.contains(&key.client.ip) {
                 ages.extend(seen.idle);
+            }
+            // And each open connection's last bytes came when it has been idle since.
+            if first && !seen.closed && seen.received.is_some_and(|b| b > 0) {
+                lately.extend(seen.idle.filter(|i| *i <= HISTORY));
             }
             let grew = self.grew(key, seen, before, (at, first), &mut sent);
             read.polls += u64::from(seen.polled);
@@ -186,7 +191,11 @@ impl Tracker {
         if first {
             read = Read { open: read.open, hiding: read.hiding, ..Read::default() };
             let opens = passive_opens.map(|n| n.saturating_sub(open));
-            read.before = self.remember(before(ages), closing, opens);
+            read.before = match self.rule.outside_only {
+                // Behind a sidecar its clients pool their connections: what they last brought.
+                true => recently(lately),
+                false => self.remember(before(ages), closing, opens),
+            };
         }
         if let Some(opens) = passive_opens.filter(|_| self.rule.passive_opens) {
             self.unseen(opens, (first, since), uncaptured, &mut read);
@@ -448,6 +457,21 @@ pub fn remember(
     Some(Before { arrivals, span, recent })
 }
 
+/// What the pod's open connections tell of the arrivals before the first read, behind a sidecar
+/// (whose clients, other sidecars, pool their connections and close none): each one's last bytes
+/// came when it has been idle since (`ages`, at most `HISTORY`), so at least as many arrived as
+/// the connections within the span back to the oldest of them. One alone tells no rate.
+pub fn recently(mut ages: Vec<Duration>) -> Option<Before> {
+    ages.sort_unstable();
+    let (newest, span) = (*ages.first()?, *ages.last()?);
+    let span = span.max(Duration::from_millis(500));
+    (ages.len() > 1).then(|| Before {
+        arrivals: ages.len() as u64,
+        span,
+        recent: Some((newest, Duration::ZERO)),
+    })
+}
+
 /// How long a connection's end that closed first waits in TIME_WAIT (Linux's `TCP_TIMEWAIT_LEN`).
 const TIME_WAIT_MEMORY: Duration = Duration::from_secs(60);
 
@@ -640,6 +664,8 @@ mod tests {
             inode: 0,
             received,
             idle: None,
+            unsent: 0,
+            awaiting: false,
         }
     }
 

@@ -3,9 +3,10 @@
 //! pooled connection none. Per-host counters are not stats, so a default Istio proxy has them.
 //! See docs/how-it-works.md.
 
-use crate::count::{Capped, Count, Excluded, KEPT, Part, SourceKind, Unit};
+use crate::count::{Capped, Count, Excluded, KEPT, Part, SourceKind, Unit, Warning};
 use crate::lists::{Names, PortSet, any};
 use crate::preset::Preset;
+use crate::source::stats::WRAPPED;
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::net::SocketAddr;
@@ -77,6 +78,9 @@ pub struct Tally {
     /// The arrival counters (`rq_total`; with `inbound`, `cx_total` too) of the hosts that count.
     counters: Vec<Counter>,
     app_arrived: AppArrived,
+    /// Gauges that wrapped below zero, and the first one's host.
+    wrapped: u64,
+    first_wrapped: Option<String>,
 }
 
 const LISTED: [&str; 5] = ["rq_active", "rq_pending_active", "cx_active", "rq_total", "cx_total"];
@@ -93,9 +97,16 @@ impl Tally {
         let Some((name, host)) = split_host(rest) else { return };
         self.hosts |= stat == "rq_active";
         let why_host = why_host(host, name, rule);
+        let parsed = value.trim().parse::<u64>();
+        // A gauge that wrapped below zero (a per-host rq_active, as /stats' own do) means 0.
+        let wrapped = parsed.as_ref().is_ok_and(|n| *n > WRAPPED) && stat.ends_with("active");
+        if wrapped {
+            self.wrapped += 1;
+            self.first_wrapped.get_or_insert_with(|| rest.to_string());
+        }
         let cluster = self.cluster(name, rule);
         let counted = cluster.left_out.is_none() && why_host.is_none();
-        let Ok(n) = value.trim().parse::<u64>() else {
+        let Ok(n) = parsed.map(|n| if wrapped { 0 } else { n }) else {
             if counted && self.bad.is_none() {
                 self.bad = Some(crate::error::shorten(line));
             }
@@ -189,10 +200,17 @@ impl Tally {
         // Requests on hosts left out of clusters that count, by why.
         let excluded =
             self.hosts_left_out.into_iter().map(|(why, n)| Excluded { why, n }).collect();
+        let (n, first) = (self.wrapped, self.first_wrapped);
+        let wrapped = first.map(|first| Warning::Wrapped { n, first });
         Ok(Answer {
             count: Count {
                 excluded,
-                ..Count::new(SourceKind::Clusters, Unit::Requests, parts, vec![])
+                ..Count::new(
+                    SourceKind::Clusters,
+                    Unit::Requests,
+                    parts,
+                    wrapped.into_iter().collect(),
+                )
             },
             clusters,
             quiet: self.quiet,
@@ -241,7 +259,10 @@ impl Arrived {
 /// an Istio Sidecar's `defaultEndpoint: unix://`; a waypoint's pods), or an ignored port.
 fn why_host(host: &str, cluster: &str, rule: &Rule) -> Option<String> {
     let pipe = host.starts_with('/') || host.starts_with('@');
-    match host.parse::<SocketAddr>() {
+    // A waypoint's hosts are internal addresses that name a pod's: `envoy://<listener>/IP:PORT`.
+    let internal = host.strip_prefix("envoy://").filter(|_| rule.preset.waypoint);
+    let to = internal.and_then(|h| h.rsplit_once('/')?.1.parse::<SocketAddr>().ok());
+    match to.map_or_else(|| host.parse::<SocketAddr>(), Ok) {
         Err(_) if rule.inbound && pipe && any(rule.preset.inbound_clusters, cluster) => None,
         Err(_) if rule.preset.waypoint && host.starts_with("envoy://") => None,
         Err(_) => Some("Unix socket or internal address".to_string()),
@@ -323,6 +344,22 @@ prometheus_stats::127.0.0.1:15000::rq_active::0
     }
 
     #[test]
+    fn a_per_host_gauge_that_wrapped_below_zero_counts_as_0_with_a_warning() {
+        // Red-team of run, finding 9: an rq_active of 2^64 - 1 held the wait to its deadline,
+        // where /stats' gauges that wrap count as 0.
+        let wrapped = POD.replace(
+            "inbound|8080||::10.90.0.2:8080::rq_active::1",
+            "inbound|8080||::10.90.0.2:8080::rq_active::18446744073709551615",
+        );
+        let a = tally(&wrapped, &istio()).unwrap();
+        assert_eq!(a.count.total, 1, "the outbound request alone");
+        assert_eq!(
+            a.count.warnings.iter().map(Warning::to_string).collect::<Vec<_>>(),
+            ["1 gauge wrapped below zero and counts as 0 (inbound|8080||::10.90.0.2:8080)"]
+        );
+    }
+
+    #[test]
     fn each_proxys_own_clusters_are_shown_and_never_count() {
         for (preset, own, why) in [
             ("consul", "consul-dataplane", "Consul's own cluster"),
@@ -384,6 +421,10 @@ xds-grpc::./etc/istio/proxy/XDS::rq_active::1
         // Istio's own exporters are a waypoint's too: an access-log stream never holds it.
         let stream = "envoy_accesslog_service::10.0.0.9:9411::rq_active::1\n";
         assert_eq!(tally(stream, &Rule { preset: waypoint, ..istio() }).unwrap().count.total, 0);
+        // `--ignore-ports 8080` leaves out the pods' port its hosts name (red-team of run, 7).
+        let ignore_ports = PortSet::parse("8080").unwrap();
+        let a = tally(WAYPOINT, &Rule { preset: waypoint, ignore_ports, ..istio() }).unwrap();
+        assert_eq!(a.count.breakdown(), "cluster encap=1");
     }
 
     #[test]

@@ -52,8 +52,12 @@ const INFO_EXT: u8 = 1 << (INET_DIAG_INFO - 1);
 const INET_DIAG_INFO: u16 = 2;
 /// Where `tcpi_bytes_received` lies in `struct tcp_info` (linux/tcp.h; since Linux 4.1).
 const BYTES_RECEIVED: usize = 128;
-/// Where `tcpi_last_data_recv` lies in `struct tcp_info`: milliseconds since data last arrived.
+/// Where `tcpi_last_data_sent` and `tcpi_last_data_recv` lie in `struct tcp_info`: milliseconds
+/// since data was last sent, and since data last arrived.
+const LAST_DATA_SENT: usize = 44;
 const LAST_DATA_RECV: usize = 52;
+/// Where `tcpi_data_segs_out` lies in `struct tcp_info` (since Linux 4.6): data segments sent.
+const DATA_SEGS_OUT: usize = 156;
 
 /// How long a closed connection's end waits in TIME_WAIT (`TCP_TIMEWAIT_LEN`, include/net/tcp.h);
 /// a dump gives the milliseconds it has left (`inet_twsk_diag_fill`).
@@ -148,7 +152,7 @@ fn socket(body: &[u8]) -> Result<Socket, DumpError> {
         (TIME_WAIT, _) => {
             Some(TIME_WAIT_LEN.saturating_sub(Duration::from_millis(u32_at(52).into())))
         }
-        (_, Some((_, last))) => Some(Duration::from_millis(last.into())),
+        (_, Some(i)) => Some(Duration::from_millis(i.last_recv.into())),
         _ => None,
     };
     Ok(Socket {
@@ -157,22 +161,43 @@ fn socket(body: &[u8]) -> Result<Socket, DumpError> {
         state: m[1],
         uid: u32_at(64),
         inode: u64::from(u32_at(68)),
-        received: info.map(|(bytes, _)| bytes),
+        received: info.map(|i| i.received),
         idle,
+        // `write_seq - snd_una` for a socket that is not listening (`tcp_diag_get_info`).
+        unsent: u32_at(60),
+        // Data came after the last it sent, in milliseconds; or it came and none was ever sent
+        // (a first request, whose arrival and the handshake fall in one millisecond).
+        awaiting: info.is_some_and(|i| {
+            i.received > 0 && (i.last_recv < i.last_sent || i.segs_out == Some(0))
+        }),
     })
 }
 
-/// `tcpi_bytes_received` and `tcpi_last_data_recv` from the `rtattr`s after an
-/// `inet_diag_msg`, when there.
-fn info(mut attrs: &[u8]) -> Option<(u64, u32)> {
+/// What a socket's `tcp_info` tells.
+#[derive(Clone, Copy)]
+struct Info {
+    received: u64,
+    last_recv: u32,
+    last_sent: u32,
+    /// Data segments sent, where the kernel's `tcp_info` is that long.
+    segs_out: Option<u32>,
+}
+
+/// `Info` from the `rtattr`s after an `inet_diag_msg`, when there.
+fn info(mut attrs: &[u8]) -> Option<Info> {
     while attrs.len() >= 4 {
         let len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
         let kind = u16::from_ne_bytes([attrs[2], attrs[3]]);
         let payload = attrs.get(4..len)?;
         if kind == INET_DIAG_INFO {
             let b = payload.get(BYTES_RECEIVED..)?.first_chunk()?;
-            let last = payload.get(LAST_DATA_RECV..)?.first_chunk()?;
-            return Some((u64::from_ne_bytes(*b), u32::from_ne_bytes(*last)));
+            let u32_at = |at: usize| Some(u32::from_ne_bytes(*payload.get(at..)?.first_chunk()?));
+            return Some(Info {
+                received: u64::from_ne_bytes(*b),
+                last_recv: u32_at(LAST_DATA_RECV)?,
+                last_sent: u32_at(LAST_DATA_SENT)?,
+                segs_out: u32_at(DATA_SEGS_OUT),
+            });
         }
         attrs = attrs.get((len + 3) & !3..).unwrap_or_default();
     }
@@ -489,6 +514,47 @@ mod tests {
         // Loopback delivers before the write returns; a few dumps at most, bounded in time.
         let seen = (0..100).find_map(|_| received().filter(|&n| n > 0));
         assert_eq!(seen, Some(16));
+    }
+
+    /// Over netlink an accepted connection tells a request not answered yet (its peer sent last)
+    /// and an answer not delivered yet (bytes its peer has not acknowledged): a client that
+    /// does not read.
+    #[test]
+    fn real_dumps_tell_a_request_awaiting_its_answer_and_an_answer_still_being_delivered() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        let accepted = || {
+            let mut t = Table::default();
+            dump(&request(OPEN, true), until, &mut t).unwrap();
+            t.sockets
+                .iter()
+                .find(|s| s.local.port == port && s.state != crate::source::procnet::LISTEN)
+                .copied()
+        };
+        let asked = b"GET /big HTTP/1.1\r\n\r\n";
+        client.write_all(asked).unwrap();
+        server.read_exact(&mut vec![0u8; asked.len()]).unwrap();
+        // The clock of tcp_info ticks in milliseconds: the request is the last data by then.
+        std::thread::sleep(Duration::from_millis(20));
+        let s = accepted().unwrap();
+        assert!(s.awaiting && s.unsent == 0, "the request, not answered: {s:?}");
+        // An answer larger than what the kernel holds for a client that does not read.
+        server.set_nonblocking(true).unwrap();
+        let chunk = [b'x'; 64 * 1024];
+        let written: usize = (0..1000).map_while(|_| server.write(&chunk).ok()).sum();
+        std::thread::sleep(Duration::from_millis(20));
+        let s = accepted().unwrap();
+        assert!(!s.awaiting && s.unsent > 0, "{written} bytes written, some not delivered: {s:?}");
+        // The client reads it all: delivered.
+        client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = vec![0u8; written];
+        client.read_exact(&mut got).unwrap();
+        let delivered = (0..100).find_map(|_| accepted().filter(|s| s.unsent == 0));
+        assert!(delivered.is_some_and(|s| !s.awaiting), "{delivered:?}");
     }
 
     /// Over netlink a socket tells how long it has received nothing: an open one since its last

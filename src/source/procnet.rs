@@ -3,7 +3,7 @@
 //! app opened. The rule and its facts: docs/running.md ("Counting"), docs/how-it-works.md.
 
 use crate::config::{Filter, mapped};
-use crate::count::{Basis, Count, Excluded, Part, SourceKind, Unit};
+use crate::count::{Basis, Busy, Count, Excluded, Part, SourceKind, Unit};
 use crate::source::lines::decimal;
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -47,6 +47,11 @@ pub struct Socket {
     /// Over netlink, how long it has received nothing: since its last data (`tcp_info`, where
     /// asked for), or since it closed (TIME_WAIT).
     pub idle: Option<std::time::Duration>,
+    /// Bytes written to it and not yet acknowledged by its peer (`tx_queue`, `idiag_wqueue`).
+    pub unsent: u32,
+    /// Its peer's last data came after its own last (`tcp_info`, where asked for): on a
+    /// connection the pod accepted, a request not answered yet.
+    pub awaiting: bool,
 }
 
 /// Parses one line of either table; `None` for the header and for anything malformed.
@@ -59,9 +64,20 @@ pub fn parse_line(line: &str) -> Option<Socket> {
     let remote = endpoint(fields.next()?)?;
     let state = u8::from_str_radix(fields.next()?, 16).ok()?;
     // tx_queue:rx_queue, tr:tm->when, retrnsmt, then uid, timeout, inode.
-    let uid = u32::try_from(decimal(fields.nth(3)?)?).ok()?;
+    let unsent = u32::from_str_radix(fields.next()?.split(':').next()?, 16).ok()?;
+    let uid = u32::try_from(decimal(fields.nth(2)?)?).ok()?;
     let inode = decimal(fields.nth(1)?)?;
-    Some(Socket { local, remote, state, uid, inode, received: None, idle: None })
+    Some(Socket {
+        local,
+        remote,
+        state,
+        uid,
+        inode,
+        received: None,
+        idle: None,
+        unsent,
+        awaiting: false,
+    })
 }
 
 /// `0100007F:3A98` or 32 hex digits and a port. The kernel prints each 32-bit word of the
@@ -308,6 +324,15 @@ impl Rule<'_> {
     }
 }
 
+/// Where a tally finds the connections the pod accepted that are busy (`Busy`): every listener
+/// seen in the run (one closed since, at a drain or the app's SIGTERM, still tells them), and the
+/// ports that never count.
+#[derive(Clone, Copy)]
+pub struct Accepted<'a> {
+    pub listened: &'a [Endpoint],
+    pub ignore: &'a crate::lists::PortSet,
+}
+
 /// The most sockets a count holds back until Envoy's sockets are listed again.
 const MAX_UNSURE: usize = 4096;
 
@@ -316,6 +341,8 @@ const MAX_UNSURE: usize = 4096;
 #[derive(Default)]
 pub struct Tally<'a> {
     listening: Vec<&'a Socket>,
+    accepted: Option<Accepted<'a>>,
+    busy: Busy,
     /// The rule and the listeners it reads; `None` when only owners are wanted.
     rule: Option<(Rule<'a>, &'a Listeners)>,
     /// Envoy's sockets were listed before these sockets were read, so one it accepted since is
@@ -332,13 +359,19 @@ impl<'a> Tally<'a> {
         listening: &'a Table,
         rule: Option<(Rule<'a>, &'a Listeners)>,
         listed_first: bool,
+        accepted: Option<Accepted<'a>>,
     ) -> Tally<'a> {
         let listening = listening.listening();
         let mut owners = BTreeMap::new();
         for s in &listening {
             *owners.entry(s.uid).or_default() += 1;
         }
-        Tally { listening, rule, listed_first, owners, ..Tally::default() }
+        Tally { listening, rule, listed_first, owners, accepted, ..Tally::default() }
+    }
+
+    /// The connections the pod accepted that are busy, so far.
+    pub fn busy(&self) -> Busy {
+        self.busy
     }
 
     /// The count, once every socket has been added. `relist` lists Envoy's sockets again when
@@ -386,6 +419,14 @@ impl Sink for Tally<'_> {
         } else if s.state != SYN_RECV {
             // A half-open connection belongs to its listener, whose owner has a socket of its own.
             *self.owners.entry(s.uid).or_default() += 1;
+            if let Some(a) = self.accepted
+                && taking(a.listened, &s.local, |l| l).is_some()
+                && !a.ignore.contains(s.local.port)
+                && !a.ignore.contains(s.remote.port)
+            {
+                self.busy.delivering += u64::from(s.unsent > 0);
+                self.busy.awaiting += u64::from(s.awaiting);
+            }
         }
         let Some((rule, listeners)) = self.rule else { return };
         let mut envoys = rule.holds(&s);
@@ -411,7 +452,7 @@ pub mod testing {
     /// Counts a whole table, remembering the listeners seen for the next count.
     pub fn count(table: &Table, rule: &Rule<'_>, listeners: &mut Listeners) -> Count {
         listeners.learn(table, rule);
-        let mut tally = Tally::new(table, Some((*rule, listeners)), false);
+        let mut tally = Tally::new(table, Some((*rule, listeners)), false, None);
         for s in &table.sockets {
             tally.add(*s);
         }
@@ -486,6 +527,31 @@ mod tests {
         assert_eq!(show(&s.local), "127.0.0.1:15000");
         assert_eq!(show(&s.remote), "192.168.0.2:50000");
         assert_eq!((s.state, s.uid, s.inode), (ESTABLISHED, 1337, 4242));
+        assert_eq!(s.unsent, 0);
+    }
+
+    #[test]
+    fn accepted_connections_with_bytes_not_delivered_are_busy_but_not_on_ignored_ports() {
+        // Envoy's 15006 with an answer of 0x1000 bytes on its way, another with none; the admin
+        // API's answer to a scraper (15000, ignored); Envoy's own call out (not accepted).
+        let unsent = |l: String| l.replacen("00000000:00000000", "00001000:00000000", 1);
+        let lines = [
+            line("0A5A0002:3A9E", "00000000:0000", "0A", 1337, 1),
+            line("0100007F:3A98", "00000000:0000", "0A", 1337, 2),
+            unsent(line("0A5A0002:3A9E", "0A5A0009:C350", "01", 1337, 3)),
+            line("0A5A0002:3A9E", "0A5A0009:C351", "01", 1337, 4),
+            unsent(line("0100007F:3A98", "0100007F:C352", "01", 1337, 5)),
+            unsent(line("0A5A0002:C353", "0A5A0003:1F90", "01", 1337, 6)),
+        ];
+        let t = table(&lines);
+        let listened: Vec<Endpoint> = t.listening().iter().map(|s| s.local).collect();
+        let ignore = crate::lists::PortSet::parse("15000").unwrap();
+        let accepted = Accepted { listened: &listened, ignore: &ignore };
+        let mut tally = Tally::new(&t, None, false, Some(accepted));
+        for s in &t.sockets {
+            tally.add(*s);
+        }
+        assert_eq!(tally.busy(), Busy { delivering: 1, awaiting: 0 });
     }
 
     #[test]
@@ -622,7 +688,7 @@ mod tests {
         let mut listeners = Listeners::default();
         listeners.learn(&t, &rule);
         let count = |relist: Option<&[u64]>| {
-            let mut tally = Tally::new(&t, Some((rule, &listeners)), true);
+            let mut tally = Tally::new(&t, Some((rule, &listeners)), true, None);
             for s in &t.sockets {
                 tally.add(*s);
             }
@@ -824,7 +890,7 @@ mod tests {
             line("0200000A:3A9E", "0300000A:C000", "01", 1337, 4),
         ]);
         let owners = |t: &Table| {
-            let mut tally = Tally::new(t, None, false);
+            let mut tally = Tally::new(t, None, false, None);
             for s in &t.sockets {
                 tally.add(*s);
             }

@@ -2,13 +2,14 @@
 //! which are Envoy's (the holder of its admin listener, through `/proc/<pid>/fd`); procnet's rule.
 
 use crate::config::{Address, Counting, Filter};
-use crate::count::{Basis, Count, Part, SourceKind, Unit, Warning};
+use crate::count::{Basis, Busy, Count, Part, SourceKind, Unit, Warning};
 use crate::error::{failed, io_cause};
 use crate::source::arrivals::{self, Tracker};
 use crate::source::diag::{self, DumpError};
 use crate::source::lines::each_line;
 use crate::source::procnet::{
-    self, DEFAULT_EPHEMERAL, LISTEN, Listeners, Rule, Sink, Table, Tally, loopback,
+    self, Accepted, DEFAULT_EPHEMERAL, Endpoint, LISTEN, Listeners, Rule, Sink, Table, Tally,
+    loopback,
 };
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
@@ -53,11 +54,18 @@ pub struct SocketTable {
     made: Instant,
     /// Whether the pod's age was looked for (`pod_age`), once.
     aged: bool,
+    /// Every listener seen in the run (`Accepted`).
+    listened: Vec<Endpoint>,
 }
 
 /// What the socket table says besides the count: the sockets of other users than the proxy's, by
-/// user (while the app runs, its own; an exited process holds none).
-pub type Pod = BTreeMap<u32, u64>;
+/// user (while the app runs, its own; an exited process holds none), and the connections the pod
+/// accepted that a request still keeps busy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pod {
+    pub owners: BTreeMap<u32, u64>,
+    pub busy: Busy,
+}
 
 impl SocketTable {
     /// Netlink, unless `--proc-net` names the text tables to read; with `hold`, each count tells
@@ -86,6 +94,7 @@ impl SocketTable {
             tracker: c.hold.clone().map(|rule| Tracker::new(rule, unsafe { libc::geteuid() })),
             made: Instant::now(),
             aged: false,
+            listened: Vec::new(),
         }
     }
 
@@ -158,15 +167,19 @@ impl SocketTable {
             Rule { filter: &self.filter, envoy: &basis, inodes: &inodes, ephemeral: &ephemeral };
         self.listeners.learn(&listening, &rule);
         // The text tables were read whole before Envoy's sockets were listed; a dump comes after.
-        let mut tally = Tally::new(&listening, Some((rule, &self.listeners)), open.is_none());
-        read_open(open, until, &diag::request(diag::OPEN, false), &mut tally)?;
+        let listened = listened(&mut self.listened, &listening);
+        let accepted = Accepted { listened, ignore: &self.filter.ignore };
+        let mut tally =
+            Tally::new(&listening, Some((rule, &self.listeners)), open.is_none(), Some(accepted));
+        read_open(open, until, &diag::request(diag::OPEN, true), &mut tally)?;
+        let busy = tally.busy();
         let relist = || match (&self.proc_root, &basis) {
             (Ok(root), Basis::Process { pid, .. }) => sockets_of(root, *pid).ok(),
             _ => None,
         };
         let (count, owners) = tally.count(relist);
         let mut count = Count { basis: Some(basis), ..count };
-        self.pod = Some(pod_of(admin, owners));
+        self.pod = Some(pod_of(admin, owners, busy));
         self.reader_warning(&mut count.warnings);
         Ok(count)
     }
@@ -195,10 +208,13 @@ impl SocketTable {
             return Ok(pod);
         }
         let (listening, open) = self.read_listening(until)?;
-        let mut tally = Tally::new(&listening, None, false);
-        read_open(open, until, &diag::request(diag::OPEN, false), &mut tally)?;
+        let listened = listened(&mut self.listened, &listening);
+        let accepted = Accepted { listened, ignore: &self.filter.ignore };
+        let mut tally = Tally::new(&listening, None, false, Some(accepted));
+        read_open(open, until, &diag::request(diag::OPEN, true), &mut tally)?;
+        let busy = tally.busy();
         let (_, owners) = tally.count(|| None);
-        Ok(pod_of(self.admin_socket(&listening), owners))
+        Ok(pod_of(self.admin_socket(&listening), owners, busy))
     }
 
     /// The listening sockets, before `until`; from the text tables, the open ones too.
@@ -284,15 +300,30 @@ impl SocketTable {
     }
 }
 
-/// The app's sockets: those of other users than the proxy's (the admin socket's owner, else ours).
-fn pod_of(admin_socket: Option<(u32, Option<u64>)>, mut owners: BTreeMap<u32, u64>) -> Pod {
+/// The app's sockets: those of other users than the proxy's (the admin socket's owner, else ours);
+/// and the accepted connections still `busy`.
+fn pod_of(
+    admin_socket: Option<(u32, Option<u64>)>,
+    mut owners: BTreeMap<u32, u64>,
+    busy: Busy,
+) -> Pod {
     let proxy = match admin_socket {
         Some((uid, _)) => uid,
         // SAFETY: geteuid has no preconditions and cannot fail.
         None => unsafe { libc::geteuid() },
     };
     owners.remove(&proxy);
-    owners
+    Pod { owners, busy }
+}
+
+/// Every listener seen in the run, `listening`'s added (`Accepted`).
+fn listened<'a>(seen: &'a mut Vec<Endpoint>, listening: &Table) -> &'a [Endpoint] {
+    for s in listening.listening() {
+        if !seen.contains(&s.local) {
+            seen.push(s.local);
+        }
+    }
+    seen
 }
 
 /// The open sockets into `sink`: the text tables' as read with the listening ones, else a dump

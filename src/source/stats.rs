@@ -26,7 +26,7 @@ const ADMIN_LINE: &str = "listener.admin.downstream_cx_active";
 const ADMIN_RQ_LINE: &str = "http.admin.downstream_rq_active";
 
 /// A gauge above this has wrapped below zero (istio/istio #49229); it means 0.
-const WRAPPED: u64 = 1 << 63;
+pub const WRAPPED: u64 = 1 << 63;
 
 /// One HTTP connection manager's requests and connections, for `status`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

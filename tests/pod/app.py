@@ -6,6 +6,7 @@ unprivileged user, its outgoing connections are captured by the sidecar's iptabl
                         answers 200 with what it got
   GET /local/<seconds>  answers 200 after <seconds>, calling nothing; <low>-<high> seconds: a
                         time drawn evenly between them for each request
+  GET /bytes/<n>        answers 200 with <n> bytes at once, calling nothing (a download)
 
 A query string (`/local/10?long=1`) only tells requests apart; one that holds `probe` is the
 kubelet's, which a graceful shutdown does not take for traffic; one that holds `reset` has the
@@ -99,6 +100,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         except ValueError:
             delay = 0.0
         status, body = 200, b"ok\n"
+        if kind == "bytes":
+            body, delay = b"x" * int(seconds), 0.0
         if kind == "call":
             got, reply = call("/delay/%s" % delay)
             status, body = (200, b"app: " + reply) if got == 200 else (502, b"call failed\n")

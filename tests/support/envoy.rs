@@ -110,12 +110,19 @@ pub enum Admin {
 pub struct Options {
     pub drain_time_s: u32,
     pub merge: Vec<&'static str>,
+    /// YAML merged over the bootstrap too, made by the test.
+    pub yaml: String,
     pub admin: Admin,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { drain_time_s: 5, merge: Vec::new(), admin: Admin::Tcp(ADMIN) }
+        Options {
+            drain_time_s: 5,
+            merge: Vec::new(),
+            yaml: String::new(),
+            admin: Admin::Tcp(ADMIN),
+        }
     }
 }
 
@@ -145,6 +152,7 @@ impl Envoy {
             .iter()
             .map(|file| std::fs::read_to_string(repo(file)).unwrap() + "\n")
             .collect();
+        yaml += &opts.yaml;
         match opts.admin {
             Admin::Tcp(ADMIN) => {}
             Admin::Tcp(addr) => {
