@@ -558,6 +558,10 @@ const STALL: Duration = Duration::from_millis(100);
 pub struct Hold {
     both: Both,
     pub table_blind: bool,
+    /// The app's requests over Envoy's uptime, once read (`None`: not yet; `Some(None)`: not
+    /// told), given to the first count as what is remembered from before it.
+    pub life: Option<Option<Before>>,
+    told: bool,
     due: Option<Instant>,
     least: Option<Duration>,
 }
@@ -609,6 +613,9 @@ impl Hold {
             // Behind a sidecar the clients are other sidecars, which pool their connections and
             // choose this pod per request: a request on an old connection is a new choice.
             (count.arrivals, count.recounted, count.opened) = (arrivals, recounted, None);
+            if !std::mem::replace(&mut self.told, true) {
+                count.before = self.life.flatten().or(count.before);
+            }
             if std::mem::take(&mut self.both.added) {
                 count.newest = Some(Duration::ZERO);
             }

@@ -12,7 +12,7 @@ pub mod stats;
 pub mod uds;
 
 use crate::config::{Counting, Mode};
-use crate::count::{Cost, Count, Unit};
+use crate::count::{Before, Cost, Count, Unit};
 use crate::error::failed;
 use admin::{Client, REQUEST_TIMEOUT};
 use arrivals::Hold;
@@ -121,6 +121,9 @@ struct Spent {
     aside: Duration,
     aside_cpu: Duration,
 }
+
+/// Envoy's uptime in seconds (`server.*`, which Istio's stats matcher keeps).
+const UPTIME_PATH: &str = "/stats?filter=%5Eserver%5C.uptime%24";
 
 /// The longest a stats request may be given, however slow Envoy has been.
 const MAX_STATS_TIMEOUT: Duration = Duration::from_secs(8);
@@ -271,6 +274,24 @@ impl Sources {
             }
             answer
         });
+        // At the first answer, the app's requests so far over Envoy's uptime: how often they came
+        // before the hold (its hosts are made with the inbound clusters, as Envoy starts).
+        if let Some(Ok(answer)) = &clusters
+            && hold.life.is_none()
+        {
+            let mut uptime = None;
+            let left = until.saturating_duration_since(Instant::now()).min(REQUEST_TIMEOUT);
+            let parse = |l: &str| l.strip_prefix("server.uptime: ")?.trim().parse::<u64>().ok();
+            let _ = self.admin.get_lines(UPTIME_PATH, left, admin::BODY_LIMIT, |l| {
+                uptime = uptime.or(parse(l));
+            });
+            let requests = answer.app_arrived.requests;
+            hold.life = Some(uptime.filter(|u| *u > 0 && requests > 0).map(|u| Before {
+                arrivals: requests,
+                span: Duration::from_secs(u),
+                recent: None,
+            }));
+        }
         let proc = self.table.arrivals(until.max(Instant::now() + PROC_GRACE));
         let (clusters, proc) = hold.merge(clusters, proc, self.table.probes(), blocked);
         self.hold = Some(hold);
