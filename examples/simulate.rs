@@ -229,9 +229,10 @@ fn main() {
         }
     }
     // For live replays (tests/pod.rs reads them from tests/pod/schedules.txt): for each way
-    // clients close, in the cell that lost most, the schedule whose hold the arrivals' rate (not the propagation)
-    // ended closest to a lost request (0.3 s from it or more). A line each: how clients close, the rate, P, the hold's end (ms) and the
-    // arrivals (ms from the deletion, from a minute before it: the kernel's memory).
+    // clients close, in the cell that lost most, the schedule whose hold the arrivals' rate (not
+    // the propagation) ended closest after its last request (0.3 s or more). A line each: how
+    // clients close, the rate, P, the hold's end (ms) and the arrivals (ms from the deletion,
+    // from a minute before it: the kernel's memory).
     hardest.retain(|h| !h.4.2.is_empty());
     hardest.sort_by(|a, b| b.0.total_cmp(&a.0));
     println!("\nThe hardest schedules (for each way clients close, the cell that lost most):");

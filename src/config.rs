@@ -1327,7 +1327,9 @@ mod tests {
         // The propagation within a shorter deadline; the min cut to it as before.
         let c = hold("none", Some("8s"));
         assert_eq!((c.rules.propagation, c.rules.min_drain), (secs(8), secs(3)));
-        assert!(c.counting.hold.unwrap().proxy.is_empty());
+        let rule = c.counting.hold.unwrap();
+        // Without a mesh the pod's own memory (TIME_WAIT, PassiveOpens), not a sidecar's.
+        assert!(rule.proxy.is_empty() && rule.passive_opens && rule.outside_only);
     }
 
     #[test]

@@ -1,18 +1,21 @@
 //! The sock_diag reply parser on any bytes, as the datagrams of one dump: no panic, only the
 //! states the rule reads, and the same sockets whether kept as a table or counted as they come.
+//! A count's view of what is still delivered or awaited never exceeds the sockets.
 #![no_main]
 
 use envoy_drain::config::Filter;
 use envoy_drain::count::Basis;
 use envoy_drain::lists::PortSet;
 use envoy_drain::source::diag;
-use envoy_drain::source::procnet::{DEFAULT_EPHEMERAL, Listeners, Rule, Sink, Table, Tally};
+use envoy_drain::source::procnet::{
+    Accepted, DEFAULT_EPHEMERAL, Endpoint, Listeners, Rule, Sink, Table, Tally,
+};
 use libfuzzer_sys::fuzz_target;
 
 /// Counts a whole table, remembering the listeners seen, as the socket table's count does.
 fn count(table: &Table, rule: &Rule<'_>, listeners: &mut Listeners) -> envoy_drain::count::Count {
     listeners.learn(table, rule);
-    let mut tally = Tally::new(table, Some((*rule, listeners)), false);
+    let mut tally = Tally::new(table, Some((*rule, listeners)), false, None);
     for s in &table.sockets {
         tally.add(*s);
     }
@@ -38,10 +41,15 @@ fuzz_target!(|data: &[u8]| {
     let rule = Rule { filter: &filter, envoy: &envoy, inodes: &[], ephemeral: &DEFAULT_EPHEMERAL };
     let mut listeners = Listeners::default();
     let whole = count(&table, &rule, &mut listeners);
-    let mut tally = Tally::new(&table, Some((rule, &listeners)), true);
+    // What the accepted ones still deliver or await, told of no more sockets than there are.
+    let listened: Vec<Endpoint> = table.listening().iter().map(|s| s.local).collect();
+    let accepted = Accepted { listened: &listened, ignore: &filter.ignore };
+    let mut tally = Tally::new(&table, Some((rule, &listeners)), true, Some(accepted));
     for s in &table.sockets {
         tally.add(*s);
     }
+    let (busy, n) = (tally.busy(), table.sockets.len() as u64);
+    assert!(busy.delivering <= n && busy.awaiting <= n, "{busy:?} of {n} sockets");
     let (streamed, _) = tally.count(|| None);
     assert_eq!(whole, streamed);
 });

@@ -1,23 +1,29 @@
 //! The socket-table rule on any lines, with Envoy known by process, by owner or not at all: no
 //! panic, a count that adds up, and every parsed socket in a state the rule reads (LISTEN,
-//! ESTABLISHED, SYN_SENT, SYN_RECV, CLOSE_WAIT) either counted or listed with why not.
+//! ESTABLISHED, SYN_SENT, SYN_RECV, CLOSE_WAIT) either counted or listed with why not; what the
+//! accepted ones still deliver or await told of no more sockets than there are.
 #![no_main]
 
 use envoy_drain::config::Filter;
 use envoy_drain::count::Basis;
 use envoy_drain::lists::{ISTIO_INFRA_PORTS, PortSet};
 use envoy_drain::source::procnet::{
-    DEFAULT_EPHEMERAL, Listeners, Rule, Sink, Table, Tally, parse_line,
+    Accepted, DEFAULT_EPHEMERAL, Endpoint, Listeners, Rule, Sink, Table, Tally, parse_line,
 };
 use libfuzzer_sys::fuzz_target;
 
 /// Counts a whole table, remembering the listeners seen, as the socket table's count does.
 fn count(table: &Table, rule: &Rule<'_>, listeners: &mut Listeners) -> envoy_drain::count::Count {
     listeners.learn(table, rule);
-    let mut tally = Tally::new(table, Some((*rule, listeners)), false);
+    let listened: Vec<Endpoint> = table.listening().iter().map(|s| s.local).collect();
+    let accepted = Accepted { listened: &listened, ignore: &rule.filter.ignore };
+    let mut tally = Tally::new(table, Some((*rule, listeners)), false, Some(accepted));
     for s in &table.sockets {
         tally.add(*s);
     }
+    let busy = tally.busy();
+    let n = table.sockets.len() as u64;
+    assert!(busy.delivering <= n && busy.awaiting <= n, "{busy:?} of {n} sockets");
     tally.count(|| None).0
 }
 

@@ -1,12 +1,13 @@
 //! The wait on any rules (durations up to u64::MAX seconds, any threshold, with and without
 //! --then-quit) and any script of counts, costs, unknowns, request counters and app sockets: no
 //! panic, it ends, it never reports reaching the threshold on a count above it or one that saw a
-//! request arrive (`hold`: on a look that could not read arrivals, or saw one), and it never reports the app's exit, nor stops the proxy, unless the last look
-//! saw it gone, nor before the min-drain.
+//! request arrive (`hold`: on a look that could not read arrivals, or saw one) or a connection
+//! still delivering or awaiting an answer, and it never reports the app's exit, nor stops the
+//! proxy, unless the last look saw it gone with nothing left to deliver, nor before the min-drain.
 #![no_main]
 
 use envoy_drain::config::{Rules, Until};
-use envoy_drain::count::{Before, Cost};
+use envoy_drain::count::{Before, Busy, Cost};
 use envoy_drain::outcome::Outcome;
 use envoy_drain::wait::{App, Ask, LAST_COUNT, Seen, Step, Tick, Wait};
 use libfuzzer_sys::fuzz_target;
@@ -65,6 +66,11 @@ impl Script<'_> {
             }),
             // How long ago the newest arrival came, where told.
             newest: (b & 0x20 != 0).then(|| Duration::from_millis(u64::from(b & 0x1f) * 60)),
+            // What the accepted connections still deliver and await, where told.
+            busy: (b & 0x10 != 0).then_some(Busy {
+                delivering: u64::from(b >> 7),
+                awaiting: u64::from((b >> 6) & 1),
+            }),
             app: match b & 0x3 {
                 0 => None,
                 1 => Some(true),
@@ -137,7 +143,10 @@ fuzz_target!(|data: &[u8]| {
     match end.outcome {
         Outcome::Reached if end.quit.is_none() => assert!(
             match rules.until {
-                Until::AtMost(most) => last.count.is_some_and(|n| n <= most) && seen.arrived == 0,
+                Until::AtMost(most) =>
+                    last.count.is_some_and(|n| n <= most)
+                        && seen.arrived == 0
+                        && last.busy.is_none_or(|b| b == Busy::default()),
                 Until::Quiet =>
                     last.arrivals != None && (seen.arrived == 0 || rules.settle.is_zero()),
             },
@@ -145,6 +154,7 @@ fuzz_target!(|data: &[u8]| {
         ),
         Outcome::AppExited => {
             assert_eq!(seen.app, App::Gone, "app exit on {last:?}");
+            assert!(last.busy.is_none_or(|b| b.delivering == 0), "app exit on {last:?}");
             let drain_done = drained_at
                 .saturating_add(rules.min_drain)
                 .min(deadline.saturating_sub(rules.interval.min(LAST_COUNT)));
@@ -160,5 +170,6 @@ fuzz_target!(|data: &[u8]| {
     if end.quit == Some(App::Gone) {
         assert!(rules.then_quit);
         assert_eq!(seen.app, App::Gone, "proxy stopped on {last:?}");
+        assert!(last.busy.is_none_or(|b| b.delivering == 0), "proxy stopped on {last:?}");
     }
 });

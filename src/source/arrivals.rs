@@ -191,10 +191,11 @@ impl Tracker {
         if first {
             read = Read { open: read.open, hiding: read.hiding, ..Read::default() };
             let opens = passive_opens.map(|n| n.saturating_sub(open));
-            read.before = match self.rule.outside_only {
-                // Behind a sidecar its clients pool their connections: what they last brought.
-                true => recently(lately),
-                false => self.remember(before(ages), closing, opens),
+            read.before = match self.rule.passive_opens {
+                true => self.remember(before(ages), closing, opens),
+                // Behind a sidecar (no PassiveOpens: the pod's accepts are its own hops) its
+                // clients pool their connections: what they last brought.
+                false => recently(lately),
             };
         }
         if let Some(opens) = passive_opens.filter(|_| self.rule.passive_opens) {
@@ -465,7 +466,7 @@ pub fn recently(mut ages: Vec<Duration>) -> Option<Before> {
     ages.sort_unstable();
     let (newest, span) = (*ages.first()?, *ages.last()?);
     let span = span.max(Duration::from_millis(500));
-    (ages.len() > 1).then(|| Before {
+    (ages.len() > 1).then_some(Before {
         arrivals: ages.len() as u64,
         span,
         recent: Some((newest, Duration::ZERO)),
@@ -1093,7 +1094,8 @@ mod tests {
     fn the_first_read_tells_the_arrivals_the_kernel_remembers() {
         // Connections the app closed 0.2, 4.2 and 4.7 s ago, one 30 s ago, a probe's 1 s ago,
         // and an open one: the newest 200 ms ago, the longest pause 4 s.
-        let rule = Rule { probes: vec![end("10.90.0.1:0").ip], ..Rule::default() };
+        let probes = vec![end("10.90.0.1:0").ip];
+        let rule = Rule { probes, passive_opens: true, ..Rule::default() };
         let closed = |port: u16, ms| {
             idle(socket(&format!("{POD}:8080"), &format!("10.90.0.9:{port}"), TIME_WAIT, None), ms)
         };
@@ -1119,11 +1121,12 @@ mod tests {
         };
         let sparse = [closed(50000, 300), closed(50001, 12_000), closed(50002, 20_000)];
         let first = [closed(50000, 300)];
-        let found = reads(Rule::default(), &[8080], &[(&sparse, None)]);
+        let none = || Rule { passive_opens: true, ..Rule::default() };
+        let found = reads(none(), &[8080], &[(&sparse, None)]);
         let (newest, span) = (Duration::from_millis(300), Duration::from_secs(60));
         let recent = Some((newest, Duration::from_millis(11_700)));
         assert_eq!(found[0].before, Some(Before { arrivals: 3, span, recent }));
-        let found = reads(Rule::default(), &[8080], &[(&first, None)]);
+        let found = reads(none(), &[8080], &[(&first, None)]);
         let recent = Some((newest, Duration::ZERO));
         assert_eq!(found[0].before, Some(Before { arrivals: 1, span, recent }));
     }
