@@ -4,7 +4,8 @@
 //! app shutdown x clients. Arguments narrow it down: data planes (`no-mesh`, `classic`, `native`,
 //! `ambient`; `waypoint`, an ambient waypoint restarted instead of the app), shutdowns (`none`,
 //! `exit-on-zero`, `sleep15` or any `sleep<seconds>`, `envoy-drain`), clients (`new-conn`,
-//! `keep-alive`); several of one sort are all run. And for every row: `debounce=<seconds>`
+//! `keep-alive`, `downloads`: kept-alive requests and four slow readers of 3 MB answers); several
+//! of one sort are all run. And for every row: `debounce=<seconds>`
 //! (istiod's push held back that long), `replicas=<n>` (3), `rate=<requests a second>` (100),
 //! `request-ms=<ms>` (the app's time for each answer, 50), `grace=<seconds>` (the pods'
 //! terminationGracePeriodSeconds, 30). `demo` alone: the demo's four rows side by side in one
@@ -50,6 +51,7 @@ fn main() {
             "envoy-drain" => shutdowns.push(Shutdown::EnvoyDrain),
             "new-conn" => clients.push(Clients::NewConn),
             "keep-alive" => clients.push(Clients::KeepAlive),
+            "downloads" => clients.push(Clients::Downloads),
             _ if number("sleep").is_some_and(|s| s > 0) => {
                 shutdowns.extend(number("sleep").map(Shutdown::Sleep))
             }
@@ -67,7 +69,7 @@ fn main() {
             other => {
                 eprintln!(
                     "rollout: {other:?}: expected no-mesh, classic, native, ambient, waypoint, none, \
-                     exit-on-zero, sleep<seconds>, envoy-drain, new-conn, keep-alive, \
+                     exit-on-zero, sleep<seconds>, envoy-drain, new-conn, keep-alive, downloads, \
                      debounce=<seconds>, replicas=<n>, rate=<requests a second>, \
                      request-ms=<the app's answer time>, \
                      grace=<seconds>, or demo alone"
@@ -144,10 +146,7 @@ fn table_row(row: &Row) -> String {
         "| {} | {} | {} | {} | {} | {} | {:.1}s | {} | {} |",
         case.mesh_name(),
         case.shutdown_name(),
-        match case.clients {
-            Clients::NewConn => "new-conn",
-            Clients::KeepAlive => "keep-alive",
-        },
+        case.clients_name(),
         row.ok,
         row.failed_total(),
         if what.is_empty() { "-".to_string() } else { what.join(", ") },

@@ -21,8 +21,9 @@ pub const DEFAULT_MIN_DRAIN: Duration = Duration::from_secs(5);
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(25);
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
 pub const ENV_MIN_DRAIN: &str = "MINIMUM_DRAIN_DURATION";
-/// `hold`'s: a minimum as long as the `preStop: sleep 5` it replaces, a quiet time a client of one
-/// request a second never leaves, a deadline that leaves the app 10 s of a 30 s grace period.
+/// `hold`'s: a minimum that outlasts a push to the proxies that comes within a second or two
+/// (BENCHMARKS §10), a quiet time a client of one request a second never leaves, a deadline that
+/// leaves the app 10 s of a 30 s grace period.
 pub const DEFAULT_HOLD_MIN: Duration = Duration::from_secs(3);
 /// `hold`'s least quiet time: one read at the default interval, so that a busy pod ends within a
 /// second of its last request; sparser arrivals ask for more (wait.rs, `Rate`).

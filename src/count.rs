@@ -95,6 +95,8 @@ pub enum Warning {
     PastEnvoy,
     /// Why the socket table failed: arrivals from /clusters alone.
     ClustersAlone(String),
+    /// Why the socket table failed: what the pod still delivers is not known, and holds nothing.
+    Undelivered(String),
 }
 
 /// Connections the pod accepted that a request still keeps busy: bytes written to them that

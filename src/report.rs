@@ -2,7 +2,7 @@
 //! line, also when a signal cuts the wait short. Every sentence comes from text.rs.
 
 use crate::config::{RunConfig, Until};
-use crate::count::{Basis, Cost, Count, SourceKind, Unit, Warning};
+use crate::count::{Basis, Busy, Cost, Count, SourceKind, Unit, Warning};
 use crate::log::{Format, Level, Logger};
 use crate::outcome::{Outcome, Progress};
 use crate::record::{Identity, Record};
@@ -178,22 +178,25 @@ impl Report {
             }
         }
         let changed_source = self.switched(&mut said, reading, count, proc);
-        let arriving = match rules.until {
-            Until::AtMost(n) => seen.arrived > 0 && count.total <= n,
-            Until::Quiet => seen.arrived > 0,
+        let (arriving, low) = match rules.until {
+            Until::AtMost(n) => (seen.arrived > 0 && count.total <= n, count.total <= n),
+            Until::Quiet => (seen.arrived > 0, true),
         };
+        // A request awaiting its answer is told where it holds a count the threshold would end
+        // (above it, the count says as much); an answer still on its way, always.
+        let busy = seen.busy.map(|b| Busy { awaiting: if low { b.awaiting } else { 0 }, ..b });
         // Kept whatever else is news: a change of arrivals is news by itself.
         let was_arriving = std::mem::replace(&mut said.arriving, arriving);
-        let was_busy = std::mem::replace(&mut said.progress.busy, seen.busy);
+        let was_busy = std::mem::replace(&mut said.progress.busy, busy);
         let news = was_unknown.is_some()
             || last_total != Some(count.total)
             || arriving != was_arriving
-            || was_busy != seen.busy;
+            || was_busy != busy;
         let worth_a_line = changed_source
             || news
             || self.cfg.verbose
             || now.saturating_sub(said.line_at) >= HEARTBEAT;
-        let line = text::count_line(count, (arriving, seen.busy), now, seen.drain_done, &self.cfg);
+        let line = text::count_line(count, (arriving, busy), now, seen.drain_done, &self.cfg);
         said.log.waiting(&line, worth_a_line);
         if worth_a_line {
             said.line_at = now;

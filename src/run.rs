@@ -53,6 +53,7 @@ pub fn command(cfg: Result<RunConfig, UsageError>, start: Instant, blocked: Bloc
         report.line(Level::Info, &text::app_exited());
     }
     match end.quit {
+        Some(App::Gone) if end.delivering => report.line(Level::Warn, text::STILL_DELIVERING),
         // The summary first: the agent, the container's first process, may end the container
         // (and this hook) as soon as it has the request, before its answer is written.
         Some(App::Gone) => {

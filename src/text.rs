@@ -372,6 +372,9 @@ pub fn app_exited() -> String {
 /// `--then-quit` when the app never held a socket while the hook looked.
 pub const APP_NOT_SEEN: &str = "no socket of the app seen while waiting, so its exit cannot be told: not asking the Istio agent to stop the proxy; its own shutdown follows";
 
+/// `--then-quit` at the deadline, the app gone and an answer still on its way to its client.
+pub const STILL_DELIVERING: &str = "an answer is still on its way to its client at the deadline: not asking the Istio agent to stop the proxy; its own shutdown follows";
+
 /// `--then-quit` that cannot see the app.
 pub fn app_unknown(why: &str) -> String {
     format!(
@@ -424,11 +427,19 @@ fn held(p: &Progress, rules: &Rules, elapsed: Duration) -> String {
     match (p.arrived_at, p.pace) {
         (None, _) => format!("no request seen, but not yet for {}", seconds(rules.settle)),
         // Quiet for longer than a busy pod needs, not for as long as these arrivals do.
-        (Some(at), Some(pace)) if elapsed.saturating_sub(at) >= rules.settle => format!(
-            "arrivals every ~{} still coming after the propagation ({}): the deadline is too short to tell they stopped",
-            seconds(pace.gap),
-            seconds(rules.propagation)
-        ),
+        (Some(at), Some(pace)) if elapsed.saturating_sub(at) >= rules.settle => {
+            // Past the propagation the mesh should have stopped sending: say so where they did.
+            let late = match at >= rules.propagation {
+                true => {
+                    format!(" still coming after the propagation ({})", seconds(rules.propagation))
+                }
+                false => String::new(),
+            };
+            format!(
+                "arrivals every ~{}{late}: the deadline is too short to tell they stopped",
+                seconds(pace.gap)
+            )
+        }
         (Some(_), _) => "requests still arriving".to_string(),
     }
 }
@@ -544,6 +555,11 @@ impl std::fmt::Display for Warning {
             Warning::ClustersAlone(why) => {
                 write!(f, "arrivals from Envoy's /clusters alone: {why}")
             }
+            Warning::Undelivered(why) => write!(
+                f,
+                "cannot read the socket table ({why}): answers still on their way to their clients \
+                 are not seen, and the count alone decides"
+            ),
         }
     }
 }
@@ -1048,13 +1064,17 @@ mod tests {
         p.arrived_at = Some(Duration::from_millis(500));
         let (gap, quiet) = (Duration::from_secs(4), Duration::from_millis(27_600));
         p.pace = Some(crate::outcome::Pace { gap, quiet });
+        let short = " with arrivals every ~4.0s: the deadline is too short to tell they stopped, ";
+        assert!(said(&p).contains(short), "{}", said(&p));
+        // One after the propagation: the mesh still sends, later than it should.
+        p.arrived_at = Some(Duration::from_millis(15_500));
+        let said = summary(Outcome::Deadline, Duration::from_secs(18), &rules, &p, (0, None));
         assert!(
-            said(&p).contains(
+            said.contains(
                 " with arrivals every ~4.0s still coming after the propagation (15.0s): the \
                  deadline is too short to tell they stopped, "
             ),
-            "{}",
-            said(&p)
+            "{said}"
         );
     }
 

@@ -166,7 +166,7 @@ impl Rate {
         (last, ago): (Duration, Duration),
         limits: &Limits,
     ) -> Pace {
-        let span = (now - from).as_secs_f64();
+        let span = now.saturating_sub(from).as_secs_f64();
         let n: u64 = reads
             .iter()
             .map(|r| r.arrived.saturating_add(r.recounted))
@@ -196,10 +196,12 @@ impl Rate {
                 continue;
             }
             let gap = match seen {
-                Some(was) if silent => t - was,
+                Some(was) if silent => t.saturating_sub(was),
                 // A silence watched from the first count (or the window's start) up to an
                 // arrival: a pause at least that long; longer by the newest arrival before.
-                None if silent => (t - from).saturating_add(recent.map_or(Duration::ZERO, |r| r.0)),
+                None if silent => {
+                    t.saturating_sub(from).saturating_add(recent.map_or(Duration::ZERO, |r| r.0))
+                }
                 _ => Duration::ZERO,
             };
             pause = pause.max(gap);
@@ -211,12 +213,18 @@ impl Rate {
         let horizon = if late { limits.deadline } else { limits.propagation };
         let tries = horizon.saturating_sub(limits.from).as_secs_f64();
         let enough = |t: Duration| {
-            quiet_enough(alpha, beta, (t - last).saturating_add(ago).as_secs_f64(), tries)
+            quiet_enough(
+                alpha,
+                beta,
+                t.saturating_sub(last).saturating_add(ago).as_secs_f64(),
+                tries,
+            )
         };
         // The silence asked only shrinks as it grows: halve to 10 ms.
         let (mut low, mut high) = (now.max(last), horizon.max(now).max(last));
         if !enough(high) {
-            high = if late { limits.deadline.saturating_add(WINDOW) } else { high };
+            // A look may end far past the deadline (the hook descheduled): never before `last`.
+            high = if late { limits.deadline.saturating_add(WINDOW).max(last) } else { high };
             low = high;
         }
         while high.saturating_sub(low) > Duration::from_millis(10) {
@@ -227,7 +235,7 @@ impl Rate {
         let end = high.max(paused);
         let secs = |s: f64| Duration::try_from_secs_f64(s).unwrap_or(WINDOW);
         let gap = if alpha > 0.0 { secs(beta / alpha) } else { WINDOW };
-        Pace { gap, quiet: limits.floor.max(end - last) }
+        Pace { gap, quiet: limits.floor.max(end.saturating_sub(last)) }
     }
 }
 
@@ -298,12 +306,16 @@ pub enum App {
 }
 
 /// How a wait ended, and with `--then-quit` what it last saw of the app (`None`: not asked for,
-/// or the wait did not reach the threshold): `Gone`, the proxy may stop; `NotSeen`, its exit
-/// cannot be told; else it was still there, or could not be seen, at the deadline.
+/// or the wait did not reach the threshold): `Gone`, the proxy may stop unless `delivering`;
+/// `NotSeen`, its exit cannot be told; else it was still there, or could not be seen, at the
+/// deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct End {
     pub outcome: Outcome,
     pub quit: Option<App>,
+    /// The app gone at the deadline, and an answer still on its way to a client: the proxy is
+    /// left to its own shutdown, which gives it more time than a stop now.
+    pub delivering: bool,
 }
 
 /// Follows the app (seen at all; gone since when; when the last look ended) and the counter.
@@ -422,7 +434,7 @@ impl<'r> Wait<'r> {
                 }
                 _ => Outcome::Deadline,
             };
-            return Step::End(*self.end.insert(End { outcome, quit: None }));
+            return Step::End(*self.end.insert(End { outcome, quit: None, delivering: false }));
         }
         Step::Look(if now >= self.counts.next { Ask::Count } else { Ask::App })
     }
@@ -460,7 +472,7 @@ impl<'r> Wait<'r> {
         seen.busy = tick.busy;
         if seen.app == App::Gone && now >= counts.drain_done && delivered {
             let quit = rules.then_quit.then_some(App::Gone);
-            self.end = Some(End { outcome: Outcome::AppExited, quit });
+            self.end = Some(End { outcome: Outcome::AppExited, quit, delivering: false });
             return seen;
         }
         if ask == Ask::Count
@@ -469,7 +481,7 @@ impl<'r> Wait<'r> {
             self.due = end;
             self.reached = rules.then_quit;
             if !rules.then_quit {
-                self.end = Some(End { outcome: Outcome::Reached, quit: None });
+                self.end = Some(End { outcome: Outcome::Reached, quit: None, delivering: false });
             }
             return seen;
         }
@@ -498,7 +510,8 @@ impl<'r> Wait<'r> {
             App::Running | App::Unknown => self.rules.interval,
         };
         if self.rules.deadline.saturating_sub(now) <= pause {
-            self.end = Some(End { outcome: Outcome::Reached, quit: Some(app) });
+            let delivering = app == App::Gone && !delivered;
+            self.end = Some(End { outcome: Outcome::Reached, quit: Some(app), delivering });
         } else {
             self.due = now.saturating_add(pause);
         }
@@ -1037,7 +1050,14 @@ mod tests {
         ];
         let (end, time, _, _) = run_steps(&r, &script, ms(0));
         assert_eq!((end.outcome, end.quit), (Outcome::Reached, Some(App::Gone)));
-        assert!(time >= ms(8000) && time <= ms(8200), "{time:?}");
+        assert!(!end.delivering && time >= ms(8000) && time <= ms(8200), "{time:?}");
+        // Still delivering at the deadline (found by an outside read): the proxy is left to its
+        // own shutdown, which gives the answer more time than a stop now.
+        let script = [(0, busy(Some(true), 0, (0, 0))), (6000, busy(Some(false), 0, (1, 0)))];
+        let (end, time, _, _) = run_steps(&r, &script, ms(0));
+        assert_eq!((end.quit, end.delivering), (Some(App::Gone), true));
+        let last = r.deadline.saturating_sub(RECHECK);
+        assert!(time >= last && time <= r.deadline, "{time:?}");
     }
 
     #[test]
@@ -1050,7 +1070,8 @@ mod tests {
                 let t = t.as_millis() as u64;
                 app(Some(t < 20_000 && t % period < 300), 0)
             });
-            assert_eq!(end, End { outcome: Outcome::Reached, quit: Some(App::Gone) }, "{period}");
+            let quit = Some(App::Gone);
+            assert_eq!(end, End { outcome: Outcome::Reached, quit, delivering: false }, "{period}");
             let last_call_end = ms(19_999 / period * period + 300);
             assert!(
                 stopped >= last_call_end + APP_GONE && stopped <= last_call_end + ms(1600),
@@ -1325,6 +1346,15 @@ mod tests {
         // the 10 s since tells too little to end before the propagation.
         let r = rate(&[&counts[..], &[(14_000, 1)]].concat(), None, &limits(0));
         assert_eq!(r.pace.map(|p| p.quiet), Some(ms(1000)), "until 15 s");
+    }
+
+    #[test]
+    fn a_count_that_ends_far_past_the_deadline_with_an_arrival_asks_a_quiet_time_not_a_panic() {
+        // Found by an outside read: the hook descheduled, its count ending 40 s after a 20 s
+        // deadline, having seen one more arrival. The silence asked is measured from that
+        // arrival, never from before it.
+        let r = rate(&[(0, 0), (500, 3), (60_000, 1)], None, &limits(0));
+        assert!(r.pace.is_some_and(|p| p.quiet >= ms(500)), "{:?}", r.pace);
     }
 
     /// What the kernel remembered: `n` arrivals in the minute before, the newest `newest` ms

@@ -692,11 +692,13 @@ fn from_outside(port: u16) -> String {
     format!("{}:{port}", support::netns::POD_SIDE)
 }
 
-/// The hold returned 0, its quiet time after the `last` arrival, and not much later.
+/// The hold returned 0, its quiet time after the `last` arrival (at least the 1 s floor), and not
+/// much later: a few seconds where one kept-alive client's rate is told by the share of reads
+/// that saw it (src/wait.rs), far from the propagation's 15 s.
 fn returned_a_quiet_time_after(out: &support::Finished, last: Instant) {
     assert_eq!(out.code, Some(0), "{out}");
     assert!(
-        out.ended >= last + SECOND && out.ended < last + 3 * SECOND,
+        out.ended >= last + SECOND && out.ended < last + 5 * SECOND,
         "returned {:?} after the last arrival (quiet 1s) {out}",
         out.ended.saturating_duration_since(last)
     );
@@ -751,7 +753,7 @@ fn hold_returns_a_quiet_time_after_the_last_http_request_and_the_apps_calls_out_
         returned_a_quiet_time_after(&out, last);
         assert!(out.stderr.contains("and new requests still arriving"), "{out}");
         assert!(
-            out.last_line().contains(": no request arrived for 1.0s, ")
+            out.last_line().contains(": no request arrived for ")
                 && out.last_line().contains(" (proc); the app gets its SIGTERM now"),
             "{out}"
         );
@@ -912,9 +914,12 @@ fn hold_sees_each_request_to_a_host_that_envoy_removed_when_idle_and_made_again(
             let line = hold.expect_line(read, 5 * SECOND);
             assert!(line.contains("and new requests still arriving"), "{line}");
         }
+        // Too sparse to tell their end before the deadline, which is the propagation too: the hold
+        // returns there, as `sleep` would, with exit 0.
         let out = hold.finish();
-        assert_eq!(out.code, Some(1), "{out}");
-        assert!(out.last_line().contains("with arrivals every ~"), "{out}");
+        assert_eq!(out.code, Some(0), "{out}");
+        assert!(out.elapsed >= 14 * SECOND - SECOND / 10, "{out}");
+        assert!(out.last_line().contains("no request arrived for "), "{out}");
     });
 }
 
@@ -1215,7 +1220,7 @@ fn a_request_to_a_backend_that_eds_removed_holds_a_count_of_requests_until_it_is
         assert_eq!(answer.map(|(r, _)| r.status).ok(), Some(200), "{out}");
         assert_eq!(out.code, Some(0), "{out}");
         assert!(
-            out.stderr.contains("0 active requests (clusters), 2 connections awaiting"),
+            out.stderr.contains("0 active requests (clusters), 1 connection awaiting one"),
             "{out}"
         );
     });

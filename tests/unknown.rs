@@ -1,6 +1,7 @@
 //! Unknown is never zero: a socket table that cannot be read whole and understood leaves the count
 //! unknown (status exits 3, run never ends early), whatever sits in the table's place; and a quiet
-//! pod still ends with 0 when its min-drain is as long as its deadline.
+//! pod still ends with 0 when its min-drain is as long as its deadline. Where Envoy's stats count
+//! and the table cannot tell what is still delivered, the count decides and a line says so.
 
 mod support;
 
@@ -119,4 +120,24 @@ fn a_quiet_pod_exits_0_when_its_min_drain_is_as_long_as_its_deadline() {
         );
     }
     assert!(env.stderr.contains("MINIMUM_DRAIN_DURATION=60s is longer than the deadline"), "{env}");
+}
+
+#[test]
+fn stats_at_zero_with_an_unreadable_table_end_the_wait_and_say_what_is_not_seen() {
+    // The count is known (Envoy's stats say 0); what the table would add, answers still on
+    // their way to their clients, is not: the count decides, and one line says what is missing.
+    let hostile = support::hostile::Hostile::start(support::hostile::Fault::Value("0"));
+    let dir = temp_dir("unknown-undelivered");
+    std::fs::write(dir.join("tcp6"), "").unwrap();
+    std::fs::create_dir(dir.join("tcp")).unwrap();
+    let table = dir.to_str().unwrap();
+    let args = ["run", "--admin", &hostile.addr, "--proc-net", table, "--min-drain", "0s"];
+    let out = run(command(&[&args[..], &["--deadline", "5s"]].concat()));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.code, Some(0), "{out}");
+    let said: Vec<&str> =
+        out.stderr.lines().filter(|l| l.contains("cannot read the socket table (")).collect();
+    assert_eq!(said.len(), 1, "said once {out}");
+    assert!(said[0].contains("answers still on their way to their clients are not seen"), "{out}");
+    assert!(out.last_line().contains("done after "), "{out}");
 }

@@ -43,7 +43,7 @@ fuzz_target!(|data: &[u8]| {
     let whole = count(&table, &rule, &mut listeners);
     // What the accepted ones still deliver or await, told of no more sockets than there are.
     let listened: Vec<Endpoint> = table.listening().iter().map(|s| s.local).collect();
-    let accepted = Accepted { listened: &listened, ignore: &filter.ignore };
+    let accepted = Accepted { listened: &listened, ignore: &filter.ignore, proxy: 1337 };
     let mut tally = Tally::new(&table, Some((rule, &listeners)), true, Some(accepted));
     for s in &table.sockets {
         tally.add(*s);

@@ -16,7 +16,7 @@ use libfuzzer_sys::fuzz_target;
 fn count(table: &Table, rule: &Rule<'_>, listeners: &mut Listeners) -> envoy_drain::count::Count {
     listeners.learn(table, rule);
     let listened: Vec<Endpoint> = table.listening().iter().map(|s| s.local).collect();
-    let accepted = Accepted { listened: &listened, ignore: &rule.filter.ignore };
+    let accepted = Accepted { listened: &listened, ignore: &rule.filter.ignore, proxy: 1337 };
     let mut tally = Tally::new(table, Some((*rule, listeners)), false, Some(accepted));
     for s in &table.sockets {
         tally.add(*s);

@@ -14,9 +14,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
-/// The connections a read shows, the app's own ends of its calls out, and whether one of those
-/// waits in TIME_WAIT.
-type Connections = (HashMap<Key, Seen>, HashSet<Endpoint>, bool);
+/// The connections a read shows, and the app's own ends of its calls out.
+type Connections = (HashMap<Key, Seen>, HashSet<Endpoint>);
 
 /// ztunnel's HBONE port, where its connections to other pods go.
 const HBONE: u16 = 15008;
@@ -129,7 +128,8 @@ impl Tracker {
         sockets: &[Socket],
         passive_opens: Option<u64>,
     ) -> Read {
-        let (mut now, calls, mut closing) = self.connections(ours, sockets);
+        let (mut now, calls) = self.connections(ours, sockets);
+        let mut closing = false;
         let first = self.last.is_none();
         let last = self.last.take().unwrap_or_default();
         let since = at.saturating_sub(*self.first_at.get_or_insert(at));
@@ -219,7 +219,7 @@ impl Tracker {
             }
         }
         let mut now: HashMap<Key, Seen> = HashMap::new();
-        let (mut calls, mut foreign, mut closing) = (HashSet::new(), HashSet::new(), false);
+        let (mut calls, mut foreign) = (HashSet::new(), HashSet::new());
         for s in sockets.iter().filter(|s| s.state != LISTEN) {
             let Some((key, in_server)) = self.key(ours, s) else {
                 // The app's own end of a call out, not ztunnel's (its HBONE to a peer's 15008,
@@ -233,8 +233,8 @@ impl Tracker {
                 if theirs {
                     foreign.insert(s.local);
                 } else if ours.contains(&s.local.ip) && s.remote.port != HBONE {
+                    // Its calls' TIME_WAIT tells nothing of its clients'.
                     calls.insert(s.local);
-                    closing |= s.state == TIME_WAIT;
                 }
                 continue;
             };
@@ -249,7 +249,7 @@ impl Tracker {
             }
         }
         self.theirs = foreign;
-        (now, calls, closing)
+        (now, calls)
     }
 
     /// Whether connection `key` is one of the kubelet's probes (`seen.probe`), counting those
@@ -1110,6 +1110,20 @@ mod tests {
         assert_eq!(found[0].before, Some(Before { arrivals: 4, span, recent }), "the minute's");
         assert_eq!(found[1].before, None, "the first read's alone");
         assert_eq!(arrived(&found), [0, 0]);
+    }
+
+    #[test]
+    fn the_apps_own_calls_in_time_wait_tell_nothing_of_its_clients() {
+        // Found by an outside read: clients that close first leave nothing in the pod; the app
+        // closing its own call out to a database took the pod for one that closes its clients'
+        // connections, whose TIME_WAIT showed none for a minute, and forgot the pod's life.
+        let call = socket(&format!("{POD}:41000"), "10.90.0.3:5432", TIME_WAIT, None);
+        let rule = Rule { passive_opens: true, ..Rule::default() };
+        let mut tracker = Tracker { age: Some(Duration::from_secs(600)), ..Tracker::new(rule, 0) };
+        let all: Vec<Socket> = listening(&[8080]).into_iter().chain([call]).collect();
+        let read = tracker.read(Duration::ZERO, &ours(), &all, Some(1202));
+        let life = Before { arrivals: 1200, span: Duration::from_secs(600), recent: None };
+        assert_eq!(read.before, Some(life), "1,202 accepted, less 2 for late probes");
     }
 
     #[test]

@@ -100,12 +100,13 @@ impl Tally {
         let parsed = value.trim().parse::<u64>();
         // A gauge that wrapped below zero (a per-host rq_active, as /stats' own do) means 0.
         let wrapped = parsed.as_ref().is_ok_and(|n| *n > WRAPPED) && stat.ends_with("active");
-        if wrapped {
+        let counted = self.cluster(name, rule).left_out.is_none() && why_host.is_none();
+        // Warned of only where it would have counted.
+        if wrapped && counted {
             self.wrapped += 1;
             self.first_wrapped.get_or_insert_with(|| rest.to_string());
         }
         let cluster = self.cluster(name, rule);
-        let counted = cluster.left_out.is_none() && why_host.is_none();
         let Ok(n) = parsed.map(|n| if wrapped { 0 } else { n }) else {
             if counted && self.bad.is_none() {
                 self.bad = Some(crate::error::shorten(line));

@@ -35,16 +35,18 @@ const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
 /// The states the rule looks at, in two dumps, each of which walks only its own hash table
-/// (`inet_diag_dump_icsk`): LISTEN, then ESTABLISHED, SYN_SENT, SYN_RECV and CLOSE_WAIT.
+/// (`inet_diag_dump_icsk`): LISTEN, then ESTABLISHED, SYN_SENT, SYN_RECV and CLOSE_WAIT, and
+/// FIN_WAIT1, LAST_ACK and CLOSING, where a closed connection may still deliver its last bytes.
 pub const LISTENING: u32 = 1 << 10;
-pub const OPEN: u32 = (1 << 1) | (1 << 2) | (1 << 3) | (1 << 8);
+pub const OPEN: u32 = (1 << 1) | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 8) | (1 << 9) | (1 << 11);
 /// Every state but LISTEN, for `hold`: TIME_WAIT keeps a closed connection's ends for 60 s.
 pub const ALL: u32 = 0xfff & !LISTENING & !1;
 
 /// The kernel fills a dump's datagrams up to 32 KiB (`SKB_WITH_OVERHEAD(32768)`, af_netlink.c).
 const DATAGRAM: usize = 32 * 1024;
 
-/// The most one dump may return: like the text reader's cap, about 900,000 sockets.
+/// The most one dump may return: like the text reader's cap, about 900,000 sockets, or 300,000
+/// with each one's `tcp_info`.
 const MAX_DUMP: usize = 128 << 20;
 
 /// The extension bit that asks for each socket's `tcp_info`, and the attribute that carries it.
@@ -358,7 +360,7 @@ mod tests {
         assert_eq!(u16::from_ne_bytes(r[4..6].try_into().unwrap()), 18);
         assert_eq!(u16::from_ne_bytes(r[6..8].try_into().unwrap()), 0x301);
         assert_eq!(u32::from_ne_bytes(r[8..12].try_into().unwrap()), SEQ);
-        assert_eq!(u32::from_ne_bytes(r[68..72].try_into().unwrap()), 0x50e);
+        assert_eq!(u32::from_ne_bytes(r[68..72].try_into().unwrap()), 0xf1e);
     }
 
     #[test]
@@ -555,6 +557,49 @@ mod tests {
         client.read_exact(&mut got).unwrap();
         let delivered = (0..100).find_map(|_| accepted().filter(|s| s.unsent == 0));
         assert!(delivered.is_some_and(|s| !s.awaiting), "{delivered:?}");
+    }
+
+    /// A server that wrote an answer and closed (Envoy, after an answer it added `Connection:
+    /// close` to) leaves the kernel delivering it, in FIN_WAIT1 with no process: the pod's
+    /// accepted connections still count it as delivering, not as open.
+    #[test]
+    fn real_dumps_tell_an_answer_still_delivered_after_its_server_closed() {
+        use crate::count::Busy;
+        use crate::source::procnet::{Accepted, Tally};
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let chunk = [b'x'; 64 * 1024];
+        let written: usize = (0..1000).map_while(|_| server.write(&chunk).ok()).sum();
+        drop(server);
+        let until = Instant::now() + Duration::from_secs(10);
+        let busy = || {
+            let mut t = Table::default();
+            dump(&request(LISTENING | OPEN, true), until, &mut t).unwrap();
+            // This test's listener alone: the other tests' connections share the namespace.
+            let listened: Vec<_> =
+                t.listening().iter().map(|s| s.local).filter(|l| l.port == port).collect();
+            let ignore = crate::lists::PortSet::default();
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            let proxy = unsafe { libc::geteuid() };
+            let accepted = Accepted { listened: &listened, ignore: &ignore, proxy };
+            let mut tally = Tally::new(&t, None, false, Some(accepted));
+            let closed = t.sockets.iter().filter(|s| s.local.port == port && s.inode == 0);
+            let closed = closed.count();
+            t.sockets.iter().for_each(|s| tally.add(*s));
+            (tally.busy(), closed)
+        };
+        let (orphaned, closed) = busy();
+        assert_eq!(closed, 1, "the server's end, closed, with no process: {written} written");
+        assert_eq!(orphaned.delivering, 1, "{orphaned:?}");
+        client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = vec![0u8; written];
+        client.read_exact(&mut got).unwrap();
+        let delivered = (0..100).map(|_| busy().0).find(|b| b.delivering == 0);
+        assert_eq!(delivered, Some(Busy::default()));
     }
 
     /// Over netlink a socket tells how long it has received nothing: an open one since its last

@@ -12,7 +12,7 @@ pub mod stats;
 pub mod uds;
 
 use crate::config::{Counting, Mode};
-use crate::count::{Before, Cost, Count, Unit};
+use crate::count::{Before, Cost, Count, Unit, Warning};
 use crate::error::failed;
 use admin::{Client, REQUEST_TIMEOUT};
 use arrivals::Hold;
@@ -172,12 +172,15 @@ impl Sources {
     pub fn tick(&mut self, left: Duration) -> (Reading, Result<Pod, String>, Cost) {
         let until = within(left.max(PROC_GRACE));
         let (asked, own) = (Instant::now(), Meter::start(process_cpu));
-        let reading = self.count(left);
+        let mut reading = self.count(left);
         // `hold` runs before the app's SIGTERM: its sockets tell nothing then.
         let pod = match self.clusters.inbound {
             true => Err("not read while holding".to_string()),
             false => self.table().pod(until),
         };
+        if let (Err(why), Ok(count), false) = (&pod, &mut reading.result, self.clusters.inbound) {
+            count.warnings.push(Warning::Undelivered(why.clone()));
+        }
         let s = self.spent;
         let cost = Cost {
             look: asked.elapsed().saturating_sub(s.aside),

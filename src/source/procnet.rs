@@ -12,9 +12,12 @@ use std::ops::RangeInclusive;
 const ESTABLISHED: u8 = 0x01;
 const SYN_SENT: u8 = 0x02;
 pub const SYN_RECV: u8 = 0x03;
+const FIN_WAIT1: u8 = 0x04;
 pub const TIME_WAIT: u8 = 0x06;
 const CLOSE_WAIT: u8 = 0x08;
+const LAST_ACK: u8 = 0x09;
 pub const LISTEN: u8 = 0x0A;
+const CLOSING: u8 = 0x0B;
 
 /// The kernel's default `ip_local_port_range`, where it cannot be read.
 pub const DEFAULT_EPHEMERAL: RangeInclusive<u16> = 32768..=60999;
@@ -129,6 +132,14 @@ impl Sink for Vec<Socket> {
     }
 }
 
+/// A connection its owner has closed with bytes still on their way to the peer (FIN_WAIT1,
+/// CLOSING, LAST_ACK): the kernel keeps sending them, with no process left to hold the socket
+/// (uid and inode 0). Envoy closes so after an answer it added `Connection: close` to. Counted
+/// only as still delivering, never as a connection.
+fn closing(s: &Socket) -> bool {
+    matches!(s.state, FIN_WAIT1 | CLOSING | LAST_ACK) && s.unsent > 0
+}
+
 /// Keeps a socket in a state the rule looks at.
 impl Sink for Table {
     fn add(&mut self, s: Socket) {
@@ -141,7 +152,8 @@ impl Sink for Table {
 /// Both tables as read: the sockets the rule looks at.
 #[derive(Debug, Default)]
 pub struct Table {
-    /// Listening and open sockets (ESTABLISHED, SYN_SENT, SYN_RECV, CLOSE_WAIT).
+    /// Listening and open sockets (ESTABLISHED, SYN_SENT, SYN_RECV, CLOSE_WAIT), and those
+    /// closed with bytes still to deliver (`closing`).
     pub sockets: Vec<Socket>,
     /// Lines that are neither a socket nor a header: a table holding any is not understood.
     pub bad_lines: u64,
@@ -164,7 +176,7 @@ impl Table {
     }
 
     fn keeps(s: &Socket) -> bool {
-        matches!(s.state, LISTEN | ESTABLISHED | SYN_SENT | SYN_RECV | CLOSE_WAIT)
+        matches!(s.state, LISTEN | ESTABLISHED | SYN_SENT | SYN_RECV | CLOSE_WAIT) || closing(s)
     }
 
     /// Drops sockets seen twice: no walk of the kernel's tables is atomic, and `/proc/net/tcp` was seen
@@ -272,7 +284,7 @@ impl Verdict {
 
 impl Rule<'_> {
     /// Whether `s` is Envoy's (`None`: unknown); a queued connection has its listener's owner.
-    fn holds(&self, s: &Socket) -> Option<bool> {
+    pub fn holds(&self, s: &Socket) -> Option<bool> {
         match self.envoy {
             Basis::Process { uid, .. } => {
                 Some(self.inodes.binary_search(&s.inode).is_ok() || (s.inode == 0 && s.uid == *uid))
@@ -324,13 +336,26 @@ impl Rule<'_> {
     }
 }
 
-/// Where a tally finds the connections the pod accepted that are busy (`Busy`): every listener
-/// seen in the run (one closed since, at a drain or the app's SIGTERM, still tells them), and the
-/// ports that never count.
+/// Where a tally finds the connections the proxy accepted that are busy (`Busy`): every listener
+/// seen in the run (one closed since, at a drain or the app's SIGTERM, still tells them), the
+/// ports that never count, and the proxy's user, whose sockets they are (the app's end of the
+/// proxy's hop to it carries the same request: it is not counted twice).
 #[derive(Clone, Copy)]
 pub struct Accepted<'a> {
     pub listened: &'a [Endpoint],
     pub ignore: &'a crate::lists::PortSet,
+    pub proxy: u32,
+}
+
+impl Accepted<'_> {
+    /// Whether the proxy accepted `s` on a port that counts. A socket closed with bytes to
+    /// deliver belongs to no process (`closing`): whoever closed it, they are the pod's.
+    fn took(&self, s: &Socket) -> bool {
+        (s.uid == self.proxy || closing(s))
+            && taking(self.listened, &s.local, |l| l).is_some()
+            && !self.ignore.contains(s.local.port)
+            && !self.ignore.contains(s.remote.port)
+    }
 }
 
 /// The most sockets a count holds back until Envoy's sockets are listed again.
@@ -409,6 +434,10 @@ impl Sink for Tally<'_> {
         if s.state == LISTEN || !Table::keeps(&s) {
             return;
         }
+        if closing(&s) {
+            self.busy.delivering += u64::from(self.accepted.is_some_and(|a| a.took(&s)));
+            return;
+        }
         // A connection still in its listener's SYN queue has no owner in a netlink dump (uid
         // 0), where `/proc/net/tcp` shows its listener's owner: it gets that owner here.
         if s.state == SYN_RECV
@@ -419,11 +448,7 @@ impl Sink for Tally<'_> {
         } else if s.state != SYN_RECV {
             // A half-open connection belongs to its listener, whose owner has a socket of its own.
             *self.owners.entry(s.uid).or_default() += 1;
-            if let Some(a) = self.accepted
-                && taking(a.listened, &s.local, |l| l).is_some()
-                && !a.ignore.contains(s.local.port)
-                && !a.ignore.contains(s.remote.port)
-            {
+            if self.accepted.is_some_and(|a| a.took(&s)) {
                 self.busy.delivering += u64::from(s.unsent > 0);
                 self.busy.awaiting += u64::from(s.awaiting);
             }
@@ -533,7 +558,8 @@ mod tests {
     #[test]
     fn accepted_connections_with_bytes_not_delivered_are_busy_but_not_on_ignored_ports() {
         // Envoy's 15006 with an answer of 0x1000 bytes on its way, another with none; the admin
-        // API's answer to a scraper (15000, ignored); Envoy's own call out (not accepted).
+        // API's answer to a scraper (15000, ignored); Envoy's own call out (not accepted); the
+        // app's answer to Envoy's hop (the app's user: the request Envoy's end carries).
         let unsent = |l: String| l.replacen("00000000:00000000", "00001000:00000000", 1);
         let lines = [
             line("0A5A0002:3A9E", "00000000:0000", "0A", 1337, 1),
@@ -542,11 +568,13 @@ mod tests {
             line("0A5A0002:3A9E", "0A5A0009:C351", "01", 1337, 4),
             unsent(line("0100007F:3A98", "0100007F:C352", "01", 1337, 5)),
             unsent(line("0A5A0002:C353", "0A5A0003:1F90", "01", 1337, 6)),
+            line("0A5A0002:1F90", "00000000:0000", "0A", 1000, 7),
+            unsent(line("0A5A0002:1F90", "0600007F:C354", "01", 1000, 8)),
         ];
         let t = table(&lines);
         let listened: Vec<Endpoint> = t.listening().iter().map(|s| s.local).collect();
         let ignore = crate::lists::PortSet::parse("15000").unwrap();
-        let accepted = Accepted { listened: &listened, ignore: &ignore };
+        let accepted = Accepted { listened: &listened, ignore: &ignore, proxy: 1337 };
         let mut tally = Tally::new(&t, None, false, Some(accepted));
         for s in &t.sockets {
             tally.add(*s);

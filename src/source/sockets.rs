@@ -167,8 +167,9 @@ impl SocketTable {
             Rule { filter: &self.filter, envoy: &basis, inodes: &inodes, ephemeral: &ephemeral };
         self.listeners.learn(&listening, &rule);
         // The text tables were read whole before Envoy's sockets were listed; a dump comes after.
-        let listened = listened(&mut self.listened, &listening);
-        let accepted = Accepted { listened, ignore: &self.filter.ignore };
+        let listened = listened(&mut self.listened, &listening, &rule);
+        let proxy = basis.uid().unwrap_or_else(|| proxy_uid(admin));
+        let accepted = Accepted { listened, ignore: &self.filter.ignore, proxy };
         let mut tally =
             Tally::new(&listening, Some((rule, &self.listeners)), open.is_none(), Some(accepted));
         read_open(open, until, &diag::request(diag::OPEN, true), &mut tally)?;
@@ -208,13 +209,19 @@ impl SocketTable {
             return Ok(pod);
         }
         let (listening, open) = self.read_listening(until)?;
-        let listened = listened(&mut self.listened, &listening);
-        let accepted = Accepted { listened, ignore: &self.filter.ignore };
+        let admin = self.admin_socket(&listening);
+        let (basis, inodes) = self.envoy(admin, until);
+        let ephemeral = self.ephemeral();
+        let rule =
+            Rule { filter: &self.filter, envoy: &basis, inodes: &inodes, ephemeral: &ephemeral };
+        let listened = listened(&mut self.listened, &listening, &rule);
+        let proxy = basis.uid().unwrap_or_else(|| proxy_uid(admin));
+        let accepted = Accepted { listened, ignore: &self.filter.ignore, proxy };
         let mut tally = Tally::new(&listening, None, false, Some(accepted));
         read_open(open, until, &diag::request(diag::OPEN, true), &mut tally)?;
         let busy = tally.busy();
         let (_, owners) = tally.count(|| None);
-        Ok(pod_of(self.admin_socket(&listening), owners, busy))
+        Ok(pod_of(admin, owners, busy))
     }
 
     /// The listening sockets, before `until`; from the text tables, the open ones too.
@@ -307,19 +314,24 @@ fn pod_of(
     mut owners: BTreeMap<u32, u64>,
     busy: Busy,
 ) -> Pod {
-    let proxy = match admin_socket {
-        Some((uid, _)) => uid,
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        None => unsafe { libc::geteuid() },
-    };
-    owners.remove(&proxy);
+    owners.remove(&proxy_uid(admin_socket));
     Pod { owners, busy }
 }
 
-/// Every listener seen in the run, `listening`'s added (`Accepted`).
-fn listened<'a>(seen: &'a mut Vec<Endpoint>, listening: &Table) -> &'a [Endpoint] {
+/// The proxy's user: its admin socket's owner, else this hook's (which runs in its container).
+fn proxy_uid(admin_socket: Option<(u32, Option<u64>)>) -> u32 {
+    match admin_socket {
+        Some((uid, _)) => uid,
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        None => unsafe { libc::geteuid() },
+    }
+}
+
+/// Every listener of the proxy seen in the run, `listening`'s added (`Accepted`); not the app's,
+/// whose end of the proxy's hop carries a request the proxy's end already does.
+fn listened<'a>(seen: &'a mut Vec<Endpoint>, listening: &Table, rule: &Rule) -> &'a [Endpoint] {
     for s in listening.listening() {
-        if !seen.contains(&s.local) {
+        if rule.holds(s) != Some(false) && !seen.contains(&s.local) {
             seen.push(s.local);
         }
     }

@@ -113,6 +113,10 @@ pub struct Options {
     /// The pod also has an IPv6 address (`POD_IP6`), its IPv6 default route through the node's
     /// bridge (`GATEWAY_IP6`), as a dual-stack or IPv6-primary cluster gives it.
     pub ipv6: bool,
+    /// The inbound connection manager's `delayed_close_timeout` at 0s (off), as the EnvoyFilter
+    /// of docs/running.md sets it: Envoy writes a closed connection's last bytes whatever time
+    /// its client takes.
+    pub no_delayed_close: bool,
 }
 
 impl Default for Options {
@@ -128,6 +132,7 @@ impl Default for Options {
             gateway: Gateway::Bridge,
             node_ips: false,
             ipv6: false,
+            no_delayed_close: false,
         }
     }
 }
@@ -653,6 +658,13 @@ impl Pod {
     pub fn stop_envoy(&mut self) {
         self.envoy().kill();
     }
+
+    /// The sandbox's end once the pod's containers have exited: CNI DEL removes the pod's
+    /// interface (the bridge plugin deletes it in the pod's namespace), and with it whatever the
+    /// kernel was still sending.
+    pub fn remove_network(&self) {
+        ip(&self.pod, &["link", "del", "eth0"]);
+    }
 }
 
 impl Drop for Pod {
@@ -752,6 +764,12 @@ fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: Options) -> Arc<P
     let mut bootstrap = std::fs::read_to_string(repo("tests/pod/envoy.yaml")).unwrap();
     if options.capture == Capture::Tproxy {
         bootstrap = bootstrap.replace("transparent: false", "transparent: true");
+    }
+    if options.no_delayed_close {
+        let prefix = "stat_prefix: inbound_0.0.0.0_8080";
+        assert!(bootstrap.contains(prefix), "tests/pod/envoy.yaml: {prefix}");
+        let off = format!("{prefix}\n          delayed_close_timeout: 0s");
+        bootstrap = bootstrap.replace(prefix, &off);
     }
     // Envoy takes one --config-yaml: the merges have distinct top-level keys, so they concatenate.
     let merges = [

@@ -91,7 +91,17 @@ pub enum Clients {
     NewConn,
     /// Ten connections kept alive.
     KeepAlive,
+    /// Ten connections kept alive, and beside them `DOWNLOADERS` slow clients (a mobile or
+    /// cross-region reader) each downloading `DOWNLOAD` bytes at `DOWNLOAD_RATE` bytes a second
+    /// (curl's `--limit-rate`), one after another.
+    Downloads,
 }
+
+/// The slow clients of `Clients::Downloads`: how many at once, the answer's size and their rate
+/// (12 s a download, within the grace period).
+pub const DOWNLOADERS: usize = 4;
+pub const DOWNLOAD: u64 = 3_000_000;
+pub const DOWNLOAD_RATE: u64 = 250_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Case {
@@ -130,6 +140,18 @@ impl Case {
         }
     }
 
+    pub fn clients_name(&self) -> String {
+        match self.clients {
+            Clients::NewConn => "new-conn".into(),
+            Clients::KeepAlive => "keep-alive".into(),
+            Clients::Downloads => format!(
+                "keep-alive + {DOWNLOADERS} downloads of {} MB at {} KB/s",
+                DOWNLOAD / 1_000_000,
+                DOWNLOAD_RATE / 1000
+            ),
+        }
+    }
+
     pub fn mesh_name(&self) -> &'static str {
         match self.mesh {
             Mesh::None => "no mesh",
@@ -157,7 +179,7 @@ impl Case {
 
 pub struct Row {
     pub case: Case,
-    /// Requests answered 200.
+    /// Requests answered 200, and downloads that arrived whole.
     pub ok: u64,
     /// Every other answer and every error, as hey names them.
     pub failed: Vec<(String, u64)>,
@@ -374,7 +396,7 @@ fn waypoint(case: Case, ns: &str) -> String {
 }
 
 /// The node's images: the app, envoy-drain's FROM scratch content, the client (Kubernetes' pause
-/// program, and hey to exec); with sidecars Istio's proxyv2 as its Dockerfile lays it out
+/// program, and hey and curl to exec); with sidecars Istio's proxyv2 as its Dockerfile lays it out
 /// (pilot/docker/Dockerfile.proxyv2: pilot-agent, Envoy, the bootstrap template); in ambient
 /// mode ztunnel and install-cni (istio-cni's node agent and plugin).
 fn images(cp: &ControlPlane, meshes: &[Mesh], envoy: &Path, bootstrap: &Path) -> Vec<Image> {
@@ -394,7 +416,7 @@ fn images(cp: &ControlPlane, meshes: &[Mesh], envoy: &Path, bootstrap: &Path) ->
         Image {
             name: "localhost/client:test",
             entrypoint: vec!["/pause".into()],
-            files: vec!["/usr/bin/hey".into()],
+            files: vec!["/usr/bin/hey".into(), "/usr/bin/curl".into()],
             extra: vec![(cp.bin("pause"), "/pause".into())],
         },
     ];
@@ -509,49 +531,54 @@ pub fn run_together(cases: &[Case]) -> Vec<Row> {
     let sides: Vec<Side> = sides.into_iter().map(|s| s.ready(&cp, &node)).collect();
     phases.done("pods ready");
     let logs = Logs::follow(node.pod_logs());
-    let loads: Vec<Load> = sides.iter().map(|s| Load::start(&cp, s)).collect();
-    // The load runs a while before the rollout, as it does before a user's; long requests a few
-    // of their lengths, so that they spread out.
-    let longest = cases.iter().map(|c| c.request_ms).max().unwrap_or(0);
-    std::thread::sleep(Duration::from_millis(u64::from(longest * 3).max(5000)));
-    phases.done("load");
-    eprintln!("{}", phases.1);
-    let statuses: Vec<String> = sides.iter().map(Side::waypoint_status).collect();
-    let restarted = Instant::now();
-    for side in &sides {
-        cp.ok(&["rollout", "restart", "-n", &side.ns, side.restarted().0]);
-    }
-    // Each rollout ends with its last old pod gone: the Deployment counts a terminating pod as
-    // gone.
-    let took: Vec<Duration> = std::thread::scope(|scope| {
-        let waits: Vec<_> =
-            sides.iter().map(|side| scope.spawn(|| side.rolled(&cp, &node, restarted))).collect();
-        waits.into_iter().map(|w| w.join().expect("a rollout's wait")).collect()
-    });
-    for side in &sides {
-        assert_captured(&cp, side);
-    }
-    // A few more seconds of load on the new pods alone, then hey stops as on Ctrl-C.
-    std::thread::sleep(Duration::from_secs(3));
-    let logs = logs.stop();
-    let kubelet = std::fs::read_to_string(node.log("kubelet")).unwrap_or_default();
-    let probes = kubelet.lines().filter(|l| l.contains("Probe failed")).count();
-    let kube_proxy = node.log_tail("kube-proxy", 6);
-    sides
-        .into_iter()
-        .zip(loads)
-        .zip(took)
-        .zip(statuses)
-        .map(|(((side, load), took), status)| {
-            let mut row = load.stop(&side, &logs);
-            (row.took, row.status) = (took, status);
-            row.diagnosis = format!(
-                "{}; {probes} failed probes; {}; kube-proxy:\n{kube_proxy}",
-                phases.1, row.diagnosis
-            );
-            row
-        })
-        .collect()
+    // The loads' slow clients run in this scope, which their loads' ends join.
+    std::thread::scope(|load_scope| {
+        let loads: Vec<Load> = sides.iter().map(|s| Load::start(&cp, s, load_scope)).collect();
+        // The load runs a while before the rollout, as it does before a user's; long requests a few
+        // of their lengths, so that they spread out.
+        let longest = cases.iter().map(|c| c.request_ms).max().unwrap_or(0);
+        std::thread::sleep(Duration::from_millis(u64::from(longest * 3).max(5000)));
+        phases.done("load");
+        eprintln!("{}", phases.1);
+        let statuses: Vec<String> = sides.iter().map(Side::waypoint_status).collect();
+        let restarted = Instant::now();
+        for side in &sides {
+            cp.ok(&["rollout", "restart", "-n", &side.ns, side.restarted().0]);
+        }
+        // Each rollout ends with its last old pod gone: the Deployment counts a terminating pod as
+        // gone.
+        let took: Vec<Duration> = std::thread::scope(|scope| {
+            let waits: Vec<_> = sides
+                .iter()
+                .map(|side| scope.spawn(|| side.rolled(&cp, &node, restarted)))
+                .collect();
+            waits.into_iter().map(|w| w.join().expect("a rollout's wait")).collect()
+        });
+        for side in &sides {
+            assert_captured(&cp, side);
+        }
+        // A few more seconds of load on the new pods alone, then hey stops as on Ctrl-C.
+        std::thread::sleep(Duration::from_secs(3));
+        let logs = logs.stop();
+        let kubelet = std::fs::read_to_string(node.log("kubelet")).unwrap_or_default();
+        let probes = kubelet.lines().filter(|l| l.contains("Probe failed")).count();
+        let kube_proxy = node.log_tail("kube-proxy", 6);
+        sides
+            .iter()
+            .zip(loads)
+            .zip(took)
+            .zip(statuses)
+            .map(|(((side, load), took), status)| {
+                let mut row = load.stop(side, &logs);
+                (row.took, row.status) = (took, status);
+                row.diagnosis = format!(
+                    "{}; {probes} failed probes; {}; kube-proxy:\n{kube_proxy}",
+                    phases.1, row.diagnosis
+                );
+                row
+            })
+            .collect()
+    })
 }
 
 /// How long each step of a rollout's setup took (one run took 333 s where ~95 s is usual, all of
@@ -765,6 +792,30 @@ impl Side {
         cmd
     }
 
+    /// One download of `Clients::Downloads` in the client pod (curl, `kubectl exec`), to the
+    /// Service: what went wrong, if anything.
+    fn download(&self, cp: &ControlPlane) -> Result<(), String> {
+        let mut cmd =
+            cp.kubectl_command(&["exec", "-n", &self.ns, &self.client, "-c", "client", "--"]);
+        let url = format!("http://{}/bytes/{DOWNLOAD}", self.ip);
+        let rate = DOWNLOAD_RATE.to_string();
+        cmd.args(["/usr/bin/curl", "-sS", "--limit-rate", &rate, "--max-time", "60"]);
+        cmd.args(["-o", "/dev/null", "-w", "%{http_code} %{size_download}", &url]);
+        let out = cmd.output().map_err(|e| format!("kubectl exec of curl: {e}"))?;
+        let said = String::from_utf8_lossy(&out.stdout);
+        match (out.status.code(), said.split_once(' ')) {
+            (Some(0), Some(("200", size))) if size == DOWNLOAD.to_string() => Ok(()),
+            (Some(0), Some((code, _))) if code != "200" => Err(format!("download: status {code}")),
+            (code, _) => Err(match code {
+                // curl's own exit codes (curl(1), EXIT CODES).
+                Some(18) => "download cut short (curl: partial file)".into(),
+                Some(56) => "download cut short (curl: reset)".into(),
+                Some(c) => format!("download failed (curl exit {c})"),
+                None => "download: curl killed".into(),
+            }),
+        }
+    }
+
     /// The URL the load asks (the case's request length), which also finds hey's process.
     fn url(&self) -> String {
         let seconds = f64::from(self.case.request_ms) / 1000.0;
@@ -819,16 +870,25 @@ impl Side {
 
 /// One case's load and what watches it: hey, the case's requests a second from the client pod; the
 /// endpoints in the client's data path; the app pods' deletions.
-struct Load {
+struct Load<'s> {
     hey: std::process::Child,
     seen: Endpoints,
     deleted: Deletions,
+    /// `Clients::Downloads`' slow clients: told to stop after their download in progress, each
+    /// returns what became of its downloads.
+    stop: Arc<AtomicBool>,
+    downloaders: Vec<std::thread::ScopedJoinHandle<'s, Vec<Result<(), String>>>>,
 }
 
-impl Load {
+impl<'s> Load<'s> {
     /// Starts once the Service answers the client: its rules (kube-proxy) or endpoints (istiod)
     /// reach the client a moment after the pods are ready, so once 30 requests in a row answer.
-    fn start(cp: &ControlPlane, side: &Side) -> Load {
+    /// The slow clients run in `scope`, which outlives the load.
+    fn start<'e>(
+        cp: &'e ControlPlane,
+        side: &'e Side,
+        scope: &'s std::thread::Scope<'s, 'e>,
+    ) -> Load<'s> {
         let url = format!("http://{}/local/0", side.ip);
         cp.wait_for(&format!("the Service of {} to answer the client", side.ns), || {
             let probe = ["-n", "30", "-c", "1", "-disable-keepalive", "-t", "2", url.as_str()];
@@ -854,6 +914,24 @@ impl Load {
         if side.case.clients == Clients::NewConn {
             load.push("-disable-keepalive");
         }
+        let stop = Arc::new(AtomicBool::new(false));
+        let downloaders = match side.case.clients {
+            Clients::Downloads => DOWNLOADERS,
+            _ => 0,
+        };
+        // Bounded: a download takes at most a minute, and they stop when told (the load's end).
+        let downloaders = (0..downloaders)
+            .map(|_| {
+                let stop = Arc::clone(&stop);
+                scope.spawn(move || {
+                    let mut done = Vec::new();
+                    while !stop.load(Ordering::SeqCst) && done.len() < 60 {
+                        done.push(side.download(cp));
+                    }
+                    done
+                })
+            })
+            .collect();
         let url = side.url();
         load.push(&url);
         let hey = side
@@ -862,7 +940,7 @@ impl Load {
             .stderr(Stdio::piped())
             .spawn()
             .expect("NOT RUN: kubectl exec of hey");
-        Load { hey, seen, deleted }
+        Load { hey, seen, deleted, stop, downloaders }
     }
 
     /// Stops hey as on Ctrl-C (SIGINT: it finishes the requests in flight and prints its summary)
@@ -880,7 +958,19 @@ impl Load {
             side.ns,
             String::from_utf8_lossy(&out.stderr)
         );
-        let (ok, failed) = tally(&report);
+        let (mut ok, mut failed) = tally(&report);
+        self.stop.store(true, Ordering::SeqCst);
+        for downloads in self.downloaders.into_iter().map(|d| d.join().expect("a downloader")) {
+            for download in downloads {
+                match download {
+                    Ok(()) => ok += 1,
+                    Err(why) => match failed.iter_mut().find(|(e, _)| *e == why) {
+                        Some((_, n)) => *n += 1,
+                        None => failed.push((why, 1)),
+                    },
+                }
+            }
+        }
         let (seen, deleted) = (self.seen.stop(), self.deleted.stop());
         let mut records = Vec::new();
         let holds = side
