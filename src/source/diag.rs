@@ -61,6 +61,12 @@ const LAST_DATA_RECV: usize = 52;
 /// Where `tcpi_data_segs_out` lies in `struct tcp_info` (since Linux 4.6): data segments sent.
 const DATA_SEGS_OUT: usize = 156;
 
+/// The coarsest clock tcp_info's milliseconds come from: jiffies at HZ=100. An age counted in
+/// whole jiffies can be one longer than the time that passed (`jiffies_to_msecs(now - lrcvtime)`,
+/// net/ipv4/tcp.c), so an arrival dated by it is dated up to a tick early; the age less a tick
+/// never dates it before it came.
+const TICK: Duration = Duration::from_millis(10);
+
 /// How long a closed connection's end waits in TIME_WAIT (`TCP_TIMEWAIT_LEN`, include/net/tcp.h);
 /// a dump gives the milliseconds it has left (`inet_twsk_diag_fill`).
 const TIME_WAIT_LEN: Duration = Duration::from_secs(60);
@@ -154,7 +160,7 @@ fn socket(body: &[u8]) -> Result<Socket, DumpError> {
         (TIME_WAIT, _) => {
             Some(TIME_WAIT_LEN.saturating_sub(Duration::from_millis(u32_at(52).into())))
         }
-        (_, Some(i)) => Some(Duration::from_millis(i.last_recv.into())),
+        (_, Some(i)) => Some(Duration::from_millis(i.last_recv.into()).saturating_sub(TICK)),
         _ => None,
     };
     Ok(Socket {
@@ -622,9 +628,11 @@ mod tests {
         dump(&request(ALL, true), until, &mut all).unwrap();
         let client_end = all.iter().find(|s| s.remote.port == port).copied();
         let idle = client_end.and_then(|s| s.idle);
-        // The client has received nothing since it connected, 300 ms ago at least.
+        // The client has received nothing since it connected, 300 ms ago at least (less a tick).
         assert!(
-            idle.is_some_and(|i| i >= Duration::from_millis(300) && i < Duration::from_secs(5)),
+            idle.is_some_and(
+                |i| i >= Duration::from_millis(300) - TICK && i < Duration::from_secs(5)
+            ),
             "{client_end:?}"
         );
         let closed = all.iter().find(|s| s.local.port == port && s.state == TIME_WAIT);

@@ -48,7 +48,7 @@ pub struct Socket {
     /// The bytes it has received, where netlink was asked for them (`tcpi_bytes_received`).
     pub received: Option<u64>,
     /// Over netlink, how long it has received nothing: since its last data (`tcp_info`, where
-    /// asked for), or since it closed (TIME_WAIT).
+    /// asked for; a tick less, never more than it was), or since it closed (TIME_WAIT).
     pub idle: Option<std::time::Duration>,
     /// Bytes written to it and not yet acknowledged by its peer (`tx_queue`, `idiag_wqueue`).
     pub unsent: u32,
