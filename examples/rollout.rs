@@ -147,7 +147,10 @@ fn table_row(row: &Row) -> String {
         case.mesh_name(),
         case.shutdown_name(),
         case.clients_name(),
-        row.ok,
+        match case.clients {
+            Clients::Downloads => format!("{} ({} downloads)", row.ok, row.downloaded),
+            _ => row.ok.to_string(),
+        },
         row.failed_total(),
         if what.is_empty() { "-".to_string() } else { what.join(", ") },
         row.took.as_secs_f64(),

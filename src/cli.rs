@@ -7,17 +7,17 @@ use std::ffi::OsString;
 use std::io::Write;
 
 /// The kill switch in the proxy container's environment: set and non-empty, `run` does nothing.
-pub const ENV_DISABLED: &str = "ENVOY_DRAIN_DISABLED";
+const ENV_DISABLED: &str = "ENVOY_DRAIN_DISABLED";
 /// The node's addresses, comma-separated, where the kubelet's probes come from without a mesh:
 /// the admission policy sets it from the downward API's `status.hostIPs`.
-pub const ENV_NODE_IPS: &str = "ENVOY_DRAIN_NODE_IPS";
+pub(crate) const ENV_NODE_IPS: &str = "ENVOY_DRAIN_NODE_IPS";
 /// `--log-format`'s value when the flag is not given: the template and the policies can set it
 /// for every hook of a pod.
-pub const ENV_LOG_FORMAT: &str = "ENVOY_DRAIN_LOG_FORMAT";
+pub(crate) const ENV_LOG_FORMAT: &str = "ENVOY_DRAIN_LOG_FORMAT";
 /// A pod's settings: its annotations under this prefix, which the template passes as flags.
-pub const ANNOTATION_PREFIX: &str = "envoy-drain.io/";
+pub(crate) const ANNOTATION_PREFIX: &str = "envoy-drain.io/";
 /// The one annotation the template acts on itself: `true` leaves the pod to Istio's own preStop.
-pub const ANNOTATION_DISABLED: &str = "envoy-drain.io/disabled";
+const ANNOTATION_DISABLED: &str = "envoy-drain.io/disabled";
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq)]
@@ -119,7 +119,7 @@ Environment:
                           read as Go reads it: 5s, .5s, 1m30s)
   ENVOY_DRAIN_NODE_IPS    hold: the node's addresses, comma-separated, for node in
                           --probes-from (the admission policy sets it from status.hostIPs)")]
-pub struct Cli {
+struct Cli {
     /// print the version and exit
     #[argh(switch)]
     pub version: bool,
@@ -130,7 +130,7 @@ pub struct Cli {
 
 #[derive(FromArgs, Debug, PartialEq)]
 #[argh(subcommand)]
-pub enum Command {
+enum Command {
     Run(RunArgs),
     Hold(HoldArgs),
     Status(StatusArgs),

@@ -16,28 +16,28 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub const DEFAULT_AGENT: &str = "127.0.0.1:15020";
-pub const DEFAULT_MIN_DRAIN: Duration = Duration::from_secs(5);
-pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(25);
-pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
-pub const ENV_MIN_DRAIN: &str = "MINIMUM_DRAIN_DURATION";
+const DEFAULT_AGENT: &str = "127.0.0.1:15020";
+pub(crate) const DEFAULT_MIN_DRAIN: Duration = Duration::from_secs(5);
+const DEFAULT_DEADLINE: Duration = Duration::from_secs(25);
+const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
+pub(crate) const ENV_MIN_DRAIN: &str = "MINIMUM_DRAIN_DURATION";
 /// `hold`'s: a minimum that outlasts a push to the proxies that comes within a second or two
 /// (BENCHMARKS §10), a quiet time a client of one request a second never leaves, a deadline that
 /// leaves the app 10 s of a 30 s grace period.
-pub const DEFAULT_HOLD_MIN: Duration = Duration::from_secs(3);
+const DEFAULT_HOLD_MIN: Duration = Duration::from_secs(3);
 /// `hold`'s least quiet time: one read at the default interval, so that a busy pod ends within a
 /// second of its last request; sparser arrivals ask for more (wait.rs, `Rate`).
-pub const DEFAULT_QUIET: Duration = Duration::from_millis(500);
-pub const DEFAULT_HOLD_DEADLINE: Duration = Duration::from_secs(20);
+const DEFAULT_QUIET: Duration = Duration::from_millis(500);
+const DEFAULT_HOLD_DEADLINE: Duration = Duration::from_secs(20);
 /// `hold`'s `--propagation`: the `sleep 15` it replaces.
-pub const DEFAULT_PROPAGATION: Duration = Duration::from_secs(15);
+const DEFAULT_PROPAGATION: Duration = Duration::from_secs(15);
 
 /// An environment variable's value by name: `std::env::var`, or a test's.
-pub type Env<'a> = dyn Fn(&str) -> Option<String> + 'a;
+pub(crate) type Env<'a> = dyn Fn(&str) -> Option<String> + 'a;
 
 /// Where an admin API listens: a TCP address, or a Unix socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Address {
+pub(crate) enum Address {
     Tcp(SocketAddr),
     Unix(PathBuf),
 }
@@ -52,7 +52,7 @@ impl fmt::Display for Address {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     Auto,
     Stats,
     Proc,
@@ -60,7 +60,7 @@ pub enum Mode {
 
 /// A setting ignored or corrected, or one that `hold` lacks: said at the start (text.rs words it).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ConfigWarning {
+pub(crate) enum ConfigWarning {
     /// `--admin`'s value matches these sockets, and not one alone takes a connection.
     AdminAmbiguous { value: String, found: Vec<String>, listening: usize },
     /// The pod's deadline annotation is past `--deadline`, which is used.
@@ -86,40 +86,40 @@ pub enum ConfigWarning {
 
 /// What both commands need to count.
 #[derive(Debug, Clone)]
-pub struct Counting {
+pub(crate) struct Counting {
     /// The proxy whose defaults apply.
     pub preset: Preset,
     pub admin: Address,
-    pub mode: Mode,
-    pub unit: Unit,
+    pub(crate) mode: Mode,
+    pub(crate) unit: Unit,
     pub filter: Filter,
     pub ignore_clusters: Names,
     /// `hold`: what tells arrivals in the socket table; in /clusters, the app's clusters do.
-    pub hold: Option<ArrivalRule>,
+    pub(crate) hold: Option<ArrivalRule>,
     /// `--proc-net`: read the text tables there instead of asking the kernel over netlink.
-    pub proc_net: Option<PathBuf>,
+    pub(crate) proc_net: Option<PathBuf>,
     /// What is worth a warning but not an error: an ambiguous `--admin`, a bad annotation, ...
-    pub warnings: Vec<ConfigWarning>,
+    pub(crate) warnings: Vec<ConfigWarning>,
 }
 
 /// `hold`'s arrivals in the socket table: what counts (source/arrivals.rs).
 #[derive(Debug, Clone, Default)]
-pub struct ArrivalRule {
+pub(crate) struct ArrivalRule {
     /// The ports whose connections count (`only`; `None`: every port a listener of the pod
     /// serves), and those whose never do (`ignore`: the proxy's own, its outbound capture).
-    pub ports: Filter,
+    pub(crate) ports: Filter,
     /// Clients whose connections never count: the kubelet's probes.
-    pub probes: Vec<Ipv6Addr>,
+    pub(crate) probes: Vec<Ipv6Addr>,
     /// The periods of the kubelet's readiness probes that connect (`--probe-periods`): no more
     /// connections from `probes`, nor that left no socket, are theirs than they may have made;
     /// `None`: every one from `probes`, none that left no socket.
-    pub probe_periods: Option<Vec<Duration>>,
+    pub(crate) probe_periods: Option<Vec<Duration>>,
     /// Also count the connections the namespace accepted that left no socket to see (a client
     /// that closed first, outside the pod, or a reset), from its `PassiveOpens`.
-    pub passive_opens: bool,
+    pub(crate) passive_opens: bool,
     /// The periods of the probes the kubelet stops before the preStop (`--liveness-periods`):
     /// none during the hold, but over the pod's life among its accepted connections.
-    pub liveness: Vec<Duration>,
+    pub(crate) liveness: Vec<Duration>,
     /// The mesh's own listeners in the pod (ambient mode: ztunnel's), whose connections never
     /// count: a client's reaches the app over a hop in the pod, which does; the app's calls out
     /// are its own.
@@ -127,7 +127,7 @@ pub struct ArrivalRule {
     /// A sidecar's: connections whose client is in the pod never count (the proxy's own hop to
     /// the app, the app's calls to the pod's other containers): a client's own connection to the
     /// proxy shows each of its requests.
-    pub outside_only: bool,
+    pub(crate) outside_only: bool,
 }
 
 /// Which sockets may count: none on an ignored port (either end); with `--ports`, only those.
@@ -139,7 +139,7 @@ pub struct Filter {
 
 impl Filter {
     /// Whether what a listener on `port` serves counts.
-    pub fn counts(&self, port: u16) -> bool {
+    pub(crate) fn counts(&self, port: u16) -> bool {
         !self.ignore.contains(port) && self.only.as_ref().is_none_or(|p| p.contains(port))
     }
 }
@@ -149,7 +149,7 @@ impl Filter {
 pub struct Rules {
     pub min_drain: Duration,
     /// Bounds the whole run, counted from the process's start: `run::command` gives the drain
-    /// and quit requests the time left; `wait::wait` stops looking at it and gives each look the
+    /// and quit requests the time left; `run::wait` stops looking at it and gives each look the
     /// time left, which `Sources::look` turns into one instant for every source: each admin
     /// request (a stats request at most its own timeout, a second to begin with; /clusters all of
     /// it), the socket table's dump or read and its search for Envoy's process (given at least
@@ -177,15 +177,15 @@ pub enum Until {
 
 #[derive(Debug, Clone)]
 pub struct RunConfig {
-    pub counting: Counting,
+    pub(crate) counting: Counting,
     /// What is sent before the wait: `--fail-healthcheck`, then `--drain`.
     pub before: Vec<Request>,
     pub rules: Rules,
-    pub log_file: Option<PathBuf>,
-    pub log_format: Format,
+    pub(crate) log_file: Option<PathBuf>,
+    pub(crate) log_format: Format,
     /// Istio's agent: for `--drain agent`, and for /quitquitquit with `--then-quit`.
-    pub agent: SocketAddr,
-    pub verbose: bool,
+    pub(crate) agent: SocketAddr,
+    pub(crate) verbose: bool,
 }
 
 const DURATION: &str = "a duration like 500ms, 25s or 1m30s";
@@ -245,7 +245,7 @@ fn one_of<T: Copy>(name: &'static str, value: &str, words: &[(&str, T)]) -> Resu
 /// `--admin`: an address as `parse_addr` takes it, or `unix:PATH`, where a `*` (Kuma's
 /// `/tmp/kuma-dp-*/kuma-envoy-admin.sock`) picks the one socket that matches, or of several the one
 /// that takes a connection; else the path as given (a warning when several listen).
-pub fn parse_admin(value: &str) -> Result<(Address, Option<ConfigWarning>), UsageError> {
+fn parse_admin(value: &str) -> Result<(Address, Option<ConfigWarning>), UsageError> {
     let Some(path) = value.strip_prefix("unix:") else {
         return parse_addr("--admin", value).map(|a| (Address::Tcp(a), None));
     };
@@ -333,7 +333,7 @@ fn some_ports(name: &'static str, value: &str) -> Result<PortSet, UsageError> {
 }
 
 /// What counts, from the flags `run` and `status` share (`hold` sets its own few).
-pub fn counting(a: &RunArgs) -> Result<Counting, UsageError> {
+pub(crate) fn counting(a: &RunArgs) -> Result<Counting, UsageError> {
     let preset = match a.preset.as_deref() {
         Some(v) => one_of("--preset", v, &PRESETS.map(|p| (p.name, p)))?,
         None => preset::ISTIO,
@@ -758,7 +758,7 @@ fn node_addresses(env: &Env<'_>, named: bool, warnings: &mut Vec<ConfigWarning>)
 
 /// As the socket table keeps addresses: IPv4 as IPv4-mapped, so that both ends of a connection
 /// compare equal whichever table shows them.
-pub fn mapped(ip: IpAddr) -> Ipv6Addr {
+pub(crate) fn mapped(ip: IpAddr) -> Ipv6Addr {
     match ip {
         IpAddr::V4(v4) => v4.to_ipv6_mapped(),
         IpAddr::V6(v6) => v6,

@@ -24,7 +24,7 @@ pub enum Unit {
 }
 
 /// The part of a request count that is connections without HTTP (TCP proxy streams).
-pub const NON_HTTP: &str = "non-HTTP connections";
+pub(crate) const NON_HTTP: &str = "non-HTTP connections";
 
 /// One listener, port, cluster or HTTP connection manager, and what it holds.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -37,7 +37,7 @@ pub struct Part {
 /// connections or requests. `status` lists them so nobody has to guess.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Excluded {
-    pub why: String,
+    pub(crate) why: String,
     pub n: u64,
 }
 
@@ -45,16 +45,16 @@ pub struct Excluded {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Count {
     pub source: SourceKind,
-    pub unit: Unit,
+    pub(crate) unit: Unit,
     pub total: u64,
     /// In the source's order; for stats every counted listener, also those at 0.
     pub parts: Vec<Part>,
     /// Things the parser skipped or corrected, each worth one warning per run.
-    pub warnings: Vec<Warning>,
+    pub(crate) warnings: Vec<Warning>,
     /// What was seen but not counted.
     pub excluded: Vec<Excluded>,
     /// How the count told what counts (whose sockets are Envoy's), worth a line when it changes.
-    pub basis: Option<Basis>,
+    pub(crate) basis: Option<Basis>,
     /// What tells a new connection or request from those counted before.
     pub arrivals: Option<u64>,
     /// Arrivals recounted so far (`source::arrivals::Both`).
@@ -63,7 +63,7 @@ pub struct Count {
     /// connections open before (the socket table).
     pub opened: Option<u64>,
     /// Polls on kept-alive connections left out so far (`hold`, the socket table).
-    pub polls: u64,
+    pub(crate) polls: u64,
     /// At the first read, what the kernel remembers of arrivals before it.
     pub before: Option<Before>,
     /// How long ago the newest arrival came, where the source can tell.
@@ -133,7 +133,7 @@ pub enum Basis {
 
 impl Basis {
     /// Envoy's user, when known.
-    pub fn uid(&self) -> Option<u32> {
+    pub(crate) fn uid(&self) -> Option<u32> {
         match self {
             Basis::Process { uid, .. } | Basis::Owner { uid, .. } => Some(*uid),
             Basis::Unknown { .. } => None,
@@ -159,25 +159,25 @@ pub struct Cost {
 impl Cost {
     /// What paces the next count: the CPU the look cost, else its time (waiting on a stopped
     /// Envoy costs nothing).
-    pub fn paced(&self) -> Duration {
+    pub(crate) fn paced(&self) -> Duration {
         self.cpu.unwrap_or(self.look)
     }
 }
 
 /// How many named rows of an answer a count keeps for `status`; the rest are added up as one.
-pub const KEPT: usize = 1000;
+pub(crate) const KEPT: usize = 1000;
 
 /// Rows kept up to `KEPT`; past them, how many more there were and their figures added up.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Capped<T> {
-    pub rows: Vec<T>,
+pub(crate) struct Capped<T> {
+    pub(crate) rows: Vec<T>,
     more: u64,
     rest: [u64; 2],
 }
 
 impl<T: Clone> Capped<T> {
     /// Keeps `row()` (`true`), or past `KEPT` adds `figures` to the rest.
-    pub fn keep(&mut self, row: impl FnOnce() -> T, figures: [u64; 2]) -> bool {
+    pub(crate) fn keep(&mut self, row: impl FnOnce() -> T, figures: [u64; 2]) -> bool {
         if self.rows.len() < KEPT {
             self.rows.push(row());
             return true;
@@ -189,7 +189,7 @@ impl<T: Clone> Capped<T> {
     }
 
     /// The rows, then the rest as one row (`rest(how many, their figures)`) if there were any.
-    pub fn all(&self, rest: impl FnOnce(u64, [u64; 2]) -> T) -> Vec<T> {
+    pub(crate) fn all(&self, rest: impl FnOnce(u64, [u64; 2]) -> T) -> Vec<T> {
         let mut rows = self.rows.clone();
         rows.extend((self.more > 0).then(|| rest(self.more, self.rest)));
         rows

@@ -3,7 +3,7 @@
 
 /// Which listeners the hook drains before it waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Drain {
+pub(crate) enum Drain {
     Inbound,
     All,
     None,
@@ -29,7 +29,7 @@ pub enum Request {
 }
 
 impl Request {
-    pub fn path(self) -> &'static str {
+    pub(crate) fn path(self) -> &'static str {
         match self {
             Request::FailHealthcheck => "/healthcheck/fail",
             Request::DrainListeners { all: false } => {
@@ -42,12 +42,12 @@ impl Request {
     }
 
     /// Whether it drains listeners, itself or through the agent.
-    pub fn drains(self) -> bool {
+    pub(crate) fn drains(self) -> bool {
         matches!(self, Request::DrainListeners { .. } | Request::AgentDrain)
     }
 
     /// Whether it goes to Istio's agent rather than to Envoy's admin API.
-    pub fn to_agent(self) -> bool {
+    pub(crate) fn to_agent(self) -> bool {
         matches!(self, Request::AgentDrain | Request::Quit)
     }
 }

@@ -4,7 +4,7 @@
 use std::{fmt, io};
 
 /// Keeps hostile text quoted in a message to one readable piece of a line.
-pub fn shorten(text: &str) -> String {
+pub(crate) fn shorten(text: &str) -> String {
     const MAX: usize = 80;
     match text.char_indices().nth(MAX) {
         Some((i, _)) => format!("{}...", &text[..i]),
@@ -13,7 +13,7 @@ pub fn shorten(text: &str) -> String {
 }
 
 /// An I/O error in the words of the rest of the log: `connection refused`, without `(os error 111)`.
-pub fn io_cause(e: &io::Error) -> String {
+pub(crate) fn io_cause(e: &io::Error) -> String {
     let text = e.to_string();
     let text = text.split_once(" (os error ").map_or(text.as_str(), |(text, _)| text);
     // ASCII only: the OS's messages are, and Unicode's case tables would cost the binary 10 KB.
@@ -29,8 +29,8 @@ pub fn io_cause(e: &io::Error) -> String {
 pub struct UsageError {
     /// The flag (`--deadline`).
     pub name: &'static str,
-    pub value: String,
-    pub expected: String,
+    pub(crate) value: String,
+    pub(crate) expected: String,
 }
 
 impl UsageError {
@@ -48,7 +48,11 @@ impl fmt::Display for UsageError {
 
 /// A failure in one shape wherever it is shown: `failed to GET http://127.0.0.1:15000/stats:
 /// connection refused`.
-pub fn failed(verb: &str, object: impl std::fmt::Display, cause: impl std::fmt::Display) -> String {
+pub(crate) fn failed(
+    verb: &str,
+    object: impl std::fmt::Display,
+    cause: impl std::fmt::Display,
+) -> String {
     format!("failed to {verb} {object}: {cause}")
 }
 

@@ -1,23 +1,24 @@
 //! envoy-drain's parts, in the order a run flows through them: the command line (cli) becomes a
 //! checked configuration (config, lists, preset); the sources (source/) make a count (count); the
-//! wait turns counts and time into an outcome; text words all of it; run, status and install are
-//! the commands; log, signals and error serve them. The fuzz targets call the parsers directly.
+//! wait turns counts and time into an outcome; text words all of it; run (and hold, the same wait
+//! on another rule), status and install are the commands; log, signals and error serve them. The
+//! fuzz targets call the parsers directly.
 
 pub mod cli;
 pub mod config;
 pub mod count;
-pub mod drain;
-pub mod error;
+pub(crate) mod drain;
+pub(crate) mod error;
 pub mod install;
 pub mod lists;
-pub mod log;
+pub(crate) mod log;
 pub mod outcome;
 pub mod preset;
-pub mod record;
-pub mod report;
+pub(crate) mod record;
+pub(crate) mod report;
 pub mod run;
 pub mod signals;
 pub mod source;
 pub mod status;
-pub mod text;
+pub(crate) mod text;
 pub mod wait;

@@ -22,12 +22,12 @@ impl PortSet {
         self.0.binary_search(&port).is_ok()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
     /// The set with `port` too.
-    pub fn with(mut self, port: u16) -> PortSet {
+    pub(crate) fn with(mut self, port: u16) -> PortSet {
         if let Err(at) = self.0.binary_search(&port) {
             self.0.insert(at, port);
         }
@@ -54,19 +54,19 @@ impl Names {
         Ok(Names(names.collect::<Result<_, &str>>()?))
     }
 
-    pub fn matches(&self, cluster: &str) -> bool {
+    pub(crate) fn matches(&self, cluster: &str) -> bool {
         self.0.iter().any(|n| matches(n, cluster))
     }
 }
 
 /// Whether `name` is one of `patterns` (`matches`).
-pub fn any(patterns: &[&str], name: &str) -> bool {
+pub(crate) fn any(patterns: &[&str], name: &str) -> bool {
     patterns.iter().any(|p| matches(p, name))
 }
 
 /// Whether `name` is `pattern`, whose one `*` stands for any run of characters (a trailing one:
 /// a prefix).
-pub fn matches(pattern: &str, name: &str) -> bool {
+pub(crate) fn matches(pattern: &str, name: &str) -> bool {
     match pattern.split_once('*') {
         Some((head, tail)) => {
             name.len() >= head.len() + tail.len() && name.starts_with(head) && name.ends_with(tail)

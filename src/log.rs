@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 
 /// How lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Format {
+pub(crate) enum Format {
     #[default]
     Text,
     /// `{"time":...,"level":...,"logger":"envoy-drain","msg":...}`, a line each.
@@ -26,7 +26,7 @@ const KEPT_WARNINGS: usize = 16;
 const KEPT_WARNING_BYTES: usize = 160;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
+pub(crate) enum Level {
     Info,
     Warn,
     Error,
@@ -39,7 +39,7 @@ const MAX_LINE: usize = 4096;
 const SUMMARY_WAIT: Duration = Duration::from_millis(100);
 
 /// Where lines go: a writer, and its descriptor when it has one (for poll).
-pub struct Out {
+pub(crate) struct Out {
     writer: Box<dyn Write + Send>,
     fd: Option<RawFd>,
     /// The descriptor may block: ask poll for room before each write.
@@ -108,7 +108,7 @@ impl Out {
     }
 }
 
-pub struct Logger {
+pub(crate) struct Logger {
     out: Out,
     file: Option<Out>,
     /// stderr is a terminal: waiting messages redraw one line instead of adding lines.
@@ -123,7 +123,7 @@ pub struct Logger {
 }
 
 /// One line, at most `MAX_LINE` bytes, control characters turned into spaces.
-pub fn format_line(time: SystemTime, level: Level, message: &str) -> String {
+fn format_line(time: SystemTime, level: Level, message: &str) -> String {
     let level = format!("{level:?}").to_ascii_lowercase();
     let mut line = format!("{}\t{level}\tenvoy-drain\t", humantime::format_rfc3339_micros(time));
     line.extend(message.chars().map(|c| if c.is_control() { ' ' } else { c }));
@@ -134,7 +134,7 @@ pub fn format_line(time: SystemTime, level: Level, message: &str) -> String {
 
 /// One JSON object, at most `MAX_LINE` bytes, the message cut to fit; `fields` are more members,
 /// already written (`,"name":value...`).
-pub fn json_line(time: SystemTime, level: Level, message: &str, fields: &str) -> String {
+pub(crate) fn json_line(time: SystemTime, level: Level, message: &str, fields: &str) -> String {
     let level = format!("{level:?}").to_ascii_lowercase();
     let head = format!(
         "{{\"time\":\"{}\",\"level\":\"{level}\",\"logger\":\"envoy-drain\",\"msg\":",
@@ -156,7 +156,7 @@ pub fn json_line(time: SystemTime, level: Level, message: &str, fields: &str) ->
 }
 
 /// `s` as a JSON string, quoted, every control character escaped.
-pub fn json_string(s: &str) -> String {
+pub(crate) fn json_string(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {
@@ -180,29 +180,29 @@ impl Logger {
     }
 
     /// Writes JSON lines from now on (no live line: a JSON log is for machines).
-    pub fn set_format(&mut self, format: Format) {
+    pub(crate) fn set_format(&mut self, format: Format) {
         self.format = format;
         self.live &= format == Format::Text;
     }
 
-    pub fn format(&self) -> Format {
+    pub(crate) fn format(&self) -> Format {
         self.format
     }
 
     /// The warnings logged so far, the first `KEPT_WARNINGS` of them.
-    pub fn warnings(&self) -> &[String] {
+    pub(crate) fn warnings(&self) -> &[String] {
         &self.warnings
     }
 
     /// Logs to stderr, live when it is a terminal.
-    pub fn stderr() -> Logger {
+    pub(crate) fn stderr() -> Logger {
         // SAFETY: isatty only inspects the descriptor.
         let tty = unsafe { libc::isatty(libc::STDERR_FILENO) } == 1;
         Logger::new(Out::stderr(), tty)
     }
 
     /// Also appends every line to `path`, opened without blocking (a FIFO nobody reads fails at once).
-    pub fn add_file(&mut self, path: &Path) {
+    pub(crate) fn add_file(&mut self, path: &Path) {
         let opened = OpenOptions::new()
             .append(true)
             .create(true)
@@ -223,19 +223,19 @@ impl Logger {
     }
 
     /// Lines dropped so far, and why one could not be written other than for want of room.
-    pub fn dropped(&self) -> (u64, Option<&str>) {
+    pub(crate) fn dropped(&self) -> (u64, Option<&str>) {
         let outs = std::iter::once(&self.out).chain(&self.file);
         let lines = outs.clone().map(|o| o.dropped).sum();
         (lines, outs.filter_map(|o| o.failed.as_deref()).next())
     }
 
-    pub fn line(&mut self, level: Level, message: &str) {
+    pub(crate) fn line(&mut self, level: Level, message: &str) {
         self.write(level, message, "", Duration::ZERO);
     }
 
     /// The last line, in JSON with `fields` too: it may wait a little for room that the others
     /// do not. Whether it was written, not one before it.
-    pub fn last_line(&mut self, level: Level, message: &str, fields: &str) -> bool {
+    pub(crate) fn last_line(&mut self, level: Level, message: &str, fields: &str) -> bool {
         self.write(level, message, fields, SUMMARY_WAIT);
         !std::mem::replace(&mut self.closed, true)
     }
@@ -265,7 +265,7 @@ impl Logger {
     }
 
     /// A waiting update: on a terminal the live line redrawn; elsewhere a line when `worth_a_line`.
-    pub fn waiting(&mut self, message: &str, worth_a_line: bool) {
+    pub(crate) fn waiting(&mut self, message: &str, worth_a_line: bool) {
         if self.closed {
             return;
         }
@@ -293,7 +293,7 @@ impl Logger {
     }
 
     /// Ends the live line so that the next line starts clean.
-    pub fn end_live(&mut self) {
+    pub(crate) fn end_live(&mut self) {
         if self.shown.take().is_some() {
             self.out.put(b"\r\x1b[K", Duration::ZERO);
         }
@@ -308,7 +308,7 @@ fn terminal_width() -> usize {
 }
 
 #[cfg(test)]
-pub mod testing {
+pub(crate) mod testing {
     use std::io::Write;
     use std::sync::{Arc, Mutex};
 
@@ -326,7 +326,7 @@ pub mod testing {
     }
 
     impl Sink {
-        pub fn text(&self) -> String {
+        pub(crate) fn text(&self) -> String {
             String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
         }
     }

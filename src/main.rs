@@ -1,5 +1,6 @@
-//! envoy-drain: keeps an Envoy sidecar alive until its last connection is done. `main` only maps
-//! the command line to a command and the command to an exit code.
+//! envoy-drain: a pod's two preStop hooks, `run` (the proxy's: until its last request is done) and
+//! `hold` (the app's: until requests stop arriving). `main` only maps the command line to a
+//! command and the command to an exit code.
 
 use envoy_drain::cli::{self, Parsed};
 use envoy_drain::outcome::EXIT_REACHED;

@@ -5,14 +5,14 @@ use crate::count::Count;
 // Exit codes: 0/1/2 as linkerd-await and ripgrep use them (success, "did not happen", usage
 // error); 128 + the signal, as a shell reports a process a signal killed (143 SIGTERM).
 pub const EXIT_REACHED: i32 = 0;
-pub const EXIT_DEADLINE: i32 = 1;
-pub const EXIT_USAGE: i32 = 2;
-pub const EXIT_NOTHING_COUNTED: i32 = 3;
+const EXIT_DEADLINE: i32 = 1;
+pub(crate) const EXIT_USAGE: i32 = 2;
+pub(crate) const EXIT_NOTHING_COUNTED: i32 = 3;
 /// `install` could not copy the binary.
-pub const EXIT_INSTALL_FAILED: i32 = 1;
+pub(crate) const EXIT_INSTALL_FAILED: i32 = 1;
 
 /// The signals, by name, that end a wait with its summary (signals.rs): those that end a process.
-pub const SIGNALS: [(i32, &str); 7] = [
+pub(crate) const SIGNALS: [(i32, &str); 7] = [
     (libc::SIGHUP, "SIGHUP"),
     (libc::SIGINT, "SIGINT"),
     (libc::SIGQUIT, "SIGQUIT"),
@@ -23,7 +23,7 @@ pub const SIGNALS: [(i32, &str); 7] = [
 ];
 
 /// The name of signal `sig`, one of `SIGNALS`.
-pub fn signal_name(sig: i32) -> &'static str {
+pub(crate) fn signal_name(sig: i32) -> &'static str {
     SIGNALS.iter().find(|(n, _)| *n == sig).map_or("a signal", |(_, name)| name)
 }
 
@@ -46,7 +46,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn exit_code(self) -> i32 {
+    pub(crate) fn exit_code(self) -> i32 {
         match self {
             Outcome::Reached | Outcome::AppExited | Outcome::KeptAlive(_) => EXIT_REACHED,
             Outcome::Deadline => EXIT_DEADLINE,
@@ -59,15 +59,15 @@ impl Outcome {
 /// What a run has seen so far; enough to write the summary at any moment, also from the signal
 /// thread.
 #[derive(Debug, Clone, Default)]
-pub struct Progress {
+pub(crate) struct Progress {
     /// The newest successful count.
-    pub last: Option<Count>,
+    pub(crate) last: Option<Count>,
     /// Set while the newest attempt to count failed: why.
-    pub unknown: Option<String>,
+    pub(crate) unknown: Option<String>,
     /// When a count last saw a request arrive, from the start of the run.
-    pub arrived_at: Option<std::time::Duration>,
+    pub(crate) arrived_at: Option<std::time::Duration>,
     /// `hold`: how far apart arrivals came at that count, and the quiet time they asked for.
-    pub pace: Option<Pace>,
+    pub(crate) pace: Option<Pace>,
     /// The connections the pod accepted that a request kept busy at the last count.
     pub busy: Option<crate::count::Busy>,
 }
@@ -75,7 +75,7 @@ pub struct Progress {
 /// How far apart `hold`'s arrivals come lately (their mean gap), and the quiet time that tells
 /// they stopped (wait.rs, `Rate`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pace {
-    pub gap: std::time::Duration,
-    pub quiet: std::time::Duration,
+pub(crate) struct Pace {
+    pub(crate) gap: std::time::Duration,
+    pub(crate) quiet: std::time::Duration,
 }

@@ -8,34 +8,34 @@ use crate::lists::ISTIO_INFRA_PORTS;
 /// The port Istio's, Kuma's and Consul's capture send the app's outbound connections to
 /// (istio-iptables `ProxyPort`, kumactl `--redirect-outbound-port`, Consul's
 /// `OutboundListenerPort`): what Envoy accepts there are the app's calls out, never arrivals.
-pub const OUTBOUND_CAPTURE: u16 = 15001;
+pub(crate) const OUTBOUND_CAPTURE: u16 = 15001;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Preset {
     pub name: &'static str,
     /// Why `status` leaves one of `own_clusters` out: "Istio's own cluster".
-    pub own_cluster: &'static str,
+    pub(crate) own_cluster: &'static str,
     /// `--admin`'s default, as the flag takes it.
     pub admin: &'static str,
     /// `--ignore-ports`' default: the proxy's own listeners and its companions' ports.
     pub ignore_ports: &'static str,
     /// The stat prefixes of the proxy's own named listeners (no port tells them), never counted.
     /// In these lists a name ending in `*` is a prefix (`lists::any`).
-    pub own_listeners: &'static [&'static str],
+    pub(crate) own_listeners: &'static [&'static str],
     /// The stat prefixes of the proxy's own HTTP connection managers, never counted.
-    pub own_hcms: &'static [&'static str],
+    pub(crate) own_hcms: &'static [&'static str],
     /// The proxy's own clusters (its xDS stream, exporters, its own listeners' clusters).
-    pub own_clusters: &'static [&'static str],
+    pub(crate) own_clusters: &'static [&'static str],
     /// The clusters that carry requests to the app, which tell `hold` what arrives (a gateway: none).
-    pub inbound_clusters: &'static [&'static str],
+    pub(crate) inbound_clusters: &'static [&'static str],
     /// `--drain`'s default: a gateway's listeners have no direction, and drain all.
-    pub drain: Drain,
+    pub(crate) drain: Drain,
     /// Whether Istio's agent is there, for `--drain agent` and `--then-quit`.
-    pub agent: bool,
+    pub(crate) agent: bool,
     /// Istio's waypoint: requests by default, from /clusters alone (its stats cannot tell a TCP
     /// stream from an idle client), hosts at Envoy's internal addresses (`envoy://listener/...`)
     /// included, as its services reach their pods through its own HBONE listener.
-    pub waypoint: bool,
+    pub(crate) waypoint: bool,
 }
 
 /// A waypoint's own clusters: the 11 of Istio's bootstrap template (istio/istio

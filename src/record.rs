@@ -19,13 +19,13 @@ const NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/name
 /// Who ran: the pod's name (`POD_NAME`, which Istio's injection sets, else its hostname, which the
 /// kubelet sets to it cut to 63 characters, or to `spec.hostname`) and namespace
 /// (`POD_NAMESPACE`, which Istio's injection sets, else the service account's mount).
-pub struct Identity {
-    pub pod: Option<String>,
-    pub namespace: Option<String>,
+pub(crate) struct Identity {
+    pub(crate) pod: Option<String>,
+    pub(crate) namespace: Option<String>,
 }
 
 impl Identity {
-    pub fn of_this_pod(env: &crate::config::Env<'_>) -> Identity {
+    pub(crate) fn of_this_pod(env: &crate::config::Env<'_>) -> Identity {
         let mut name = [0u8; 256];
         // SAFETY: gethostname writes at most the buffer's length into a buffer we own.
         let ok = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0;
@@ -41,19 +41,19 @@ impl Identity {
 }
 
 /// What one run did, as JSON members (`,"name":value...`) to follow the summary's `msg`.
-pub struct Record<'a> {
+pub(crate) struct Record<'a> {
     pub outcome: Outcome,
-    pub elapsed: Duration,
-    pub cfg: &'a RunConfig,
-    pub progress: &'a Progress,
-    pub who: &'a Identity,
+    pub(crate) elapsed: Duration,
+    pub(crate) cfg: &'a RunConfig,
+    pub(crate) progress: &'a Progress,
+    pub(crate) who: &'a Identity,
     /// Log lines that could not be written, and the warnings said.
-    pub dropped: u64,
-    pub warnings: &'a [String],
+    pub(crate) dropped: u64,
+    pub(crate) warnings: &'a [String],
 }
 
 impl Record<'_> {
-    pub fn members(&self) -> String {
+    pub(crate) fn members(&self) -> String {
         let (cfg, p) = (self.cfg, self.progress);
         let hold = cfg.rules.until == Until::Quiet;
         let mut m = String::new();

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 const HEARTBEAT: Duration = Duration::from_secs(5);
 
 /// One run's log and what it has said, shared with the signal thread.
-pub struct Report {
+pub(crate) struct Report {
     state: Mutex<Said>,
     start: Instant,
     cfg: RunConfig,
@@ -67,7 +67,7 @@ impl Report {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn line(&self, level: Level, message: &str) {
+    pub(crate) fn line(&self, level: Level, message: &str) {
         self.said().log.line(level, message);
     }
 
@@ -137,7 +137,7 @@ impl Report {
     }
 
     /// `--then-quit` given up at the deadline, with the app's sockets at the last look.
-    pub fn app_still_running(&self) {
+    pub(crate) fn app_still_running(&self) {
         let mut said = self.said();
         let line = text::app_still_running(said.app.as_ref());
         said.log.line(Level::Warn, &line);
@@ -146,7 +146,14 @@ impl Report {
     /// A count at `now` and what the wait made of it: the pace when it changed by half or more,
     /// the count's warnings once, a change of source or basis, and the count itself when it is
     /// news, verbose or a heartbeat.
-    pub fn counted(&self, reading: &Reading, seen: Seen, proc: &Reader, now: Duration, cost: Cost) {
+    pub(crate) fn counted(
+        &self,
+        reading: &Reading,
+        seen: Seen,
+        proc: &Reader,
+        now: Duration,
+        cost: Cost,
+    ) {
         let rules = &self.cfg.rules;
         let mut said = self.said();
         let pace = seen.every;

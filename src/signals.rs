@@ -44,7 +44,7 @@ impl Blocked {
     /// Starts a thread that calls `report`, which should exit, with the first of them (one sent
     /// since `block` included); a second ends the process. False when they could not be taken
     /// over (then they are unblocked).
-    pub fn on_interrupt(self, report: impl FnOnce(i32) + Send + 'static) -> bool {
+    pub(crate) fn on_interrupt(self, report: impl FnOnce(i32) + Send + 'static) -> bool {
         let Some(set) = self.0 else { return false };
         let spawned = thread::Builder::new()
             .name("signals".to_string())

@@ -21,7 +21,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 /// Seconds with one decimal, rounded in integers (no float formatting in the binary).
-pub fn seconds(d: Duration) -> String {
+pub(crate) fn seconds(d: Duration) -> String {
     let tenths = d.as_millis().saturating_add(50) / 100;
     format!("{}.{}s", tenths / 10, tenths % 10)
 }
@@ -45,7 +45,7 @@ impl std::fmt::Display for SourceKind {
 
 impl Count {
     /// `3 active connections`, or `2 active requests and 1 non-HTTP connection`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self.unit {
             Unit::Connections => plural(self.total, "active connection"),
             Unit::Requests => {
@@ -61,7 +61,7 @@ impl Count {
     }
 
     /// `listener 0.0.0.0_15006=2, listener [__1]_15007=1`: the non-zero parts.
-    pub fn breakdown(&self) -> String {
+    pub(crate) fn breakdown(&self) -> String {
         let label = |name: &str| match (self.unit, self.source) {
             (Unit::Connections, SourceKind::Stats) => format!("listener {name}"),
             _ => name.to_string(),
@@ -71,13 +71,13 @@ impl Count {
     }
 
     /// `: listener 0.0.0.0_15006=2`, or nothing when no part is open.
-    pub fn still_open(&self) -> String {
+    fn still_open(&self) -> String {
         let b = self.breakdown();
         if b.is_empty() { b } else { format!(": {b}") }
     }
 }
 
-pub fn reader(r: &Reader) -> String {
+pub(crate) fn reader(r: &Reader) -> String {
     match r {
         Reader::Netlink => "the kernel's socket table (netlink sock_diag)".to_string(),
         Reader::Text { dir, .. } => format!("{}/tcp and tcp6", dir.display()),
@@ -85,7 +85,7 @@ pub fn reader(r: &Reader) -> String {
 }
 
 /// How Envoy's sockets were told apart; a warning where they cannot be.
-pub fn basis(b: &Basis) -> (Level, String) {
+pub(crate) fn basis(b: &Basis) -> (Level, String) {
     let line = match b {
         Basis::Process { pid, uid, admin } => format!(
             "counting what Envoy accepted: Envoy is pid {pid} (uid {uid}), which holds the admin \
@@ -140,12 +140,12 @@ fn request_words(r: Request) -> (&'static str, &'static str, &'static str) {
 
 /// The line before the summary with `--then-quit`: the request to stop the proxy follows it,
 /// its answer unwritten (the agent may end the container first).
-pub fn quitting(url: &str) -> String {
+pub(crate) fn quitting(url: &str) -> String {
     format!("asking the Istio agent to stop the proxy after this summary: POST {url}")
 }
 
 /// The line a request's answer is worth: the hook goes on either way.
-pub fn posted(r: Request, url: &str, answer: &Result<Reply, String>) -> (Level, String) {
+pub(crate) fn posted(r: Request, url: &str, answer: &Result<Reply, String>) -> (Level, String) {
     let (_, done, what) = request_words(r);
     let failed = |why: String| (Level::Warn, format!("failed to {what}: POST {url}: {why}"));
     match answer {
@@ -162,7 +162,11 @@ pub fn posted(r: Request, url: &str, answer: &Result<Reply, String>) -> (Level, 
 }
 
 /// The run's first line: what it sends (each request with its URL), and how long it may wait.
-pub fn start_line(cfg: &RunConfig, sources: &Sources, requests: &[(Request, String)]) -> String {
+pub(crate) fn start_line(
+    cfg: &RunConfig,
+    sources: &Sources,
+    requests: &[(Request, String)],
+) -> String {
     let (r, d) = (&cfg.rules, format_duration);
     let Until::AtMost(exit_at) = r.until else {
         let rule = cfg.counting.hold.clone().unwrap_or_default();
@@ -226,7 +230,7 @@ fn least(r: &Rules, after: &str) -> String {
 
 /// What `hold` takes for an arrival in the socket table: `connections to ports 8080, never
 /// from 169.254.7.127 (the kubelet's probes)`.
-pub fn doors(rule: &crate::config::ArrivalRule) -> String {
+fn doors(rule: &crate::config::ArrivalRule) -> String {
     let from: Vec<String> = rule.probes.iter().map(|a| a.to_canonical().to_string()).collect();
     let mut said = match &rule.ports.only {
         Some(ports) => format!("connections to ports {ports}"),
@@ -259,7 +263,7 @@ pub fn doors(rule: &crate::config::ArrivalRule) -> String {
 }
 
 /// `3 active connections (stats); 21.5s left before the deadline`; verbose: with the breakdown.
-pub fn count_line(
+pub(crate) fn count_line(
     count: &Count,
     (arriving, busy): (bool, Option<Busy>),
     now: Duration,
@@ -287,7 +291,7 @@ pub fn count_line(
 
 /// What keeps the pod's accepted connections busy, where anything does: `, 1 connection still
 /// delivering an answer, 2 awaiting one`.
-pub fn busy_words(b: Busy) -> String {
+fn busy_words(b: Busy) -> String {
     let n = |k: u64| if k == 1 { "1 connection".to_string() } else { format!("{k} connections") };
     let mut w = String::new();
     if b.delivering > 0 {
@@ -302,7 +306,7 @@ pub fn busy_words(b: Busy) -> String {
 }
 
 /// When the count in force changes source or unit, the line that says so and why.
-pub fn switched(
+pub(crate) fn switched(
     count: &Count,
     reading: &Reading,
     wanted: Unit,
@@ -352,7 +356,7 @@ fn sockets_by_user(others: &BTreeMap<u32, u64>) -> String {
 }
 
 /// `--then-quit` waiting for the app before it stops the proxy.
-pub fn waiting_for_app(others: &BTreeMap<u32, u64>) -> String {
+pub(crate) fn waiting_for_app(others: &BTreeMap<u32, u64>) -> String {
     format!(
         "waiting for the app to exit before asking the Istio agent to stop the proxy: {} still open",
         sockets_by_user(others)
@@ -360,7 +364,7 @@ pub fn waiting_for_app(others: &BTreeMap<u32, u64>) -> String {
 }
 
 /// The app's sockets have been gone for `APP_GONE`, at looks `RECHECK` apart.
-pub fn app_exited() -> String {
+pub(crate) fn app_exited() -> String {
     format!(
         "the app has exited: no socket of another user than the proxy's has been in the pod for \
          {}, at looks {} apart",
@@ -370,20 +374,20 @@ pub fn app_exited() -> String {
 }
 
 /// `--then-quit` when the app never held a socket while the hook looked.
-pub const APP_NOT_SEEN: &str = "no socket of the app seen while waiting, so its exit cannot be told: not asking the Istio agent to stop the proxy; its own shutdown follows";
+pub(crate) const APP_NOT_SEEN: &str = "no socket of the app seen while waiting, so its exit cannot be told: not asking the Istio agent to stop the proxy; its own shutdown follows";
 
 /// `--then-quit` at the deadline, the app gone and an answer still on its way to its client.
-pub const STILL_DELIVERING: &str = "an answer is still on its way to its client at the deadline: not asking the Istio agent to stop the proxy; its own shutdown follows";
+pub(crate) const STILL_DELIVERING: &str = "an answer is still on its way to its client at the deadline: not asking the Istio agent to stop the proxy; its own shutdown follows";
 
 /// `--then-quit` that cannot see the app.
-pub fn app_unknown(why: &str) -> String {
+pub(crate) fn app_unknown(why: &str) -> String {
     format!(
         "cannot tell whether the app has exited ({why}): the proxy is not stopped until it is known"
     )
 }
 
 /// `--then-quit` given up at the deadline.
-pub fn app_still_running(others: Option<&BTreeMap<u32, u64>>) -> String {
+pub(crate) fn app_still_running(others: Option<&BTreeMap<u32, u64>>) -> String {
     let open = others.map_or("unknown".to_string(), sockets_by_user);
     format!(
         "the app has not exited by the deadline ({open}): not asking the Istio agent to stop the proxy; its own shutdown follows"
@@ -391,7 +395,7 @@ pub fn app_still_running(others: Option<&BTreeMap<u32, u64>>) -> String {
 }
 
 /// The time between counts has changed with the time a count took.
-pub fn pace(pace: Duration, interval: Duration, cost: Cost) -> String {
+pub(crate) fn pace(pace: Duration, interval: Duration, cost: Cost) -> String {
     let took = match cost.cpu {
         Some(cpu) => format!("{} of CPU in {}", brief(cpu), brief(cost.look)),
         None => format!("{} ({} of it Envoy's answers)", brief(cost.look), brief(cost.admin)),
@@ -415,9 +419,9 @@ pub fn disabled(setting: &str) -> String {
     format!("{setting} is set: not draining and not waiting")
 }
 
-pub const SIGNALS_NOT_TAKEN: &str = "failed to take over SIGTERM, SIGINT and the other signals that end a process; one will end the wait without a summary";
+pub(crate) const SIGNALS_NOT_TAKEN: &str = "failed to take over SIGTERM, SIGINT and the other signals that end a process; one will end the wait without a summary";
 
-pub fn cannot_count(why: &str) -> String {
+pub(crate) fn cannot_count(why: &str) -> String {
     format!("cannot count: {why}; still waiting (an unknown count never ends the wait)")
 }
 
@@ -577,7 +581,7 @@ fn unseen(warnings: &[Warning]) -> String {
 
 /// The final line: how the wait ended and when, what was counted, what is still open where that
 /// matters, whether the count is stale, and how many earlier lines could not be written.
-pub fn summary(
+pub(crate) fn summary(
     outcome: Outcome,
     elapsed: Duration,
     rules: &Rules,
@@ -672,7 +676,7 @@ fn lost_lines(dropped: u64, failed: Option<&str>) -> String {
     }
 }
 
-pub fn installed(path: &std::path::Path, size: u64) -> String {
+pub(crate) fn installed(path: &std::path::Path, size: u64) -> String {
     let version = env!("CARGO_PKG_VERSION");
     format!("installed {} ({size} bytes, envoy-drain {version})", path.display())
 }

@@ -24,13 +24,13 @@ pub const LAST_COUNT: Duration = crate::source::admin::REQUEST_TIMEOUT;
 /// How long the app's sockets must stay gone, at looks at most `RECHECK` apart, before the app
 /// counts as exited: an app that closed its listener, or a worker between two calls out, holds
 /// none for a moment; a call that lasts longer than `RECHECK` is seen.
-pub const APP_GONE: Duration = Duration::from_millis(800);
+pub(crate) const APP_GONE: Duration = Duration::from_millis(800);
 
 /// The time between two looks at the app's sockets (the socket table alone) while they are gone.
-pub const RECHECK: Duration = Duration::from_millis(100);
+pub(crate) const RECHECK: Duration = Duration::from_millis(100);
 
 /// How long after the last arrival seen `run` waits at least, whatever the count.
-pub const ARRIVALS_QUIET: Duration = Duration::from_secs(2);
+pub(crate) const ARRIVALS_QUIET: Duration = Duration::from_secs(2);
 
 /// The time from one count's start to the next: the interval, or more when a count cost more.
 fn pause(interval: Duration, cost: Duration) -> Duration {
@@ -68,10 +68,10 @@ pub struct Seen {
     pub arrived: u64,
     /// More that arrived earlier than this look, which a later read recounted.
     pub recounted: u64,
-    pub pace: Option<Pace>,
+    pub(crate) pace: Option<Pace>,
     /// The time from this count's start to the next (`pause`), and when the min-drain ends.
-    pub every: Duration,
-    pub drain_done: Duration,
+    pub(crate) every: Duration,
+    pub(crate) drain_done: Duration,
 }
 
 /// How far back the hold's own counts tell the arrivals' rate: long enough for a few arrivals of
@@ -90,11 +90,11 @@ const RISK: f64 = 0.0005;
 /// When the hold's quiet ends, and what tells it: the reads' arrivals (docs/holding.md, "The
 /// quiet time").
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+struct Limits {
     /// `--quiet`: the least silence, a whole read.
-    pub floor: Duration,
+    pub(crate) floor: Duration,
     /// The min-drain's end: silences are tried from then on.
-    pub from: Duration,
+    pub(crate) from: Duration,
     /// `--propagation`: by then the mesh has stopped sending here, unless arrivals come later.
     pub propagation: Duration,
     pub deadline: Duration,
@@ -369,7 +369,7 @@ impl Follow {
 }
 
 /// When the min-drain ends: `min_drain` after the drain, `LAST_COUNT` before the deadline at most.
-pub fn drain_done(rules: &Rules, drained_at: Duration) -> Duration {
+pub(crate) fn drain_done(rules: &Rules, drained_at: Duration) -> Duration {
     drained_at
         .saturating_add(rules.min_drain)
         .min(rules.deadline.saturating_sub(rules.interval.min(LAST_COUNT)))

@@ -124,14 +124,14 @@ fn records_table(records: &str) -> String {
 
 #[test]
 fn records_read_back_into_a_table_skip_every_other_line() {
-    let record = r#"{"time":"2026-11-29T10:20:13.042181Z","level":"info","logger":"envoy-drain","msg":"done after 6.7s: no request arrived for 1.7s","event":"summary","version":"0.1.0","pod":"app-1","namespace":"shop-0","command":"hold","preset":"none","outcome":"reached","exit_code":0,"elapsed_ms":6702,"deadline_ms":20000,"min_ms":5000,"quiet_ms":1700,"since_last_arrival_ms":1702,"count":0,"count_unit":"requests","count_source":"proc","count_failed":null,"warnings":["UDP is served on port 5353"],"dropped_lines":0}"#;
+    let record = r#"{"time":"2026-11-29T10:20:13.042181Z","level":"info","logger":"envoy-drain","msg":"done after 6.7s: no request arrived for 1.7s","event":"summary","version":"0.1.0","pod":"app-1","namespace":"shop-0","command":"hold","preset":"none","outcome":"reached","exit_code":0,"elapsed_ms":6702,"deadline_ms":20000,"min_ms":3000,"quiet_ms":1700,"since_last_arrival_ms":1702,"count":0,"count_unit":"connections","count_source":"proc","count_failed":null,"warnings":["UDP is served on port 5353"],"dropped_lines":0}"#;
     let log =
         format!("received /local/0\n{{\"level\":\"info\",\"msg\":\"x\"}}\n{record}\nnot json {{\n");
     let table = records_table(&log);
     assert_eq!(
         table.lines().skip(2).collect::<Vec<_>>(),
         [
-            "| shop-0 | app-1 | hold | none | reached | 0 | 6.702s | 1.702s | 1.7s | 0 (requests, proc) | 1 |"
+            "| shop-0 | app-1 | hold | none | reached | 0 | 6.702s | 1.702s | 1.7s | 0 (connections, proc) | 1 |"
         ]
     );
 }

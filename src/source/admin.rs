@@ -17,37 +17,37 @@ use ureq::{Agent, Body};
 /// Two admin requests start at least this many times the last one's cost apart, so that counting
 /// takes at most 1/PACE of Envoy's main thread (which also applies its configuration) and of the
 /// proxy container's CPU, which a preStop shares.
-pub const PACE: u32 = 20;
+pub(crate) const PACE: u32 = 20;
 
 /// The time a request is given: a loopback admin API answers in milliseconds. A stats request that
 /// ran out of it gets more the next time, and /clusters the time left (`Sources`).
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The most we read of any answer but /clusters: the filtered /stats answer of 40,000 listeners,
 /// and never a hostile server's stream without end.
-pub const BODY_LIMIT: u64 = 4 << 20;
+pub(crate) const BODY_LIMIT: u64 = 4 << 20;
 
 /// Envoy's state: 200 `LIVE`, or 503 `DRAINING` once its health checks fail.
-pub const READY_PATH: &str = "/ready";
+pub(crate) const READY_PATH: &str = "/ready";
 
 /// A longer line is cut there: Envoy's lines are a cluster name, a host and a counter.
 const MAX_LINE: usize = 4096;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub status: u16,
-    pub body: Vec<u8>,
+    pub(crate) body: Vec<u8>,
 }
 
 impl Reply {
     /// `405 'Method GET not allowed, POST required.'`: for warnings.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let body = String::from_utf8_lossy(&self.body);
         format!("{} '{}'", self.status, shorten(body.trim()))
     }
 }
 
-pub struct Client {
+pub(crate) struct Client {
     address: Address,
     agent: Agent,
     /// Whether only Envoy may answer (`Client::envoy`).
@@ -92,12 +92,12 @@ impl Client {
     /// Why what listens at the admin address is not Envoy, as the last request found: it answered
     /// without Envoy's header, or its socket may not be opened. `None` once Envoy answers, and
     /// while nothing answers at all.
-    pub fn not_envoy(&self) -> Option<String> {
+    pub(crate) fn not_envoy(&self) -> Option<String> {
         self.not_envoy.borrow().clone()
     }
 
     /// What a request goes to, as the log names it: `http://127.0.0.1:15000/stats`, `/x on unix:/a`.
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         match &self.address {
             Address::Tcp(addr) => format!("http://{addr}{path}"),
             Address::Unix(_) => format!("{path} on {}", self.address),
@@ -105,12 +105,12 @@ impl Client {
     }
 
     /// A GET within `timeout`, its answer read whole; the error is a cause, `connection refused`.
-    pub fn get(&self, path: &str, timeout: Duration) -> Result<Reply, String> {
+    pub(crate) fn get(&self, path: &str, timeout: Duration) -> Result<Reply, String> {
         self.call("GET", path, timeout).and_then(|answer| read_whole(answer, timeout))
     }
 
     /// A POST within `left` and at most `REQUEST_TIMEOUT`.
-    pub fn post(&self, path: &str, left: Duration) -> Result<Reply, String> {
+    pub(crate) fn post(&self, path: &str, left: Duration) -> Result<Reply, String> {
         let timeout = left.min(REQUEST_TIMEOUT);
         self.call("POST", path, timeout).and_then(|answer| read_whole(answer, timeout))
     }
@@ -118,7 +118,7 @@ impl Client {
     /// A GET whose 200 answer is handed to `each` line by line as it arrives, lines cut at
     /// `MAX_LINE`, within `left`, at most `limit` bytes (/clusters runs to hundreds of megabytes,
     /// which only time bounds). Any other status is an error naming it.
-    pub fn get_lines(
+    pub(crate) fn get_lines(
         &self,
         path: &str,
         left: Duration,

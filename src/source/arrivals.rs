@@ -59,29 +59,29 @@ struct Seen {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Read {
+pub(crate) struct Read {
     /// New connections, and open ones that received bytes, that count.
     pub arrived: u64,
     /// Of those, new connections (the rest are requests on connections open before).
     pub opened: u64,
     /// Of those, connections the pod accepted that left no socket (`Rule::passive_opens`).
-    pub unseen: u64,
+    pub(crate) unseen: u64,
     /// Polls (`POLL`) left out.
-    pub polls: u64,
+    pub(crate) polls: u64,
     /// Connections open now that count, by the server's port.
-    pub open: Vec<(u16, u64)>,
+    pub(crate) open: Vec<(u16, u64)>,
     /// At the first read: what the kernel remembers of arrivals before it.
-    pub before: Option<Before>,
+    pub(crate) before: Option<Before>,
     /// How long ago the newest arrival came, where every one left a socket that tells.
     pub newest: Option<Duration>,
     /// Ports listened on outside the pod that do not count: a connection to one that leaves no
     /// socket cannot be told from the app's, and counts.
-    pub hiding: Vec<u16>,
+    pub(crate) hiding: Vec<u16>,
 }
 
 #[derive(Debug, Default)]
-pub struct Tracker {
-    pub rule: Rule,
+pub(crate) struct Tracker {
+    pub(crate) rule: Rule,
     /// Every listener seen in the run (one closed since still tells its connections).
     listening: Vec<Endpoint>,
     last: Option<HashMap<Key, Seen>>,
@@ -101,12 +101,12 @@ pub struct Tracker {
     pub total: u64,
     pub opened: u64,
     /// The probes' connections so far, which /clusters counts among the app's requests.
-    pub probes: u64,
-    pub polls: u64,
+    pub(crate) probes: u64,
+    pub(crate) polls: u64,
     /// When the first read was, and how many connections since were taken for probes.
     first_at: Option<Duration>,
     /// The pod's age at the first read, where its processes tell (`sockets::pod_age`).
-    pub age: Option<Duration>,
+    pub(crate) age: Option<Duration>,
     probed: u64,
 }
 
@@ -121,7 +121,7 @@ impl Tracker {
     /// the kernel remembers of earlier arrivals. In ambient mode a client's connection arrives
     /// twice, a stream on 15008 and ztunnel's hop to the app (both ends in the pod): a read takes
     /// the two as one where it sees both.
-    pub fn read(
+    pub(crate) fn read(
         &mut self,
         at: Duration,
         ours: &[Ipv6Addr],
@@ -462,7 +462,7 @@ pub fn remember(
 /// (whose clients, other sidecars, pool their connections and close none): each one's last bytes
 /// came when it has been idle since (`ages`, at most `HISTORY`), so at least as many arrived as
 /// the connections within the span back to the oldest of them. One alone tells no rate.
-pub fn recently(mut ages: Vec<Duration>) -> Option<Before> {
+fn recently(mut ages: Vec<Duration>) -> Option<Before> {
     ages.sort_unstable();
     let (newest, span) = (*ages.first()?, *ages.last()?);
     let span = span.max(Duration::from_millis(500));
@@ -556,12 +556,12 @@ const STALL: Duration = Duration::from_millis(100);
 /// time it took (what it costs Envoy where its CPU cannot be read: a read that waited on a
 /// stopped Envoy took longer and cost nothing).
 #[derive(Debug, Default)]
-pub struct Hold {
+pub(crate) struct Hold {
     both: Both,
-    pub table_blind: bool,
+    pub(crate) table_blind: bool,
     /// The app's requests over Envoy's uptime, once read (`None`: not yet; `Some(None)`: not
     /// told), given to the first count as what is remembered from before it.
-    pub life: Option<Option<Before>>,
+    pub(crate) life: Option<Option<Before>>,
     told: bool,
     due: Option<Instant>,
     least: Option<Duration>,
@@ -570,7 +570,7 @@ pub struct Hold {
 impl Hold {
     /// Whether a look at `now` reads /clusters, and then within how long of the `left` it has:
     /// while the table tells, a stalled Envoy must not stop it (a few of the cheapest reads).
-    pub fn clusters_limit(&self, now: Instant, left: Duration) -> Option<Duration> {
+    pub(crate) fn clusters_limit(&self, now: Instant, left: Duration) -> Option<Duration> {
         let due = self.table_blind || self.due.is_none_or(|t| now >= t);
         let few = |l: Duration| l.saturating_mul(4);
         due.then(|| match self.least {
@@ -583,7 +583,12 @@ impl Hold {
     /// A /clusters read asked at `asked` that took `took` and cost Envoy's main thread `cpu`
     /// (where known): the next one is due 20 times that later; whether it waited on a stall,
     /// through which the table was not read and connections may have come and gone.
-    pub fn clusters_read(&mut self, asked: Instant, took: Duration, cpu: Option<Duration>) -> bool {
+    pub(crate) fn clusters_read(
+        &mut self,
+        asked: Instant,
+        took: Duration,
+        cpu: Option<Duration>,
+    ) -> bool {
         let least = self.least.map_or(took, |l| l.min(took));
         self.least = Some(least);
         // Envoy's main thread's CPU, but not less than the cheapest read took (what else its
@@ -594,7 +599,7 @@ impl Hold {
 
     /// Both sources' arrivals into the look: the table's count when it told them, with
     /// /clusters' recounts; else /clusters' answer; unknown after a stall.
-    pub fn merge(
+    pub(crate) fn merge(
         &mut self,
         mut clusters: Option<Result<clusters::Answer, String>>,
         mut proc: Result<Count, String>,
@@ -640,7 +645,7 @@ impl Hold {
 
 /// `Tcp: ... PassiveOpens ...` of `/proc/net/snmp`: the header line names the columns, the next
 /// gives the values.
-pub fn passive_opens(snmp: &str) -> Option<u64> {
+pub(crate) fn passive_opens(snmp: &str) -> Option<u64> {
     let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
     let names: Vec<&str> = tcp.next()?.split_ascii_whitespace().collect();
     let values: Vec<&str> = tcp.next()?.split_ascii_whitespace().collect();

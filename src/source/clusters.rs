@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::net::SocketAddr;
 
-pub const CLUSTERS_PATH: &str = "/clusters";
+pub(crate) const CLUSTERS_PATH: &str = "/clusters";
 
 /// Which hosts count: not the proxy's own clusters' nor `--ignore-clusters`', not Unix sockets or
 /// internal addresses, not on an ignored port; with `inbound` (`hold`), only the app's clusters',
@@ -42,23 +42,23 @@ pub struct Answer {
     /// The clusters that hold any request or connection.
     pub clusters: Vec<Cluster>,
     /// Clusters that count but hold nothing.
-    pub quiet: u64,
+    pub(crate) quiet: u64,
     /// The arrival counters of the hosts that count, those at 0 left out.
     pub counters: Vec<Counter>,
     /// So far on the app's own clusters' hosts, which `hold` reads.
-    pub app_arrived: AppArrived,
+    pub(crate) app_arrived: AppArrived,
 }
 
 /// One host's arrival counter: a hash of the host's and the counter's names, and its value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Counter {
-    pub host: u64,
-    pub value: u64,
+    pub(crate) host: u64,
+    pub(crate) value: u64,
 }
 
 /// Requests and connections so far on the app's own clusters' hosts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AppArrived {
+pub(crate) struct AppArrived {
     pub requests: u64,
     pub connections: u64,
 }

@@ -37,10 +37,11 @@ const AF_INET6: u8 = 10;
 /// The states the rule looks at, in two dumps, each of which walks only its own hash table
 /// (`inet_diag_dump_icsk`): LISTEN, then ESTABLISHED, SYN_SENT, SYN_RECV and CLOSE_WAIT, and
 /// FIN_WAIT1, LAST_ACK and CLOSING, where a closed connection may still deliver its last bytes.
-pub const LISTENING: u32 = 1 << 10;
-pub const OPEN: u32 = (1 << 1) | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 8) | (1 << 9) | (1 << 11);
+pub(crate) const LISTENING: u32 = 1 << 10;
+pub(crate) const OPEN: u32 =
+    (1 << 1) | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 8) | (1 << 9) | (1 << 11);
 /// Every state but LISTEN, for `hold`: TIME_WAIT keeps a closed connection's ends for 60 s.
-pub const ALL: u32 = 0xfff & !LISTENING & !1;
+pub(crate) const ALL: u32 = 0xfff & !LISTENING & !1;
 
 /// The kernel fills a dump's datagrams up to 32 KiB (`SKB_WITH_OVERHEAD(32768)`, af_netlink.c).
 const DATAGRAM: usize = 32 * 1024;
@@ -72,10 +73,10 @@ const TICK: Duration = Duration::from_millis(10);
 const TIME_WAIT_LEN: Duration = Duration::from_secs(60);
 
 /// The sequence number of every request: each dump has a socket of its own.
-pub const SEQ: u32 = 1;
+const SEQ: u32 = 1;
 
 /// The dump request for `states`; with `info`, with each `tcp_info`.
-pub fn request(states: u32, info: bool) -> [u8; HEADER + REQUEST] {
+pub(crate) fn request(states: u32, info: bool) -> [u8; HEADER + REQUEST] {
     let mut b = [0u8; HEADER + REQUEST];
     b[0..4].copy_from_slice(&((HEADER + REQUEST) as u32).to_ne_bytes());
     b[4..6].copy_from_slice(&TCPDIAG_GETSOCK.to_ne_bytes());
@@ -229,7 +230,7 @@ fn unread(cause: impl Into<String>) -> DumpError {
 /// Sends `req` (`request`) to the kernel and reads the TCP sockets of this network namespace
 /// into `sink` as the kernel sends them, before `until`. Not deduplicated: a socket shows twice
 /// only when its hash chain gained one between two datagrams.
-pub fn dump(req: &[u8], until: Instant, sink: &mut impl Sink) -> Result<(), DumpError> {
+pub(crate) fn dump(req: &[u8], until: Instant, sink: &mut impl Sink) -> Result<(), DumpError> {
     // SAFETY: socket() takes no pointers; the descriptor it returns is checked, then owned.
     let fd = unsafe {
         libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, NETLINK_SOCK_DIAG)

@@ -5,7 +5,7 @@ use std::io::{self, ErrorKind, Read};
 
 /// Reads `from` to its end and hands `each` every line without its end, bytes that are not UTF-8
 /// replaced, cut at `max` bytes (`cut`). Stops at the first error, `each`'s or `read_error`'s.
-pub fn each_line<E>(
+pub(crate) fn each_line<E>(
     mut from: impl Read,
     max: usize,
     mut each: impl FnMut(&str, bool) -> Result<(), E>,
@@ -39,6 +39,6 @@ pub fn each_line<E>(
 }
 
 /// A count in digits only, as the kernel and Envoy print them (`from_str` also takes a `+`).
-pub fn decimal(field: &str) -> Option<u64> {
+pub(crate) fn decimal(field: &str) -> Option<u64> {
     if field.bytes().all(|b| b.is_ascii_digit()) { field.parse().ok() } else { None }
 }

@@ -1,15 +1,16 @@
-//! The sources and the one decision between them, for `run` and `status`: Envoy's stats, else
-//! (auto) the kernel's socket table; for requests, the stats, else /clusters, else connections.
+//! The sources and the one decision between them, for `run`, `hold` and `status`: Envoy's stats,
+//! else (auto) the kernel's socket table; for requests, the stats, else /clusters, else
+//! connections; for `hold`'s arrivals, the socket table with /clusters at its pace.
 
 pub mod admin;
 pub mod arrivals;
 pub mod clusters;
 pub mod diag;
-pub mod lines;
+pub(crate) mod lines;
 pub mod procnet;
 pub mod sockets;
 pub mod stats;
-pub mod uds;
+pub(crate) mod uds;
 
 use crate::config::{Counting, Mode};
 use crate::count::{Before, Cost, Count, Unit, Warning};
@@ -23,10 +24,10 @@ use std::time::{Duration, Instant};
 
 /// One attempt to count.
 #[derive(Debug, Clone)]
-pub struct Reading {
-    pub result: Result<Count, String>,
+pub(crate) struct Reading {
+    pub(crate) result: Result<Count, String>,
     /// Why the preferred count was not made this time, if it was not.
-    pub fallback: Option<String>,
+    pub(crate) fallback: Option<String>,
 }
 
 /// What one answer of the stats said.
@@ -39,11 +40,11 @@ pub struct StatsLook {
 
 /// Everything one count looked at; a source that was not read is `None`.
 #[derive(Debug, Clone)]
-pub struct Look {
-    pub stats: Option<StatsLook>,
+pub(crate) struct Look {
+    pub(crate) stats: Option<StatsLook>,
     /// With `--count requests`, where the stats do not report requests.
-    pub clusters: Option<Result<clusters::Answer, String>>,
-    pub proc: Option<Result<Count, String>>,
+    pub(crate) clusters: Option<Result<clusters::Answer, String>>,
+    pub(crate) proc: Option<Result<Count, String>>,
 }
 
 /// The CPU time process `pid`'s main thread has run: the first field of its schedstat, in
@@ -55,7 +56,7 @@ fn main_thread_cpu(pid: u32) -> Option<Duration> {
 }
 
 /// The CPU this process has used so far, all its threads.
-pub fn process_cpu() -> Option<Duration> {
+fn process_cpu() -> Option<Duration> {
     let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: t is a valid timespec for the call to fill.
     let r = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
@@ -90,10 +91,10 @@ fn within(left: Duration) -> Instant {
         .unwrap_or(now)
 }
 
-pub struct Sources {
-    pub mode: Mode,
-    pub unit: Unit,
-    pub admin: Client,
+pub(crate) struct Sources {
+    pub(crate) mode: Mode,
+    pub(crate) unit: Unit,
+    pub(crate) admin: Client,
     /// What never counts in /clusters; its preset and `--ignore-ports` apply to the stats too.
     clusters: clusters::Rule,
     arrived: clusters::Arrived,
@@ -155,7 +156,7 @@ impl Sources {
         &mut self.table
     }
 
-    pub fn reader(&self) -> &sockets::Reader {
+    pub(crate) fn reader(&self) -> &sockets::Reader {
         &self.table.reader
     }
 
@@ -164,12 +165,12 @@ impl Sources {
         if self.unit == Unit::Requests { REQUESTS_PATH } else { STATS_PATH }
     }
 
-    pub fn stats_url(&self) -> String {
+    pub(crate) fn stats_url(&self) -> String {
         self.admin.url(self.stats_path())
     }
 
     /// One count, what the socket table says about the pod, and what it cost, within `left`.
-    pub fn tick(&mut self, left: Duration) -> (Reading, Result<Pod, String>, Cost) {
+    pub(crate) fn tick(&mut self, left: Duration) -> (Reading, Result<Pod, String>, Cost) {
         let until = within(left.max(PROC_GRACE));
         let (asked, own) = (Instant::now(), Meter::start(process_cpu));
         let mut reading = self.count(left);
@@ -194,7 +195,7 @@ impl Sources {
     }
 
     /// What the socket table says about the pod now, read within `left`.
-    pub fn pod(&mut self, left: Duration) -> Result<Pod, String> {
+    pub(crate) fn pod(&mut self, left: Duration) -> Result<Pod, String> {
         self.table().pod(within(left.max(PROC_GRACE)))
     }
 
@@ -335,7 +336,7 @@ impl Sources {
 
 /// The one decision: requests from the stats, else from /clusters; then connections from the
 /// stats, else (auto) from the socket table; and why the preferred count is not in force.
-pub fn decide(look: &Look) -> Reading {
+pub(crate) fn decide(look: &Look) -> Reading {
     let mut why: Vec<String> = Vec::new();
     if let Some(s) = &look.stats {
         match &s.requests {

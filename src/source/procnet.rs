@@ -11,12 +11,12 @@ use std::ops::RangeInclusive;
 
 const ESTABLISHED: u8 = 0x01;
 const SYN_SENT: u8 = 0x02;
-pub const SYN_RECV: u8 = 0x03;
+pub(crate) const SYN_RECV: u8 = 0x03;
 const FIN_WAIT1: u8 = 0x04;
-pub const TIME_WAIT: u8 = 0x06;
+pub(crate) const TIME_WAIT: u8 = 0x06;
 const CLOSE_WAIT: u8 = 0x08;
 const LAST_ACK: u8 = 0x09;
-pub const LISTEN: u8 = 0x0A;
+pub(crate) const LISTEN: u8 = 0x0A;
 const CLOSING: u8 = 0x0B;
 
 /// The kernel's default `ip_local_port_range`, where it cannot be read.
@@ -26,12 +26,12 @@ pub const DEFAULT_EPHEMERAL: RangeInclusive<u16> = 32768..=60999;
 /// connection compare equal whichever table shows them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Endpoint {
-    pub ip: Ipv6Addr,
-    pub port: u16,
+    pub(crate) ip: Ipv6Addr,
+    pub(crate) port: u16,
 }
 
 /// Whether `ip` is loopback, IPv4-mapped or not.
-pub fn loopback(ip: &Ipv6Addr) -> bool {
+pub(crate) fn loopback(ip: &Ipv6Addr) -> bool {
     ip.to_canonical().is_loopback()
 }
 
@@ -39,19 +39,19 @@ pub fn loopback(ip: &Ipv6Addr) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Socket {
     pub local: Endpoint,
-    pub remote: Endpoint,
+    pub(crate) remote: Endpoint,
     pub state: u8,
     /// The socket's owner; an accepted socket has its listener's owner.
-    pub uid: u32,
+    pub(crate) uid: u32,
     /// Links the socket to its process (`/proc/<pid>/fd`); 0 while in its listener's queues.
     pub inode: u64,
     /// The bytes it has received, where netlink was asked for them (`tcpi_bytes_received`).
-    pub received: Option<u64>,
+    pub(crate) received: Option<u64>,
     /// Over netlink, how long it has received nothing: since its last data (`tcp_info`, where
     /// asked for; a tick less, never more than it was), or since it closed (TIME_WAIT).
-    pub idle: Option<std::time::Duration>,
+    pub(crate) idle: Option<std::time::Duration>,
     /// Bytes written to it and not yet acknowledged by its peer (`tx_queue`, `idiag_wqueue`).
-    pub unsent: u32,
+    pub(crate) unsent: u32,
     /// Its peer's last data came after its own last (`tcp_info`, where asked for): on a
     /// connection the pod accepted, a request not answered yet.
     pub awaiting: bool,
@@ -108,7 +108,7 @@ fn endpoint(field: &str) -> Option<Endpoint> {
 }
 
 /// A socket address as the tables show it.
-pub fn to_endpoint(addr: SocketAddr) -> Endpoint {
+pub(crate) fn to_endpoint(addr: SocketAddr) -> Endpoint {
     Endpoint { ip: mapped(addr.ip()), port: addr.port() }
 }
 
@@ -156,8 +156,8 @@ pub struct Table {
     /// closed with bytes still to deliver (`closing`).
     pub sockets: Vec<Socket>,
     /// Lines that are neither a socket nor a header: a table holding any is not understood.
-    pub bad_lines: u64,
-    pub first_bad: Option<String>,
+    pub(crate) bad_lines: u64,
+    pub(crate) first_bad: Option<String>,
 }
 
 impl Table {
@@ -182,7 +182,7 @@ impl Table {
     /// Drops sockets seen twice: no walk of the kernel's tables is atomic, and `/proc/net/tcp` was seen
     /// to repeat lines under churn (tests/readers.rs). A socket is told by its inode; one not yet
     /// accepted has none, and is told by its ends (compared only then: it is costly).
-    pub fn dedup(&mut self) {
+    pub(crate) fn dedup(&mut self) {
         let ends = |s: &Socket| (s.local, s.remote);
         self.sockets.sort_unstable_by(|a, b| {
             a.inode.cmp(&b.inode).then_with(|| match a.inode {
@@ -198,14 +198,14 @@ impl Table {
     }
 
     /// The listening socket that takes connections to `addr` (Envoy's admin listener, say).
-    pub fn listener(&self, addr: SocketAddr) -> Option<&Socket> {
+    pub(crate) fn listener(&self, addr: SocketAddr) -> Option<&Socket> {
         taking(&self.listening(), &to_endpoint(addr), |s| &s.local).copied()
     }
 }
 
 /// Of `listening` (bound where `at` says), the one that takes connections to `local`: one bound
 /// to exactly that address first, else a wildcard of its family on its port.
-pub fn taking<'a, T>(
+pub(crate) fn taking<'a, T>(
     listening: &'a [T],
     local: &Endpoint,
     at: impl Fn(&T) -> &Endpoint,
@@ -284,7 +284,7 @@ impl Verdict {
 
 impl Rule<'_> {
     /// Whether `s` is Envoy's (`None`: unknown); a queued connection has its listener's owner.
-    pub fn holds(&self, s: &Socket) -> Option<bool> {
+    pub(crate) fn holds(&self, s: &Socket) -> Option<bool> {
         match self.envoy {
             Basis::Process { uid, .. } => {
                 Some(self.inodes.binary_search(&s.inode).is_ok() || (s.inode == 0 && s.uid == *uid))
@@ -471,7 +471,7 @@ impl Sink for Tally<'_> {
 }
 
 #[cfg(test)]
-pub mod testing {
+pub(crate) mod testing {
     use super::*;
 
     /// Counts a whole table, remembering the listeners seen for the next count.

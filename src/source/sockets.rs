@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reader {
+pub(crate) enum Reader {
     Netlink,
     /// The text tables in this directory, and why netlink is not used where it was meant to be.
     Text {
@@ -33,9 +33,9 @@ pub enum Reader {
 /// The text tables netlink falls back to.
 const PROC_NET: &str = "/proc/net";
 
-pub struct SocketTable {
+pub(crate) struct SocketTable {
     /// Where the sockets are read from (netlink gives way to the text tables once unavailable).
-    pub reader: Reader,
+    pub(crate) reader: Reader,
     filter: Filter,
     admin: Address,
     /// Where processes are listed, when the table is this machine's live one.
@@ -45,7 +45,7 @@ pub struct SocketTable {
     searched: bool,
     /// Why what holds the admin address is not taken as Envoy (`Client::not_envoy`): the admin API
     /// answered as something else or refused to be opened.
-    pub not_envoy: Option<String>,
+    pub(crate) not_envoy: Option<String>,
     /// What the last count's table said about the pod, until `pod` takes it.
     pod: Option<Pod>,
     /// With `hold`: what tells arrivals, and what it has seen.
@@ -62,8 +62,8 @@ pub struct SocketTable {
 /// user (while the app runs, its own; an exited process holds none), and the connections the pod
 /// accepted that a request still keeps busy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Pod {
-    pub owners: BTreeMap<u32, u64>,
+pub(crate) struct Pod {
+    pub(crate) owners: BTreeMap<u32, u64>,
     pub busy: Busy,
 }
 
@@ -151,7 +151,7 @@ impl SocketTable {
     }
 
     /// The probes' connections seen so far (`hold`).
-    pub fn probes(&self) -> u64 {
+    pub(crate) fn probes(&self) -> u64 {
         self.tracker.as_ref().map_or(0, |t| t.probes)
     }
 
@@ -194,7 +194,7 @@ impl SocketTable {
 
     /// Envoy's process, as the last count found it, else searched for once in a run; `None` where it
     /// cannot be read (`hold`, in the app's container).
-    pub fn envoy_pid(&mut self, until: Instant) -> Option<u32> {
+    pub(crate) fn envoy_pid(&mut self, until: Instant) -> Option<u32> {
         if self.envoy_pid.is_none() && !std::mem::replace(&mut self.searched, true) {
             let (listening, _) = self.read_listening(until).ok()?;
             let admin = self.admin_socket(&listening);
@@ -204,7 +204,7 @@ impl SocketTable {
     }
 
     /// What the pod holds besides the count, before `until`: the last count's sockets, else read now.
-    pub fn pod(&mut self, until: Instant) -> Result<Pod, String> {
+    pub(crate) fn pod(&mut self, until: Instant) -> Result<Pod, String> {
         if let Some(pod) = self.pod.take() {
             return Ok(pod);
         }

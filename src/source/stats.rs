@@ -11,10 +11,10 @@ use std::collections::HashMap;
 
 /// Istio's pilot-agent's query, filtered inside Envoy, with `type=Gauges` so that Envoy leaves its
 /// counters and histograms unvisited; `$` percent-encoded.
-pub const STATS_PATH: &str = "/stats?usedonly&type=Gauges&filter=downstream_cx_active%24";
+pub(crate) const STATS_PATH: &str = "/stats?usedonly&type=Gauges&filter=downstream_cx_active%24";
 
 /// Connections and requests in one answer: `downstream_(cx|rq)_active$`, percent-encoded.
-pub const REQUESTS_PATH: &str =
+pub(crate) const REQUESTS_PATH: &str =
     "/stats?usedonly&type=Gauges&filter=downstream_%28cx%7Crq%29_active%24";
 
 const PREFIX: &str = "listener.";
@@ -26,14 +26,14 @@ const ADMIN_LINE: &str = "listener.admin.downstream_cx_active";
 const ADMIN_RQ_LINE: &str = "http.admin.downstream_rq_active";
 
 /// A gauge above this has wrapped below zero (istio/istio #49229); it means 0.
-pub const WRAPPED: u64 = 1 << 63;
+pub(crate) const WRAPPED: u64 = 1 << 63;
 
 /// One HTTP connection manager's requests and connections, for `status`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Hcm {
-    pub prefix: String,
-    pub requests: u64,
-    pub connections: u64,
+    pub(crate) prefix: String,
+    pub(crate) requests: u64,
+    pub(crate) connections: u64,
 }
 
 /// An answer read line by line as it arrives: each line is checked, and only the figures the
@@ -245,7 +245,7 @@ mod tests {
     }
 
     /// The request count of a whole answer, and its HTTP connection managers.
-    pub fn parse_requests(body: &str, ignore: &PortSet) -> Result<(Count, Vec<Hcm>), String> {
+    fn parse_requests(body: &str, ignore: &PortSet) -> Result<(Count, Vec<Hcm>), String> {
         let lines = lines(body, ignore);
         lines.requests(&lines.connections()?)
     }

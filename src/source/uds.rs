@@ -15,8 +15,8 @@ use ureq::unversioned::transport::{
 
 /// Opens `path` for every request, whatever the request's host.
 #[derive(Debug)]
-pub struct UnixConnector {
-    pub path: PathBuf,
+pub(crate) struct UnixConnector {
+    pub(crate) path: PathBuf,
 }
 
 impl<In: Transport> Connector<In> for UnixConnector {
@@ -86,7 +86,7 @@ fn connect(path: &Path, timeout: Option<Duration>) -> Result<UnixStream, Error> 
     }
 }
 
-pub struct UnixTransport {
+pub(crate) struct UnixTransport {
     stream: UnixStream,
     buffers: LazyBuffers,
 }

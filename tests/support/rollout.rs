@@ -93,7 +93,8 @@ pub enum Clients {
     KeepAlive,
     /// Ten connections kept alive, and beside them `DOWNLOADERS` slow clients (a mobile or
     /// cross-region reader) each downloading `DOWNLOAD` bytes at `DOWNLOAD_RATE` bytes a second
-    /// (curl's `--limit-rate`), one after another.
+    /// (wget's `--limit-rate`), one after another, from outside the mesh (`DOWNLOAD_PORT`): a
+    /// sidecar of the client's own would read each answer at once and hold it itself.
     Downloads,
 }
 
@@ -102,6 +103,9 @@ pub enum Clients {
 pub const DOWNLOADERS: usize = 4;
 pub const DOWNLOAD: u64 = 3_000_000;
 pub const DOWNLOAD_RATE: u64 = 250_000;
+/// The Service's port the slow clients ask, which the client's sidecar lets pass
+/// (traffic.sidecar.istio.io/excludeOutboundPorts), as a client outside the mesh reaches the pod.
+const DOWNLOAD_PORT: u16 = 81;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Case {
@@ -181,6 +185,8 @@ pub struct Row {
     pub case: Case,
     /// Requests answered 200, and downloads that arrived whole.
     pub ok: u64,
+    /// Of those, the downloads.
+    pub downloaded: u64,
     /// Every other answer and every error, as hey names them.
     pub failed: Vec<(String, u64)>,
     /// From `kubectl rollout restart` to the last old pod gone.
@@ -299,7 +305,9 @@ kind: Service
 metadata: {{name: app, namespace: {ns}}}
 spec:
   selector: {{app: app}}
-  ports: [{{name: http, port: 80, targetPort: 8080}}]
+  ports:
+  - {{name: http, port: 80, targetPort: 8080}}
+  - {{name: http-outside, port: {DOWNLOAD_PORT}, targetPort: 8080}}
 ---
 apiVersion: apps/v1
 kind: Deployment
@@ -310,7 +318,9 @@ spec:
   template:
     metadata:
       labels: {{app: client}}
-      annotations: {{envoy-drain.io/disabled: 'true'}}
+      annotations:
+        envoy-drain.io/disabled: 'true'
+        traffic.sidecar.istio.io/excludeOutboundPorts: '{DOWNLOAD_PORT}'
     spec:
       containers:
       - name: client
@@ -396,7 +406,7 @@ fn waypoint(case: Case, ns: &str) -> String {
 }
 
 /// The node's images: the app, envoy-drain's FROM scratch content, the client (Kubernetes' pause
-/// program, and hey and curl to exec); with sidecars Istio's proxyv2 as its Dockerfile lays it out
+/// program, and hey and wget to exec); with sidecars Istio's proxyv2 as its Dockerfile lays it out
 /// (pilot/docker/Dockerfile.proxyv2: pilot-agent, Envoy, the bootstrap template); in ambient
 /// mode ztunnel and install-cni (istio-cni's node agent and plugin).
 fn images(cp: &ControlPlane, meshes: &[Mesh], envoy: &Path, bootstrap: &Path) -> Vec<Image> {
@@ -416,7 +426,7 @@ fn images(cp: &ControlPlane, meshes: &[Mesh], envoy: &Path, bootstrap: &Path) ->
         Image {
             name: "localhost/client:test",
             entrypoint: vec!["/pause".into()],
-            files: vec!["/usr/bin/hey".into(), "/usr/bin/curl".into()],
+            files: vec!["/usr/bin/hey".into(), "/usr/bin/wget".into()],
             extra: vec![(cp.bin("pause"), "/pause".into())],
         },
     ];
@@ -792,27 +802,41 @@ impl Side {
         cmd
     }
 
-    /// One download of `Clients::Downloads` in the client pod (curl, `kubectl exec`), to the
-    /// Service: what went wrong, if anything.
+    /// One download of `Clients::Downloads` in the client pod (wget, `kubectl exec`), to the
+    /// Service: what went wrong, if anything. wget checks the length the answer announced, tries
+    /// once, and says where a download stopped.
     fn download(&self, cp: &ControlPlane) -> Result<(), String> {
         let mut cmd =
             cp.kubectl_command(&["exec", "-n", &self.ns, &self.client, "-c", "client", "--"]);
-        let url = format!("http://{}/bytes/{DOWNLOAD}", self.ip);
-        let rate = DOWNLOAD_RATE.to_string();
-        cmd.args(["/usr/bin/curl", "-sS", "--limit-rate", &rate, "--max-time", "60"]);
-        cmd.args(["-o", "/dev/null", "-w", "%{http_code} %{size_download}", &url]);
-        let out = cmd.output().map_err(|e| format!("kubectl exec of curl: {e}"))?;
-        let said = String::from_utf8_lossy(&out.stdout);
-        match (out.status.code(), said.split_once(' ')) {
-            (Some(0), Some(("200", size))) if size == DOWNLOAD.to_string() => Ok(()),
-            (Some(0), Some((code, _))) if code != "200" => Err(format!("download: status {code}")),
-            (code, _) => Err(match code {
-                // curl's own exit codes (curl(1), EXIT CODES).
-                Some(18) => "download cut short (curl: partial file)".into(),
-                Some(56) => "download cut short (curl: reset)".into(),
-                Some(c) => format!("download failed (curl exit {c})"),
-                None => "download: curl killed".into(),
+        let url = format!("http://{}:{DOWNLOAD_PORT}/bytes/{DOWNLOAD}", self.ip);
+        let rate = format!("--limit-rate={DOWNLOAD_RATE}");
+        cmd.args([
+            "/usr/bin/wget",
+            "--progress=dot:giga",
+            "--tries=1",
+            "--timeout=60",
+            &rate,
+            "-O",
+            "/dev/null",
+        ]);
+        let out = cmd.arg(&url).output().map_err(|e| format!("kubectl exec of wget: {e}"))?;
+        let said = String::from_utf8_lossy(&out.stderr);
+        match out.status.code() {
+            Some(0) => Ok(()),
+            // wget's exit codes (wget(1), EXIT STATUS): 8 an error status, 4 the network's.
+            Some(8) => Err(match said.split_once("ERROR ") {
+                Some((_, e)) => format!("download: status {}", e.split(':').next().unwrap_or(e)),
+                None => "download: an error status".into(),
             }),
+            Some(4) if said.contains("Connection closed at byte") => {
+                Err("download cut short (closed)".into())
+            }
+            Some(4) if said.contains("Read error at byte") => {
+                Err("download cut short (read error: reset)".into())
+            }
+            Some(4) if said.contains("Connection refused") => Err("download: refused".into()),
+            Some(c) => Err(format!("download failed (wget exit {c}: {})", said.trim())),
+            None => Err("download: wget killed".into()),
         }
     }
 
@@ -959,11 +983,12 @@ impl<'s> Load<'s> {
             String::from_utf8_lossy(&out.stderr)
         );
         let (mut ok, mut failed) = tally(&report);
+        let mut downloaded = 0;
         self.stop.store(true, Ordering::SeqCst);
         for downloads in self.downloaders.into_iter().map(|d| d.join().expect("a downloader")) {
             for download in downloads {
                 match download {
-                    Ok(()) => ok += 1,
+                    Ok(()) => downloaded += 1,
                     Err(why) => match failed.iter_mut().find(|(e, _)| *e == why) {
                         Some((_, n)) => *n += 1,
                         None => failed.push((why, 1)),
@@ -1002,7 +1027,19 @@ impl<'s> Load<'s> {
         let diagnosis = format!("hey: {}", String::from_utf8_lossy(&out.stderr).trim());
         let took = Duration::ZERO;
         let status = String::new();
-        Row { case: side.case, ok, failed, took, holds, records, propagation, diagnosis, status }
+        ok += downloaded;
+        Row {
+            case: side.case,
+            ok,
+            downloaded,
+            failed,
+            took,
+            holds,
+            records,
+            propagation,
+            diagnosis,
+            status,
+        }
     }
 }
 
