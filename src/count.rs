@@ -1,5 +1,6 @@
 //! What a source reports: a total, its parts, and where it came from (data; text.rs words it).
 
+use crate::error::Failure;
 use std::time::Duration;
 
 /// Where a count came from.
@@ -74,9 +75,9 @@ pub struct Count {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Warning {
     /// Why `/proc/net/snmp` could not be read.
-    Snmp(String),
+    Snmp(Failure),
     /// Why netlink could not be read: the text tables are.
-    TextTables(String),
+    TextTables(Failure),
     /// The text tables tell no bytes received: arrivals unknown.
     NoBytes,
     /// What `hold` cannot see: datagrams to the UDP ports the pod serves (the kernel counts none
@@ -90,13 +91,13 @@ pub enum Warning {
     /// Gauges that wrapped below zero: how many, and the first one's name.
     Wrapped { n: u64, first: String },
     /// Why /clusters failed: arrivals from the socket table alone.
-    ClustersFailed(String),
+    ClustersFailed(Failure),
     /// The socket table sees arrivals that /clusters does not.
     PastEnvoy,
     /// Why the socket table failed: arrivals from /clusters alone.
-    ClustersAlone(String),
+    ClustersAlone(Failure),
     /// Why the socket table failed: what the pod still delivers is not known, and holds nothing.
-    Undelivered(String),
+    Undelivered(Failure),
 }
 
 /// Connections the pod accepted that a request still keeps busy: bytes written to them that
@@ -125,7 +126,7 @@ pub enum Basis {
     /// Envoy is the process holding the admin listener; its sockets are the ones it holds.
     Process { pid: u32, uid: u32, admin: String },
     /// Its process could not be read (`why`): Envoy's sockets are its admin listener owner's.
-    Owner { uid: u32, admin: String, why: String },
+    Owner { uid: u32, admin: String, why: Failure },
     /// Nothing listens on the admin address, or what does is not taken as Envoy (`not_envoy`
     /// says why): any listener's connections count, which may hold more than Envoy's.
     Unknown { admin: String, not_envoy: Option<String> },
@@ -163,6 +164,15 @@ impl Cost {
         self.cpu.unwrap_or(self.look)
     }
 }
+
+/// Two admin requests start at least this many times the last one's cost apart, so that counting
+/// takes at most 1/PACE of Envoy's main thread (which also applies its configuration) and of the
+/// proxy container's CPU, which a preStop shares.
+pub(crate) const PACE: u32 = 20;
+
+/// The time a request is given: a loopback admin API answers in milliseconds. A stats request that
+/// ran out of it gets more the next time, and /clusters the time left (`Sources`).
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How many named rows of an answer a count keeps for `status`; the rest are added up as one.
 pub(crate) const KEPT: usize = 1000;

@@ -1,5 +1,5 @@
-//! The two error shapes: a bad flag (`UsageError`, exit 2), and something the hook tried that
-//! did not work (`failed`: a warning or an unknown count, never an exit).
+//! The two error types: a bad flag (`UsageError`, exit 2), and something the hook tried that
+//! did not work (`Failure`: a warning or an unknown count, never an exit).
 
 use std::{fmt, io};
 
@@ -46,14 +46,75 @@ impl fmt::Display for UsageError {
     }
 }
 
+/// Something the hook tried at run time that did not work: a warning, or why a count is unknown;
+/// never an exit. Shown in the log's words.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Failure {
+    /// `failed to GET http://127.0.0.1:15000/stats: connection refused`.
+    Failed { verb: &'static str, object: String, cause: Box<Failure> },
+    /// In words of its own: what an answer or a table lacks, or an OS error's cause.
+    Said(String),
+    /// Where one of several sources failed: `/clusters: <failure>`.
+    In(&'static str, Box<Failure>),
+    /// Every source tried, each with its failure, one after the other.
+    Each(Vec<Failure>),
+}
+
+impl From<String> for Failure {
+    fn from(said: String) -> Self {
+        Failure::Said(said)
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(said: &str) -> Self {
+        Failure::Said(said.to_string())
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Failed { verb, object, cause } => {
+                write!(f, "failed to {verb} {object}: {cause}")
+            }
+            Failure::Said(said) => f.write_str(said),
+            Failure::In(source, failure) => write!(f, "{source}: {failure}"),
+            Failure::Each(all) => {
+                for (i, failure) in all.iter().enumerate() {
+                    let sep = if i == 0 { "" } else { "; " };
+                    write!(f, "{sep}{failure}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// What the tests ask of a failure's words.
+#[cfg(test)]
+impl Failure {
+    pub(crate) fn contains(&self, part: &str) -> bool {
+        self.to_string().contains(part)
+    }
+
+    pub(crate) fn starts_with(&self, part: &str) -> bool {
+        self.to_string().starts_with(part)
+    }
+
+    pub(crate) fn ends_with(&self, part: &str) -> bool {
+        self.to_string().ends_with(part)
+    }
+}
+
 /// A failure in one shape wherever it is shown: `failed to GET http://127.0.0.1:15000/stats:
 /// connection refused`.
 pub(crate) fn failed(
-    verb: &str,
-    object: impl std::fmt::Display,
-    cause: impl std::fmt::Display,
-) -> String {
-    format!("failed to {verb} {object}: {cause}")
+    verb: &'static str,
+    object: impl fmt::Display,
+    cause: impl Into<Failure>,
+) -> Failure {
+    Failure::Failed { verb, object: object.to_string(), cause: Box::new(cause.into()) }
 }
 
 #[cfg(test)]
@@ -68,7 +129,7 @@ mod tests {
             "invalid value 'soon\\n' for --deadline: expected a duration like 25s"
         );
         let failure = failed("read", "/proc/net/tcp", "not a regular file");
-        assert_eq!(failure, "failed to read /proc/net/tcp: not a regular file");
+        assert_eq!(failure.to_string(), "failed to read /proc/net/tcp: not a regular file");
     }
 
     #[test]

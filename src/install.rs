@@ -2,7 +2,7 @@
 //! FROM scratch image. Atomic: a temporary file beside DEST, flushed, then renamed over it.
 
 use crate::cli::InstallArgs;
-use crate::error::{failed, io_cause};
+use crate::error::{Failure, failed, io_cause};
 use crate::outcome::{EXIT_INSTALL_FAILED, EXIT_REACHED};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -25,7 +25,7 @@ pub fn command(args: &InstallArgs) -> i32 {
 
 /// Installs to `dest`, or `dest/envoy-drain` when it is a directory; returns the path and size
 /// written.
-fn install(dest: &Path) -> Result<(PathBuf, u64), String> {
+fn install(dest: &Path) -> Result<(PathBuf, u64), Failure> {
     let (mut source, from) = open_self()?;
     let target = if dest.is_dir() { dest.join("envoy-drain") } else { dest.to_path_buf() };
     let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -54,7 +54,7 @@ fn install(dest: &Path) -> Result<(PathBuf, u64), String> {
 }
 
 /// The running binary: /proc/self/exe, or argv[0] where /proc is not mounted.
-fn open_self() -> Result<(File, PathBuf), String> {
+fn open_self() -> Result<(File, PathBuf), Failure> {
     let exe = PathBuf::from("/proc/self/exe");
     let proc_err = match File::open(&exe) {
         Ok(f) => return Ok((f, exe)),

@@ -9,7 +9,7 @@ pub struct PortSet(Vec<u16>);
 impl PortSet {
     /// Parses `15000, 15021,15090`. Empty items are skipped, so `""` is the empty set and a
     /// trailing comma is harmless. The error is the item that is not a port.
-    pub fn parse(list: &str) -> Result<PortSet, String> {
+    pub fn parse(list: &str) -> Result<PortSet, &str> {
         let items = list.split(',').map(str::trim).filter(|i| !i.is_empty());
         let ports = items.map(|i| i.parse().ok().filter(|&p| p > 0).ok_or(i));
         let mut ports: Vec<u16> = ports.collect::<Result<_, &str>>()?;
@@ -48,7 +48,7 @@ pub struct Names(Vec<String>);
 
 impl Names {
     /// Parses `a,b,c*`; empty items are skipped. The error is an item that is only `*`.
-    pub fn parse(list: &str) -> Result<Names, String> {
+    pub fn parse(list: &str) -> Result<Names, &str> {
         let items = list.split(',').map(str::trim).filter(|i| !i.is_empty());
         let names = items.map(|i| if i == "*" { Err(i) } else { Ok(i.to_string()) });
         Ok(Names(names.collect::<Result<_, &str>>()?))
@@ -118,15 +118,15 @@ mod tests {
 
     #[test]
     fn rejects_what_is_not_a_port_and_names_it() {
-        assert_eq!(PortSet::parse("15000,http"), Err("http".to_string()));
-        assert_eq!(PortSet::parse("0"), Err("0".to_string()));
-        assert_eq!(PortSet::parse("65536"), Err("65536".to_string()));
-        assert_eq!(PortSet::parse("-1"), Err("-1".to_string()));
+        assert_eq!(PortSet::parse("15000,http"), Err("http"));
+        assert_eq!(PortSet::parse("0"), Err("0"));
+        assert_eq!(PortSet::parse("65536"), Err("65536"));
+        assert_eq!(PortSet::parse("-1"), Err("-1"));
     }
 
     #[test]
     fn only_a_lone_star_is_refused_as_a_cluster_name() {
-        assert_eq!(Names::parse("*"), Err("*".to_string()));
+        assert_eq!(Names::parse("*"), Err("*"));
         assert!(Names::parse("a*,b, ,").is_ok());
     }
 }

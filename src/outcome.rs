@@ -1,6 +1,7 @@
 //! How a run ends: the outcome, its exit code, and what the run has seen so far.
 
 use crate::count::Count;
+use crate::error::Failure;
 
 // Exit codes: 0/1/2 as linkerd-await and ripgrep use them (success, "did not happen", usage
 // error); 128 + the signal, as a shell reports a process a signal killed (143 SIGTERM).
@@ -63,7 +64,7 @@ pub(crate) struct Progress {
     /// The newest successful count.
     pub(crate) last: Option<Count>,
     /// Set while the newest attempt to count failed: why.
-    pub(crate) unknown: Option<String>,
+    pub(crate) unknown: Option<Failure>,
     /// When a count last saw a request arrive, from the start of the run.
     pub(crate) arrived_at: Option<std::time::Duration>,
     /// `hold`: how far apart arrivals came at that count, and the quiet time they asked for.

@@ -3,6 +3,7 @@
 //! names are stable; docs/usage.md ("The record") lists them.
 
 use crate::config::{RunConfig, Until};
+use crate::error::Failure;
 use crate::log::json_string;
 use crate::outcome::{Outcome, Progress, signal_name};
 use std::fmt::Write;
@@ -84,7 +85,8 @@ impl Record<'_> {
         add("count_unit", text(unit.as_deref()));
         let source = p.last.as_ref().map(|c| c.source.to_string());
         add("count_source", text(source.as_deref()));
-        let failed = p.unknown.as_deref().map(|f| &f[..f.floor_char_boundary(WORDS)]);
+        let failed = p.unknown.as_ref().map(Failure::to_string);
+        let failed = failed.as_deref().map(|f| &f[..f.floor_char_boundary(WORDS)]);
         add("count_failed", text(failed));
         // As many as fit in `WARNINGS`, so that the summary's message keeps its room in the line.
         let mut warnings = Vec::new();
@@ -161,7 +163,8 @@ mod tests {
         // A pod author's 35 KB annotation repeated in every warning (a red-team's).
         let args = HoldArgs { preset: Some("none".into()), ..HoldArgs::default() };
         let cfg = hold_config(&args, &|_| None).expect("a hold's config");
-        let progress = Progress { unknown: Some("é".repeat(20_000)), ..Progress::default() };
+        let progress =
+            Progress { unknown: Some(Failure::from("é".repeat(20_000))), ..Progress::default() };
         let who = Identity { pod: None, namespace: None };
         let warnings = vec![format!("ignoring annotation {}", "\u{7}é".repeat(10_000)); 16];
         let record = Record {

@@ -3,6 +3,7 @@
 
 use crate::config::{RunConfig, Until};
 use crate::count::{Basis, Busy, Cost, Count, SourceKind, Unit, Warning};
+use crate::error::Failure;
 use crate::log::{Format, Level, Logger};
 use crate::outcome::{Outcome, Progress};
 use crate::record::{Identity, Record};
@@ -100,7 +101,7 @@ impl Report {
     }
 
     /// A look at the app alone, waiting for its exit: what holds the proxy, once.
-    pub fn app(&self, app: App, pod: &Result<Pod, String>) {
+    pub fn app(&self, app: App, pod: &Result<Pod, Failure>) {
         let mut said = self.said();
         said.app = pod.as_ref().ok().map(|p| p.owners.clone());
         if said.app_told || app == App::Leaving {
@@ -143,6 +144,16 @@ impl Report {
         said.log.line(Level::Warn, &line);
     }
 
+    /// Tells a new pace where it changed by half or more, or came back to the interval.
+    fn paced(&self, said: &mut Said, pace: Duration, cost: Cost) {
+        let interval = self.cfg.rules.interval;
+        let (low, high) = (said.pace.saturating_mul(2) / 3, said.pace.saturating_mul(3) / 2);
+        if pace != said.pace && (pace <= low || pace >= high || pace == interval) {
+            said.log.line(Level::Info, &text::pace(pace, interval, cost));
+            said.pace = pace;
+        }
+    }
+
     /// A count at `now` and what the wait made of it: the pace when it changed by half or more,
     /// the count's warnings once, a change of source or basis, and the count itself when it is
     /// news, verbose or a heartbeat.
@@ -156,12 +167,7 @@ impl Report {
     ) {
         let rules = &self.cfg.rules;
         let mut said = self.said();
-        let pace = seen.every;
-        let (low, high) = (said.pace.saturating_mul(2) / 3, said.pace.saturating_mul(3) / 2);
-        if pace != said.pace && (pace <= low || pace >= high || pace == rules.interval) {
-            said.log.line(Level::Info, &text::pace(pace, rules.interval, cost));
-            said.pace = pace;
-        }
+        self.paced(&mut said, seen.every, cost);
         let last_total = said.progress.last.as_ref().map(|c| c.total);
         let was_unknown = said.progress.unknown.take();
         if seen.arrived > 0 {
@@ -171,7 +177,7 @@ impl Report {
         let count = match &reading.result {
             Ok(count) => count,
             Err(why) => {
-                if was_unknown.as_deref() != Some(why.as_str()) {
+                if was_unknown.as_ref() != Some(why) {
                     said.log.line(Level::Warn, &text::cannot_count(why));
                 }
                 said.progress.unknown = Some(why.clone());
@@ -215,10 +221,10 @@ impl Report {
 mod tests {
     use super::*;
     use crate::cli::RunArgs;
+    use crate::count::PACE;
     use crate::count::{Count, Part};
     use crate::log::Out;
     use crate::log::testing::Sink;
-    use crate::source::admin::PACE;
 
     fn count(source: SourceKind, n: u64) -> Count {
         let name = match source {
@@ -231,11 +237,14 @@ mod tests {
     }
 
     fn ok(c: Count, fallback: Option<&str>) -> Reading {
-        Reading { result: Ok(c), fallback: fallback.map(str::to_string) }
+        Reading { result: Ok(c), fallback: fallback.map(Failure::from) }
     }
 
     fn unknown(why: &str) -> Reading {
-        Reading { result: Err(why.to_string()), fallback: Some(why.to_string()) }
+        Reading {
+            result: Err(Failure::from(why.to_string())),
+            fallback: Some(Failure::from(why.to_string())),
+        }
     }
 
     /// Feeds readings one second apart and returns the log and the last progress.
@@ -319,7 +328,10 @@ mod tests {
         );
         assert_eq!(log.matches("cannot count: stats: refused; proc: missing").count(), 1, "{log}");
         assert_eq!(p.last.map(|c| c.total), Some(1), "the last known count stays");
-        assert_eq!(p.unknown.as_deref(), Some("stats: refused; proc: missing"));
+        assert_eq!(
+            p.unknown.map(|f| f.to_string()).as_deref(),
+            Some("stats: refused; proc: missing")
+        );
     }
 
     #[test]

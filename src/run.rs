@@ -5,14 +5,15 @@
 use crate::cli::usage_error;
 use crate::config::{Address, RunConfig};
 use crate::count::Cost;
+use crate::count::REQUEST_TIMEOUT;
 use crate::drain::Request;
-use crate::error::UsageError;
+use crate::error::{Failure, UsageError};
 use crate::log::{Level, Logger};
 use crate::outcome::{EXIT_REACHED, Outcome};
 use crate::record::Identity;
 use crate::report::Report;
 use crate::signals::Blocked;
-use crate::source::admin::{Client, REQUEST_TIMEOUT};
+use crate::source::admin::Client;
 use crate::source::sockets::Pod;
 use crate::source::{Reading, Sources};
 use crate::text;
@@ -149,7 +150,7 @@ struct Looks<'a> {
 
 impl Looks<'_> {
     /// What a look found, what it cost among it: the count (when asked for), the pod's sockets.
-    fn look(&mut self, left: Duration, ask: Ask) -> (Tick, Option<Reading>, Result<Pod, String>) {
+    fn look(&mut self, left: Duration, ask: Ask) -> (Tick, Option<Reading>, Result<Pod, Failure>) {
         let resent = Instant::now();
         // Never at the cost of the count's own time before the deadline.
         if ask == Ask::Count && left >= REQUEST_TIMEOUT.saturating_mul(2) {

@@ -2,8 +2,9 @@
 
 use crate::cli::{StatusArgs, usage_error};
 use crate::config::{self, Mode};
+use crate::count::REQUEST_TIMEOUT;
 use crate::outcome::{EXIT_NOTHING_COUNTED, EXIT_REACHED};
-use crate::source::admin::{READY_PATH, REQUEST_TIMEOUT};
+use crate::source::admin::READY_PATH;
 use crate::source::{self, Sources};
 use std::io::Write;
 use std::time::Duration;

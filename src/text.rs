@@ -5,11 +5,13 @@ use crate::cli::{ANNOTATION_PREFIX, ENV_LOG_FORMAT, ENV_NODE_IPS};
 use crate::config::{
     ConfigWarning, DEFAULT_MIN_DRAIN, ENV_MIN_DRAIN, Mode, Rules, RunConfig, Until,
 };
+use crate::count::PACE;
 use crate::count::{Basis, Busy, Cost, Count, NON_HTTP, SourceKind, Unit, Warning};
 use crate::drain::Request;
+use crate::error::Failure;
 use crate::log::Level;
 use crate::outcome::{Outcome, Progress, signal_name};
-use crate::source::admin::{PACE, READY_PATH, Reply};
+use crate::source::admin::{READY_PATH, Reply};
 use crate::source::clusters::{self, CLUSTERS_PATH};
 use crate::source::sockets::Reader;
 use crate::source::stats::Hcm;
@@ -145,7 +147,7 @@ pub(crate) fn quitting(url: &str) -> String {
 }
 
 /// The line a request's answer is worth: the hook goes on either way.
-pub(crate) fn posted(r: Request, url: &str, answer: &Result<Reply, String>) -> (Level, String) {
+pub(crate) fn posted(r: Request, url: &str, answer: &Result<Reply, Failure>) -> (Level, String) {
     let (_, done, what) = request_words(r);
     let failed = |why: String| (Level::Warn, format!("failed to {what}: POST {url}: {why}"));
     match answer {
@@ -157,7 +159,7 @@ pub(crate) fn posted(r: Request, url: &str, answer: &Result<Reply, String>) -> (
         Err(why) if r != Request::Quit => {
             failed(format!("{why}; sending it again before each count"))
         }
-        Err(why) => failed(why.clone()),
+        Err(why) => failed(why.to_string()),
     }
 }
 
@@ -380,7 +382,7 @@ pub(crate) const APP_NOT_SEEN: &str = "no socket of the app seen while waiting, 
 pub(crate) const STILL_DELIVERING: &str = "an answer is still on its way to its client at the deadline: not asking the Istio agent to stop the proxy; its own shutdown follows";
 
 /// `--then-quit` that cannot see the app.
-pub(crate) fn app_unknown(why: &str) -> String {
+pub(crate) fn app_unknown(why: &Failure) -> String {
     format!(
         "cannot tell whether the app has exited ({why}): the proxy is not stopped until it is known"
     )
@@ -421,7 +423,7 @@ pub fn disabled(setting: &str) -> String {
 
 pub(crate) const SIGNALS_NOT_TAKEN: &str = "failed to take over SIGTERM, SIGINT and the other signals that end a process; one will end the wait without a summary";
 
-pub(crate) fn cannot_count(why: &str) -> String {
+pub(crate) fn cannot_count(why: &Failure) -> String {
     format!("cannot count: {why}; still waiting (an unknown count never ends the wait)")
 }
 
@@ -628,7 +630,10 @@ pub(crate) fn summary(
         }
         Outcome::NothingCounted => {
             let none = if hold { "no source told what arrived" } else { "no source answered" };
-            format!(" and nothing could be counted: {}", p.unknown.as_deref().unwrap_or(none))
+            format!(
+                " and nothing could be counted: {}",
+                p.unknown.as_ref().map_or(none.to_string(), Failure::to_string)
+            )
         }
         Outcome::Interrupted(_) => format!(" with {counted}{open}{stale}"),
     };
@@ -686,7 +691,7 @@ pub fn status(
     look: &Look,
     reading: &Reading,
     sources: &Sources,
-    ready: Option<&Result<Reply, String>>,
+    ready: Option<&Result<Reply, Failure>>,
 ) -> String {
     let mut out = String::new();
     if let Some(ready) = ready {
@@ -731,7 +736,7 @@ pub fn status(
 fn section<T>(
     out: &mut String,
     heading: String,
-    read: &Result<T, String>,
+    read: &Result<T, Failure>,
     table: fn(&mut String, &T),
 ) {
     let _ = writeln!(out, "{heading}");
@@ -743,7 +748,7 @@ fn section<T>(
     }
 }
 
-fn ready_said(ready: &Result<Reply, String>) -> String {
+fn ready_said(ready: &Result<Reply, Failure>) -> String {
     match ready {
         Ok(r) if r.status == 200 => {
             format!("answered {}: Envoy passes its health checks", r.describe())
@@ -760,7 +765,7 @@ fn ready_said(ready: &Result<Reply, String>) -> String {
             r.describe()
         ),
         Ok(r) => format!("answered {}", r.describe()),
-        Err(f) => f.clone(),
+        Err(f) => f.to_string(),
     }
 }
 
@@ -947,7 +952,7 @@ mod tests {
     };
 
     fn progress(last: Option<Count>, unknown: Option<&str>) -> Progress {
-        Progress { last, unknown: unknown.map(str::to_string), ..Progress::default() }
+        Progress { last, unknown: unknown.map(Failure::from), ..Progress::default() }
     }
 
     #[test]

@@ -3,9 +3,8 @@
 //! that ends a wait is here; run.rs drives it with real time and looks, the tests with fake ones.
 
 use crate::config::{Rules, Until};
-use crate::count::{Before, Busy, Cost};
+use crate::count::{Before, Busy, Cost, PACE, REQUEST_TIMEOUT};
 use crate::outcome::{Outcome, Pace};
-use crate::source::admin::PACE;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,7 +18,7 @@ pub enum Ask {
 }
 
 /// Time enough for a count before the deadline: the bound on one admin request.
-pub const LAST_COUNT: Duration = crate::source::admin::REQUEST_TIMEOUT;
+pub const LAST_COUNT: Duration = REQUEST_TIMEOUT;
 
 /// How long the app's sockets must stay gone, at looks at most `RECHECK` apart, before the app
 /// counts as exited: an app that closed its listener, or a worker between two calls out, holds
@@ -166,47 +165,10 @@ impl Rate {
         (last, ago): (Duration, Duration),
         limits: &Limits,
     ) -> Pace {
-        let span = now.saturating_sub(from).as_secs_f64();
-        let n: u64 = reads
-            .iter()
-            .map(|r| r.arrived.saturating_add(r.recounted))
-            .fold(0, u64::saturating_add);
-        let busy = reads.iter().filter(|r| r.arrived > 0).count() as f64;
-        let all = reads.len() as f64;
-        // Half a count more than seen, so that counts that all saw some still give a rate.
-        let by_share = if busy > 0.0 { all * ((all + 0.5) / (all + 0.5 - busy)).ln() } else { 0.0 };
-        let before = self.before.filter(|b| !b.span.is_zero());
-        let (alpha, beta) = before.map_or((0.0, 0.0), |b| {
-            let weight = b.span.as_secs_f64().min(PRIOR);
-            (b.arrivals as f64 * weight / b.span.as_secs_f64(), weight)
-        });
-        // What was remembered counts while the counts agree with it, within five standard
-        // deviations of what it expects (chance alone seldom goes further, and a rate told
-        // from the counts alone only where it did would be told too high): a rate since then
-        // far higher or lower is the rate now.
-        let (n, expected) = ((n as f64).max(by_share), alpha / beta.max(f64::MIN_POSITIVE) * span);
-        let agrees = (n - expected).abs() <= 5.0 * expected.max(1.0).sqrt() + 5.0;
-        let (alpha, beta) = if agrees { (alpha + n, beta + span) } else { (n, span) };
-        let recent = before.and_then(|b| b.recent).filter(|_| from == self.since.unwrap_or(from));
-        let mut pause = recent.map_or(Duration::ZERO, |r| r.1);
-        let (mut seen, mut silent) = (None, false);
-        for &Counted { at: t, arrived, .. } in reads {
-            if arrived == 0 {
-                silent = true;
-                continue;
-            }
-            let gap = match seen {
-                Some(was) if silent => t.saturating_sub(was),
-                // A silence watched from the first count (or the window's start) up to an
-                // arrival: a pause at least that long; longer by the newest arrival before.
-                None if silent => {
-                    t.saturating_sub(from).saturating_add(recent.map_or(Duration::ZERO, |r| r.0))
-                }
-                _ => Duration::ZERO,
-            };
-            pause = pause.max(gap);
-            (seen, silent) = (Some(t), false);
-        }
+        let (alpha, beta) = self.rate(reads, (from, now));
+        let recent =
+            self.before.and_then(|b| b.recent).filter(|_| from == self.since.unwrap_or(from));
+        let pause = longest_pause(reads, from, recent);
         // By the propagation the mesh has stopped sending here (nothing more is expected), unless
         // an arrival came after it: then it is slower than that, and only the deadline ends.
         let late = last >= limits.propagation;
@@ -237,6 +199,61 @@ impl Rate {
         let gap = if alpha > 0.0 { secs(beta / alpha) } else { WINDOW };
         Pace { gap, quiet: limits.floor.max(end.saturating_sub(last)) }
     }
+
+    /// The arrivals' rate as a Gamma law's shape and rate (arrivals, seconds): what the counts
+    /// from `from` to `now` saw, with what was remembered from before while they agree with it.
+    fn rate(&self, reads: &[Counted], (from, now): (Duration, Duration)) -> (f64, f64) {
+        let span = now.saturating_sub(from).as_secs_f64();
+        let n: u64 = reads
+            .iter()
+            .map(|r| r.arrived.saturating_add(r.recounted))
+            .fold(0, u64::saturating_add);
+        let busy = reads.iter().filter(|r| r.arrived > 0).count() as f64;
+        let all = reads.len() as f64;
+        // Half a count more than seen, so that counts that all saw some still give a rate.
+        let by_share = if busy > 0.0 { all * ((all + 0.5) / (all + 0.5 - busy)).ln() } else { 0.0 };
+        let before = self.before.filter(|b| !b.span.is_zero());
+        let (alpha, beta) = before.map_or((0.0, 0.0), |b| {
+            let weight = b.span.as_secs_f64().min(PRIOR);
+            (b.arrivals as f64 * weight / b.span.as_secs_f64(), weight)
+        });
+        // What was remembered counts while the counts agree with it, within five standard
+        // deviations of what it expects (chance alone seldom goes further, and a rate told
+        // from the counts alone only where it did would be told too high): a rate since then
+        // far higher or lower is the rate now.
+        let (n, expected) = ((n as f64).max(by_share), alpha / beta.max(f64::MIN_POSITIVE) * span);
+        let agrees = (n - expected).abs() <= 5.0 * expected.max(1.0).sqrt() + 5.0;
+        if agrees { (alpha + n, beta + span) } else { (n, span) }
+    }
+}
+
+/// The longest pause between arrivals the counts `reads` saw since `from`, at least the one the
+/// kernel remembered (`recent`: the newest arrival's age and the longest pause before it).
+fn longest_pause(
+    reads: &[Counted],
+    from: Duration,
+    recent: Option<(Duration, Duration)>,
+) -> Duration {
+    let mut pause = recent.map_or(Duration::ZERO, |r| r.1);
+    let (mut seen, mut silent) = (None, false);
+    for &Counted { at: t, arrived, .. } in reads {
+        if arrived == 0 {
+            silent = true;
+            continue;
+        }
+        let gap = match seen {
+            Some(was) if silent => t.saturating_sub(was),
+            // A silence watched from the first count (or the window's start) up to an
+            // arrival: a pause at least that long; longer by the newest arrival before.
+            None if silent => {
+                t.saturating_sub(from).saturating_add(recent.map_or(Duration::ZERO, |r| r.0))
+            }
+            _ => Duration::ZERO,
+        };
+        pause = pause.max(gap);
+        (seen, silent) = (Some(t), false);
+    }
+    pause
 }
 
 /// Whether a hold ending after a silence of `s` seconds risks less than `RISK` of ending while
@@ -591,6 +608,18 @@ impl Counts {
                 self.next = self.next.min(done_at.saturating_sub(cost));
             }
         }
+        self.last_before_deadline(rules, (started, now), cost, pause);
+        None
+    }
+
+    /// Brings the next count before the deadline where the pace would put it past it.
+    fn last_before_deadline(
+        &mut self,
+        rules: &Rules,
+        (started, now): (Duration, Duration),
+        cost: Duration,
+        pause: Duration,
+    ) {
         // `hold` counts once more just before its deadline, so that what it says then (new
         // connections still coming, or requests on kept-alive ones alone) holds up to it.
         let last_look = rules.deadline.saturating_sub(cost.saturating_mul(2).max(RECHECK));
@@ -602,7 +631,6 @@ impl Counts {
         if pause > rules.interval && self.next >= rules.deadline && last_chance > now {
             self.next = last_chance;
         }
-        None
     }
 }
 

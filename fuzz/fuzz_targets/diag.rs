@@ -37,7 +37,7 @@ fuzz_target!(|data: &[u8]| {
     assert!(table.sockets.iter().all(|s| matches!(s.state, 1 | 2 | 3 | 8 | 10)));
     // Counted from the whole table, and counted as a stream beside its listening sockets.
     let filter = Filter { ignore: PortSet::default(), only: None };
-    let envoy = Basis::Owner { uid: 1337, admin: String::new(), why: String::new() };
+    let envoy = Basis::Owner { uid: 1337, admin: String::new(), why: String::new().into() };
     let rule = Rule { filter: &filter, envoy: &envoy, inodes: &[], ephemeral: &DEFAULT_EPHEMERAL };
     let mut listeners = Listeners::default();
     let whole = count(&table, &rule, &mut listeners);

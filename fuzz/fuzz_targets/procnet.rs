@@ -45,7 +45,7 @@ fuzz_target!(|data: &[u8]| {
         table.sockets.iter().map(|s| s.inode).filter(|i| i % 2 == 0).collect();
     some_inodes.sort_unstable();
     let (admin, why) = (String::new(), String::new());
-    let owner = |uid| (Basis::Owner { uid, admin: admin.clone(), why: why.clone() }, vec![]);
+    let owner = |uid| (Basis::Owner { uid, admin: admin.clone(), why: why.clone().into() }, vec![]);
     let envoys = [
         (Basis::Unknown { admin: admin.clone(), not_envoy: None }, vec![]),
         owner(1337),

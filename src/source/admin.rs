@@ -4,7 +4,8 @@
 //! in the bytes it reads, but /clusters, which only time bounds.
 
 use crate::config::Address;
-use crate::error::{io_cause, shorten};
+use crate::count::REQUEST_TIMEOUT;
+use crate::error::{Failure, io_cause, shorten};
 use crate::source::lines::each_line;
 use crate::source::uds::UnixConnector;
 use std::cell::RefCell;
@@ -13,15 +14,6 @@ use std::time::Duration;
 use ureq::http::Response;
 use ureq::unversioned::resolver::DefaultResolver;
 use ureq::{Agent, Body};
-
-/// Two admin requests start at least this many times the last one's cost apart, so that counting
-/// takes at most 1/PACE of Envoy's main thread (which also applies its configuration) and of the
-/// proxy container's CPU, which a preStop shares.
-pub(crate) const PACE: u32 = 20;
-
-/// The time a request is given: a loopback admin API answers in milliseconds. A stats request that
-/// ran out of it gets more the next time, and /clusters the time left (`Sources`).
-pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The most we read of any answer but /clusters: the filtered /stats answer of 40,000 listeners,
 /// and never a hostile server's stream without end.
@@ -105,12 +97,12 @@ impl Client {
     }
 
     /// A GET within `timeout`, its answer read whole; the error is a cause, `connection refused`.
-    pub(crate) fn get(&self, path: &str, timeout: Duration) -> Result<Reply, String> {
+    pub(crate) fn get(&self, path: &str, timeout: Duration) -> Result<Reply, Failure> {
         self.call("GET", path, timeout).and_then(|answer| read_whole(answer, timeout))
     }
 
     /// A POST within `left` and at most `REQUEST_TIMEOUT`.
-    pub(crate) fn post(&self, path: &str, left: Duration) -> Result<Reply, String> {
+    pub(crate) fn post(&self, path: &str, left: Duration) -> Result<Reply, Failure> {
         let timeout = left.min(REQUEST_TIMEOUT);
         self.call("POST", path, timeout).and_then(|answer| read_whole(answer, timeout))
     }
@@ -124,14 +116,14 @@ impl Client {
         left: Duration,
         limit: u64,
         each: impl FnMut(&str),
-    ) -> Result<(), String> {
+    ) -> Result<(), Failure> {
         self.call("GET", path, left).and_then(|answer| read_lines(answer, left, limit, each))
     }
 
     /// Sends the request and reads the answer's head within `timeout`; the body is the caller's.
-    fn call(&self, method: &str, path: &str, timeout: Duration) -> Result<Response<Body>, String> {
+    fn call(&self, method: &str, path: &str, timeout: Duration) -> Result<Response<Body>, Failure> {
         if timeout.is_zero() {
-            return Err("no time left before the deadline".to_string());
+            return Err(Failure::from("no time left before the deadline"));
         }
         // Over a Unix socket the URL's host only fills the Host header.
         let url = match &self.address {
@@ -161,7 +153,7 @@ impl Client {
                     answer.status().as_u16()
                 );
                 self.said(Some(why.clone()));
-                return Err(why);
+                return Err(Failure::from(why));
             }
             self.said(None);
         }
@@ -176,12 +168,12 @@ impl Client {
 }
 
 /// The body read whole; one announced over the cap is refused before a byte of it is read.
-fn read_whole(mut answer: Response<Body>, timeout: Duration) -> Result<Reply, String> {
+fn read_whole(mut answer: Response<Body>, timeout: Duration) -> Result<Reply, Failure> {
     let status = answer.status().as_u16();
     let body = answer.body_mut();
     let failed = |why: String| format!("answered {status} but {why}");
     if body.content_length().is_some_and(|n| n > BODY_LIMIT) {
-        return Err(failed(too_large(BODY_LIMIT)));
+        return Err(Failure::from(failed(too_large(BODY_LIMIT))));
     }
     let body = body
         .with_config()
@@ -197,14 +189,14 @@ fn read_lines(
     timeout: Duration,
     limit: u64,
     mut each: impl FnMut(&str),
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     let status = answer.status().as_u16();
     if status != 200 {
         let reply = read_whole(answer, timeout).unwrap_or(Reply { status, body: Vec::new() });
-        return Err(format!("answered {}", reply.describe()));
+        return Err(Failure::from(format!("answered {}", reply.describe())));
     }
     if answer.body().content_length().is_some_and(|n| n > limit) {
-        return Err(format!("answered 200 but {}", too_large(limit)));
+        return Err(Failure::from(format!("answered 200 but {}", too_large(limit))));
     }
     let reader = answer.into_body().into_with_config().limit(limit).reader();
     each_line(
@@ -214,7 +206,7 @@ fn read_lines(
             each(line);
             Ok(())
         },
-        |e| format!("answered 200 but {}", cause(ureq::Error::from(e), timeout, limit)),
+        |e| format!("answered 200 but {}", cause(ureq::Error::from(e), timeout, limit)).into(),
     )
 }
 
@@ -283,7 +275,7 @@ mod tests {
         };
         let (reply, not_envoy) = ask(b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\nhello, world");
         let why = "answered 200 without Envoy's 'server: envoy' header";
-        assert_eq!(reply.unwrap_err(), why);
+        assert_eq!(reply.unwrap_err(), Failure::from(why));
         assert_eq!(not_envoy.as_deref(), Some(why));
         let (reply, not_envoy) =
             ask(b"HTTP/1.1 200 OK\r\nserver: envoy\r\ncontent-length: 5\r\n\r\nLIVE\n");
@@ -291,7 +283,7 @@ mod tests {
         assert_eq!(not_envoy, None);
     }
 
-    fn get(answer: &'static [u8]) -> Result<Reply, String> {
+    fn get(answer: &'static [u8]) -> Result<Reply, Failure> {
         let (client, server) = serve(answer);
         let reply = client.get("/stats", Duration::from_secs(5));
         server.join().unwrap();
@@ -347,7 +339,8 @@ mod tests {
     fn a_body_past_the_cap_is_refused_whether_announced_or_chunked() {
         let announced = get(b"HTTP/1.1 200 OK\r\ncontent-length: 999999999\r\n\r\n").unwrap_err();
         assert_eq!(
-            announced, "answered 200 but its body is larger than 4194304 bytes",
+            announced,
+            Failure::from("answered 200 but its body is larger than 4194304 bytes"),
             "refused before reading"
         );
         let chunked = get(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nFFFFFFFF\r\nxx")
@@ -366,12 +359,12 @@ mod tests {
         };
         assert_eq!(
             lines(b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\na\nb\nc\nd\ne\nf"),
-            Err("answered 200 but its body is larger than 10 bytes".to_string()),
+            Err(Failure::from("answered 200 but its body is larger than 10 bytes")),
             "refused before reading"
         );
         assert_eq!(
             lines(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\na\nb\nc\nd\ne\nf\ng\nh\n\r\n0\r\n\r\n"),
-            Err("answered 200 but its body is larger than 10 bytes".to_string())
+            Err(Failure::from("answered 200 but its body is larger than 10 bytes"))
         );
         assert_eq!(lines(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\na\nb\nc\nd\ne\n"), Ok(5));
     }
@@ -419,11 +412,11 @@ mod tests {
         let client = Client::new(Address::Tcp(silent.local_addr().unwrap()));
         let started = Instant::now();
         let e = client.get("/stats", Duration::from_millis(300)).unwrap_err();
-        assert_eq!(e, "no complete answer within 300ms");
+        assert_eq!(e, Failure::from("no complete answer within 300ms"));
         assert!(started.elapsed() < Duration::from_secs(2));
         let refused = silent.local_addr().unwrap();
         drop(silent);
         let e = Client::new(Address::Tcp(refused)).get("/", Duration::from_secs(1)).unwrap_err();
-        assert_eq!(e, "connection refused");
+        assert_eq!(e, Failure::from("connection refused"));
     }
 }

@@ -6,8 +6,8 @@
 //! pod connecting to the app). The facts: docs/how-it-works.md ("Arrivals from the kernel").
 
 use crate::config::ArrivalRule as Rule;
-use crate::count::{Before, Count, Warning};
-use crate::source::admin::{PACE, REQUEST_TIMEOUT};
+use crate::count::{Before, Count, PACE, REQUEST_TIMEOUT, Warning};
+use crate::error::Failure;
 use crate::source::clusters;
 use crate::source::procnet::{Endpoint, LISTEN, SYN_RECV, Socket, TIME_WAIT, loopback, taking};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -129,34 +129,17 @@ impl Tracker {
         passive_opens: Option<u64>,
     ) -> Read {
         let (mut now, calls) = self.connections(ours, sockets);
-        let mut closing = false;
         let first = self.last.is_none();
         let last = self.last.take().unwrap_or_default();
         let since = at.saturating_sub(*self.first_at.get_or_insert(at));
         let mut read = Read::default();
-        let (mut ages, mut sent, mut open) = (Vec::new(), Vec::new(), BTreeMap::new());
-        let mut lately = Vec::new();
+        let (mut sent, mut open) = (Vec::new(), BTreeMap::new());
         let mut newest = Duration::MAX;
         for (key, seen) in &mut now {
             let before = last.get(key);
-            // Some end closed in the pod: it closes connections itself, and TIME_WAIT tells them.
-            closing |= seen.closed && !self.rule.probes.contains(&key.client.ip);
             let client = self.probed_or_client(key, seen, before, (since, first));
-            // A client on loopback is the pod calling itself, in ambient mode too (ztunnel's hop
-            // to the app comes from the client's address, or the pod's).
-            let local = loopback(&key.client.ip);
-            let inside = seen.inside && self.rule.outside_only;
-            let proxy = self.rule.proxy.contains(&key.server.port);
-            if !self.rule.ports.counts(key.server.port) || seen.probe || local || inside || proxy {
+            if !self.counts(key, seen) {
                 continue;
-            }
-            // Before the first read, the probes' addresses had their share without count.
-            if first && seen.closed && !self.rule.probes.contains(&key.client.ip) {
-                ages.extend(seen.idle);
-            }
-            // And each open connection's last bytes came when it has been idle since.
-            if first && !seen.closed && seen.received.is_some_and(|b| b > 0) {
-                lately.extend(seen.idle.filter(|i| *i <= HISTORY));
             }
             let grew = self.grew(key, seen, before, (at, first), &mut sent);
             read.polls += u64::from(seen.polled);
@@ -170,34 +153,15 @@ impl Tracker {
                 *open.entry(key.server.port).or_insert(0) += 1;
             }
         }
-        // The calls out new since the read before whose capture by ztunnel (an accepted end on
-        // 15001 or 15053, its client the call's end) no read showed: one of its accepts each.
-        let captured: HashSet<&Endpoint> =
-            now.keys().chain(last.keys()).map(|k| &k.client).collect();
-        let uncaptured = calls.iter().filter(|c| !self.calls.contains(c) && !captured.contains(c));
-        let uncaptured = uncaptured.count() as u64;
-        self.calls = calls;
+        let uncaptured = self.uncaptured(&now, &last, calls);
         read.open = open.into_iter().collect();
         read.hiding = self.hiding();
-        self.sent.retain(|_, t| at.saturating_add(POLL).saturating_sub(*t) < POLL);
-        for (client, t) in sent {
-            let last = self.sent.entry(client).or_default();
-            *last = t.max(*last);
-        }
-        // At the first read, those still open came and have not gone: the table shows what
-        // they bring.
-        let open = now.values().filter(|s| s.accepted && !s.closed).count() as u64;
-        self.last = Some(now);
+        self.note_sent(at, sent);
         if first {
-            read = Read { open: read.open, hiding: read.hiding, ..Read::default() };
-            let opens = passive_opens.map(|n| n.saturating_sub(open));
-            read.before = match self.rule.passive_opens {
-                true => self.remember(before(ages), closing, opens),
-                // Behind a sidecar (no PassiveOpens: the pod's accepts are its own hops) its
-                // clients pool their connections: what they last brought.
-                false => recently(lately),
-            };
+            let before = self.remembered(&now, passive_opens);
+            read = Read { open: read.open, hiding: read.hiding, before, ..Read::default() };
         }
+        self.last = Some(now);
         if let Some(opens) = passive_opens.filter(|_| self.rule.passive_opens) {
             self.unseen(opens, (first, since), uncaptured, &mut read);
         }
@@ -208,6 +172,72 @@ impl Tracker {
         self.opened = self.opened.saturating_add(read.opened);
         self.polls = self.polls.saturating_add(read.polls);
         read
+    }
+
+    /// Whether a connection counts: to a port that counts, from neither a probe, the pod itself
+    /// nor (where only clients outside count) the pod's inside, and not to the proxy's own ports.
+    fn counts(&self, key: &Key, seen: &Seen) -> bool {
+        // A client on loopback is the pod calling itself, in ambient mode too (ztunnel's hop
+        // to the app comes from the client's address, or the pod's).
+        let local = loopback(&key.client.ip);
+        let inside = seen.inside && self.rule.outside_only;
+        let proxy = self.rule.proxy.contains(&key.server.port);
+        self.rule.ports.counts(key.server.port) && !seen.probe && !local && !inside && !proxy
+    }
+
+    /// What the first read's table remembers of the arrivals before it.
+    fn remembered(
+        &mut self,
+        now: &HashMap<Key, Seen>,
+        passive_opens: Option<u64>,
+    ) -> Option<Before> {
+        // Some end closed in the pod: it closes connections itself, and TIME_WAIT tells them.
+        let closing = now.iter().any(|(k, s)| s.closed && !self.rule.probes.contains(&k.client.ip));
+        let (mut ages, mut lately) = (Vec::new(), Vec::new());
+        for (key, seen) in now.iter().filter(|(k, s)| self.counts(k, s)) {
+            // Before the first read, the probes' addresses had their share without count.
+            if seen.closed && !self.rule.probes.contains(&key.client.ip) {
+                ages.extend(seen.idle);
+            }
+            // And each open connection's last bytes came when it has been idle since.
+            if !seen.closed && seen.received.is_some_and(|b| b > 0) {
+                lately.extend(seen.idle.filter(|i| *i <= HISTORY));
+            }
+        }
+        // Those still open came and have not gone: the table shows what they bring.
+        let open = now.values().filter(|s| s.accepted && !s.closed).count() as u64;
+        let opens = passive_opens.map(|n| n.saturating_sub(open));
+        match self.rule.passive_opens {
+            true => self.remember(before(ages), closing, opens),
+            // Behind a sidecar (no PassiveOpens: the pod's accepts are its own hops) its
+            // clients pool their connections: what they last brought.
+            false => recently(lately),
+        }
+    }
+
+    /// The calls out new since the read before whose capture by ztunnel (an accepted end on
+    /// 15001 or 15053, its client the call's end) no read showed: one of its accepts each.
+    fn uncaptured(
+        &mut self,
+        now: &HashMap<Key, Seen>,
+        last: &HashMap<Key, Seen>,
+        calls: HashSet<Endpoint>,
+    ) -> u64 {
+        let captured: HashSet<&Endpoint> =
+            now.keys().chain(last.keys()).map(|k| &k.client).collect();
+        let uncaptured = calls.iter().filter(|c| !self.calls.contains(c) && !captured.contains(c));
+        let uncaptured = uncaptured.count() as u64;
+        self.calls = calls;
+        uncaptured
+    }
+
+    /// Keeps when each client last sent, for the last `POLL`.
+    fn note_sent(&mut self, at: Duration, sent: Vec<(Ipv6Addr, Duration)>) {
+        self.sent.retain(|_, t| at.saturating_add(POLL).saturating_sub(*t) < POLL);
+        for (client, t) in sent {
+            let last = self.sent.entry(client).or_default();
+            *last = t.max(*last);
+        }
     }
 
     /// The connections `sockets` show, by their two ends, and the app's own ends of its calls out;
@@ -601,11 +631,11 @@ impl Hold {
     /// /clusters' recounts; else /clusters' answer; unknown after a stall.
     pub(crate) fn merge(
         &mut self,
-        mut clusters: Option<Result<clusters::Answer, String>>,
-        mut proc: Result<Count, String>,
+        mut clusters: Option<Result<clusters::Answer, Failure>>,
+        mut proc: Result<Count, Failure>,
         probes: u64,
         blocked: bool,
-    ) -> (Option<Result<clusters::Answer, String>>, Result<Count, String>) {
+    ) -> (Option<Result<clusters::Answer, Failure>>, Result<Count, Failure>) {
         let kernel = proc.as_ref().ok().and_then(|c| c.arrivals);
         let answered = clusters.as_ref().and_then(|c| c.as_ref().ok());
         let (total, past_envoy) =
@@ -634,7 +664,9 @@ impl Hold {
         if let Some(Ok(answer)) = &mut clusters {
             (answer.count.arrivals, answer.count.recounted) = (arrivals, recounted);
             let why = match &proc {
-                Ok(c) => c.warnings.iter().map(Warning::to_string).collect::<Vec<_>>().join("; "),
+                Ok(c) => Failure::from(
+                    c.warnings.iter().map(Warning::to_string).collect::<Vec<_>>().join("; "),
+                ),
                 Err(why) => why.clone(),
             };
             answer.count.warnings.push(Warning::ClustersAlone(why));

@@ -4,6 +4,7 @@
 //! See docs/how-it-works.md.
 
 use crate::count::{Capped, Count, Excluded, KEPT, Part, SourceKind, Unit, Warning};
+use crate::error::Failure;
 use crate::lists::{Names, PortSet, any};
 use crate::preset::Preset;
 use crate::source::stats::WRAPPED;
@@ -175,7 +176,7 @@ impl Tally {
     }
 
     /// The request count; unknown when the answer lists no hosts or a counted value is not a count.
-    pub fn finish(mut self) -> Result<Answer, String> {
+    pub fn finish(mut self) -> Result<Answer, Failure> {
         if let Some(c) = self.current.take() {
             self.close(c);
         }
@@ -186,12 +187,12 @@ impl Tally {
             left_out: None,
         });
         if let Some(line) = self.bad {
-            return Err(format!(
+            return Err(Failure::from(format!(
                 "Envoy's /clusters answer has a value that is not a count: '{line}'"
-            ));
+            )));
         }
         if !self.hosts {
-            return Err("Envoy's /clusters answer lists no hosts".to_string());
+            return Err(Failure::from("Envoy's /clusters answer lists no hosts".to_string()));
         }
         let parts = clusters
             .iter()
@@ -283,7 +284,7 @@ fn split_host(rest: &str) -> Option<(&str, &str)> {
 mod tests {
     use super::*;
 
-    fn tally(body: &str, rule: &Rule) -> Result<Answer, String> {
+    fn tally(body: &str, rule: &Rule) -> Result<Answer, Failure> {
         let mut t = Tally::default();
         for line in body.lines() {
             t.add_line(line, rule);

@@ -4,7 +4,7 @@
 //! fuzzed); only `dump` talks to the kernel. Layouts and the kernel's behaviour:
 //! docs/how-it-works.md ("Reading the socket table over netlink").
 
-use crate::error::{failed, io_cause};
+use crate::error::{Failure, failed, io_cause};
 use crate::source::procnet::{Endpoint, Sink, Socket, TIME_WAIT};
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, UdpSocket};
@@ -217,9 +217,9 @@ fn info(mut attrs: &[u8]) -> Option<Info> {
 pub enum DumpError {
     /// Netlink is not there or the kernel has no sock_diag for TCP (gVisor, a kernel without
     /// inet_diag or tcp_diag): it will not change within a run.
-    Unavailable(String),
+    Unavailable(Failure),
     /// This dump could not be read whole in time: this count is unknown.
-    Failed(String),
+    Failed(Failure),
 }
 
 /// This dump's reply could not be read, for `cause`.

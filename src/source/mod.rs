@@ -13,9 +13,9 @@ pub mod stats;
 pub(crate) mod uds;
 
 use crate::config::{Counting, Mode};
-use crate::count::{Before, Cost, Count, Unit, Warning};
-use crate::error::failed;
-use admin::{Client, REQUEST_TIMEOUT};
+use crate::count::{Before, Cost, Count, REQUEST_TIMEOUT, Unit, Warning};
+use crate::error::{Failure, failed};
+use admin::Client;
 use arrivals::Hold;
 use clusters::CLUSTERS_PATH;
 use sockets::{Pod, SocketTable};
@@ -25,17 +25,17 @@ use std::time::{Duration, Instant};
 /// One attempt to count.
 #[derive(Debug, Clone)]
 pub(crate) struct Reading {
-    pub(crate) result: Result<Count, String>,
+    pub(crate) result: Result<Count, Failure>,
     /// Why the preferred count was not made this time, if it was not.
-    pub(crate) fallback: Option<String>,
+    pub(crate) fallback: Option<Failure>,
 }
 
 /// What one answer of the stats said.
 #[derive(Debug, Clone)]
 pub struct StatsLook {
-    pub connections: Result<Count, String>,
+    pub connections: Result<Count, Failure>,
     /// With `--count requests`: the request count and each HTTP connection manager's figures.
-    pub requests: Option<Result<(Count, Vec<Hcm>), String>>,
+    pub requests: Option<Result<(Count, Vec<Hcm>), Failure>>,
 }
 
 /// Everything one count looked at; a source that was not read is `None`.
@@ -43,8 +43,8 @@ pub struct StatsLook {
 pub(crate) struct Look {
     pub(crate) stats: Option<StatsLook>,
     /// With `--count requests`, where the stats do not report requests.
-    pub(crate) clusters: Option<Result<clusters::Answer, String>>,
-    pub(crate) proc: Option<Result<Count, String>>,
+    pub(crate) clusters: Option<Result<clusters::Answer, Failure>>,
+    pub(crate) proc: Option<Result<Count, Failure>>,
 }
 
 /// The CPU time process `pid`'s main thread has run: the first field of its schedstat, in
@@ -103,7 +103,7 @@ pub(crate) struct Sources {
     /// Why the stats gave no requests at the last count, whose requests came from /clusters: the
     /// next count asks /clusters first (Envoy's stats matcher never changes, and a filtered
     /// /stats answer costs Envoy almost half of what /clusters costs).
-    clusters_first: Option<String>,
+    clusters_first: Option<Failure>,
     /// The time the next stats request is given: a second, doubled after each one that ran out of
     /// it, up to `MAX_STATS_TIMEOUT`.
     stats_timeout: Duration,
@@ -170,13 +170,13 @@ impl Sources {
     }
 
     /// One count, what the socket table says about the pod, and what it cost, within `left`.
-    pub(crate) fn tick(&mut self, left: Duration) -> (Reading, Result<Pod, String>, Cost) {
+    pub(crate) fn tick(&mut self, left: Duration) -> (Reading, Result<Pod, Failure>, Cost) {
         let until = within(left.max(PROC_GRACE));
         let (asked, own) = (Instant::now(), Meter::start(process_cpu));
         let mut reading = self.count(left);
         // `hold` runs before the app's SIGTERM: its sockets tell nothing then.
         let pod = match self.clusters.inbound {
-            true => Err("not read while holding".to_string()),
+            true => Err(Failure::from("not read while holding")),
             false => self.table().pod(until),
         };
         if let (Err(why), Ok(count), false) = (&pod, &mut reading.result, self.clusters.inbound) {
@@ -195,7 +195,7 @@ impl Sources {
     }
 
     /// What the socket table says about the pod now, read within `left`.
-    pub(crate) fn pod(&mut self, left: Duration) -> Result<Pod, String> {
+    pub(crate) fn pod(&mut self, left: Duration) -> Result<Pod, Failure> {
         self.table().pod(within(left.max(PROC_GRACE)))
     }
 
@@ -226,7 +226,9 @@ impl Sources {
         let stats = match &known {
             // What the stats said before, so that the count says why it comes from /clusters.
             Some(why) => Some(StatsLook {
-                connections: Err("not asked: the count comes from /clusters".to_string()),
+                connections: Err(Failure::from(
+                    "not asked: the count comes from /clusters".to_string(),
+                )),
                 requests: Some(Err(why.clone())),
             }),
             None => admin.then(|| self.stats(until)),
@@ -316,12 +318,12 @@ impl Sources {
             got.map_err(|f| failed("GET", self.stats_url(), f)).and_then(|()| lines.connections());
         // A failed answer fails both counts alike.
         let requests = requests
-            .then(|| connections.as_ref().map_err(String::clone).and_then(|c| lines.requests(c)));
+            .then(|| connections.as_ref().map_err(Failure::clone).and_then(|c| lines.requests(c)));
         StatsLook { connections, requests }
     }
 
     /// Envoy's per-host counters, read line by line as they arrive.
-    fn clusters(&mut self, until: Instant) -> Result<clusters::Answer, String> {
+    fn clusters(&mut self, until: Instant) -> Result<clusters::Answer, Failure> {
         let mut tally = clusters::Tally::default();
         let left = until.saturating_duration_since(Instant::now());
         self.admin
@@ -337,40 +339,43 @@ impl Sources {
 /// The one decision: requests from the stats, else from /clusters; then connections from the
 /// stats, else (auto) from the socket table; and why the preferred count is not in force.
 pub(crate) fn decide(look: &Look) -> Reading {
-    let mut why: Vec<String> = Vec::new();
+    let mut why: Vec<Failure> = Vec::new();
     if let Some(s) = &look.stats {
         match &s.requests {
-            Some(Ok((count, _))) => return reading(count, &why),
+            Some(Ok((count, _))) => return reading(count, why),
             Some(Err(e)) => why.push(e.clone()),
             None => {}
         }
     }
     match &look.clusters {
-        Some(Ok(a)) => return reading(&a.count, &why),
-        Some(Err(e)) => why.push(format!("/clusters: {e}")),
+        Some(Ok(a)) => return reading(&a.count, why),
+        Some(Err(e)) => why.push(Failure::In("/clusters", Box::new(e.clone()))),
         None => {}
     }
     if let Some(s) = &look.stats {
         match &s.connections {
-            Ok(count) => return reading(count, &why),
+            Ok(count) => return reading(count, why),
             // The same failure as the requests' when the whole answer failed.
             Err(e) if !why.contains(e) => why.push(e.clone()),
             Err(_) => {}
         }
     }
-    let fallback = (!why.is_empty()).then(|| why.join("; "));
+    let fallback = (!why.is_empty()).then_some(Failure::Each(why));
     let result = match (&look.proc, &fallback) {
         (Some(Ok(c)), _) => Ok(c.clone()),
-        (Some(Err(proc)), Some(why)) => Err(format!("stats: {why}; proc: {proc}")),
+        (Some(Err(proc)), Some(why)) => Err(Failure::Each(vec![
+            Failure::In("stats", Box::new(why.clone())),
+            Failure::In("proc", Box::new(proc.clone())),
+        ])),
         (Some(Err(proc)), None) => Err(proc.clone()),
         (None, Some(why)) => return Reading { result: Err(why.clone()), fallback: None },
-        (None, None) => Err("no source was read".to_string()),
+        (None, None) => Err(Failure::from("no source was read")),
     };
     Reading { result, fallback }
 }
 
-fn reading(count: &Count, why: &[String]) -> Reading {
-    Reading { result: Ok(count.clone()), fallback: (!why.is_empty()).then(|| why.join("; ")) }
+fn reading(count: &Count, why: Vec<Failure>) -> Reading {
+    Reading { result: Ok(count.clone()), fallback: (!why.is_empty()).then_some(Failure::Each(why)) }
 }
 
 #[cfg(test)]
@@ -469,7 +474,7 @@ mod tests {
     #[test]
     fn the_decision_prefers_requests_then_connections_then_the_socket_table() {
         let stats =
-            |connections: Result<Count, String>, requests| StatsLook { connections, requests };
+            |connections: Result<Count, Failure>, requests| StatsLook { connections, requests };
         let requests = Count::new(SourceKind::Stats, Unit::Requests, vec![], vec![]);
         let cases = [
             (
@@ -479,29 +484,30 @@ mod tests {
                 None,
             ),
             (
-                stats(Ok(answer(2)), Some(Err("no rq".to_string()))),
+                stats(Ok(answer(2)), Some(Err(Failure::from("no rq")))),
                 Some(Ok(proc_count(5))),
                 Ok("2 active connections".to_string()),
                 Some("no rq"),
             ),
             (
-                stats(Err("refused".to_string()), None),
+                stats(Err(Failure::from("refused")), None),
                 Some(Ok(proc_count(5))),
                 Ok("5 active connections".to_string()),
                 Some("refused"),
             ),
             (
-                stats(Err("refused".to_string()), None),
-                Some(Err("no table".to_string())),
-                Err("stats: refused; proc: no table".to_string()),
+                stats(Err(Failure::from("refused")), None),
+                Some(Err(Failure::from("no table"))),
+                Err(Failure::from("stats: refused; proc: no table")),
                 Some("refused"),
             ),
-            (stats(Err("refused".to_string()), None), None, Err("refused".to_string()), None),
+            (stats(Err(Failure::from("refused")), None), None, Err(Failure::from("refused")), None),
         ];
         for (s, proc, want, fallback) in cases {
             let r = decide(&Look { stats: Some(s), clusters: None, proc });
-            assert_eq!(r.result.map(|c| c.describe()), want);
-            assert_eq!(r.fallback.as_deref(), fallback);
+            let to_text = |e: Failure| e.to_string();
+            assert_eq!(r.result.map(|c| c.describe()).map_err(to_text), want.map_err(to_text));
+            assert_eq!(r.fallback.map(|f| f.to_string()).as_deref(), fallback);
         }
         let proc_only =
             decide(&Look { stats: None, clusters: None, proc: Some(Ok(proc_count(1))) });
@@ -522,34 +528,34 @@ mod tests {
             app_arrived: clusters::AppArrived::default(),
         };
         let no_rq =
-            StatsLook { connections: Ok(answer(2)), requests: Some(Err("no rq".to_string())) };
+            StatsLook { connections: Ok(answer(2)), requests: Some(Err(Failure::from("no rq"))) };
         let r = decide(&Look {
             stats: Some(no_rq.clone()),
             clusters: Some(Ok(clusters_answer(0))),
             proc: None,
         });
         assert_eq!(r.result.unwrap().source, SourceKind::Clusters);
-        assert_eq!(r.fallback.as_deref(), Some("no rq"));
+        assert_eq!(r.fallback.map(|f| f.to_string()).as_deref(), Some("no rq"));
         let r = decide(&Look {
             stats: Some(no_rq),
-            clusters: Some(Err("refused".to_string())),
+            clusters: Some(Err(Failure::from("refused"))),
             proc: None,
         });
         let c = r.result.unwrap();
         assert_eq!((c.source, c.unit), (SourceKind::Stats, Unit::Connections));
-        assert_eq!(r.fallback.as_deref(), Some("no rq; /clusters: refused"));
+        assert_eq!(r.fallback.map(|f| f.to_string()).as_deref(), Some("no rq; /clusters: refused"));
         let all_down = StatsLook {
-            connections: Err("refused".to_string()),
-            requests: Some(Err("refused".to_string())),
+            connections: Err(Failure::from("refused")),
+            requests: Some(Err(Failure::from("refused"))),
         };
         let r = decide(&Look {
             stats: Some(all_down),
-            clusters: Some(Err("refused".to_string())),
+            clusters: Some(Err(Failure::from("refused"))),
             proc: Some(Ok(proc_count(3))),
         });
         assert_eq!(r.result.unwrap().source, SourceKind::Proc);
         assert_eq!(
-            r.fallback.as_deref(),
+            r.fallback.map(|f| f.to_string()).as_deref(),
             Some("refused; /clusters: refused"),
             "the same failure is said once"
         );

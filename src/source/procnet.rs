@@ -528,7 +528,14 @@ mod tests {
 
     /// Envoy told by its user.
     fn owner(uid: u32) -> (Basis, Vec<u64>) {
-        (Basis::Owner { uid, admin: String::new(), why: String::new() }, Vec::new())
+        (
+            Basis::Owner {
+                uid,
+                admin: String::new(),
+                why: crate::error::Failure::from(String::new()),
+            },
+            Vec::new(),
+        )
     }
 
     fn parts(c: &Count) -> Vec<(&str, u64)> {

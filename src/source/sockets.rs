@@ -3,7 +3,7 @@
 
 use crate::config::{Address, Counting, Filter};
 use crate::count::{Basis, Busy, Count, Part, SourceKind, Unit, Warning};
-use crate::error::{failed, io_cause};
+use crate::error::{Failure, failed, io_cause};
 use crate::source::arrivals::{self, Tracker};
 use crate::source::diag::{self, DumpError};
 use crate::source::lines::each_line;
@@ -26,7 +26,7 @@ pub(crate) enum Reader {
     /// The text tables in this directory, and why netlink is not used where it was meant to be.
     Text {
         dir: PathBuf,
-        why: Option<String>,
+        why: Option<Failure>,
     },
 }
 
@@ -39,7 +39,7 @@ pub(crate) struct SocketTable {
     filter: Filter,
     admin: Address,
     /// Where processes are listed, when the table is this machine's live one.
-    proc_root: Result<PathBuf, String>,
+    proc_root: Result<PathBuf, Failure>,
     listeners: Listeners,
     envoy_pid: Option<u32>,
     searched: bool,
@@ -78,7 +78,7 @@ impl SocketTable {
         SocketTable {
             proc_root: match &c.proc_net {
                 Some(dir) if !dir.starts_with("/proc") => {
-                    Err(format!("{} is not a live table", dir.display()))
+                    Err(Failure::from(format!("{} is not a live table", dir.display())))
                 }
                 _ => Ok(PathBuf::from("/proc")),
             },
@@ -100,7 +100,7 @@ impl SocketTable {
 
     /// `hold`: the connections that count open now, by port, and what has arrived (`Tracker`),
     /// before `until`; unknown from the text tables, which tell no bytes.
-    pub fn arrivals(&mut self, until: Instant) -> Result<Count, String> {
+    pub fn arrivals(&mut self, until: Instant) -> Result<Count, Failure> {
         let mut warnings = Vec::new();
         // Read before the sockets (Tracker::read): a connection accepted in between is seen
         // before it is counted, never counted before it is seen.
@@ -157,7 +157,7 @@ impl SocketTable {
 
     /// The kernel's count, made before `until`: the listening sockets, Envoy's process, then the open
     /// sockets counted as they come. Netlink that is unavailable gives way to the text tables.
-    pub fn count(&mut self, until: Instant) -> Result<Count, String> {
+    pub fn count(&mut self, until: Instant) -> Result<Count, Failure> {
         let (listening, open) = self.read_listening(until)?;
         // Looked up once: on a Unix socket it reads /proc/net/unix.
         let admin = self.admin_socket(&listening);
@@ -204,7 +204,7 @@ impl SocketTable {
     }
 
     /// What the pod holds besides the count, before `until`: the last count's sockets, else read now.
-    pub(crate) fn pod(&mut self, until: Instant) -> Result<Pod, String> {
+    pub(crate) fn pod(&mut self, until: Instant) -> Result<Pod, Failure> {
         if let Some(pod) = self.pod.take() {
             return Ok(pod);
         }
@@ -225,7 +225,7 @@ impl SocketTable {
     }
 
     /// The listening sockets, before `until`; from the text tables, the open ones too.
-    fn read_listening(&mut self, until: Instant) -> Result<(Table, Option<Table>), String> {
+    fn read_listening(&mut self, until: Instant) -> Result<(Table, Option<Table>), Failure> {
         if self.reader == Reader::Netlink {
             let mut listening = Table::default();
             match diag::dump(&diag::request(diag::LISTENING, false), until, &mut listening) {
@@ -264,7 +264,8 @@ impl SocketTable {
         let found = match (&self.proc_root, inode) {
             (Ok(root), Some(inode)) => find_holder(root, inode, uid, self.envoy_pid, until),
             (Ok(root), None) => {
-                Err(format!("{} does not show the socket's inode", root.join("net/unix").display()))
+                Err(format!("{} does not show the socket's inode", root.join("net/unix").display())
+                    .into())
             }
             (Err(why), _) => Err(why.clone()),
         };
@@ -345,7 +346,7 @@ fn read_open(
     until: Instant,
     request: &[u8],
     sink: &mut impl Sink,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     let Some(table) = open else {
         return diag::dump(request, until, sink)
             .map_err(|(DumpError::Failed(f) | DumpError::Unavailable(f))| f);
@@ -395,7 +396,7 @@ const MAX_LINE: usize = 512;
 
 /// Both text tables in `dir`. A table may be missing (a kernel without IPv6 has no tcp6), not
 /// both; one that exists must be read whole and understood, or the count is unknown.
-fn read_tables(dir: &Path, until: Instant) -> Result<Table, String> {
+fn read_tables(dir: &Path, until: Instant) -> Result<Table, Failure> {
     let mut table = Table::default();
     let mut read_any = false;
     for name in ["tcp", "tcp6"] {
@@ -409,7 +410,7 @@ fn read_tables(dir: &Path, until: Instant) -> Result<Table, String> {
 
 /// Reads a table line by line, bounded in bytes, line length and time. `false` when it does not
 /// exist; an error when it cannot be read whole before `until` or holds a line not a socket's.
-fn read_table(path: &Path, table: &mut Table, until: Instant) -> Result<bool, String> {
+fn read_table(path: &Path, table: &mut Table, until: Instant) -> Result<bool, Failure> {
     let fail = |why: String| failed("read", path.display(), why);
     // O_NONBLOCK: a FIFO in a table's place must not hang the open.
     let file = match OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path) {
@@ -572,7 +573,7 @@ fn find_holder(
     uid: u32,
     last: Option<u32>,
     until: Instant,
-) -> Result<(u32, Vec<u64>), String> {
+) -> Result<(u32, Vec<u64>), Failure> {
     if let Some(pid) = last
         && let Ok(inodes) = sockets_of(proc_root, pid)
         && inodes.binary_search(&inode).is_ok()
@@ -602,7 +603,9 @@ fn find_holder(
             }
         }
     }
-    Err(denied.unwrap_or_else(|| format!("no process of uid {uid} shows socket:[{inode}] here")))
+    Err(denied.unwrap_or_else(|| {
+        Failure::from(format!("no process of uid {uid} shows socket:[{inode}] here"))
+    }))
 }
 
 #[cfg(test)]

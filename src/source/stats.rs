@@ -3,7 +3,7 @@
 //! "Envoy's stats".
 
 use crate::count::{Capped, Count, Excluded, NON_HTTP, Part, SourceKind, Unit, Warning};
-use crate::error::shorten;
+use crate::error::{Failure, shorten};
 use crate::lists::{PortSet, any};
 use crate::preset::Preset;
 use crate::source::lines::decimal;
@@ -121,18 +121,18 @@ impl Lines {
     /// The answer's readable figures, when the admin line of their kind (`admin`) is there: an
     /// answer without it means Envoy does not create the stat (a `stats_matcher` leaves it out),
     /// unknown, never zero.
-    fn check(&self, admin: bool, stat: &str) -> Result<(), String> {
+    fn check(&self, admin: bool, stat: &str) -> Result<(), Failure> {
         match &self.unreadable {
-            Some(why) => Err(why.clone()),
-            None if !admin => {
-                Err(format!("Envoy does not report {stat} (its stats_matcher leaves the stat out)"))
-            }
+            Some(why) => Err(Failure::from(why.clone())),
+            None if !admin => Err(Failure::from(format!(
+                "Envoy does not report {stat} (its stats_matcher leaves the stat out)"
+            ))),
             None => Ok(()),
         }
     }
 
     /// Counts `listener.<L>.downstream_cx_active` lines.
-    pub fn connections(&self) -> Result<Count, String> {
+    pub fn connections(&self) -> Result<Count, Failure> {
         self.check(self.admin_connections, "downstream_cx_active")?;
         let parts = self
             .parts
@@ -151,7 +151,7 @@ impl Lines {
     /// Counts requests: `http.<prefix>.downstream_rq_active` over the HTTP connection managers
     /// that carry traffic, plus the listeners' connections that no manager holds (TCP proxy
     /// streams), from `connections`, this answer's connection count.
-    pub fn requests(&self, connections: &Count) -> Result<(Count, Vec<Hcm>), String> {
+    pub fn requests(&self, connections: &Count) -> Result<(Count, Vec<Hcm>), Failure> {
         self.check(self.admin_requests, "downstream_rq_active")?;
         if self.preset.waypoint {
             // Its TCP streams are connections of its internal listeners, as idle clients' are.
@@ -240,12 +240,12 @@ mod tests {
     }
 
     /// The connection count of a whole answer.
-    pub fn parse(body: &str, ignore: &PortSet) -> Result<Count, String> {
+    pub fn parse(body: &str, ignore: &PortSet) -> Result<Count, Failure> {
         lines(body, ignore).connections()
     }
 
     /// The request count of a whole answer, and its HTTP connection managers.
-    fn parse_requests(body: &str, ignore: &PortSet) -> Result<(Count, Vec<Hcm>), String> {
+    fn parse_requests(body: &str, ignore: &PortSet) -> Result<(Count, Vec<Hcm>), Failure> {
         let lines = lines(body, ignore);
         lines.requests(&lines.connections()?)
     }
@@ -390,7 +390,7 @@ listener.admin.downstream_cx_active: 1
             let body = format!("{good}{bad}\n");
             let unreadable =
                 format!("Envoy's stats answer has a line that is not '<name>: <count>': '{bad}'");
-            assert_eq!(parse(&body, &istio()).map(|a| a.total), Err(unreadable), "{bad}");
+            assert_eq!(parse(&body, &istio()).map(|a| a.total), Err(unreadable.into()), "{bad}");
             assert!(parse_requests(&body, &istio()).is_err(), "{bad}");
         }
         // Lines ending in a lone CR run together into one line that is not a count.
@@ -400,7 +400,7 @@ listener.admin.downstream_cx_active: 1
 
     #[test]
     fn an_answer_without_the_admin_line_means_not_enabled_never_zero() {
-        let not_enabled = Err(NOT_ENABLED.to_string());
+        let not_enabled = Err(Failure::from(NOT_ENABLED));
         assert_eq!(parse("", &istio()), not_enabled);
         assert_eq!(parse("\n", &istio()), not_enabled);
         let only_others = "listener.0.0.0.0_15006.downstream_cx_active: 0\n";
@@ -477,11 +477,11 @@ listener.admin.downstream_cx_active: 1
     #[test]
     fn without_request_stats_requests_are_unknown_but_connections_still_count() {
         // Istio with EXIT_ON_ZERO_ACTIVE_CONNECTIONS: its matcher adds downstream_cx_active only.
-        let not_enabled = Err(NOT_ENABLED.replace("cx", "rq"));
+        let not_enabled = Err(Failure::from(NOT_ENABLED.replace("cx", "rq")));
         assert_eq!(parse_requests(REAL, &istio()), not_enabled);
         assert_eq!(parse(REAL, &istio()).unwrap().total, 5);
         let no_listener_stats = "http.admin.downstream_rq_active: 1\n";
-        assert_eq!(parse_requests(no_listener_stats, &istio()), Err(NOT_ENABLED.to_string()));
+        assert_eq!(parse_requests(no_listener_stats, &istio()), Err(Failure::from(NOT_ENABLED)));
     }
 
     #[test]
@@ -493,6 +493,7 @@ listener.admin.downstream_cx_active: 1
     fn long_garbage_is_shortened_in_what_is_said_of_it() {
         let body = format!("{}\nlistener.admin.downstream_cx_active: 1\n", "é".repeat(500));
         let why = parse(&body, &istio()).unwrap_err();
+        let why = why.to_string();
         let line = why.split_once("<count>': ").unwrap().1;
         assert!(line.chars().count() < 90, "{line}");
     }
@@ -592,7 +593,7 @@ listener.admin.downstream_cx_active: 1
             "listener.admin.downstream_cx_active: 1\nlistener.\u{FFFD}.downstream_cx_active: 1\n";
         assert_eq!(
             parse(body, &istio()),
-            Err("Envoy answered with bytes that are not text".to_string())
+            Err(Failure::from("Envoy answered with bytes that are not text"))
         );
     }
 

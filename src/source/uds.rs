@@ -183,7 +183,7 @@ mod tests {
         let e = client.post("/drain_listeners", Duration::from_millis(300)).unwrap_err();
         let took = started.elapsed();
         std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(e, "no complete answer within 300ms");
+        assert_eq!(e, crate::error::Failure::from("no complete answer within 300ms"));
         assert!(client.url("/drain_listeners").ends_with("admin.sock"));
         assert!(took < Duration::from_secs(2), "{took:?}");
     }
@@ -194,7 +194,7 @@ mod tests {
         let e = client.get("/ready", Duration::from_secs(1)).unwrap_err();
         let line = crate::error::failed("GET", client.url("/ready"), e);
         assert_eq!(
-            line,
+            line.to_string(),
             "failed to GET /ready on unix:/nonexistent/admin.sock: no such file or directory"
         );
     }
