@@ -166,8 +166,8 @@ impl Rate {
         limits: &Limits,
     ) -> Pace {
         let (alpha, beta) = self.rate(reads, (from, now));
-        let recent =
-            self.before.and_then(|b| b.recent).filter(|_| from == self.since.unwrap_or(from));
+        let before = self.before.filter(|b| !b.span.is_zero());
+        let recent = before.and_then(|b| b.recent).filter(|_| from == self.since.unwrap_or(from));
         let pause = longest_pause(reads, from, recent);
         // By the propagation the mesh has stopped sending here (nothing more is expected), unless
         // an arrival came after it: then it is slower than that, and only the deadline ends.

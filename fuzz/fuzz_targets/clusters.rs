@@ -6,7 +6,7 @@
 use envoy_drain::lists::Names;
 use envoy_drain::lists::{ISTIO_INFRA_PORTS, PortSet};
 use envoy_drain::preset::PRESETS;
-use envoy_drain::source::clusters::{Arrived, Rule, Tally};
+use envoy_drain::source::clusters::{Arrived, HostScope, HostTally};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -14,13 +14,13 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let text = String::from_utf8_lossy(data);
-    let rule = Rule {
+    let rule = HostScope {
         preset: PRESETS[usize::from(pick) % PRESETS.len()],
         ignore_clusters: Names::parse("exporter*,x").expect("the names parse"),
         ignore_ports: PortSet::parse(ISTIO_INFRA_PORTS).expect("the default list parses"),
         inbound: pick & 0x80 != 0,
     };
-    let mut tally = Tally::default();
+    let mut tally = HostTally::default();
     for line in text.lines() {
         tally.add_line(line, &rule);
     }

@@ -5,7 +5,7 @@
 //! that closed first keeps its ends for 60 s), or only the other end is in the pod (a proxy of the
 //! pod connecting to the app). The facts: docs/how-it-works.md ("Arrivals from the kernel").
 
-use crate::config::ArrivalRule as Rule;
+use crate::config::ArrivalRule;
 use crate::count::{Before, Count, PACE, REQUEST_TIMEOUT, Warning};
 use crate::error::Failure;
 use crate::source::clusters;
@@ -64,7 +64,7 @@ pub(crate) struct Read {
     pub arrived: u64,
     /// Of those, new connections (the rest are requests on connections open before).
     pub opened: u64,
-    /// Of those, connections the pod accepted that left no socket (`Rule::passive_opens`).
+    /// Of those, connections the pod accepted that left no socket (`ArrivalRule::passive_opens`).
     pub(crate) unseen: u64,
     /// Polls (`POLL`) left out.
     pub(crate) polls: u64,
@@ -81,7 +81,7 @@ pub(crate) struct Read {
 
 #[derive(Debug, Default)]
 pub(crate) struct Tracker {
-    pub(crate) rule: Rule,
+    pub(crate) rule: ArrivalRule,
     /// Every listener seen in the run (one closed since still tells its connections).
     listening: Vec<Endpoint>,
     last: Option<HashMap<Key, Seen>>,
@@ -112,7 +112,7 @@ pub(crate) struct Tracker {
 
 impl Tracker {
     /// The tracker of `rule`, for the app's user `uid`.
-    pub fn new(rule: Rule, uid: u32) -> Tracker {
+    pub fn new(rule: ArrivalRule, uid: u32) -> Tracker {
         Tracker { rule, uid: Some(uid).filter(|uid| *uid != 0), ..Tracker::default() }
     }
 
@@ -405,7 +405,7 @@ impl Tracker {
     }
 
     /// The ports of listeners that take connections from outside the pod and do not count. The
-    /// mesh's own inbound ports (`Rule::proxy`) hide nothing: each connection through them
+    /// mesh's own inbound ports (`ArrivalRule::proxy`) hide nothing: each connection through them
     /// reaches the app over a hop the table shows.
     fn hiding(&self) -> Vec<u16> {
         let mut ports: Vec<u16> = (self.listening.iter())
@@ -491,11 +491,12 @@ pub fn remember(
 /// What the pod's open connections tell of the arrivals before the first read, behind a sidecar
 /// (whose clients, other sidecars, pool their connections and close none): each one's last bytes
 /// came when it has been idle since (`ages`, at most `HISTORY`), so at least as many arrived as
-/// the connections within the span back to the oldest of them. One alone tells no rate.
+/// the connections within the span back to the oldest of them. One alone tells no rate. Ages are
+/// a tick short (`diag::TICK`): the span is a tick longer, never a rate too high.
 fn recently(mut ages: Vec<Duration>) -> Option<Before> {
     ages.sort_unstable();
     let (newest, span) = (*ages.first()?, *ages.last()?);
-    let span = span.max(Duration::from_millis(500));
+    let span = span.saturating_add(crate::source::diag::TICK).max(Duration::from_millis(500));
     (ages.len() > 1).then_some(Before {
         arrivals: ages.len() as u64,
         span,
@@ -725,7 +726,7 @@ mod tests {
 
     /// Reads `each` in turn, 500 ms apart, with the listeners on `ports` and the namespace's
     /// `PassiveOpens`; what each read found.
-    fn reads(rule: Rule, ports: &[u16], each: &[(&[Socket], Option<u64>)]) -> Vec<Read> {
+    fn reads(rule: ArrivalRule, ports: &[u16], each: &[(&[Socket], Option<u64>)]) -> Vec<Read> {
         let mut tracker = Tracker::new(rule, 0);
         let mut found = Vec::new();
         for (i, (sockets, opens)) in each.iter().enumerate() {
@@ -744,7 +745,7 @@ mod tests {
     #[test]
     fn a_connection_accepted_on_a_port_that_counts_arrives_and_the_rest_do_not() {
         let ignore = PortSet::parse("15001,15021").unwrap();
-        let rule = Rule { ports: Filter { ignore, only: None }, ..Rule::default() };
+        let rule = ArrivalRule { ports: Filter { ignore, only: None }, ..ArrivalRule::default() };
         let later = [
             socket(&format!("{POD}:15006"), "10.90.0.9:50000", ESTABLISHED, Some(120)),
             socket("127.0.0.1:8080", "127.0.0.6:41000", ESTABLISHED, Some(0)),
@@ -765,7 +766,7 @@ mod tests {
         let at =
             |bytes| [socket(&format!("{POD}:8080"), "10.90.0.9:50000", ESTABLISHED, Some(bytes))];
         let (a, b, c) = (at(100), at(180), at(180));
-        let found = reads(Rule::default(), &[8080], &[(&a, None), (&b, None), (&c, None)]);
+        let found = reads(ArrivalRule::default(), &[8080], &[(&a, None), (&b, None), (&c, None)]);
         assert_eq!(arrived(&found), [0, 1, 0]);
     }
 
@@ -775,20 +776,24 @@ mod tests {
         let server = [socket(&format!("{POD}:8080"), "10.90.0.9:50000", TIME_WAIT, None)];
         // A proxy of the pod closed first (ztunnel's hop to the app, from the client's address).
         let client = [socket("10.90.0.9:50001", &format!("{POD}:8080"), TIME_WAIT, None)];
-        let found =
-            reads(Rule::default(), &[8080], &[(&[], None), (&server, None), (&client, None)]);
+        let found = reads(
+            ArrivalRule::default(),
+            &[8080],
+            &[(&[], None), (&server, None), (&client, None)],
+        );
         assert_eq!(arrived(&found), [0, 1, 1]);
         // Both ends in the pod are one connection; the same ends a read later are no news.
         let both =
             [server[0], socket("10.90.0.9:50000", &format!("{POD}:8080"), ESTABLISHED, None)];
-        let found = reads(Rule::default(), &[8080], &[(&[], None), (&both, None), (&both, None)]);
+        let found =
+            reads(ArrivalRule::default(), &[8080], &[(&[], None), (&both, None), (&both, None)]);
         assert_eq!(arrived(&found), [0, 1, 0]);
     }
 
     #[test]
     fn a_call_out_to_another_pods_port_of_the_same_number_is_no_arrival() {
         let out = [socket(&format!("{POD}:41000"), "10.90.0.4:8080", TIME_WAIT, None)];
-        let found = reads(Rule::default(), &[8080], &[(&[], None), (&out, None)]);
+        let found = reads(ArrivalRule::default(), &[8080], &[(&[], None), (&out, None)]);
         assert_eq!(arrived(&found), [0, 0]);
     }
 
@@ -796,7 +801,7 @@ mod tests {
     fn behind_a_sidecar_only_clients_outside_the_pod_arrive() {
         // The proxy's pooled hop to the app, and the app's call to another container on
         // loopback, both with their client in the pod; and a client's own connection to 15006.
-        let rule = Rule { outside_only: true, ..Rule::default() };
+        let rule = ArrivalRule { outside_only: true, ..ArrivalRule::default() };
         let sockets = |bytes| {
             [
                 socket("127.0.0.1:8080", "127.0.0.6:41000", ESTABLISHED, Some(bytes)),
@@ -815,12 +820,12 @@ mod tests {
 
     /// Ambient mode's rule: ztunnel's inbound listeners, the probes from 169.254.7.127, and the
     /// namespace's counters read.
-    fn ambient() -> Rule {
-        Rule {
+    fn ambient() -> ArrivalRule {
+        ArrivalRule {
             probes: vec![end("169.254.7.127:0").ip],
             proxy: vec![15006, 15008],
             passive_opens: true,
-            ..Rule::default()
+            ..ArrivalRule::default()
         }
     }
 
@@ -878,7 +883,7 @@ mod tests {
         assert_eq!(found[1].unseen, 3);
         // ztunnel's PassiveOpens of the pod's calls out (15001) leave sockets in the pod.
         let out = [socket(&format!("{POD}:15001"), &format!("{POD}:41000"), TIME_WAIT, None)];
-        let with_out = Rule {
+        let with_out = ArrivalRule {
             ports: Filter { ignore: PortSet::parse("15001").unwrap(), only: None },
             ..ambient()
         };
@@ -889,7 +894,7 @@ mod tests {
 
     #[test]
     fn connections_that_left_no_socket_count_from_passive_opens_once_each() {
-        let rule = Rule { passive_opens: true, ..Rule::default() };
+        let rule = ArrivalRule { passive_opens: true, ..ArrivalRule::default() };
         let seen = [socket(&format!("{POD}:8080"), "10.90.0.9:50000", TIME_WAIT, None)];
         let found = reads(
             rule,
@@ -917,10 +922,10 @@ mod tests {
         // A tcpSocket readiness probe every second (the kubelet closes first: PassiveOpens
         // alone counts it), reads every 500 ms; then a client's connection that left no socket
         // too, which the probes' share cannot hide.
-        let rule = Rule {
+        let rule = ArrivalRule {
             passive_opens: true,
             probe_periods: Some(vec![Duration::from_secs(1)]),
-            ..Rule::default()
+            ..ArrivalRule::default()
         };
         let each: Vec<(&[Socket], Option<u64>)> =
             [10, 11, 11, 12, 12, 13, 15, 15].iter().map(|&n| (&[][..], Some(n))).collect();
@@ -928,7 +933,7 @@ mod tests {
         assert_eq!(arrived(&found), [0, 0, 0, 0, 0, 0, 1, 0]);
         assert_eq!(found[6].opened, 1, "a new connection, not a request on an open one");
         // Without the periods, each counts.
-        let found = reads(Rule { probe_periods: None, ..rule }, &[8080], &each);
+        let found = reads(ArrivalRule { probe_periods: None, ..rule }, &[8080], &each);
         assert_eq!(arrived(&found), [0, 1, 0, 1, 0, 1, 2, 0]);
     }
 
@@ -937,10 +942,10 @@ mod tests {
         // The node's address: its probe every 10 s, and a client behind the node's own NAT (a
         // NodePort's, or a host-network ingress) from the same address, kept alive.
         let node = "10.90.0.3";
-        let rule = Rule {
+        let rule = ArrivalRule {
             probes: vec![end(&format!("{node}:0")).ip],
             probe_periods: Some(vec![Duration::from_secs(10)]),
-            ..Rule::default()
+            ..ArrivalRule::default()
         };
         let probe = socket(&format!("{POD}:8080"), &format!("{node}:33000"), TIME_WAIT, None);
         let client = |bytes| {
@@ -965,10 +970,10 @@ mod tests {
         // A NodePort client SNATed to the node's address, open at the first read and sending,
         // taken for a probe at first sight (a probe's one request): its next request tells.
         let node = "10.90.0.3";
-        let rule = Rule {
+        let rule = ArrivalRule {
             probes: vec![end(&format!("{node}:0")).ip],
             probe_periods: Some(vec![Duration::from_secs(10)]),
-            ..Rule::default()
+            ..ArrivalRule::default()
         };
         let client = |bytes| {
             [socket(&format!("{POD}:8080"), &format!("{node}:40000"), ESTABLISHED, Some(bytes))]
@@ -984,10 +989,10 @@ mod tests {
         // A 1 s readiness probe listed, but the kubelet sends none (its container exited, or the
         // kubelet stopped probing); after 8 s a burst of 5 connections that left no socket: at
         // most two are taken for that probe's.
-        let rule = Rule {
+        let rule = ArrivalRule {
             passive_opens: true,
             probe_periods: Some(vec![Duration::from_secs(1)]),
-            ..Rule::default()
+            ..ArrivalRule::default()
         };
         let mut each: Vec<(&[Socket], Option<u64>)> = vec![(&[][..], Some(10)); 16];
         each.push((&[], Some(15)));
@@ -999,11 +1004,11 @@ mod tests {
     fn a_connection_from_the_probes_address_to_an_ignored_port_takes_no_probes_share() {
         // A host-network scrape of the ignored 9090 from the node, then the HTTP probe of 8080.
         let node = "10.90.0.3";
-        let rule = Rule {
+        let rule = ArrivalRule {
             probes: vec![end(&format!("{node}:0")).ip],
             probe_periods: Some(vec![Duration::from_secs(10)]),
             ports: Filter { ignore: PortSet::parse("9090").unwrap(), only: None },
-            ..Rule::default()
+            ..ArrivalRule::default()
         };
         let scrape = socket(&format!("{POD}:9090"), &format!("{node}:33000"), TIME_WAIT, None);
         let probe = socket(&format!("{POD}:8080"), &format!("{node}:33001"), TIME_WAIT, None);
@@ -1034,10 +1039,11 @@ mod tests {
         let client = socket(&format!("{POD}:8080"), "10.90.0.9:50000", TIME_WAIT, None);
         let first = [&ping(41000, 10)[..], &own(10)].concat();
         let later = [&ping(41000, 20)[..], &ping(41001, 5), &own(20), &[client]].concat();
-        let none = Rule { outside_only: true, passive_opens: true, ..Rule::default() };
+        let none =
+            ArrivalRule { outside_only: true, passive_opens: true, ..ArrivalRule::default() };
         let found = reads(none, &[6379, 8080], &[(&first, Some(3)), (&later, Some(5))]);
         assert_eq!(arrived(&found), [0, 1]);
-        let ambient = Rule::default();
+        let ambient = ArrivalRule::default();
         let found = reads(ambient, &[6379, 8080], &[(&first, None), (&later, None)]);
         assert_eq!(arrived(&found), [0, 2], "the pod's own address: the stand-in's hop's");
     }
@@ -1052,13 +1058,13 @@ mod tests {
         // Only 8080 counts; 9090 listens, its scraper's connection kept alive: the three
         // connections that left no socket cannot be told from 9090's, and count (a quiet pod
         // held longer, never a request lost), and 9090 is named.
-        let rule = Rule {
+        let rule = ArrivalRule {
             passive_opens: true,
             ports: Filter {
                 ignore: PortSet::default(),
                 only: Some(PortSet::parse("8080").unwrap()),
             },
-            ..Rule::default()
+            ..ArrivalRule::default()
         };
         let kept = [socket(&format!("{POD}:9090"), "10.90.0.7:41000", ESTABLISHED, Some(300))];
         let each: [(&[Socket], _); 3] = [(&kept, Some(10)), (&kept, Some(13)), (&kept, Some(15))];
@@ -1080,12 +1086,12 @@ mod tests {
         };
         let each = [conn(55, 9000), conn(55, 9500), conn(58, 4), conn(110, 400), conn(110, 900)];
         let each: Vec<(&[Socket], _)> = each.iter().map(|s| (&s[..], None)).collect();
-        let found = reads(Rule::default(), &[8080], &each);
+        let found = reads(ArrivalRule::default(), &[8080], &each);
         assert_eq!(arrived(&found), [0, 0, 0, 0, 0]);
         assert_eq!(found.iter().map(|r| r.polls).sum::<u64>(), 1);
         let busy = [conn(55, 9000), conn(58, 4), conn(110, 4), conn(160, 4), conn(210, 4)];
         let busy: Vec<(&[Socket], _)> = busy.iter().map(|s| (&s[..], None)).collect();
-        assert_eq!(arrived(&reads(Rule::default(), &[8080], &busy)), [0, 0, 0, 1, 1]);
+        assert_eq!(arrived(&reads(ArrivalRule::default(), &[8080], &busy)), [0, 0, 0, 1, 1]);
     }
 
     #[test]
@@ -1102,7 +1108,7 @@ mod tests {
         let each = [conns(100, 9000), conns(100, 9500), conns(160, 5), conns(160, 505)];
         let each: Vec<(&[Socket], _)> = each.iter().map(|s| (&s[..], None)).collect();
         for _ in 0..32 {
-            let found = reads(Rule::default(), &[8080, 15006], &each);
+            let found = reads(ArrivalRule::default(), &[8080, 15006], &each);
             assert_eq!(arrived(&found), [0, 0, 0, 0]);
             assert_eq!(found[2].polls, 2, "both connections' bytes, one scrape");
         }
@@ -1123,7 +1129,7 @@ mod tests {
             [conn(50000, 100, 1000), conn(50001, 100, 500), conn(50002, 100, 4)],
         ];
         let each: Vec<(&[Socket], _)> = each.iter().map(|s| (&s[..], None)).collect();
-        let found = reads(Rule::default(), &[8080], &each);
+        let found = reads(ArrivalRule::default(), &[8080], &each);
         assert_eq!(arrived(&found), [0, 0, 1, 1], "the first after the silence is a poll");
     }
 
@@ -1132,7 +1138,7 @@ mod tests {
         // Connections the app closed 0.2, 4.2 and 4.7 s ago, one 30 s ago, a probe's 1 s ago,
         // and an open one: the newest 200 ms ago, the longest pause 4 s.
         let probes = vec![end("10.90.0.1:0").ip];
-        let rule = Rule { probes, passive_opens: true, ..Rule::default() };
+        let rule = ArrivalRule { probes, passive_opens: true, ..ArrivalRule::default() };
         let closed = |port: u16, ms| {
             idle(socket(&format!("{POD}:8080"), &format!("10.90.0.9:{port}"), TIME_WAIT, None), ms)
         };
@@ -1155,7 +1161,7 @@ mod tests {
         // closing its own call out to a database took the pod for one that closes its clients'
         // connections, whose TIME_WAIT showed none for a minute, and forgot the pod's life.
         let call = socket(&format!("{POD}:41000"), "10.90.0.3:5432", TIME_WAIT, None);
-        let rule = Rule { passive_opens: true, ..Rule::default() };
+        let rule = ArrivalRule { passive_opens: true, ..ArrivalRule::default() };
         let mut tracker = Tracker { age: Some(Duration::from_secs(600)), ..Tracker::new(rule, 0) };
         let all: Vec<Socket> = listening(&[8080]).into_iter().chain([call]).collect();
         let read = tracker.read(Duration::ZERO, &ours(), &all, Some(1202));
@@ -1172,7 +1178,7 @@ mod tests {
         };
         let sparse = [closed(50000, 300), closed(50001, 12_000), closed(50002, 20_000)];
         let first = [closed(50000, 300)];
-        let none = || Rule { passive_opens: true, ..Rule::default() };
+        let none = || ArrivalRule { passive_opens: true, ..ArrivalRule::default() };
         let found = reads(none(), &[8080], &[(&sparse, None)]);
         let (newest, span) = (Duration::from_millis(300), Duration::from_secs(60));
         let recent = Some((newest, Duration::from_millis(11_700)));
@@ -1207,14 +1213,15 @@ mod tests {
     /// connections are the kubelet's probes from `from` every `period`, the next `phase` after
     /// the deletion; read by the tracker every 500 ms, each read taking 1 ms.
     fn idle_hold(
-        rule: &Rule,
+        rule: &ArrivalRule,
         from: &str,
         (period, phase): (u64, u64),
         kind: Probed,
     ) -> (crate::wait::End, u64) {
         use crate::config::{Rules, Until};
         use crate::wait::{Step, Tick, Wait};
-        let rule = Rule { probe_periods: Some(vec![Duration::from_secs(period)]), ..rule.clone() };
+        let rule =
+            ArrivalRule { probe_periods: Some(vec![Duration::from_secs(period)]), ..rule.clone() };
         let rules = Rules {
             min_drain: Duration::from_secs(3),
             deadline: Duration::from_secs(20),
@@ -1273,8 +1280,11 @@ mod tests {
         // 30 s, the next probe 0 to 1 period after the deletion, in tenths; without a mesh (from
         // the node) and in ambient mode (from 169.254.7.127).
         use crate::outcome::Outcome;
-        let none =
-            Rule { probes: vec![end("10.90.0.1:0").ip], passive_opens: true, ..Rule::default() };
+        let none = ArrivalRule {
+            probes: vec![end("10.90.0.1:0").ip],
+            passive_opens: true,
+            ..ArrivalRule::default()
+        };
         let cases = [(&none, "10.90.0.1"), (&ambient(), "169.254.7.127")];
         let mut held = Vec::new();
         for (rule, from) in cases {

@@ -18,7 +18,7 @@ pub(crate) const CLUSTERS_PATH: &str = "/clusters";
 /// internal addresses, not on an ignored port; with `inbound` (`hold`), only the app's clusters',
 /// and those on a Unix socket too.
 #[derive(Debug, Clone, Default)]
-pub struct Rule {
+pub struct HostScope {
     pub preset: Preset,
     pub ignore_clusters: Names,
     pub ignore_ports: PortSet,
@@ -45,14 +45,14 @@ pub struct Answer {
     /// Clusters that count but hold nothing.
     pub(crate) quiet: u64,
     /// The arrival counters of the hosts that count, those at 0 left out.
-    pub counters: Vec<Counter>,
+    pub counters: Vec<HostCounter>,
     /// So far on the app's own clusters' hosts, which `hold` reads.
     pub(crate) app_arrived: AppArrived,
 }
 
 /// One host's arrival counter: a hash of the host's and the counter's names, and its value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Counter {
+pub struct HostCounter {
     pub(crate) host: u64,
     pub(crate) value: u64,
 }
@@ -67,7 +67,7 @@ pub(crate) struct AppArrived {
 /// Adds up an answer line by line, keeping the clusters that hold something (Envoy prints a
 /// cluster's lines together).
 #[derive(Debug, Default)]
-pub struct Tally {
+pub struct HostTally {
     current: Option<Cluster>,
     clusters: Capped<Cluster>,
     quiet: u64,
@@ -77,7 +77,7 @@ pub struct Tally {
     /// A counted host's value that is not a count: the count cannot be trusted.
     bad: Option<String>,
     /// The arrival counters (`rq_total`; with `inbound`, `cx_total` too) of the hosts that count.
-    counters: Vec<Counter>,
+    counters: Vec<HostCounter>,
     app_arrived: AppArrived,
     /// Gauges that wrapped below zero, and the first one's host.
     wrapped: u64,
@@ -86,9 +86,9 @@ pub struct Tally {
 
 const LISTED: [&str; 5] = ["rq_active", "rq_pending_active", "cx_active", "rq_total", "cx_total"];
 
-impl Tally {
+impl HostTally {
     /// Takes one line: `<cluster>::<host>::<stat>::<value>`; other lines are skipped.
-    pub fn add_line(&mut self, line: &str, rule: &Rule) {
+    pub fn add_line(&mut self, line: &str, rule: &HostScope) {
         let line = line.trim_end();
         let Some((rest, value)) = line.rsplit_once("::") else { return };
         let Some((rest, stat)) = rest.rsplit_once("::") else { return };
@@ -124,7 +124,7 @@ impl Tally {
                 }
                 if counted && n > 0 && (stat == "rq_total" || rule.inbound) {
                     let host = BuildHasherDefault::<DefaultHasher>::new().hash_one((rest, stat));
-                    self.counters.push(Counter { host, value: n });
+                    self.counters.push(HostCounter { host, value: n });
                 }
             }
             ("cx_active", _) if counted => {
@@ -141,7 +141,7 @@ impl Tally {
     }
 
     /// The cluster being added up, switching to `name` when it starts.
-    fn cluster(&mut self, name: &str, rule: &Rule) -> &mut Cluster {
+    fn cluster(&mut self, name: &str, rule: &HostScope) -> &mut Cluster {
         let current = match self.current.take() {
             Some(c) if c.name == name => c,
             previous => {
@@ -229,13 +229,13 @@ impl Tally {
 /// one name (`HostsForAddress`): those are paired largest with largest.
 #[derive(Debug, Default)]
 pub struct Arrived {
-    last: Option<Vec<Counter>>,
+    last: Option<Vec<HostCounter>>,
     total: u64,
 }
 
 impl Arrived {
     /// Takes an answer's counters, and tells what has arrived so far.
-    pub fn add(&mut self, mut now: Vec<Counter>) -> Option<u64> {
+    pub fn add(&mut self, mut now: Vec<HostCounter>) -> Option<u64> {
         now.sort_unstable();
         if let Some(last) = &self.last {
             for hosts in now.chunk_by(|a, b| a.host == b.host) {
@@ -243,9 +243,9 @@ impl Arrived {
                 let from = last.partition_point(|c| c.host < host);
                 let to = last.partition_point(|c| c.host <= host);
                 let mut before = last[from..to].iter().rev();
-                for &Counter { value: n, .. } in hosts.iter().rev() {
+                for &HostCounter { value: n, .. } in hosts.iter().rev() {
                     let new = match before.next() {
-                        Some(&Counter { value: was, .. }) if n >= was => n - was,
+                        Some(&HostCounter { value: was, .. }) if n >= was => n - was,
                         _ => n,
                     };
                     self.total = self.total.saturating_add(new);
@@ -259,7 +259,7 @@ impl Arrived {
 
 /// Why a host's figures do not count: a Unix socket or internal address (but `hold`'s app on one,
 /// an Istio Sidecar's `defaultEndpoint: unix://`; a waypoint's pods), or an ignored port.
-fn why_host(host: &str, cluster: &str, rule: &Rule) -> Option<String> {
+fn why_host(host: &str, cluster: &str, rule: &HostScope) -> Option<String> {
     let pipe = host.starts_with('/') || host.starts_with('@');
     // A waypoint's hosts are internal addresses that name a pod's: `envoy://<listener>/IP:PORT`.
     let internal = host.strip_prefix("envoy://").filter(|_| rule.preset.waypoint);
@@ -284,16 +284,16 @@ fn split_host(rest: &str) -> Option<(&str, &str)> {
 mod tests {
     use super::*;
 
-    fn tally(body: &str, rule: &Rule) -> Result<Answer, Failure> {
-        let mut t = Tally::default();
+    fn tally(body: &str, rule: &HostScope) -> Result<Answer, Failure> {
+        let mut t = HostTally::default();
         for line in body.lines() {
             t.add_line(line, rule);
         }
         t.finish()
     }
 
-    fn istio() -> Rule {
-        Rule {
+    fn istio() -> HostScope {
+        HostScope {
             preset: crate::preset::ISTIO,
             ignore_clusters: Names::default(),
             ignore_ports: PortSet::parse(crate::lists::ISTIO_INFRA_PORTS).unwrap(),
@@ -372,7 +372,7 @@ prometheus_stats::127.0.0.1:15000::rq_active::0
         ] {
             let body =
                 format!("{own}::10.0.0.1:5678::rq_active::1\napp::10.0.0.2:8080::rq_active::1\n");
-            let rule = Rule {
+            let rule = HostScope {
                 preset: crate::preset::PRESETS.into_iter().find(|p| p.name == preset).unwrap(),
                 ..istio()
             };
@@ -408,7 +408,7 @@ xds-grpc::./etc/istio/proxy/XDS::rq_active::1
     #[test]
     fn a_waypoint_counts_its_services_requests_not_its_clients_streams_nor_tunnels() {
         let waypoint = crate::preset::PRESETS.into_iter().find(|p| p.name == "waypoint").unwrap();
-        let a = tally(WAYPOINT, &Rule { preset: waypoint, ..istio() }).unwrap();
+        let a = tally(WAYPOINT, &HostScope { preset: waypoint, ..istio() }).unwrap();
         assert_eq!(
             a.count.breakdown(),
             "cluster encap=1, cluster inbound-vip|80|http|app.shop-0.svc.cluster.local=2"
@@ -422,10 +422,13 @@ xds-grpc::./etc/istio/proxy/XDS::rq_active::1
         assert_eq!(tally(WAYPOINT, &istio()).unwrap().count.total, 9);
         // Istio's own exporters are a waypoint's too: an access-log stream never holds it.
         let stream = "envoy_accesslog_service::10.0.0.9:9411::rq_active::1\n";
-        assert_eq!(tally(stream, &Rule { preset: waypoint, ..istio() }).unwrap().count.total, 0);
+        assert_eq!(
+            tally(stream, &HostScope { preset: waypoint, ..istio() }).unwrap().count.total,
+            0
+        );
         // `--ignore-ports 8080` leaves out the pods' port its hosts name (red-team of run, 7).
         let ignore_ports = PortSet::parse("8080").unwrap();
-        let a = tally(WAYPOINT, &Rule { preset: waypoint, ignore_ports, ..istio() }).unwrap();
+        let a = tally(WAYPOINT, &HostScope { preset: waypoint, ignore_ports, ..istio() }).unwrap();
         assert_eq!(a.count.breakdown(), "cluster encap=1");
     }
 
@@ -445,7 +448,7 @@ mine::/var/run/sock::rq_active::1
 mine::envoy://internal/x::rq_active::1
 mine::10.0.0.7:80::rq_active::4
 ";
-        let rule = Rule {
+        let rule = HostScope {
             ignore_clusters: Names::parse("outbound|4317||*, exporter-a").unwrap(),
             ..istio()
         };
@@ -470,7 +473,7 @@ mine::10.0.0.7:80::rq_active::4
 inbound|8080||::/var/run/app/app.sock::rq_total::110
 inbound|8080||::/var/run/app/app.sock::cx_total::3
 ";
-        let hold = Rule { inbound: true, ..istio() };
+        let hold = HostScope { inbound: true, ..istio() };
         let a = tally(body, &hold).unwrap();
         assert_eq!(a.app_arrived, AppArrived { requests: 110, connections: 3 });
         assert_eq!(a.counters.len(), 2, "both counters tell arrivals: {:?}", a.counters);
@@ -501,7 +504,7 @@ inbound|8080||::/var/run/app/app.sock::cx_total::3
 
     #[test]
     fn past_a_thousand_busy_clusters_the_rest_are_added_up_as_one_and_the_count_stays_whole() {
-        let mut t = Tally::default();
+        let mut t = HostTally::default();
         for i in 0..5000 {
             let name = format!("outbound|80||s{i}.ns.svc.cluster.local");
             t.add_line(&format!("{name}::10.0.0.1:80::cx_active::1"), &istio());
@@ -537,8 +540,8 @@ inbound|15090||::127.0.0.1:15090::rq_total::5
 
     #[test]
     fn a_host_that_vanishes_or_restarts_its_counter_takes_no_arrival_back() {
-        let counters = |body: &str, rule: &Rule| tally(body, rule).unwrap().counters;
-        let rule = Rule { inbound: true, ..istio() };
+        let counters = |body: &str, rule: &HostScope| tally(body, rule).unwrap().counters;
+        let rule = HostScope { inbound: true, ..istio() };
         let host = |port: u16, rq: u64, cx: u64| {
             format!(
                 "inbound|8080||::10.90.0.{port}:8080::rq_active::0

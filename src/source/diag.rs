@@ -64,9 +64,9 @@ const DATA_SEGS_OUT: usize = 156;
 
 /// The coarsest clock tcp_info's milliseconds come from: jiffies at HZ=100. An age counted in
 /// whole jiffies can be one longer than the time that passed (`jiffies_to_msecs(now - lrcvtime)`,
-/// net/ipv4/tcp.c), so an arrival dated by it is dated up to a tick early; the age less a tick
-/// never dates it before it came.
-const TICK: Duration = Duration::from_millis(10);
+/// net/ipv4/tcp.c; TIME_WAIT's time left, `inet_twsk_diag_fill`, likewise), so an arrival dated
+/// by it is dated up to a tick early; the age less a tick never dates it before it came.
+pub(crate) const TICK: Duration = Duration::from_millis(10);
 
 /// How long a closed connection's end waits in TIME_WAIT (`TCP_TIMEWAIT_LEN`, include/net/tcp.h);
 /// a dump gives the milliseconds it has left (`inet_twsk_diag_fill`).
@@ -159,7 +159,8 @@ fn socket(body: &[u8]) -> Result<Socket, DumpError> {
     let info = info(&body[MESSAGE..]);
     let idle = match (m[1], info) {
         (TIME_WAIT, _) => {
-            Some(TIME_WAIT_LEN.saturating_sub(Duration::from_millis(u32_at(52).into())))
+            let left = Duration::from_millis(u32_at(52).into());
+            Some(TIME_WAIT_LEN.saturating_sub(left).saturating_sub(TICK))
         }
         (_, Some(i)) => Some(Duration::from_millis(i.last_recv.into()).saturating_sub(TICK)),
         _ => None,
@@ -316,7 +317,7 @@ mod tests {
     use crate::count::Excluded;
     use crate::lists::PortSet;
     use crate::source::procnet::testing::count;
-    use crate::source::procnet::{DEFAULT_EPHEMERAL, Listeners, Rule, Table};
+    use crate::source::procnet::{AcceptRule, DEFAULT_EPHEMERAL, Listeners, Table};
 
     /// A message as the kernel lays it out: header, then `body`, padded to 4 bytes.
     fn message(kind: u16, flags: u16, seq: u32, body: &[u8]) -> Vec<u8> {
@@ -439,8 +440,12 @@ mod tests {
         parse(&d, 1, &mut t).unwrap();
         let filter = Filter { ignore: PortSet::default(), only: None };
         let envoy = Basis::Process { pid: 1, uid: 1337, admin: String::new() };
-        let rule =
-            Rule { filter: &filter, envoy: &envoy, inodes: &[5], ephemeral: &DEFAULT_EPHEMERAL };
+        let rule = AcceptRule {
+            filter: &filter,
+            envoy: &envoy,
+            inodes: &[5],
+            ephemeral: &DEFAULT_EPHEMERAL,
+        };
         let c = count(&t, &rule, &mut Listeners::default());
         assert_eq!(c.total, 1, "{c:?}");
         assert_eq!(
@@ -572,7 +577,7 @@ mod tests {
     #[test]
     fn real_dumps_tell_an_answer_still_delivered_after_its_server_closed() {
         use crate::count::Busy;
-        use crate::source::procnet::{Accepted, Tally};
+        use crate::source::procnet::{Accepted, SocketTally};
         use std::io::{Read, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -593,7 +598,7 @@ mod tests {
             // SAFETY: geteuid has no preconditions and cannot fail.
             let proxy = unsafe { libc::geteuid() };
             let accepted = Accepted { listened: &listened, ignore: &ignore, proxy };
-            let mut tally = Tally::new(&t, None, false, Some(accepted));
+            let mut tally = SocketTally::new(&t, None, false, Some(accepted));
             let closed = t.sockets.iter().filter(|s| s.local.port == port && s.inode == 0);
             let closed = closed.count();
             t.sockets.iter().for_each(|s| tally.add(*s));

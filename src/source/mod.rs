@@ -96,7 +96,7 @@ pub(crate) struct Sources {
     pub(crate) unit: Unit,
     pub(crate) admin: Client,
     /// What never counts in /clusters; its preset and `--ignore-ports` apply to the stats too.
-    clusters: clusters::Rule,
+    clusters: clusters::HostScope,
     arrived: clusters::Arrived,
     table: SocketTable,
     spent: Spent,
@@ -135,7 +135,7 @@ impl Sources {
             mode: c.mode,
             unit: c.unit,
             admin: Client::envoy(c.admin.clone()),
-            clusters: clusters::Rule {
+            clusters: clusters::HostScope {
                 preset: c.preset,
                 ignore_clusters: c.ignore_clusters.clone(),
                 ignore_ports: c.filter.ignore.clone(),
@@ -324,7 +324,7 @@ impl Sources {
 
     /// Envoy's per-host counters, read line by line as they arrive.
     fn clusters(&mut self, until: Instant) -> Result<clusters::Answer, Failure> {
-        let mut tally = clusters::Tally::default();
+        let mut tally = clusters::HostTally::default();
         let left = until.saturating_duration_since(Instant::now());
         self.admin
             .get_lines(CLUSTERS_PATH, left, u64::MAX, |line| tally.add_line(line, &self.clusters))

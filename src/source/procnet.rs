@@ -216,7 +216,7 @@ pub(crate) fn taking<'a, T>(
 
 /// What the rule needs besides the table.
 #[derive(Debug, Clone, Copy)]
-pub struct Rule<'a> {
+pub struct AcceptRule<'a> {
     pub filter: &'a Filter,
     /// How Envoy's sockets are told from everyone else's.
     pub envoy: &'a Basis,
@@ -239,7 +239,7 @@ struct Listening {
 }
 
 impl Listeners {
-    pub fn learn(&mut self, table: &Table, rule: &Rule) {
+    pub fn learn(&mut self, table: &Table, rule: &AcceptRule) {
         for s in table.sockets.iter().filter(|s| s.state == LISTEN) {
             let envoys = rule.holds(s);
             match self.0.iter_mut().find(|l| l.local == s.local) {
@@ -282,7 +282,7 @@ impl Verdict {
     }
 }
 
-impl Rule<'_> {
+impl AcceptRule<'_> {
     /// Whether `s` is Envoy's (`None`: unknown); a queued connection has its listener's owner.
     pub(crate) fn holds(&self, s: &Socket) -> Option<bool> {
         match self.envoy {
@@ -364,12 +364,12 @@ const MAX_UNSURE: usize = 4096;
 /// A count fed one socket at a time once the listening sockets are known, so a dump is never held:
 /// connections tallied by why they count or not, every socket by owner.
 #[derive(Default)]
-pub struct Tally<'a> {
+pub struct SocketTally<'a> {
     listening: Vec<&'a Socket>,
     accepted: Option<Accepted<'a>>,
     busy: Busy,
     /// The rule and the listeners it reads; `None` when only owners are wanted.
-    rule: Option<(Rule<'a>, &'a Listeners)>,
+    rule: Option<(AcceptRule<'a>, &'a Listeners)>,
     /// Envoy's sockets were listed before these sockets were read, so one it accepted since is
     /// not on the list: such a socket, which would count as Envoy's, waits in `unsure`.
     listed_first: bool,
@@ -378,20 +378,20 @@ pub struct Tally<'a> {
     unsure: Vec<Socket>,
 }
 
-impl<'a> Tally<'a> {
+impl<'a> SocketTally<'a> {
     /// A tally of the open sockets beside `listening`, the listening sockets read with them.
     pub fn new(
         listening: &'a Table,
-        rule: Option<(Rule<'a>, &'a Listeners)>,
+        rule: Option<(AcceptRule<'a>, &'a Listeners)>,
         listed_first: bool,
         accepted: Option<Accepted<'a>>,
-    ) -> Tally<'a> {
+    ) -> SocketTally<'a> {
         let listening = listening.listening();
         let mut owners = BTreeMap::new();
         for s in &listening {
             *owners.entry(s.uid).or_default() += 1;
         }
-        Tally { listening, rule, listed_first, owners, accepted, ..Tally::default() }
+        SocketTally { listening, rule, listed_first, owners, accepted, ..SocketTally::default() }
     }
 
     /// The connections the pod accepted that are busy, so far.
@@ -429,7 +429,7 @@ impl<'a> Tally<'a> {
     }
 }
 
-impl Sink for Tally<'_> {
+impl Sink for SocketTally<'_> {
     fn add(&mut self, mut s: Socket) {
         if s.state == LISTEN || !Table::keeps(&s) {
             return;
@@ -475,9 +475,9 @@ pub(crate) mod testing {
     use super::*;
 
     /// Counts a whole table, remembering the listeners seen for the next count.
-    pub fn count(table: &Table, rule: &Rule<'_>, listeners: &mut Listeners) -> Count {
+    pub fn count(table: &Table, rule: &AcceptRule<'_>, listeners: &mut Listeners) -> Count {
         listeners.learn(table, rule);
-        let mut tally = Tally::new(table, Some((*rule, listeners)), false, None);
+        let mut tally = SocketTally::new(table, Some((*rule, listeners)), false, None);
         for s in &table.sockets {
             tally.add(*s);
         }
@@ -519,7 +519,7 @@ mod tests {
     }
 
     fn count_with(lines: &[String], filter: &Filter, (envoy, inodes): &(Basis, Vec<u64>)) -> Count {
-        let rule = Rule { filter, envoy, inodes, ephemeral: &DEFAULT_EPHEMERAL };
+        let rule = AcceptRule { filter, envoy, inodes, ephemeral: &DEFAULT_EPHEMERAL };
         count(&table(lines), &rule, &mut Listeners::default())
     }
 
@@ -582,7 +582,7 @@ mod tests {
         let listened: Vec<Endpoint> = t.listening().iter().map(|s| s.local).collect();
         let ignore = crate::lists::PortSet::parse("15000").unwrap();
         let accepted = Accepted { listened: &listened, ignore: &ignore, proxy: 1337 };
-        let mut tally = Tally::new(&t, None, false, Some(accepted));
+        let mut tally = SocketTally::new(&t, None, false, Some(accepted));
         for s in &t.sockets {
             tally.add(*s);
         }
@@ -718,12 +718,16 @@ mod tests {
         let filter = istio();
         let listed = [10, 11, 12, 13, 14, 16, 17, 18, 19];
         let (envoy, inodes) = envoy(1337, &listed);
-        let rule =
-            Rule { filter: &filter, envoy: &envoy, inodes: &inodes, ephemeral: &DEFAULT_EPHEMERAL };
+        let rule = AcceptRule {
+            filter: &filter,
+            envoy: &envoy,
+            inodes: &inodes,
+            ephemeral: &DEFAULT_EPHEMERAL,
+        };
         let mut listeners = Listeners::default();
         listeners.learn(&t, &rule);
         let count = |relist: Option<&[u64]>| {
-            let mut tally = Tally::new(&t, Some((rule, &listeners)), true, None);
+            let mut tally = SocketTally::new(&t, Some((rule, &listeners)), true, None);
             for s in &t.sockets {
                 tally.add(*s);
             }
@@ -825,8 +829,12 @@ mod tests {
     #[test]
     fn a_listener_seen_once_still_explains_its_connections_after_it_closed() {
         let e = envoy(1337, &[11, 15]);
-        let rule =
-            Rule { filter: &istio(), envoy: &e.0, inodes: &e.1, ephemeral: &DEFAULT_EPHEMERAL };
+        let rule = AcceptRule {
+            filter: &istio(),
+            envoy: &e.0,
+            inodes: &e.1,
+            ephemeral: &DEFAULT_EPHEMERAL,
+        };
         let mut seen = Listeners::default();
         let with_listener = table(&[
             line("00000000:3A9E", "00000000:0000", "0A", 1337, 11),
@@ -925,7 +933,7 @@ mod tests {
             line("0200000A:3A9E", "0300000A:C000", "01", 1337, 4),
         ]);
         let owners = |t: &Table| {
-            let mut tally = Tally::new(t, None, false, None);
+            let mut tally = SocketTally::new(t, None, false, None);
             for s in &t.sockets {
                 tally.add(*s);
             }

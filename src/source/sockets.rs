@@ -8,8 +8,8 @@ use crate::source::arrivals::{self, Tracker};
 use crate::source::diag::{self, DumpError};
 use crate::source::lines::each_line;
 use crate::source::procnet::{
-    self, Accepted, DEFAULT_EPHEMERAL, Endpoint, LISTEN, Listeners, Rule, Sink, Table, Tally,
-    loopback,
+    self, AcceptRule, Accepted, DEFAULT_EPHEMERAL, Endpoint, LISTEN, Listeners, Sink, SocketTally,
+    Table, loopback,
 };
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
@@ -163,15 +163,23 @@ impl SocketTable {
         let admin = self.admin_socket(&listening);
         let (basis, inodes) = self.envoy(admin, until);
         let ephemeral = self.ephemeral();
-        let rule =
-            Rule { filter: &self.filter, envoy: &basis, inodes: &inodes, ephemeral: &ephemeral };
+        let rule = AcceptRule {
+            filter: &self.filter,
+            envoy: &basis,
+            inodes: &inodes,
+            ephemeral: &ephemeral,
+        };
         self.listeners.learn(&listening, &rule);
         // The text tables were read whole before Envoy's sockets were listed; a dump comes after.
         let listened = listened(&mut self.listened, &listening, &rule);
         let proxy = basis.uid().unwrap_or_else(|| proxy_uid(admin));
         let accepted = Accepted { listened, ignore: &self.filter.ignore, proxy };
-        let mut tally =
-            Tally::new(&listening, Some((rule, &self.listeners)), open.is_none(), Some(accepted));
+        let mut tally = SocketTally::new(
+            &listening,
+            Some((rule, &self.listeners)),
+            open.is_none(),
+            Some(accepted),
+        );
         read_open(open, until, &diag::request(diag::OPEN, true), &mut tally)?;
         let busy = tally.busy();
         let relist = || match (&self.proc_root, &basis) {
@@ -212,12 +220,16 @@ impl SocketTable {
         let admin = self.admin_socket(&listening);
         let (basis, inodes) = self.envoy(admin, until);
         let ephemeral = self.ephemeral();
-        let rule =
-            Rule { filter: &self.filter, envoy: &basis, inodes: &inodes, ephemeral: &ephemeral };
+        let rule = AcceptRule {
+            filter: &self.filter,
+            envoy: &basis,
+            inodes: &inodes,
+            ephemeral: &ephemeral,
+        };
         let listened = listened(&mut self.listened, &listening, &rule);
         let proxy = basis.uid().unwrap_or_else(|| proxy_uid(admin));
         let accepted = Accepted { listened, ignore: &self.filter.ignore, proxy };
-        let mut tally = Tally::new(&listening, None, false, Some(accepted));
+        let mut tally = SocketTally::new(&listening, None, false, Some(accepted));
         read_open(open, until, &diag::request(diag::OPEN, true), &mut tally)?;
         let busy = tally.busy();
         let (_, owners) = tally.count(|| None);
@@ -330,7 +342,11 @@ fn proxy_uid(admin_socket: Option<(u32, Option<u64>)>) -> u32 {
 
 /// Every listener of the proxy seen in the run, `listening`'s added (`Accepted`); not the app's,
 /// whose end of the proxy's hop carries a request the proxy's end already does.
-fn listened<'a>(seen: &'a mut Vec<Endpoint>, listening: &Table, rule: &Rule) -> &'a [Endpoint] {
+fn listened<'a>(
+    seen: &'a mut Vec<Endpoint>,
+    listening: &Table,
+    rule: &AcceptRule,
+) -> &'a [Endpoint] {
     for s in listening.listening() {
         if rule.holds(s) != Some(false) && !seen.contains(&s.local) {
             seen.push(s.local);

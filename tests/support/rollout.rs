@@ -822,7 +822,10 @@ impl Side {
         let out = cmd.arg(&url).output().map_err(|e| format!("kubectl exec of wget: {e}"))?;
         let said = String::from_utf8_lossy(&out.stderr);
         match out.status.code() {
-            Some(0) => Ok(()),
+            // wget's last line: `'/dev/null' saved [3000000/3000000]`, the bytes it got of those
+            // announced.
+            Some(0) if said.contains(&format!("saved [{DOWNLOAD}/{DOWNLOAD}]")) => Ok(()),
+            Some(0) => Err(format!("download: not {DOWNLOAD} bytes ({})", said.trim())),
             // wget's exit codes (wget(1), EXIT STATUS): 8 an error status, 4 the network's.
             Some(8) => Err(match said.split_once("ERROR ") {
                 Some((_, e)) => format!("download: status {}", e.split(':').next().unwrap_or(e)),
@@ -831,8 +834,11 @@ impl Side {
             Some(4) if said.contains("Connection closed at byte") => {
                 Err("download cut short (closed)".into())
             }
+            Some(4) if said.contains("Read error at byte") && said.contains("reset by peer") => {
+                Err("download cut short (reset)".into())
+            }
             Some(4) if said.contains("Read error at byte") => {
-                Err("download cut short (read error: reset)".into())
+                Err("download cut short (read error)".into())
             }
             Some(4) if said.contains("Connection refused") => Err("download: refused".into()),
             Some(c) => Err(format!("download failed (wget exit {c}: {})", said.trim())),
@@ -943,7 +949,8 @@ impl<'s> Load<'s> {
             Clients::Downloads => DOWNLOADERS,
             _ => 0,
         };
-        // Bounded: a download takes at most a minute, and they stop when told (the load's end).
+        // Bounded: a download ends whole, cut, or after 60 s without a byte (wget's --timeout),
+        // at most 60 each, and they stop when told (the load's end).
         let downloaders = (0..downloaders)
             .map(|_| {
                 let stop = Arc::clone(&stop);
