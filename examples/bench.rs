@@ -411,7 +411,7 @@ fn counters_row(label: &str, t: &[(Duration, String)]) -> String {
 /// namespace beside 18,000 sockets in this one, counted five ways.
 fn socket_table(drain: &Path) -> String {
     let mut out = String::from(
-        "## 4. Counting sockets: netlink, the text tables, ss and netstat\n\n\
+        "## 4. SourceConfig sockets: netlink, the text tables, ss and netstat\n\n\
          Loopback connections held open (both ends: 2 ESTABLISHED sockets each); wall time of each whole command, median \
          of 15 runs, all in one run. envoy-drain is `status --source proc` (netlink) and the same with `--proc-net /proc/net` \
          (text); ss is `ss -Htn state established | wc -l`; netstat is `netstat -tn | grep -c ESTABLISHED`; the floor is \

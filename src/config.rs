@@ -86,7 +86,7 @@ pub(crate) enum ConfigWarning {
 
 /// What both commands need to count.
 #[derive(Debug, Clone)]
-pub(crate) struct Counting {
+pub(crate) struct SourceConfig {
     /// The proxy whose defaults apply.
     pub preset: Preset,
     pub admin: Address,
@@ -177,7 +177,7 @@ pub enum Until {
 
 #[derive(Debug, Clone)]
 pub struct RunConfig {
-    pub(crate) counting: Counting,
+    pub(crate) counting: SourceConfig,
     /// What is sent before the wait: `--fail-healthcheck`, then `--drain`.
     pub before: Vec<Request>,
     pub rules: Rules,
@@ -333,7 +333,7 @@ fn some_ports(name: &'static str, value: &str) -> Result<PortSet, UsageError> {
 }
 
 /// What counts, from the flags `run` and `status` share (`hold` sets its own few).
-pub(crate) fn counting(a: &RunArgs) -> Result<Counting, UsageError> {
+pub(crate) fn counting(a: &RunArgs) -> Result<SourceConfig, UsageError> {
     let preset = match a.preset.as_deref() {
         Some(v) => one_of("--preset", v, &PRESETS.map(|p| (p.name, p)))?,
         None => preset::ISTIO,
@@ -358,7 +358,7 @@ pub(crate) fn counting(a: &RunArgs) -> Result<Counting, UsageError> {
     }
     let (admin, admin_warning) = parse_admin(a.admin.as_deref().unwrap_or(preset.admin))?;
     let ignore = ports("--ignore-ports", a.ignore_ports.as_deref().unwrap_or(preset.ignore_ports))?;
-    Ok(Counting {
+    Ok(SourceConfig {
         preset,
         admin,
         mode,
@@ -594,7 +594,7 @@ pub fn hold_config(a: &HoldArgs, env: &Env<'_>) -> Result<RunConfig, UsageError>
         proxy: if holding == Holding::Ambient { ZTUNNEL.to_vec() } else { Vec::new() },
         outside_only: holding != Holding::Ambient,
     };
-    let mut counting = Counting {
+    let mut counting = SourceConfig {
         preset,
         admin,
         mode: if sidecar { Mode::Stats } else { Mode::Proc },

@@ -106,7 +106,7 @@ struct Rate {
     since: Option<Duration>,
     /// What the first count told of arrivals before it.
     before: Option<Before>,
-    reads: Vec<Counted>,
+    reads: Vec<Sample>,
     /// As of the last count that saw any (or the first, where arrivals came before it): their
     /// pace, when the last came, and the span their rate was measured over.
     pace: Option<Pace>,
@@ -130,7 +130,7 @@ impl Rate {
             return;
         };
         let was = self.reads.last().map_or(since, |r| r.at);
-        self.reads.push(Counted { at: now, arrived: seen.arrived, recounted: seen.recounted });
+        self.reads.push(Sample { at: now, arrived: seen.arrived, recounted: seen.recounted });
         // Measured up to the count that saw the last arrival: the silence that follows must not
         // lengthen it. A later recount (/clusters' requests on a connection the table saw once)
         // tells how many came then, and measures it again.
@@ -160,7 +160,7 @@ impl Rate {
     /// f = 1 - e^(-rL).
     fn pace(
         &self,
-        reads: &[Counted],
+        reads: &[Sample],
         (from, now): (Duration, Duration),
         (last, ago): (Duration, Duration),
         limits: &Limits,
@@ -202,7 +202,7 @@ impl Rate {
 
     /// The arrivals' rate as a Gamma law's shape and rate (arrivals, seconds): what the counts
     /// from `from` to `now` saw, with what was remembered from before while they agree with it.
-    fn rate(&self, reads: &[Counted], (from, now): (Duration, Duration)) -> (f64, f64) {
+    fn rate(&self, reads: &[Sample], (from, now): (Duration, Duration)) -> (f64, f64) {
         let span = now.saturating_sub(from).as_secs_f64();
         let n: u64 = reads
             .iter()
@@ -230,13 +230,13 @@ impl Rate {
 /// The longest pause between arrivals the counts `reads` saw since `from`, at least the one the
 /// kernel remembered (`recent`: the newest arrival's age and the longest pause before it).
 fn longest_pause(
-    reads: &[Counted],
+    reads: &[Sample],
     from: Duration,
     recent: Option<(Duration, Duration)>,
 ) -> Duration {
     let mut pause = recent.map_or(Duration::ZERO, |r| r.1);
     let (mut seen, mut silent) = (None, false);
-    for &Counted { at: t, arrived, .. } in reads {
+    for &Sample { at: t, arrived, .. } in reads {
         if arrived == 0 {
             silent = true;
             continue;
@@ -269,7 +269,7 @@ fn quiet_enough(alpha: f64, beta: f64, s: f64, tries: f64) -> bool {
 
 /// One count of `Rate`: when it ended, how many it saw arrive, and how many more it recounted.
 #[derive(Debug, Clone, Copy)]
-struct Counted {
+struct Sample {
     at: Duration,
     arrived: u64,
     recounted: u64,
@@ -412,7 +412,7 @@ pub enum Step {
 pub struct Wait<'r> {
     rules: &'r Rules,
     follow: Follow,
-    counts: Counts,
+    counts: Ending,
     /// No look before then.
     due: Duration,
     /// The count is reached: with `then_quit`, the looks are at the app's exit.
@@ -428,7 +428,7 @@ impl<'r> Wait<'r> {
             Until::Quiet => rules.settle,
         };
         let drain_done = drain_done(rules, drained_at);
-        let counts = Counts { drain_done, after_arrival, ..Counts::default() };
+        let counts = Ending { drain_done, after_arrival, ..Ending::default() };
         let follow = Follow::default();
         Wait { rules, follow, counts, due: Duration::ZERO, reached: false, end: None }
     }
@@ -536,9 +536,9 @@ impl<'r> Wait<'r> {
     }
 }
 
-/// The counts so far, and when the next one is due.
+/// When the counts end the wait: what they saw so far, and when the next one is due.
 #[derive(Default)]
-struct Counts {
+struct Ending {
     drain_done: Duration,
     /// Since when the wait's end has held (the count low; for `hold`, the counter known).
     low_since: Option<Duration>,
@@ -553,7 +553,7 @@ struct Counts {
     next: Duration,
 }
 
-impl Counts {
+impl Ending {
     /// A count from `started` to `now`: when the wait ends, if it does (`now`, or the moment a
     /// count that started early enough decides), and when the next count is due.
     fn add(

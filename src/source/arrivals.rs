@@ -15,7 +15,7 @@ use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
 /// The connections a read shows, and the app's own ends of its calls out.
-type Connections = (HashMap<Key, Seen>, HashSet<Endpoint>);
+type Connections = (HashMap<Key, Conn>, HashSet<Endpoint>);
 
 /// ztunnel's HBONE port, where its connections to other pods go.
 const HBONE: u16 = 15008;
@@ -38,7 +38,7 @@ const POLL: Duration = Duration::from_secs(5);
 const HISTORY: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, Default)]
-struct Seen {
+struct Conn {
     /// The bytes the server's socket has received, where it is in the pod and shows them.
     received: Option<u64>,
     /// How long its ends have received nothing: the least of its sockets' (TIME_WAIT's since it
@@ -84,7 +84,7 @@ pub(crate) struct Tracker {
     pub(crate) rule: ArrivalRule,
     /// Every listener seen in the run (one closed since still tells its connections).
     listening: Vec<Endpoint>,
-    last: Option<HashMap<Key, Seen>>,
+    last: Option<HashMap<Key, Conn>>,
     /// `PassiveOpens` less the connections seen accepted, at its highest so far.
     unexplained: Option<i128>,
     /// The app's own ends of its calls out at the read before, and its user where that is not
@@ -176,7 +176,7 @@ impl Tracker {
 
     /// Whether a connection counts: to a port that counts, from neither a probe, the pod itself
     /// nor (where only clients outside count) the pod's inside, and not to the proxy's own ports.
-    fn counts(&self, key: &Key, seen: &Seen) -> bool {
+    fn counts(&self, key: &Key, seen: &Conn) -> bool {
         // A client on loopback is the pod calling itself, in ambient mode too (ztunnel's hop
         // to the app comes from the client's address, or the pod's).
         let local = loopback(&key.client.ip);
@@ -188,7 +188,7 @@ impl Tracker {
     /// What the first read's table remembers of the arrivals before it.
     fn remembered(
         &mut self,
-        now: &HashMap<Key, Seen>,
+        now: &HashMap<Key, Conn>,
         passive_opens: Option<u64>,
     ) -> Option<Before> {
         // Some end closed in the pod: it closes connections itself, and TIME_WAIT tells them.
@@ -219,8 +219,8 @@ impl Tracker {
     /// 15001 or 15053, its client the call's end) no read showed: one of its accepts each.
     fn uncaptured(
         &mut self,
-        now: &HashMap<Key, Seen>,
-        last: &HashMap<Key, Seen>,
+        now: &HashMap<Key, Conn>,
+        last: &HashMap<Key, Conn>,
         calls: HashSet<Endpoint>,
     ) -> u64 {
         let captured: HashSet<&Endpoint> =
@@ -248,7 +248,7 @@ impl Tracker {
                 self.listening.push(s.local);
             }
         }
-        let mut now: HashMap<Key, Seen> = HashMap::new();
+        let mut now: HashMap<Key, Conn> = HashMap::new();
         let (mut calls, mut foreign) = (HashSet::new(), HashSet::new());
         for s in sockets.iter().filter(|s| s.state != LISTEN) {
             let Some((key, in_server)) = self.key(ours, s) else {
@@ -287,8 +287,8 @@ impl Tracker {
     fn probed_or_client(
         &mut self,
         key: &Key,
-        seen: &mut Seen,
-        before: Option<&Seen>,
+        seen: &mut Conn,
+        before: Option<&Conn>,
         (since, first): (Duration, bool),
     ) -> bool {
         if seen.accepted && !before.is_some_and(|b| b.accepted) {
@@ -320,8 +320,8 @@ impl Tracker {
     fn grew(
         &self,
         key: &Key,
-        seen: &mut Seen,
-        before: Option<&Seen>,
+        seen: &mut Conn,
+        before: Option<&Conn>,
         (at, first): (Duration, bool),
         sent: &mut Vec<(Ipv6Addr, Duration)>,
     ) -> bool {
@@ -587,7 +587,7 @@ const STALL: Duration = Duration::from_millis(100);
 /// time it took (what it costs Envoy where its CPU cannot be read: a read that waited on a
 /// stopped Envoy took longer and cost nothing).
 #[derive(Debug, Default)]
-pub(crate) struct Hold {
+pub(crate) struct SidecarArrivals {
     both: Both,
     pub(crate) table_blind: bool,
     /// The app's requests over Envoy's uptime, once read (`None`: not yet; `Some(None)`: not
@@ -598,7 +598,7 @@ pub(crate) struct Hold {
     least: Option<Duration>,
 }
 
-impl Hold {
+impl SidecarArrivals {
     /// Whether a look at `now` reads /clusters, and then within how long of the `left` it has:
     /// while the table tells, a stalled Envoy must not stop it (a few of the cheapest reads).
     pub(crate) fn clusters_limit(&self, now: Instant, left: Duration) -> Option<Duration> {

@@ -12,11 +12,11 @@ pub mod sockets;
 pub mod stats;
 pub(crate) mod uds;
 
-use crate::config::{Counting, Mode};
+use crate::config::{Mode, SourceConfig};
 use crate::count::{Before, Cost, Count, REQUEST_TIMEOUT, Unit, Warning};
 use crate::error::{Failure, failed};
 use admin::Client;
-use arrivals::Hold;
+use arrivals::SidecarArrivals;
 use clusters::CLUSTERS_PATH;
 use sockets::{Pod, SocketTable};
 use stats::{Hcm, REQUESTS_PATH, STATS_PATH};
@@ -108,7 +108,7 @@ pub(crate) struct Sources {
     /// it, up to `MAX_STATS_TIMEOUT`.
     stats_timeout: Duration,
     /// `hold` behind a sidecar: both sources' state.
-    hold: Option<Hold>,
+    hold: Option<SidecarArrivals>,
 }
 
 /// What a look spends beyond its own time: how long it waited on Envoy's admin API, what its
@@ -130,7 +130,7 @@ const UPTIME_PATH: &str = "/stats?filter=%5Eserver%5C.uptime%24";
 const MAX_STATS_TIMEOUT: Duration = Duration::from_secs(8);
 
 impl Sources {
-    pub fn new(c: &Counting) -> Sources {
+    pub fn new(c: &SourceConfig) -> Sources {
         Sources {
             mode: c.mode,
             unit: c.unit,
@@ -146,7 +146,7 @@ impl Sources {
             spent: Spent::default(),
             clusters_first: None,
             stats_timeout: REQUEST_TIMEOUT,
-            hold: c.hold.as_ref().map(|_| Hold::default()),
+            hold: c.hold.as_ref().map(|_| SidecarArrivals::default()),
         }
     }
 
@@ -402,7 +402,7 @@ mod tests {
     }
 
     fn sources(mode: Mode, proc_net: PathBuf) -> Sources {
-        Sources::new(&Counting {
+        Sources::new(&SourceConfig {
             preset: crate::preset::ISTIO,
             admin: Address::Tcp(refused()),
             mode,

@@ -1,7 +1,7 @@
 //! The socket-table source: the kernel's TCP sockets over netlink (diag), else the text tables;
 //! which are Envoy's (the holder of its admin listener, through `/proc/<pid>/fd`); procnet's rule.
 
-use crate::config::{Address, Counting, Filter};
+use crate::config::{Address, Filter, SourceConfig};
 use crate::count::{Basis, Busy, Count, Part, SourceKind, Unit, Warning};
 use crate::error::{Failure, failed, io_cause};
 use crate::source::arrivals::{self, Tracker};
@@ -70,7 +70,7 @@ pub(crate) struct Pod {
 impl SocketTable {
     /// Netlink, unless `--proc-net` names the text tables to read; with `hold`, each count tells
     /// arrivals too, by its rule.
-    pub fn new(c: &Counting) -> SocketTable {
+    pub fn new(c: &SourceConfig) -> SocketTable {
         let reader = match &c.proc_net {
             None => Reader::Netlink,
             Some(dir) => Reader::Text { dir: dir.to_path_buf(), why: None },
