@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
-use support::envoy::{Envoy, INBOUND, Options};
+use support::envoy::{Envoy, EnvoyOptions, INBOUND};
 use support::http::Conn;
 
 fn main() {
@@ -209,7 +209,7 @@ fn watched_run(drain: &Path, args: &[&str]) -> (Vec<String>, u64, Duration) {
 
 /// A 3 s wait with one connection open, from each source: peak RSS, and CPU per count.
 fn waiting_costs(drain: &Path, envoy: &Path) -> String {
-    let _envoy = Envoy::start(envoy, Options::default());
+    let _envoy = Envoy::start(envoy, EnvoyOptions::default());
     let mut idle = Conn::open(INBOUND).expect("inbound listener");
     let _ = idle.get("/ok");
     let mut out = String::from(
@@ -268,7 +268,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 fn first_count(drain: &Path, envoy: &Path) -> String {
     let mut times = Vec::new();
     for _ in 0..10 {
-        let _envoy = Envoy::start(envoy, Options::default());
+        let _envoy = Envoy::start(envoy, EnvoyOptions::default());
         let started = Instant::now();
         let mut child = Command::new(drain)
             .args(["run", "--min-drain", "0s"])
@@ -449,7 +449,7 @@ fn socket_table(drain: &Path) -> String {
 /// (sleep MINIMUM_DRAIN_DURATION, then count every 1 s, exit at zero) for the same close times.
 fn reaction(drain: &Path, envoy: &Path) -> String {
     const MIN_DRAIN: f64 = 1.0;
-    let _envoy = Envoy::start(envoy, Options::default());
+    let _envoy = Envoy::start(envoy, EnvoyOptions::default());
     let mut ours = Vec::new();
     let mut istio = Vec::new();
     for trial in 0..20u32 {
@@ -491,7 +491,7 @@ fn reaction(drain: &Path, envoy: &Path) -> String {
 
 /// From SIGTERM during the wait to the process's exit, summary line included.
 fn signal(drain: &Path, envoy: &Path) -> String {
-    let _envoy = Envoy::start(envoy, Options::default());
+    let _envoy = Envoy::start(envoy, EnvoyOptions::default());
     let mut conn = Conn::open(INBOUND).expect("inbound listener");
     let _ = conn.get("/ok");
     let mut times = Vec::new();

@@ -37,8 +37,8 @@ mod support {
 use std::path::PathBuf;
 use std::time::Duration;
 use support::kubelet::{Ordering, Probe};
-use support::mesh::{AppKind, Load, Mode, PreStop, Scenario};
-use support::pod::{Gateway, Mesh};
+use support::mesh::{AppKind, LoadKind, Mode, PreStop, Scenario};
+use support::pod::{DataPlane, Gateway};
 
 /// The propagation delays of the table: istiod's usual EDS push, and a slow one (large clusters,
 /// cloud load balancers) longer than any min-drain.
@@ -119,9 +119,9 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
     let mut http2 = false;
     for a in &args {
         match a.as_str() {
-            "sidecar" => meshes.push(Mesh::Sidecar),
-            "ambient" => meshes.push(Mesh::Ambient),
-            "no-mesh" => meshes.push(Mesh::None),
+            "sidecar" => meshes.push(DataPlane::Sidecar),
+            "ambient" => meshes.push(DataPlane::Ambient),
+            "no-mesh" => meshes.push(DataPlane::None),
             "classic" => orderings.push(Ordering::Classic),
             "native" => orderings.push(Ordering::Native),
             "graceful" => apps.push(AppKind::Graceful),
@@ -162,8 +162,8 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
             },
         }
     }
-    all(&mut meshes, &[Mesh::Sidecar]);
-    if http2 && meshes.iter().any(|&m| m != Mesh::Sidecar) {
+    all(&mut meshes, &[DataPlane::Sidecar]);
+    if http2 && meshes.iter().any(|&m| m != DataPlane::Sidecar) {
         // The app speaks HTTP/1.1 (tests/pod/app.py); only a sidecar's Envoy carries HTTP/2 to it.
         return Err("http2 needs sidecar alone: without a sidecar h2load would reach the \
                     HTTP/1.1 app as it is"
@@ -182,7 +182,7 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
     let mut out = Vec::new();
     for &mesh in &meshes {
         // Without a sidecar, no proxy container: one ordering and one mode stand for all.
-        let sidecar = mesh == Mesh::Sidecar;
+        let sidecar = mesh == DataPlane::Sidecar;
         let (orderings, modes) =
             if sidecar { (&orderings[..], &modes[..]) } else { (&orderings[..1], &modes[..1]) };
         for &p in &propagations {
@@ -196,7 +196,7 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
                                     app,
                                     mode,
                                     propagation: Duration::from_secs(p),
-                                    load: if http2 { Load::Http2 } else { Load::Http1 },
+                                    load: if http2 { LoadKind::Http2 } else { LoadKind::Http1 },
                                     pre_stop,
                                     mesh,
                                     keep_alive,
@@ -216,17 +216,17 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
     // mode has one: istio-cni's address).
     let out = out.into_iter().flat_map(|s| rates.iter().map(move |&rate| Scenario { rate, ..s }));
     let out = out.flat_map(|s| {
-        let probes = if s.mesh == Mesh::Sidecar { &probes[..1] } else { &probes[..] };
+        let probes = if s.mesh == DataPlane::Sidecar { &probes[..1] } else { &probes[..] };
         probes.iter().map(move |&probe| Scenario { probe, ..s })
     });
     // In ambient mode, with clients in the mesh and outside it.
     let out = out.flat_map(|s| {
-        let outside = if s.mesh == Mesh::Ambient { &outside[..] } else { &[false][..] };
+        let outside = if s.mesh == DataPlane::Ambient { &outside[..] } else { &[false][..] };
         outside.iter().map(move |&outside| Scenario { outside, ..s })
     });
     Ok(out
         .flat_map(|s| {
-            let gateways = if s.mesh == Mesh::None { &gateways[..] } else { &gateways[..1] };
+            let gateways = if s.mesh == DataPlane::None { &gateways[..] } else { &gateways[..1] };
             gateways.iter().map(move |&gateway| Scenario { gateway, ..s })
         })
         .collect())

@@ -26,7 +26,7 @@ mod support {
 }
 
 use std::time::Duration;
-use support::rollout::{Case, Clients, Mesh, Row, Shutdown, run, run_together};
+use support::rollout::{Case, Clients, DataPlane, Row, Shutdown, run, run_together};
 
 fn main() {
     let mut meshes = Vec::new();
@@ -41,11 +41,11 @@ fn main() {
     for a in args {
         let number = |key: &str| a.strip_prefix(key).and_then(|n| n.parse::<u32>().ok());
         match a.as_str() {
-            "no-mesh" => meshes.push(Mesh::None),
-            "classic" => meshes.push(Mesh::Sidecar { native: false }),
-            "native" => meshes.push(Mesh::Sidecar { native: true }),
-            "ambient" => meshes.push(Mesh::Ambient),
-            "waypoint" => meshes.push(Mesh::Waypoint),
+            "no-mesh" => meshes.push(DataPlane::None),
+            "classic" => meshes.push(DataPlane::Sidecar { native: false }),
+            "native" => meshes.push(DataPlane::Sidecar { native: true }),
+            "ambient" => meshes.push(DataPlane::Ambient),
+            "waypoint" => meshes.push(DataPlane::Waypoint),
             "none" => shutdowns.push(Shutdown::None),
             "exit-on-zero" => shutdowns.push(Shutdown::ExitOnZero),
             "envoy-drain" => shutdowns.push(Shutdown::EnvoyDrain),
@@ -80,10 +80,10 @@ fn main() {
     }
     if meshes.is_empty() {
         meshes = vec![
-            Mesh::None,
-            Mesh::Sidecar { native: false },
-            Mesh::Sidecar { native: true },
-            Mesh::Ambient,
+            DataPlane::None,
+            DataPlane::Sidecar { native: false },
+            DataPlane::Sidecar { native: true },
+            DataPlane::Ambient,
         ];
     }
     if shutdowns.is_empty() {
@@ -106,11 +106,13 @@ fn main() {
     for &mesh in &meshes {
         for &shutdown in &shutdowns {
             // Without a sidecar there is no proxy in the pod to exit on zero connections.
-            if matches!(mesh, Mesh::None | Mesh::Ambient) && shutdown == Shutdown::ExitOnZero {
+            if matches!(mesh, DataPlane::None | DataPlane::Ambient)
+                && shutdown == Shutdown::ExitOnZero
+            {
                 continue;
             }
             // A waypoint's rows restart the waypoint: the app's preStop plays no part.
-            if mesh == Mesh::Waypoint && matches!(shutdown, Shutdown::Sleep(_)) {
+            if mesh == DataPlane::Waypoint && matches!(shutdown, Shutdown::Sleep(_)) {
                 continue;
             }
             for &clients in &clients {
@@ -165,7 +167,7 @@ fn table_row(row: &Row) -> String {
 /// late (PILOT_DEBOUNCE_AFTER), as a busy one does.
 fn demo() {
     let debounce = Some(Duration::from_secs(2));
-    let cases: Vec<Case> = [Mesh::Sidecar { native: true }, Mesh::Ambient]
+    let cases: Vec<Case> = [DataPlane::Sidecar { native: true }, DataPlane::Ambient]
         .into_iter()
         .flat_map(|mesh| {
             [Shutdown::None, Shutdown::EnvoyDrain].map(|shutdown| Case {

@@ -9,7 +9,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use support::app::App;
-use support::envoy::{self, APP, Admin, Envoy, HEALTH, INBOUND, OUTBOUND, Options, UPSTREAM};
+use support::envoy::{self, APP, Admin, Envoy, EnvoyOptions, HEALTH, INBOUND, OUTBOUND, UPSTREAM};
 use support::http::{Conn, H2, in_flight};
 use support::netns::in_private_netns;
 use support::{command, run, spawn};
@@ -23,7 +23,7 @@ fn scenario(f: impl FnOnce(PathBuf) + Send + 'static) {
 }
 
 fn start(bin: &Path) -> Envoy {
-    Envoy::start(bin, Options::default())
+    Envoy::start(bin, EnvoyOptions::default())
 }
 
 #[test]
@@ -100,7 +100,7 @@ fn without_connection_stats_run_counts_sockets_and_still_waits_for_requests() {
         // In a pod being deleted the app stops too: it closes each connection after answering.
         let app = App::start(APP, true);
         let merge = vec!["tests/envoy/no-connection-stats.yaml"];
-        let _envoy = Envoy::start(&bin, Options { merge, ..Options::default() });
+        let _envoy = Envoy::start(&bin, EnvoyOptions { merge, ..EnvoyOptions::default() });
         let requests: Vec<_> =
             ["/delay/1", "/delay/2"].into_iter().map(|p| in_flight(INBOUND, p)).collect();
         app.wait_received(2, 10 * SECOND);
@@ -158,7 +158,8 @@ fn when_envoy_dies_run_counts_sockets_and_exits_by_what_is_really_open() {
 #[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
 fn drain_inbound_leaves_outbound_responses_alone_and_drain_all_does_not() {
     scenario(|bin| {
-        let _envoy = Envoy::start(&bin, Options { drain_time_s: 30, ..Options::default() });
+        let _envoy =
+            Envoy::start(&bin, EnvoyOptions { drain_time_s: 30, ..EnvoyOptions::default() });
         let mut r = spawn(command(&["run", "--drain", "inbound", "--min-drain", "1s"]));
         r.expect_line("Envoy accepted the drain", 10 * SECOND);
         let outbound = Conn::open(OUTBOUND).unwrap().get("/ok").unwrap();
@@ -203,7 +204,8 @@ fn a_connection_made_after_envoys_own_drain_time_is_still_served_while_the_hook_
     // drain said skip_exit: clients whose endpoint list still has the pod must not be refused.
     scenario(|bin| {
         let _app = App::start(APP, false);
-        let _envoy = Envoy::start(&bin, Options { drain_time_s: 1, ..Options::default() });
+        let _envoy =
+            Envoy::start(&bin, EnvoyOptions { drain_time_s: 1, ..EnvoyOptions::default() });
         let mut r = spawn(command(&["run", "--min-drain", "4s", "--deadline", "6s"]));
         r.expect_line("Envoy accepted the drain", 10 * SECOND);
         let drained = Instant::now();
@@ -412,7 +414,7 @@ fn with_connection_stats_only_requests_come_from_clusters_and_an_idle_connection
     scenario(|bin| {
         let app = App::start(APP, false);
         let merge = vec!["tests/envoy/cx-stats-only.yaml"];
-        let _envoy = Envoy::start(&bin, Options { merge, ..Options::default() });
+        let _envoy = Envoy::start(&bin, EnvoyOptions { merge, ..EnvoyOptions::default() });
         let mut idle = Conn::open(INBOUND).unwrap();
         assert_eq!(idle.get("/ok").unwrap().status, 200);
         let slow = in_flight(INBOUND, "/delay/1");
@@ -445,7 +447,8 @@ fn with_connection_stats_only_requests_come_from_clusters_and_an_idle_connection
 fn an_admin_api_on_a_unix_socket_is_asked_and_tells_envoys_sockets_apart() {
     // Contour's and Kuma's admin APIs listen on a Unix socket only.
     scenario(|bin| {
-        let envoy = Envoy::start(&bin, Options { admin: Admin::Unix, ..Options::default() });
+        let envoy =
+            Envoy::start(&bin, EnvoyOptions { admin: Admin::Unix, ..EnvoyOptions::default() });
         let socket = envoy.admin_socket();
         let admin = format!("unix:{}", socket.display());
         let mut held = Conn::open(INBOUND).unwrap();
@@ -548,8 +551,10 @@ fn preset_suite(shape: Shape) {
             if !stats {
                 merge.push("tests/envoy/no-connection-stats.yaml");
             }
-            let envoy =
-                Envoy::start(&bin, Options { merge, admin: shape.admin, ..Options::default() });
+            let envoy = Envoy::start(
+                &bin,
+                EnvoyOptions { merge, admin: shape.admin, ..EnvoyOptions::default() },
+            );
             // The preset's own --admin, but for the Unix socket's directory, which is the test's.
             let mut preset = vec!["--preset", shape.preset];
             let socket = format!("unix:{}", envoy.admin_socket().display());
@@ -900,7 +905,7 @@ fn hold_sees_each_request_to_a_host_that_envoy_removed_when_idle_and_made_again(
     scenario(|bin| {
         let _app = App::start(APP, true);
         let merge = vec!["tests/envoy/passthrough.yaml"];
-        let _envoy = Envoy::start(&bin, Options { merge, ..Options::default() });
+        let _envoy = Envoy::start(&bin, EnvoyOptions { merge, ..EnvoyOptions::default() });
         let outside = support::netns::outside();
         let args = ["--min", "12s", "--quiet", "1s", "--interval", "3s", "--deadline", "14s"];
         let mut hold = spawn(command(&[&["hold", "--verbose"], &args[..]].concat()));
@@ -1206,7 +1211,7 @@ fn a_request_to_a_backend_that_eds_removed_holds_a_count_of_requests_until_it_is
         let yaml = eds_gateway(&dir);
         // Istio's stats: no downstream_* gauges, so requests come from /clusters.
         let merge = vec!["tests/envoy/no-connection-stats.yaml"];
-        let mut envoy = Envoy::start(&bin, Options { yaml, merge, ..Options::default() });
+        let mut envoy = Envoy::start(&bin, EnvoyOptions { yaml, merge, ..EnvoyOptions::default() });
         let request = in_flight("127.0.0.1:8444", "/delay/6");
         app.wait_received(1, 10 * SECOND);
         let args = ["run", "--drain", "all", "--count", "requests", "--min-drain", "1s"];

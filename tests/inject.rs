@@ -42,21 +42,21 @@ impl Variant {
 
 /// A revision of istiod: a values file, and Istio's native-sidecar flag.
 #[derive(Clone, Copy, Debug)]
-struct Mesh {
+struct Revision {
     variant: Variant,
     native_flag: bool,
 }
 
-const MESHES: [Mesh; 4] = [
-    Mesh { variant: Variant::Install, native_flag: false },
-    Mesh { variant: Variant::Install, native_flag: true },
-    Mesh { variant: Variant::Image, native_flag: false },
-    Mesh { variant: Variant::Image, native_flag: true },
+const REVISIONS: [Revision; 4] = [
+    Revision { variant: Variant::Install, native_flag: false },
+    Revision { variant: Variant::Install, native_flag: true },
+    Revision { variant: Variant::Image, native_flag: false },
+    Revision { variant: Variant::Image, native_flag: true },
 ];
 
-impl Mesh {
-    fn new(variant: Variant, native_flag: bool) -> Mesh {
-        Mesh { variant, native_flag }
+impl Revision {
+    fn new(variant: Variant, native_flag: bool) -> Revision {
+        Revision { variant, native_flag }
     }
 
     /// The revision's name, and the namespace whose pods it injects.
@@ -106,7 +106,7 @@ const UNSET: &str = "install-unset";
 fn cluster() -> &'static ControlPlane {
     ControlPlane::shared("inject", |cp| {
         let spire = components().join("istio-inject/spire-template.iop.yaml");
-        for (index, mesh) in (0u16..).zip(MESHES) {
+        for (index, mesh) in (0u16..).zip(REVISIONS) {
             let values = values(mesh.variant, Some(IMAGE));
             let flag = mesh.native_flag.to_string();
             // The template two of Istio's test workloads ask for, as their test sets it up, and
@@ -154,7 +154,7 @@ struct Injected {
 
 /// Creates each pod (JSON) twice in the mesh's namespace, as written and disabled, in one
 /// kubectl (a server-side dry run).
-fn inject_all(mesh: Mesh, pods: &[String]) -> Vec<Injected> {
+fn inject_all(mesh: Revision, pods: &[String]) -> Vec<Injected> {
     inject_into(&mesh.revision(), pods)
 }
 
@@ -200,7 +200,7 @@ fn inject_into(namespace: &str, pods: &[String]) -> Vec<Injected> {
 }
 
 /// The pod injected with and without the template; both must be admitted.
-fn inject(mesh: Mesh, pod: &str) -> (String, String) {
+fn inject(mesh: Revision, pod: &str) -> (String, String) {
     let got = inject_all(mesh, &[pod.to_string()]).remove(0);
     match (got.pod, got.istios) {
         (Ok(pod), Ok(istios)) => (pod, istios),
@@ -331,7 +331,7 @@ fn expected_deadline(facts: &Facts, native: bool) -> u64 {
 
 /// Checks what a user relies on in `injected`, the pod (as written: `written`) injected in
 /// `mesh`; returns the injected pod.
-fn check(written: &str, injected: &(String, String), mesh: Mesh) -> String {
+fn check(written: &str, injected: &(String, String), mesh: Revision) -> String {
     let facts = Facts::of(written);
     let (merged, istios) = injected;
     if facts.annotation("envoy-drain.io/disabled").map(str::trim) == Some("true") {
@@ -526,7 +526,7 @@ fn both_templates_merge_into_every_injected_pod_without_losing_istios_hooks() {
     ] {
         let pod = hello(annotations);
         for variant in [Variant::Install, Variant::Image] {
-            let mesh = Mesh::new(variant, native_flag);
+            let mesh = Revision::new(variant, native_flag);
             let merged = check(&pod, &inject(mesh, &pod), mesh);
             assert_eq!(proxy(&merged).in_init, placed_in_init, "{annotations:?} {mesh:?}");
         }
@@ -538,7 +538,7 @@ fn both_templates_merge_into_every_injected_pod_without_losing_istios_hooks() {
 fn the_native_sidecars_own_prestop_is_replaced_and_the_holds_poststart_kept() {
     // Istio gives a native sidecar a preStop that drains through the agent: ours replaces it.
     let pod = hello(&[]);
-    let mesh = Mesh::new(Variant::Install, true);
+    let mesh = Revision::new(Variant::Install, true);
     let injected = inject(mesh, &pod);
     let before = proxy(&injected.1);
     assert!(before.pre_stop.contains(r#"["pilot-agent","request""#), "{}", before.pre_stop);
@@ -547,7 +547,7 @@ fn the_native_sidecars_own_prestop_is_replaced_and_the_holds_poststart_kept() {
     // holdApplicationUntilProxyStarts gives a classic one a postStart instead (a native one
     // starts first anyway: Istio's template gives it none): kept beside our preStop.
     let pod = hello(&[HOLDS_APPLICATION]);
-    let mesh = Mesh::new(Variant::Install, false);
+    let mesh = Revision::new(Variant::Install, false);
     let injected = inject(mesh, &pod);
     assert!(proxy(&injected.1).post_start.contains(r#"["pilot-agent","wait"]"#));
     let after = proxy(&check(&pod, &injected, mesh));
@@ -564,7 +564,7 @@ fn the_one_decision_follows_istios_flag_unless_the_pods_annotation_says_otherwis
             let annotations: Vec<(&str, &str)> =
                 annotation.map(|v| ("sidecar.istio.io/nativeSidecar", v)).into_iter().collect();
             let pod = hello(&annotations);
-            let mesh = Mesh::new(variant, flag);
+            let mesh = Revision::new(variant, flag);
             let merged = check(&pod, &inject(mesh, &pod), mesh);
             let after = proxy(&merged);
             (
@@ -605,7 +605,7 @@ fn the_deadline_is_the_pods_grace_period_less_what_must_follow_the_hook() {
                 None => hello(&[]),
             };
             for variant in [Variant::Install, Variant::Image] {
-                let mesh = Mesh::new(variant, native_flag);
+                let mesh = Revision::new(variant, native_flag);
                 let merged = check(&pod, &inject(mesh, &pod), mesh);
                 table.push((ordering, grace, variant, rendered_deadline(&merged)));
             }
@@ -643,7 +643,7 @@ fn the_deadline_is_the_pods_grace_period_less_what_must_follow_the_hook() {
     let longer = ("proxy.istio.io/config", r#"{"terminationDrainDuration": "20.5s"}"#);
     for (native_flag, want) in [(false, 120 - 21 - 1), (true, 117)] {
         let pod = set(&hello(&[longer]), "{\"spec\":{\"terminationGracePeriodSeconds\":120}}");
-        let mesh = Mesh::new(Variant::Install, native_flag);
+        let mesh = Revision::new(Variant::Install, native_flag);
         let merged = check(&pod, &inject(mesh, &pod), mesh);
         assert_eq!(rendered_deadline(&merged), want, "native {native_flag}");
     }
@@ -658,7 +658,7 @@ fn a_pods_log_format_json_reaches_both_hooks_and_any_other_value_leaves_them_tex
         for native_flag in [false, true] {
             let pod =
                 hello(&[("envoy-drain.io/hold", "true"), ("envoy-drain.io/log-format", value)]);
-            let mesh = Mesh::new(Variant::Install, native_flag);
+            let mesh = Revision::new(Variant::Install, native_flag);
             let merged = check(&pod, &inject(mesh, &pod), mesh);
             assert_eq!(merged.matches("--log-format=json").count(), if json { 2 } else { 0 });
         }
@@ -681,7 +681,7 @@ fn hold_reaches_every_app_container_without_a_prestop_in_both_orderings_and_no_o
             let tuned = annotate(&pod, "envoy-drain.io/hold", value);
             for variant in [Variant::Install, Variant::Image] {
                 // check() holds the rest: hold where there was no preStop, nothing else moved.
-                let mesh = Mesh::new(variant, native_flag);
+                let mesh = Revision::new(variant, native_flag);
                 let merged = check(&tuned, &inject(mesh, &tuned), mesh);
                 let held: Vec<String> = apps(&merged)
                     .into_iter()
@@ -713,7 +713,7 @@ fn a_pods_envoy_drain_annotations_reach_its_hook_and_disabled_leaves_the_pod_to_
         .iter()
         .fold(pod.clone(), |p, (k, v)| annotate(&p, k, v));
         for variant in [Variant::Install, Variant::Image] {
-            let mesh = Mesh::new(variant, native_flag);
+            let mesh = Revision::new(variant, native_flag);
             let pre_stop = proxy(&check(&tuned, &inject(mesh, &tuned), mesh)).pre_stop;
             assert!(
                 pre_stop.ends_with(
@@ -727,7 +727,7 @@ fn a_pods_envoy_drain_annotations_reach_its_hook_and_disabled_leaves_the_pod_to_
         // does the template: " true" once got neither envoy-drain's wait nor a kill switch.
         for (value, variant) in [("true", Variant::Install), (" true ", Variant::Image)] {
             let off = annotate(&pod, "envoy-drain.io/disabled", value);
-            let mesh = Mesh::new(variant, native_flag);
+            let mesh = Revision::new(variant, native_flag);
             let injected = inject(mesh, &off);
             let kept = check(&off, &injected, mesh);
             assert_eq!(proxy(&kept).pre_stop, proxy(&injected.1).pre_stop);
@@ -812,15 +812,15 @@ fn both_templates_reach_every_workload_of_istios_own_injection_tests() {
     // Each in the mesh whose flag put its proxy where Istio's test did (a gateway's proxy is
     // always a container: there the flag on, the default of new clusters and the one where a
     // template could go wrong), with both templates, and held.
-    let mut cases: Vec<(Mesh, &str, String)> = Vec::new();
+    let mut cases: Vec<(Revision, &str, String)> = Vec::new();
     for (golden, native, pod) in &workloads {
         let pod = as_operators_have_it(pod);
         let flag = *native || Facts::of(&pod).gateway();
         for variant in [Variant::Install, Variant::Image] {
-            cases.push((Mesh::new(variant, flag), golden, pod.clone()));
+            cases.push((Revision::new(variant, flag), golden, pod.clone()));
         }
         cases.push((
-            Mesh::new(Variant::Install, flag),
+            Revision::new(Variant::Install, flag),
             golden,
             annotate(&pod, "envoy-drain.io/hold", "true"),
         ));
@@ -828,8 +828,8 @@ fn both_templates_reach_every_workload_of_istios_own_injection_tests() {
     let mut failed = Vec::new();
     let mut refused = std::collections::BTreeMap::new();
     let mut checked = 0;
-    for mesh in MESHES {
-        let mine: Vec<&(Mesh, &str, String)> =
+    for mesh in REVISIONS {
+        let mine: Vec<&(Revision, &str, String)> =
             cases.iter().filter(|(m, _, _)| m.revision() == mesh.revision()).collect();
         let pods: Vec<String> = mine.iter().map(|(_, _, p)| p.clone()).collect();
         let injected = inject_all(mesh, &pods);
@@ -934,7 +934,7 @@ fn a_gateway_drains_every_listener_and_counts_requests_even_where_sidecars_are_n
     for (golden, _, pod) in gateways {
         let pod = as_operators_have_it(&pod);
         for variant in [Variant::Install, Variant::Image] {
-            let mesh = Mesh::new(variant, true);
+            let mesh = Revision::new(variant, true);
             let merged = check(&pod, &inject(mesh, &pod), mesh);
             let after = proxy(&merged);
             assert!(!after.in_init, "{golden}: a gateway's proxy is a container");
@@ -967,7 +967,7 @@ fn nothing_is_injected_until_the_image_is_set_and_the_install_passes_a_quota_and
         r#"{"spec":{"containers":[{"name":"hello","image":"fake.docker.io/google-samples/hello-go-gke:1.0","resources":{"requests":{"cpu":"100m","memory":"64Mi"},"limits":{"cpu":"100m","memory":"64Mi"}}}]}}"#,
     );
     for native_flag in [false, true] {
-        let mesh = Mesh::new(Variant::Install, native_flag);
+        let mesh = Revision::new(Variant::Install, native_flag);
         let got = inject_into(&format!("{}-quota", mesh.revision()), std::slice::from_ref(&sized))
             .remove(0);
         let made = got.pod.unwrap_or_else(|e| panic!("{mesh:?}: refused under a quota: {e}"));
@@ -976,7 +976,7 @@ fn nothing_is_injected_until_the_image_is_set_and_the_install_passes_a_quota_and
     }
     // A pod that runs as root: ours runs as the image's user, so runAsNonRoot holds at start.
     let root = set(&hello(&[]), r#"{"spec":{"securityContext":{"runAsUser":0}}}"#);
-    let mesh = Mesh::new(Variant::Install, true);
+    let mesh = Revision::new(Variant::Install, true);
     let made = check(&root, &inject(mesh, &root), mesh);
     let f = fields(
         &made,
@@ -1037,7 +1037,7 @@ fn a_pod_that_carries_envoy_drain_itself_is_left_to_it() {
             ],
         )
     };
-    for mesh in MESHES {
+    for mesh in REVISIONS {
         for ((what, _), got) in shapes.iter().zip(inject_all(mesh, &pods)) {
             let (Ok(pod), Ok(istios)) = (&got.pod, &got.istios) else {
                 panic!(
@@ -1082,7 +1082,7 @@ fn the_one_pod_examples_keep_their_hook_through_istios_injection_on_either_kind_
             "{.spec.containers[?(@.name==\"istio-proxy\")].lifecycle.preStop.exec.command}{.spec.initContainers[?(@.name==\"istio-proxy\")].lifecycle.preStop.exec.command}",
         );
         assert!(own.contains(&format!("\"run\",\"{flag}\"")), "{name}: {own}");
-        for mesh in MESHES {
+        for mesh in REVISIONS {
             // The template leaves a pod that carries envoy-drain itself alone: both forms are
             // Istio's injection alone (the second disabled by the pod's annotation).
             let (merged, istios) = inject(mesh, &pod);

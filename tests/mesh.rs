@@ -13,19 +13,19 @@ mod support;
 use std::path::Path;
 use std::time::Duration;
 use support::kubelet::{Ordering, Probe};
-use support::mesh::{self, AppKind, LONG, Load, Mode, PreStop, RATE, Row, Scenario};
-use support::pod::{Gateway, Mesh};
+use support::mesh::{self, AppKind, LONG, LoadKind, Mode, PreStop, RATE, ReplicaRow, Scenario};
+use support::pod::{DataPlane, Gateway};
 
 /// A graceful app's pod deleted under load, with the proxy shutting down as `mode` says.
-fn deleted_under_load(ordering: Ordering, mode: Mode) -> Row {
+fn deleted_under_load(ordering: Ordering, mode: Mode) -> ReplicaRow {
     run_scenario(Scenario {
         ordering,
         app: AppKind::Graceful,
         mode,
         propagation: Duration::from_secs(2),
-        load: Load::Http1,
+        load: LoadKind::Http1,
         pre_stop: PreStop::None,
-        mesh: Mesh::Sidecar,
+        mesh: DataPlane::Sidecar,
         keep_alive: true,
         rate: f64::from(RATE),
         probe: Probe::Http,
@@ -34,12 +34,12 @@ fn deleted_under_load(ordering: Ordering, mode: Mode) -> Row {
     })
 }
 
-fn run_scenario(scenario: Scenario) -> Row {
+fn run_scenario(scenario: Scenario) -> ReplicaRow {
     mesh::run(&support::envoy::required(), Path::new(support::BIN), scenario)
 }
 
 /// The row as the table shows it, and the hook's summary.
-fn shown(row: &Row) -> String {
+fn shown(row: &ReplicaRow) -> String {
     format!(
         "\n{}hook: {}",
         mesh::table(std::slice::from_ref(row)),
@@ -48,7 +48,7 @@ fn shown(row: &Row) -> String {
 }
 
 /// The load ran for the whole deletion: at least half its rate over the seconds it lasted.
-fn load_ran(row: &Row) {
+fn load_ran(row: &ReplicaRow) {
     let least = (row.scenario.rate / 2.0 * row.gone()) as usize;
     assert!(
         row.sent >= least,
@@ -59,7 +59,7 @@ fn load_ran(row: &Row) {
 }
 
 /// No request failed, the long ones included, and the hook ended at zero.
-fn no_request_failed(row: &Row) {
+fn no_request_failed(row: &ReplicaRow) {
     load_ran(row);
     assert_eq!(row.failed, 0, "{}", shown(row));
     assert_eq!(row.long_ok, LONG, "{}", shown(row));
@@ -68,7 +68,7 @@ fn no_request_failed(row: &Row) {
 }
 
 /// The proxy outlived its app, by less than pilot-agent's own 5 s would have added.
-fn stopped_right_after_the_app(row: &Row) {
+fn stopped_right_after_the_app(row: &ReplicaRow) {
     let after = row.app_exit_to_proxy_stop();
     assert!((0.0..2.5).contains(&after), "{}", shown(row));
 }
@@ -117,13 +117,13 @@ fn native_sidecar_with_istios_own_prestop_stops_the_proxy_as_the_app_exits() {
 
 /// An nginx-style app behind `hold`, its pod deleted when the mesh learns of it 10 s late; without
 /// a sidecar its readiness probe is a tcpSocket one, from the node's own address without a mesh.
-fn held(mesh: Mesh, keep_alive: bool) -> Row {
+fn held(mesh: DataPlane, keep_alive: bool) -> ReplicaRow {
     run_scenario(Scenario {
         ordering: Ordering::Classic,
         app: AppKind::Nginx,
         mode: Mode::EnvoyDrain,
         propagation: Duration::from_secs(10),
-        load: Load::Http1,
+        load: LoadKind::Http1,
         pre_stop: PreStop::Hold,
         mesh,
         keep_alive,
@@ -136,7 +136,7 @@ fn held(mesh: Mesh, keep_alive: bool) -> Row {
 
 /// No request failed, and the hold returned after its quiet time: at 100 requests a second its
 /// 500 ms floor, arrivals read every 500 ms.
-fn held_until_requests_stopped(row: &Row) {
+fn held_until_requests_stopped(row: &ReplicaRow) {
     load_ran(row);
     assert_eq!(row.failed, 0, "{}", shown(row));
     assert_eq!(row.long_ok, LONG, "{}", shown(row));
@@ -150,7 +150,7 @@ fn held_until_requests_stopped(row: &Row) {
 #[ignore = "needs root, iptables, setpriv, hey and Envoy: `bash scripts/test` runs it"]
 fn an_nginx_style_app_behind_hold_fails_no_request_when_the_mesh_learns_of_it_10s_late() {
     // Without `hold` such an app refuses what clients send until their sidecars drop it.
-    let row = held(Mesh::Sidecar, true);
+    let row = held(DataPlane::Sidecar, true);
     no_request_failed(&row);
     held_until_requests_stopped(&row);
 }
@@ -158,11 +158,11 @@ fn an_nginx_style_app_behind_hold_fails_no_request_when_the_mesh_learns_of_it_10
 #[test]
 #[ignore = "needs root, iptables, setpriv, hey and Envoy: `bash scripts/test` runs it"]
 fn in_ambient_mode_hold_sees_each_new_connection_over_hbone_and_not_the_probes() {
-    held_until_requests_stopped(&held(Mesh::Ambient, false));
+    held_until_requests_stopped(&held(DataPlane::Ambient, false));
 }
 
 #[test]
 #[ignore = "needs root, iptables, setpriv and hey: `bash scripts/test` runs it"]
 fn without_a_mesh_hold_sees_each_new_connection_until_kube_proxy_drops_the_pod() {
-    held_until_requests_stopped(&held(Mesh::None, false));
+    held_until_requests_stopped(&held(DataPlane::None, false));
 }

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use support::http::{Conn, H2, Response, in_flight};
 use support::kubelet::{Probe, Probes};
 use support::pod::{
-    APP, APP_UID, CLIENT_IP, Capture, GATEWAY_IP6, Gateway, Mesh, OTHER_IP, Options, POD_IP,
-    POD_IP6, PROBE_IP, PROBE_IP6, Pod, Stats,
+    APP, APP_UID, CLIENT_IP, Capture, DataPlane, GATEWAY_IP6, Gateway, OTHER_IP, POD_IP, POD_IP6,
+    PROBE_IP, PROBE_IP6, Pod, PodOptions, Stats,
 };
-use support::ztunnel::{Control, Node, Served};
+use support::ztunnel::{Control, Served, ZtunnelNode};
 use support::{Finished, Running, spawn};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -47,7 +47,7 @@ const HOOK: [&str; 7] = ["run", "--min-drain", "500ms", "--interval", "200ms", "
 
 /// The pod.
 fn pod(capture: Capture, stats: Stats, on_sigterm: &'static str) -> Pod {
-    let options = Options { capture, stats, on_sigterm, ..Options::default() };
+    let options = PodOptions { capture, stats, on_sigterm, ..PodOptions::default() };
     Pod::start(&support::envoy::required(), Path::new(support::BIN), options)
 }
 
@@ -281,7 +281,7 @@ fn requests_on(stdout: &str, cluster: &str) -> Option<u64> {
 
 /// The pod with an exporter of the user's own.
 fn pod_with_exporter() -> Pod {
-    let options = Options { exporter: true, ..Options::default() };
+    let options = PodOptions { exporter: true, ..PodOptions::default() };
     Pod::start(&support::envoy::required(), Path::new(support::BIN), options)
 }
 
@@ -797,7 +797,7 @@ fn returned_after_quiet(out: &Finished, last: Instant) {
 /// client pod (`MESH_CLIENT`) on another, each node's ztunnel taking its pods; the app's pod is
 /// among the service's endpoints. The nodes go first when dropped.
 struct Ambient {
-    _nodes: [Node; 2],
+    _nodes: [ZtunnelNode; 2],
     pod: Pod,
     client: Pod,
 }
@@ -809,18 +809,21 @@ fn ambient() -> Ambient {
     ambient_with(false)
 }
 
-/// `Ambient`, the app's pod with an IPv6 address too (`Options::ipv6`).
+/// `Ambient`, the app's pod with an IPv6 address too (`PodOptions::ipv6`).
 fn ambient_with(ipv6: bool) -> Ambient {
     let network = support::pod::Network::new(false);
     let (none, bin) = (Path::new("/nonexistent"), Path::new(support::BIN));
-    let options = Options { mesh: Mesh::Ambient, ipv6, ..Options::default() };
+    let options = PodOptions { mesh: DataPlane::Ambient, ipv6, ..PodOptions::default() };
     let pod = Pod::join(&network, POD_IP, none, bin, options);
-    let client = Options { client: true, ipv6: false, ..options };
+    let client = PodOptions { client: true, ipv6: false, ..options };
     let client = Pod::join(&network, MESH_CLIENT, none, bin, client);
     let control = Control::default();
     let app = Served { ns: pod.netns(), name: "app-a", ip: POD_IP };
     let caller = Served { ns: client.netns(), name: "client", ip: MESH_CLIENT };
-    let nodes = [Node::start("node-a", &control, &app), Node::start("node-c", &control, &caller)];
+    let nodes = [
+        ZtunnelNode::start("node-a", &control, &app),
+        ZtunnelNode::start("node-c", &control, &caller),
+    ];
     control.set_serving(&["app-a"]);
     Ambient { _nodes: nodes, pod, client }
 }
@@ -895,7 +898,7 @@ fn without_a_mesh_hold_sees_connections_that_left_no_socket_but_never_the_nodes_
     // client does, before the answer (no socket of it stays in the pod: the namespace's
     // PassiveOpens counts it). The kubelet's probes come from the node (the pod's gateway on a
     // bridge) all along and never count.
-    let options = Options { mesh: Mesh::None, ..Options::default() };
+    let options = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
     let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
@@ -936,11 +939,11 @@ fn calico_like_pod() -> (Pod, Probes) {
 
 /// `calico_like_pod`'s pod, with no probes yet.
 fn calico_like() -> Pod {
-    let options = Options {
-        mesh: Mesh::None,
+    let options = PodOptions {
+        mesh: DataPlane::None,
         gateway: Gateway::LinkLocal,
         node_ips: true,
-        ..Options::default()
+        ..PodOptions::default()
     };
     Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options)
 }
@@ -993,7 +996,7 @@ fn a_hold_that_only_kept_alive_clients_keep_up_ends_at_its_deadline_with_exit_0(
     // sending to the pod after its endpoint is gone, until the app closes the connection at
     // SIGTERM. A hold held to its deadline by such a client alone ends normally (exit 0, no
     // FailedPreStopHook event); one that new connections still reach does not (exit 1).
-    let options = Options { mesh: Mesh::None, ..Options::default() };
+    let options = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
     let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
     let args = ["hold", "--preset", "none", "--min", "1s", "--deadline", "6s"];
     for new_connections in [false, true] {
@@ -1078,7 +1081,7 @@ fn bursts_with_pauses_before_the_hold_began_are_not_taken_for_the_end() {
     // the app closes (its ends wait in TIME_WAIT, which the kernel keeps for 60 s). A hold that
     // begins right after the second burst takes the pause before it from those and returns
     // only after the third, twice that pause after it.
-    let options = Options { mesh: Mesh::None, ..Options::default() };
+    let options = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
     let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
     let burst = || pod.client(|| requests(CLIENT_IP, APP, SECOND / 20, SECOND / 2, false));
     burst();
@@ -1144,7 +1147,7 @@ fn bursts_after_a_silence_the_hold_watched_are_held_for_whoever_closes_first() {
     // before the hold), the app closes first (its ends wait in TIME_WAIT), or one connection
     // is kept alive for all: each time the hold must not take the silence before the first
     // burst it sees for the end.
-    let options = Options { mesh: Mesh::None, ..Options::default() };
+    let options = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
     let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
     let hold = || spawn(pod.hook_as(APP_UID, APP_UID, &NONE_HOLD));
     let mut wrong = Vec::new();
@@ -1188,7 +1191,7 @@ fn in_ambient_mode_bursts_after_a_silence_the_hold_watched_are_held() {
 fn a_udp_server_of_the_pod_is_named_as_what_the_hold_cannot_see() {
     // A UDP server in the pod (DNS, QUIC, statsd): the kernel counts no datagrams per socket, so
     // the hold cannot tell its requests, and says so in its start and its summary.
-    let options = Options { mesh: Mesh::None, ..Options::default() };
+    let options = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
     let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
     let udp = "
 import socket, sys
@@ -1216,7 +1219,7 @@ fn a_port_for_metrics_scraped_on_a_kept_alive_connection_never_blinds_the_count(
     // first (no socket of it stays in the pod: only PassiveOpens counts it). The hold returned at
     // its minimum before, the clients' requests taken for 9090's: now it returns after the last
     // one, and names 9090 at its start (a connection to it that left no socket would count).
-    let options = Options { mesh: Mesh::None, ..Options::default() };
+    let options = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
     let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
     let _exporter = beside_app(&pod, SERVER, &["0.0.0.0", "9090"]);
     let stop = std::sync::atomic::AtomicBool::new(false);
@@ -1369,7 +1372,7 @@ fn a_kept_alive_poll_never_holds_a_quiet_pod() {
     // A scraper that keeps its connection to the app's port and asks every 10 s; the hold, as a
     // policy writes it, begins 2.5 s before a scrape (the red-team's worst case: a scrape 2.5 s
     // in and another 10 s later held it to its deadline). It returns at its 5 s minimum.
-    let options = Options { mesh: Mesh::None, ..Options::default() };
+    let options = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
     let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
     std::thread::scope(|s| {
         let scraper = s.spawn(|| {
@@ -1416,7 +1419,7 @@ for _ in range(200):
     c.close()
     time.sleep(0.3)
 ";
-    let none = Options { mesh: Mesh::None, ..Options::default() };
+    let none = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
     let none = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), none);
     let ambient = ambient();
     for (pod, preset) in [(&none, "none"), (&ambient.pod, "ambient")] {
@@ -1434,7 +1437,7 @@ fn probes_from_the_pods_ipv6_gateway_never_hold_a_quiet_pod() {
     // An IPv6-primary pod: the kubelet's probes come from its IPv6 gateway (the node), to an app
     // on [::]:8081 that closes first (its ends wait in TIME_WAIT). The hold without a mesh
     // leaves out probes from the pod's gateways, IPv6's too, and returns at its minimum.
-    let options = Options { mesh: Mesh::None, ipv6: true, ..Options::default() };
+    let options = PodOptions { mesh: DataPlane::None, ipv6: true, ..PodOptions::default() };
     let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
     let _app = beside_app(&pod, SERVER, &["::", "8081"]);
     let probes = format!(
@@ -1490,7 +1493,7 @@ fn schedules() -> Vec<Schedule> {
 fn replay(schedule: &Schedule) -> Result<String, String> {
     let ambient = (schedule.close == "Ambient").then(ambient);
     let none = ambient.is_none().then(|| {
-        let options = Options { mesh: Mesh::None, ..Options::default() };
+        let options = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
         Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options)
     });
     let (pod, preset) = match (&ambient, &none) {
@@ -1628,7 +1631,8 @@ fn an_answer_envoy_closed_after_is_delivered_before_the_pods_network_goes() {
     // the kernel keeps sending it from a socket no process holds (FIN_WAIT1). Once the pod's
     // containers have exited, CNI DEL takes the pod's interface and the rest with it: the hook
     // waits for those bytes too.
-    let options = Options { on_sigterm: "close", no_delayed_close: true, ..Options::default() };
+    let options =
+        PodOptions { on_sigterm: "close", no_delayed_close: true, ..PodOptions::default() };
     let pod = Pod::start(&support::envoy::required(), Path::new(support::BIN), options);
     std::thread::scope(|s| {
         let download = s.spawn(|| pod.client(|| slow_download("/bytes/3000000", 250_000, true)));

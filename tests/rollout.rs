@@ -11,12 +11,12 @@
 
 mod support;
 
-use support::rollout::{Case, Clients, Mesh, Row, Shutdown, run, run_together};
+use support::rollout::{Case, Clients, DataPlane, Row, Shutdown, run, run_together};
 
 #[test]
 #[ignore = "needs root, the control plane and the node built from source (`bash scripts/test`)"]
 fn a_rollout_in_every_data_plane_at_once_loses_nothing_with_envoy_drain() {
-    let cases = [Mesh::None, Mesh::Sidecar { native: true }, Mesh::Ambient]
+    let cases = [DataPlane::None, DataPlane::Sidecar { native: true }, DataPlane::Ambient]
         .map(|mesh| Case::new(mesh, Shutdown::EnvoyDrain, Clients::NewConn));
     let rows = run_together(&cases);
     for row in &rows {
@@ -67,7 +67,7 @@ fn a_waypoints_rollout_loses_nothing_with_the_waypoint_preset() {
     // istiod's own waypoint for the namespace's services, two replicas, restarted under the load
     // of kept-alive clients (each a CONNECT stream through it for as long as it lives): the
     // preStop of examples/waypoint.yaml drains it and waits for its requests alone.
-    let row = run(Case::new(Mesh::Waypoint, Shutdown::EnvoyDrain, Clients::KeepAlive));
+    let row = run(Case::new(DataPlane::Waypoint, Shutdown::EnvoyDrain, Clients::KeepAlive));
     eprintln!(
         "waypoint: rollout restart {:.1?}; {} answered 200; left ztunnel after {:?}; runs {:?}; {}",
         row.took, row.ok, row.propagation, row.holds, row.diagnosis

@@ -3,7 +3,7 @@
 //!   Unix socket (cluster `xds-grpc`). It answers each resource type Envoy asks for once, with an
 //!   empty set, as istiod answers a pod with no extra config, so Envoy finishes starting (Istio's
 //!   bootstrap sets `initial_fetch_timeout: 0s`: without answers it would wait forever); except
-//!   endpoints (EDS), which come from the network's `ControlPlane` and are pushed again when it
+//!   endpoints (EDS), which come from the network's `IstiodStandIn` and are pushed again when it
 //!   changes them, as istiod pushes EDS when a pod leaves a service;
 //! - the status port 15020: `POST /drain` and `POST /quitquitquit`;
 //! - what pilot-agent does on SIGTERM (`on_sigterm`).
@@ -45,7 +45,7 @@ const POLL: Duration = Duration::from_secs(1);
 /// The mesh's endpoints for the service, as istiod knows them, and the EDS streams it pushes
 /// them to.
 #[derive(Clone, Default)]
-pub struct ControlPlane {
+pub struct IstiodStandIn {
     state: Arc<Mutex<Endpoints>>,
 }
 
@@ -57,7 +57,7 @@ struct Endpoints {
     streams: Vec<(Arc<Mutex<UnixStream>>, u32)>,
 }
 
-impl ControlPlane {
+impl IstiodStandIn {
     /// Sets the service's endpoints (`ip:port`) and pushes them to every sidecar subscribed.
     pub fn set_endpoints(&self, addrs: &[&str]) {
         let mut state = self.state.lock().unwrap();
@@ -96,7 +96,7 @@ pub struct Agent {
 impl Agent {
     /// Starts in the caller's network namespace, its threads as `uid`:`gid`, serving endpoints
     /// from `control`.
-    pub fn start(uid: u32, gid: u32, control: &ControlPlane, exit_on_zero: bool) -> Agent {
+    pub fn start(uid: u32, gid: u32, control: &IstiodStandIn, exit_on_zero: bool) -> Agent {
         let stop = Arc::new(AtomicBool::new(false));
         let streams = Arc::new(AtomicUsize::new(0));
         let quit = Arc::new(AtomicBool::new(false));
@@ -288,7 +288,7 @@ fn serve_status(listener: TcpListener, stop: &AtomicBool, asked: &Asked) {
 fn serve_ads(
     conn: UnixStream,
     streams: &AtomicUsize,
-    control: &ControlPlane,
+    control: &IstiodStandIn,
 ) -> std::io::Result<()> {
     let writer = Arc::new(Mutex::new(conn.try_clone()?));
     let mut answered: HashSet<String> = HashSet::new();

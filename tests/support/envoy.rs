@@ -107,7 +107,7 @@ pub enum Admin {
 
 /// How to start Envoy: how long its drain lasts, YAML files merged over the bootstrap (Envoy
 /// takes one --config-yaml: their top-level keys must differ), and where its admin API listens.
-pub struct Options {
+pub struct EnvoyOptions {
     pub drain_time_s: u32,
     pub merge: Vec<&'static str>,
     /// YAML merged over the bootstrap too, made by the test.
@@ -115,9 +115,9 @@ pub struct Options {
     pub admin: Admin,
 }
 
-impl Default for Options {
-    fn default() -> Options {
-        Options {
+impl Default for EnvoyOptions {
+    fn default() -> EnvoyOptions {
+        EnvoyOptions {
             drain_time_s: 5,
             merge: Vec::new(),
             yaml: String::new(),
@@ -129,7 +129,7 @@ impl Default for Options {
 impl Envoy {
     /// Starts Envoy the way pilot-agent does (`--drain-strategy immediate`, a drain time) and
     /// waits until its admin API says LIVE.
-    pub fn start(bin: &Path, opts: Options) -> Envoy {
+    pub fn start(bin: &Path, opts: EnvoyOptions) -> Envoy {
         let dir = std::env::temp_dir().join(format!(
             "envoy-drain-envoy-{}-{:?}",
             std::process::id(),

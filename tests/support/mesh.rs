@@ -21,8 +21,8 @@
 use super::agent::SERVICE_CLUSTER;
 use super::http::Conn;
 use super::kubelet::{self, AppPreStop, Deletion, Ordering, Probe, Probes, ProxyPreStop};
-use super::pod::{self, Capture, Gateway, Network, Options, Pod, Stats};
-use super::ztunnel::{Control, Node, Served};
+use super::pod::{self, Capture, Gateway, Network, Pod, PodOptions, Stats};
+use super::ztunnel::{Control, Served, ZtunnelNode};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -88,12 +88,12 @@ pub enum PreStop {
     /// `envoy-drain hold` as the injection template (with a sidecar) and examples/hold-policy.yaml
     /// (without one) write it for pod A: the preset of its mesh, 10 s of the grace period left to
     /// the app; without a sidecar the period of its readiness probe (1 s), ztunnel's own ports
-    /// in ambient mode, and without a mesh the node's address in its environment (`Options`).
+    /// in ambient mode, and without a mesh the node's address in its environment (`PodOptions`).
     Hold,
 }
 
 impl PreStop {
-    fn kubelet(self, mesh: pod::Mesh, grace: Duration) -> AppPreStop {
+    fn kubelet(self, mesh: pod::DataPlane, grace: Duration) -> AppPreStop {
         match self {
             PreStop::None => AppPreStop::None,
             PreStop::Sleep(n) => AppPreStop::Sleep(Duration::from_secs(n)),
@@ -101,15 +101,15 @@ impl PreStop {
                 let deadline = format!("--deadline={}s", grace.as_secs() - 10);
                 let probes = ["--probe-periods", "1s"];
                 let args: Vec<&str> = match mesh {
-                    pod::Mesh::Sidecar => vec!["hold", "--preset", "istio", &deadline],
-                    pod::Mesh::Ambient => {
+                    pod::DataPlane::Sidecar => vec!["hold", "--preset", "istio", &deadline],
+                    pod::DataPlane::Ambient => {
                         [&["hold", "--preset", "ambient", &deadline][..], &probes]
                             .concat()
                             .into_iter()
                             .chain(["--ignore-ports", "15001,15053"])
                             .collect()
                     }
-                    pod::Mesh::None => {
+                    pod::DataPlane::None => {
                         [&["hold", "--preset", "none", &deadline][..], &probes].concat()
                     }
                 };
@@ -197,7 +197,7 @@ impl Mode {
 
 /// Which load generator sends the short requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Load {
+pub enum LoadKind {
     /// hey: HTTP/1.1 with keep-alive.
     Http1,
     /// h2load: HTTP/2 (prior knowledge), all the way to the server pods.
@@ -211,11 +211,11 @@ pub struct Scenario {
     pub mode: Mode,
     /// From the deletion until the client's sidecar no longer has pod A.
     pub propagation: Duration,
-    pub load: Load,
+    pub load: LoadKind,
     pub pre_stop: PreStop,
     /// What carries the traffic: with `Ambient` or `None` there is no proxy container, so
     /// `ordering` and `mode` say nothing.
-    pub mesh: pod::Mesh,
+    pub mesh: pod::DataPlane,
     /// The clients keep their connections open between requests (hey's default); else one
     /// connection per request.
     pub keep_alive: bool,
@@ -235,13 +235,15 @@ impl Scenario {
     /// The probes' column: their kind and where they come from.
     fn probes(&self) -> &'static str {
         match (self.mesh, self.probe, self.gateway) {
-            (pod::Mesh::Sidecar, ..) => "-",
-            (pod::Mesh::Ambient, Probe::Http, _) => "HTTP, from 169.254.7.127",
-            (pod::Mesh::Ambient, Probe::Tcp, _) => "tcpSocket, from 169.254.7.127",
-            (pod::Mesh::None, Probe::Http, Gateway::Bridge) => "HTTP, from the gateway",
-            (pod::Mesh::None, Probe::Tcp, Gateway::Bridge) => "tcpSocket, from the gateway",
-            (pod::Mesh::None, Probe::Http, Gateway::LinkLocal) => "HTTP, from the node's IP",
-            (pod::Mesh::None, Probe::Tcp, Gateway::LinkLocal) => "tcpSocket, from the node's IP",
+            (pod::DataPlane::Sidecar, ..) => "-",
+            (pod::DataPlane::Ambient, Probe::Http, _) => "HTTP, from 169.254.7.127",
+            (pod::DataPlane::Ambient, Probe::Tcp, _) => "tcpSocket, from 169.254.7.127",
+            (pod::DataPlane::None, Probe::Http, Gateway::Bridge) => "HTTP, from the gateway",
+            (pod::DataPlane::None, Probe::Tcp, Gateway::Bridge) => "tcpSocket, from the gateway",
+            (pod::DataPlane::None, Probe::Http, Gateway::LinkLocal) => "HTTP, from the node's IP",
+            (pod::DataPlane::None, Probe::Tcp, Gateway::LinkLocal) => {
+                "tcpSocket, from the node's IP"
+            }
         }
     }
 
@@ -268,7 +270,7 @@ pub struct Kinds {
     pub timeout: usize,
 }
 
-pub struct Row {
+pub struct ReplicaRow {
     pub scenario: Scenario,
     pub sent: usize,
     pub failed: usize,
@@ -285,7 +287,7 @@ pub struct Row {
     pub last_arrival: Option<Instant>,
 }
 
-impl Row {
+impl ReplicaRow {
     /// Deletion to pod gone, in seconds.
     pub fn gone(&self) -> f64 {
         secs(self.deletion.pod_gone(), self.deletion.deleted)
@@ -337,57 +339,58 @@ fn kube_proxy(hosts: &[&str]) -> String {
 
 /// The three pods on one network; in ambient mode a node's ztunnel for each (dropped first), and
 /// the workload discovery they follow.
-pub struct Mesh {
-    nodes: Vec<Node>,
+pub struct MeshReplica {
+    nodes: Vec<ZtunnelNode>,
     pub a: Pod,
     pub b: Pod,
     pub client: Pod,
     network: Arc<Network>,
-    kind: pod::Mesh,
+    kind: pod::DataPlane,
     workloads: Control,
     /// The client reaches the service through kube-proxy's rules.
     kube_proxy: bool,
 }
 
-impl Mesh {
+impl MeshReplica {
     /// Starts the mesh of `kind`, pod A's app and proxy set up by `app` and `stats`, and waits
     /// until the client's proxy has both endpoints.
     pub fn start(
         envoy: &Path,
         hook: &Path,
         (app, stats): (AppKind, Stats),
-        (kind, outside): (pod::Mesh, bool),
+        (kind, outside): (pod::DataPlane, bool),
         gateway: Gateway,
-    ) -> Mesh {
+    ) -> MeshReplica {
         let network = Network::new(false);
-        let server = |on_sigterm, stats| Options {
+        let server = |on_sigterm, stats| PodOptions {
             mesh: kind,
             capture: Capture::Redirect,
             stats,
             on_sigterm,
             gateway,
-            node_ips: kind == pod::Mesh::None,
-            ..Options::default()
+            node_ips: kind == pod::DataPlane::None,
+            ..PodOptions::default()
         };
         let a = Pod::join(&network, A, envoy, hook, server(app.on_sigterm(), stats));
         let b = Pod::join(&network, B, envoy, hook, server("serve", Stats::IstioDefault));
-        let client_mesh = if outside { pod::Mesh::None } else { kind };
-        let client_options = Options { mesh: client_mesh, client: true, ..Options::default() };
+        let client_mesh = if outside { pod::DataPlane::None } else { kind };
+        let client_options =
+            PodOptions { mesh: client_mesh, client: true, ..PodOptions::default() };
         let client = Pod::join(&network, CLIENT, envoy, hook, client_options);
         let workloads = Control::default();
         let mut nodes = Vec::new();
-        if kind == pod::Mesh::Ambient {
+        if kind == pod::DataPlane::Ambient {
             let a_pod = Served { ns: a.netns(), name: "app-a", ip: A };
-            nodes.push(Node::start("node-a", &workloads, &a_pod));
+            nodes.push(ZtunnelNode::start("node-a", &workloads, &a_pod));
             let b_pod = Served { ns: b.netns(), name: "app-b", ip: B };
-            nodes.push(Node::start("node-b", &workloads, &b_pod));
+            nodes.push(ZtunnelNode::start("node-b", &workloads, &b_pod));
             if !outside {
                 let caller = Served { ns: client.netns(), name: "client", ip: CLIENT };
-                nodes.push(Node::start("node-c", &workloads, &caller));
+                nodes.push(ZtunnelNode::start("node-c", &workloads, &caller));
             }
         }
-        let kube_proxy = client_mesh == pod::Mesh::None;
-        let mesh = Mesh { nodes, a, b, client, network, kind, workloads, kube_proxy };
+        let kube_proxy = client_mesh == pod::DataPlane::None;
+        let mesh = MeshReplica { nodes, a, b, client, network, kind, workloads, kube_proxy };
         mesh.route(&[A, B]);
         mesh
     }
@@ -395,7 +398,7 @@ impl Mesh {
     /// Sends the service's new connections to `hosts` from now on: the control plane's push to
     /// the client's proxy, or kube-proxy's rules; returns once the client's proxy has them.
     fn route(&self, hosts: &[&str]) {
-        if self.kind == pod::Mesh::Ambient {
+        if self.kind == pod::DataPlane::Ambient {
             let names = [(A, "app-a"), (B, "app-b")];
             let serving: Vec<&str> =
                 names.iter().filter(|(ip, _)| hosts.contains(ip)).map(|(_, n)| *n).collect();
@@ -404,7 +407,7 @@ impl Mesh {
         if self.kube_proxy {
             self.client.iptables(&kube_proxy(hosts));
         }
-        if self.kind != pod::Mesh::Sidecar {
+        if self.kind != pod::DataPlane::Sidecar {
             return;
         }
         let endpoints: Vec<String> = hosts.iter().map(|h| format!("{h}:8080")).collect();
@@ -575,18 +578,18 @@ fn kinds_from_flags(log: &[Access]) -> Kinds {
 }
 
 /// Runs one scenario in a mesh of its own, torn down after.
-pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
+pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> ReplicaRow {
     let mut mesh =
-        Mesh::start(envoy, hook, (s.app, s.mode.stats()), (s.mesh, s.outside), s.gateway);
+        MeshReplica::start(envoy, hook, (s.app, s.mode.stats()), (s.mesh, s.outside), s.gateway);
     let kinds: &'static [Probe] = match s.probe {
         Probe::Tcp => &[Probe::Tcp],
         Probe::Http => &[Probe::Http],
     };
     let _probes = match s.mesh {
-        pod::Mesh::Sidecar => None,
+        pod::DataPlane::Sidecar => None,
         // istio-cni SNATs them on the node; else they come from the node's address.
-        pod::Mesh::Ambient => Some(pod::PROBE_IP),
-        pod::Mesh::None => Some(pod::OTHER_IP),
+        pod::DataPlane::Ambient => Some(pod::PROBE_IP),
+        pod::DataPlane::None => Some(pod::OTHER_IP),
     }
     .map(|from| {
         Probes::start(&mesh.network, from, format!("{A}:8080"), kinds, Duration::from_secs(1))
@@ -596,7 +599,7 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
     // h2load cannot be stopped early and still report: its run covers the longest deletion.
     let h2_duration = BEFORE + s.grace().max(s.propagation) + AFTER + Duration::from_secs(8);
     let short = match s.load {
-        Load::Http1 => {
+        LoadKind::Http1 => {
             // hey's -q is each worker's rate: one worker below 10 a second.
             let workers = if s.rate >= 10.0 { 10.0 } else { 1.0 };
             let mut args = ["-z", "600s", "-t", "30"].map(String::from).to_vec();
@@ -612,7 +615,7 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
             args.push(short_url);
             mesh.generator("hey", &args)
         }
-        Load::Http2 => mesh.generator(
+        LoadKind::Http2 => mesh.generator(
             "h2load",
             &[
                 "-c".into(),
@@ -678,7 +681,7 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
     thread::sleep(wait);
 
     let proxy_pre_stop = match s.mesh {
-        pod::Mesh::Sidecar => s.mode.pre_stop(s.ordering, s.grace()),
+        pod::DataPlane::Sidecar => s.mode.pre_stop(s.ordering, s.grace()),
         _ => ProxyPreStop::None,
     };
     let deletion = thread::scope(|scope| {
@@ -703,11 +706,11 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
     });
 
     let short = match s.load {
-        Load::Http1 => {
+        LoadKind::Http1 => {
             short.interrupt();
             hey_outcome(&short.finish())
         }
-        Load::Http2 => h2load_outcome(&short.finish()),
+        LoadKind::Http2 => h2load_outcome(&short.finish()),
     };
     let long: Vec<Outcome> = long.into_iter().map(|g| hey_outcome(&g.finish())).collect();
     // When requests reached A and were answered, as its app says (the probes left out).
@@ -744,7 +747,7 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> Row {
         }
         failed += usize::from(last != Some("last call 200"));
     }
-    Row {
+    ReplicaRow {
         scenario: s,
         sent,
         failed,
@@ -799,27 +802,27 @@ impl Generator {
 }
 
 /// The table, one row per scenario, in Markdown.
-pub fn table(rows: &[Row]) -> String {
+pub fn table(rows: &[ReplicaRow]) -> String {
     let mut t = String::from(
         "| mesh | ordering | app | app preStop | proxy shutdown | propagation | load | clients | sent | failed | 5xx | reset | refused | timeout | long at A ok | deletion to pod gone | app exit to proxy stop | last request end to proxy stop | hold end after last arrival | kubelet's probes |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let s = r.scenario;
-        let sidecar = s.mesh == pod::Mesh::Sidecar;
+        let sidecar = s.mesh == pod::DataPlane::Sidecar;
         let (mesh, ordering, mode) = match (s.mesh, s.ordering) {
-            (pod::Mesh::Sidecar, Ordering::Classic) => {
+            (pod::DataPlane::Sidecar, Ordering::Classic) => {
                 ("sidecar", "classic", s.mode.name(s.ordering))
             }
-            (pod::Mesh::Sidecar, Ordering::Native) => {
+            (pod::DataPlane::Sidecar, Ordering::Native) => {
                 ("sidecar", "native", s.mode.name(s.ordering))
             }
-            (pod::Mesh::Ambient, _) => ("ambient", "-", "-"),
-            (pod::Mesh::None, _) => ("none", "-", "-"),
+            (pod::DataPlane::Ambient, _) => ("ambient", "-", "-"),
+            (pod::DataPlane::None, _) => ("none", "-", "-"),
         };
         let load = match s.load {
-            Load::Http1 => format!("HTTP/1.1 {}/s", s.rate),
-            Load::Http2 => format!("HTTP/2 {}/s", s.rate),
+            LoadKind::Http1 => format!("HTTP/1.1 {}/s", s.rate),
+            LoadKind::Http2 => format!("HTTP/2 {}/s", s.rate),
         };
         let clients = match (s.keep_alive, s.outside) {
             (true, false) => "keep-alive",
@@ -852,7 +855,7 @@ pub fn table(rows: &[Row]) -> String {
 }
 
 /// The demo's short table: per proxy shutdown, what a user sees.
-pub fn short_table(rows: &[Row]) -> String {
+pub fn short_table(rows: &[ReplicaRow]) -> String {
     let mut t = format!(
         "{:<32} {:>6} {:>6} {:>12} {:>10} {:>22}\n",
         "pod shutdown", "sent", "failed", "long at A ok", "pod gone", "proxy stop after app"

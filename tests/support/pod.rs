@@ -13,14 +13,14 @@
 //!   run there as that user, and its sidecar routes to the mesh's service over EDS
 //!   (tests/pod/client.yaml).
 //!
-//! Or a pod without a sidecar (`Mesh`): in Istio's ambient mode, istio-cni's rules in the pod
+//! Or a pod without a sidecar (`DataPlane`): in Istio's ambient mode, istio-cni's rules in the pod
 //! (tests/pod/ztunnel.rules), for the node's real ztunnel to take it (support/ztunnel.rs,
-//! `Node`); with no mesh, the app alone.
+//! `ZtunnelNode`); with no mesh, the app alone.
 //!
 //! The hook runs as the proxy's user inside the pod, as a preStop exec does. Everything is gone
 //! when the `Pod` is dropped, also when a test fails.
 
-use super::agent::{Agent, ControlPlane};
+use super::agent::{Agent, IstiodStandIn};
 use super::app::App;
 use super::netns::Netns;
 use std::io::{BufRead, BufReader, Write};
@@ -45,7 +45,7 @@ pub const CLIENT_IP: &str = "10.90.0.7";
 /// The gateway of a pod of Calico or the AWS VPC CNI: a link-local address the node answers for
 /// (proxy ARP), not the node's own, which the kubelet's probes come from.
 pub const LINK_LOCAL_GATEWAY: &str = "169.254.1.1";
-/// The node's bridge over IPv6, and the pod's address there (`Options::ipv6`).
+/// The node's bridge over IPv6, and the pod's address there (`PodOptions::ipv6`).
 pub const GATEWAY_IP6: &str = "fd98::1";
 /// Where istio-cni makes the kubelet's probes come from over IPv6 in ambient mode (istio/istio
 /// `cni/pkg/iptables/iptables.go`, `HostProbeV6SNATAddress`), on the bridge beside `PROBE_IP`.
@@ -81,7 +81,7 @@ pub enum Stats {
 
 /// What carries the pod's traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mesh {
+pub enum DataPlane {
     /// Istio's sidecar: Envoy and its agent in the pod.
     Sidecar,
     /// Istio's ambient mode: the node's ztunnel holds listeners in the pod's namespace.
@@ -91,8 +91,8 @@ pub enum Mesh {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub struct Options {
-    pub mesh: Mesh,
+pub struct PodOptions {
+    pub mesh: DataPlane,
     pub capture: Capture,
     pub stats: Stats,
     /// What the app does on SIGTERM (tests/pod/app.py): serve, close, call or tcp.
@@ -119,10 +119,10 @@ pub struct Options {
     pub no_delayed_close: bool,
 }
 
-impl Default for Options {
-    fn default() -> Options {
-        Options {
-            mesh: Mesh::Sidecar,
+impl Default for PodOptions {
+    fn default() -> PodOptions {
+        PodOptions {
+            mesh: DataPlane::Sidecar,
             capture: Capture::Redirect,
             stats: Stats::IstioDefault,
             on_sigterm: "serve",
@@ -202,7 +202,7 @@ pub struct Network {
     servers: Mutex<Option<(App, Database, Option<Collector>)>>,
     /// Metrics streams Envoy has opened to the collector, when there is one.
     exporter_streams: Option<Arc<std::sync::atomic::AtomicUsize>>,
-    pub control: ControlPlane,
+    pub control: IstiodStandIn,
 }
 
 impl Network {
@@ -232,7 +232,7 @@ impl Network {
             other,
             exporter_streams: collector.as_ref().map(|c| Arc::clone(&c.streams)),
             servers: Mutex::new(Some((service, database, collector))),
-            control: ControlPlane::default(),
+            control: IstiodStandIn::default(),
         })
     }
 
@@ -328,7 +328,7 @@ fn ip(ns: &Netns, args: &[&str]) {
 }
 
 pub struct Pod {
-    pub options: Options,
+    pub options: PodOptions,
     hook: PathBuf,
     pod: Netns,
     dir: PathBuf,
@@ -417,7 +417,7 @@ fn check(mut cmd: Command) {
 impl Pod {
     /// Builds the pod on a network of its own and waits until Envoy is live and the app
     /// listens. `envoy` is Envoy's binary (support::envoy::binary), `hook` envoy-drain's.
-    pub fn start(envoy: &Path, hook: &Path, options: Options) -> Pod {
+    pub fn start(envoy: &Path, hook: &Path, options: PodOptions) -> Pod {
         Pod::join(&Network::new(options.exporter), POD_IP, envoy, hook, options)
     }
 
@@ -427,7 +427,7 @@ impl Pod {
         addr: &str,
         envoy: &Path,
         hook: &Path,
-        options: Options,
+        options: PodOptions,
     ) -> Pod {
         let dir = std::env::temp_dir().join(format!(
             "envoy-drain-pod-{}-{:?}-{addr}",
@@ -440,13 +440,13 @@ impl Pod {
 
         let pod = Netns::new();
         network.attach(&pod, addr, options.gateway, options.ipv6);
-        let proxy = options.mesh == Mesh::Sidecar;
+        let proxy = options.mesh == DataPlane::Sidecar;
         let (envoy, agent) = match options.mesh {
             _ if proxy => {
                 let (envoy, agent) = start_sidecar(&pod, network, envoy, &dir, options);
                 (Some(envoy), Some(agent))
             }
-            Mesh::Ambient => {
+            DataPlane::Ambient => {
                 capture_for_ztunnel(&pod);
                 (None, None)
             }
@@ -696,7 +696,7 @@ fn start_sidecar(
     network: &Network,
     envoy: &Path,
     dir: &Path,
-    options: Options,
+    options: PodOptions,
 ) -> (Arc<Process>, Agent) {
     let rules = match options.capture {
         Capture::Redirect => "tests/pod/redirect.rules",
@@ -718,7 +718,7 @@ fn start_sidecar(
 }
 
 /// Ambient mode in the pod: istio-cni's rules and policy route (tests/pod/ztunnel.rules); the
-/// node's ztunnel then takes the pod (support/ztunnel.rs, `Node`).
+/// node's ztunnel then takes the pod (support/ztunnel.rs, `ZtunnelNode`).
 fn capture_for_ztunnel(pod: &Netns) {
     let mut restore = pod.command("iptables-restore");
     restore.arg(repo("tests/pod/ztunnel.rules"));
@@ -760,7 +760,7 @@ fn run_envoy(
     Process::spawn(cmd).0
 }
 
-fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: Options) -> Arc<Process> {
+fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: PodOptions) -> Arc<Process> {
     let mut bootstrap = std::fs::read_to_string(repo("tests/pod/envoy.yaml")).unwrap();
     if options.capture == Capture::Tproxy {
         bootstrap = bootstrap.replace("transparent: false", "transparent: true");
@@ -775,7 +775,7 @@ fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: Options) -> Arc<P
     let merges = [
         (options.stats == Stats::ExitOnZero, "tests/pod/exit-on-zero-stats.yaml"),
         (options.exporter, "tests/pod/exporter.yaml"),
-        (options.client && options.mesh == Mesh::Sidecar, "tests/pod/client.yaml"),
+        (options.client && options.mesh == DataPlane::Sidecar, "tests/pod/client.yaml"),
     ];
     let merge: String = merges
         .iter()

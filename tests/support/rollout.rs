@@ -51,7 +51,7 @@ const REVISION: &str = "rollout";
 const ISTIOD: &str = "10.0.0.1:20012";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mesh {
+pub enum DataPlane {
     None,
     /// Istio's sidecar: classic (`false`) or native (`true`).
     Sidecar {
@@ -65,10 +65,10 @@ pub enum Mesh {
     Waypoint,
 }
 
-impl Mesh {
+impl DataPlane {
     /// Whether the node runs ztunnel and istio-cni.
     fn ambient(self) -> bool {
-        matches!(self, Mesh::Ambient | Mesh::Waypoint)
+        matches!(self, DataPlane::Ambient | DataPlane::Waypoint)
     }
 }
 
@@ -109,7 +109,7 @@ const DOWNLOAD_PORT: u16 = 81;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Case {
-    pub mesh: Mesh,
+    pub mesh: DataPlane,
     pub shutdown: Shutdown,
     pub clients: Clients,
     /// istiod's debounce (PILOT_DEBOUNCE_AFTER, and PILOT_DEBOUNCE_MAX at least as long): a slower
@@ -131,7 +131,7 @@ pub struct Case {
 impl Case {
     /// The table's usual case: three replicas, 100 requests a second, Kubernetes' default grace
     /// period (30 s), istiod's own debounce.
-    pub fn new(mesh: Mesh, shutdown: Shutdown, clients: Clients) -> Case {
+    pub fn new(mesh: DataPlane, shutdown: Shutdown, clients: Clients) -> Case {
         Case {
             mesh,
             shutdown,
@@ -158,24 +158,26 @@ impl Case {
 
     pub fn mesh_name(&self) -> &'static str {
         match self.mesh {
-            Mesh::None => "no mesh",
-            Mesh::Sidecar { native: false } => "sidecar (classic)",
-            Mesh::Sidecar { native: true } => "sidecar (native)",
-            Mesh::Ambient => "ambient (ztunnel)",
-            Mesh::Waypoint => "ambient waypoint",
+            DataPlane::None => "no mesh",
+            DataPlane::Sidecar { native: false } => "sidecar (classic)",
+            DataPlane::Sidecar { native: true } => "sidecar (native)",
+            DataPlane::Ambient => "ambient (ztunnel)",
+            DataPlane::Waypoint => "ambient waypoint",
         }
     }
 
     pub fn shutdown_name(&self) -> String {
         match (self.shutdown, self.mesh) {
-            (Shutdown::None, Mesh::None | Mesh::Ambient) => "none".into(),
+            (Shutdown::None, DataPlane::None | DataPlane::Ambient) => "none".into(),
             (Shutdown::None, _) => "Istio's default".into(),
             (Shutdown::ExitOnZero, _) => "EXIT_ON_ZERO_ACTIVE_CONNECTIONS".into(),
             (Shutdown::Sleep(s), _) => format!("preStop sleep {s}s"),
-            (Shutdown::EnvoyDrain, Mesh::None | Mesh::Ambient) => {
+            (Shutdown::EnvoyDrain, DataPlane::None | DataPlane::Ambient) => {
                 "envoy-drain hold (policy)".into()
             }
-            (Shutdown::EnvoyDrain, Mesh::Waypoint) => "envoy-drain run --preset waypoint".into(),
+            (Shutdown::EnvoyDrain, DataPlane::Waypoint) => {
+                "envoy-drain run --preset waypoint".into()
+            }
             (Shutdown::EnvoyDrain, _) => "envoy-drain run + hold (template)".into(),
         }
     }
@@ -242,12 +244,12 @@ fn istiod_values() -> String {
 fn workload(case: Case, ns: &str) -> (String, String) {
     let hold = if case.shutdown == Shutdown::EnvoyDrain { "enabled" } else { "disabled" };
     let labels = match case.mesh {
-        Mesh::None => format!("envoy-drain.io/hold: {hold}"),
-        Mesh::Sidecar { .. } => format!("istio.io/rev: {REVISION}"),
-        Mesh::Ambient => {
+        DataPlane::None => format!("envoy-drain.io/hold: {hold}"),
+        DataPlane::Sidecar { .. } => format!("istio.io/rev: {REVISION}"),
+        DataPlane::Ambient => {
             format!("envoy-drain.io/hold: {hold}, istio.io/dataplane-mode: ambient")
         }
-        Mesh::Waypoint => "envoy-drain.io/hold: disabled, istio.io/dataplane-mode: ambient, \
+        DataPlane::Waypoint => "envoy-drain.io/hold: disabled, istio.io/dataplane-mode: ambient, \
                            istio.io/use-waypoint: waypoint"
             .to_string(),
     };
@@ -255,7 +257,7 @@ fn workload(case: Case, ns: &str) -> (String, String) {
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels: {{{labels}}}\n"
     );
     let mut annotations = Vec::new();
-    if let Mesh::Sidecar { native } = case.mesh {
+    if let DataPlane::Sidecar { native } = case.mesh {
         annotations.push(format!("sidecar.istio.io/nativeSidecar: '{native}'"));
         if case.shutdown == Shutdown::EnvoyDrain {
             annotations.push("envoy-drain.io/hold: 'true'".to_string());
@@ -409,7 +411,7 @@ fn waypoint(case: Case, ns: &str) -> String {
 /// program, and hey and wget to exec); with sidecars Istio's proxyv2 as its Dockerfile lays it out
 /// (pilot/docker/Dockerfile.proxyv2: pilot-agent, Envoy, the bootstrap template); in ambient
 /// mode ztunnel and install-cni (istio-cni's node agent and plugin).
-fn images(cp: &ControlPlane, meshes: &[Mesh], envoy: &Path, bootstrap: &Path) -> Vec<Image> {
+fn images(cp: &ControlPlane, meshes: &[DataPlane], envoy: &Path, bootstrap: &Path) -> Vec<Image> {
     let mut images = vec![
         Image {
             name: "localhost/app:test",
@@ -446,7 +448,7 @@ fn images(cp: &ControlPlane, meshes: &[Mesh], envoy: &Path, bootstrap: &Path) ->
         }
     }
     let modules = vec!["/usr/lib/x86_64-linux-gnu/xtables".to_string()];
-    if meshes.iter().any(|m| matches!(m, Mesh::Sidecar { .. } | Mesh::Waypoint)) {
+    if meshes.iter().any(|m| matches!(m, DataPlane::Sidecar { .. } | DataPlane::Waypoint)) {
         let mut extra = vec![
             (cp.bin("pilot-agent"), "/usr/local/bin/pilot-agent".to_string()),
             (envoy.to_path_buf(), "/usr/local/bin/envoy".into()),
@@ -513,8 +515,8 @@ pub fn run_together(cases: &[Case]) -> Vec<Row> {
     let cp = ControlPlane::start_with("rollout", "kube-apiserver", &[], Nodes::Kubelet);
     phases.done("control plane");
     let mut bootstrap = super::cluster::components().join("istio-bootstrap.json");
-    let meshes: Vec<Mesh> = cases.iter().map(|c| c.mesh).collect();
-    if meshes.contains(&Mesh::Waypoint) {
+    let meshes: Vec<DataPlane> = cases.iter().map(|c| c.mesh).collect();
+    if meshes.contains(&DataPlane::Waypoint) {
         // A waypoint is a Gateway: Gateway API's CRDs, at the version Istio pins, before istiod.
         let crds = super::cluster::components().join("gateway-api-crds");
         cp.ok(&["apply", "--server-side", "-f", &crds.to_string_lossy()]);
@@ -608,10 +610,13 @@ impl Phases {
 fn mesh(
     cp: &ControlPlane,
     node: &Node,
-    meshes: &[Mesh],
+    meshes: &[DataPlane],
     debounce: Option<Duration>,
 ) -> Option<NodeInit> {
-    if meshes.iter().any(|m| matches!(m, Mesh::None | Mesh::Ambient | Mesh::Waypoint)) {
+    if meshes
+        .iter()
+        .any(|m| matches!(m, DataPlane::None | DataPlane::Ambient | DataPlane::Waypoint))
+    {
         cp.ok(&["apply", "-f", POLICY]);
         // Every hook's log in JSON, its last line the termination's record.
         cp.hold_settings(&["image=localhost/envoy-drain:test", "logFormat=json"]);
@@ -619,7 +624,7 @@ fn mesh(
     if meshes.iter().any(|m| m.ambient()) {
         return Some(ambient(cp, node, debounce));
     }
-    if meshes.iter().any(|m| matches!(m, Mesh::Sidecar { .. })) {
+    if meshes.iter().any(|m| matches!(m, DataPlane::Sidecar { .. })) {
         let env = istiod_env(debounce, false);
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         cp.start_istiod(REVISION, &istiod_values(), &[], 0, &env);
@@ -661,7 +666,8 @@ impl Side {
     fn deploy(cp: &ControlPlane, case: Case, ns: String) -> Side {
         let (namespace, deployment) = workload(case, &ns);
         cp.namespace(&namespace, &ns);
-        if matches!(case.mesh, Mesh::None | Mesh::Ambient) && case.shutdown == Shutdown::EnvoyDrain
+        if matches!(case.mesh, DataPlane::None | DataPlane::Ambient)
+            && case.shutdown == Shutdown::EnvoyDrain
         {
             // The API server serves a policy once its informers have the ConfigMap: the
             // Deployment comes after a dry run shows the hook.
@@ -677,7 +683,7 @@ impl Side {
                 pod.contains("preStop").then_some(())
             });
         }
-        if case.mesh == Mesh::Waypoint {
+        if case.mesh == DataPlane::Waypoint {
             cp.ok_with(&["apply", "-f", "-"], Some(&waypoint(case, &ns)));
         }
         cp.ok_with(&["apply", "-f", "-"], Some(&deployment));
@@ -687,7 +693,7 @@ impl Side {
     /// The Deployment the rollout restarts, and its pods' label.
     fn restarted(&self) -> (&'static str, &'static str) {
         match self.case.mesh {
-            Mesh::Waypoint => {
+            DataPlane::Waypoint => {
                 ("deployment/waypoint", "gateway.networking.k8s.io/gateway-name=waypoint")
             }
             _ => ("deployment/app", "app=app"),
@@ -735,7 +741,7 @@ impl Side {
                 node.log_tail("kubelet", 4)
             );
         }
-        if self.case.mesh == Mesh::Waypoint {
+        if self.case.mesh == DataPlane::Waypoint {
             self.waypoint_ready(cp, node);
         }
         assert_captured(cp, &self);
@@ -750,7 +756,7 @@ impl Side {
             "jsonpath={range .items[*]}{.metadata.name} {.spec.containers[?(@.name==\"app\")].lifecycle.preStop}{\"\\n\"}{end}",
         ]);
         let expected = match self.case.shutdown {
-            _ if self.case.mesh == Mesh::Waypoint => "",
+            _ if self.case.mesh == DataPlane::Waypoint => "",
             Shutdown::None | Shutdown::ExitOnZero => "",
             Shutdown::Sleep(_) => "\"sleep\"",
             Shutdown::EnvoyDrain => "\"hold\"",
@@ -761,7 +767,7 @@ impl Side {
             "each pod's app preStop in {ns} is the row's ({:?}): {hooks}",
             self.case.shutdown
         );
-        if let Mesh::Sidecar { native } = self.case.mesh {
+        if let DataPlane::Sidecar { native } = self.case.mesh {
             // The proxy where the ordering puts it, with the template's `run` only in its rows.
             let field = if native { "initContainers" } else { "containers" };
             let path = format!(
@@ -858,7 +864,7 @@ impl Side {
     /// With a waypoint, `envoy-drain status --preset waypoint` in the network namespace of one of
     /// its pods, as `kubectl debug` would run it there; else nothing.
     fn waypoint_status(&self) -> String {
-        if self.case.mesh != Mesh::Waypoint {
+        if self.case.mesh != DataPlane::Waypoint {
             return String::new();
         }
         let pod = format!("POD_NAME={}", self.old[0]);
@@ -876,7 +882,7 @@ impl Side {
         // Bounded by the pods' grace periods (a waypoint's: examples/waypoint.yaml's at most),
         // one after the other, and their starts.
         let (replicas, grace) = match self.case.mesh {
-            Mesh::Waypoint => (2, 60),
+            DataPlane::Waypoint => (2, 60),
             _ => (self.case.replicas, self.case.grace),
         };
         let timeout = format!("--timeout={}s", 30 + replicas * (grace + 10));
@@ -1198,7 +1204,7 @@ impl Endpoints {
     fn follow(cp: &ControlPlane, side: &Side) -> Endpoints {
         let stop = Arc::new(AtomicBool::new(false));
         let read: Box<dyn FnMut() -> Option<String> + Send> = match side.case.mesh {
-            Mesh::None => {
+            DataPlane::None => {
                 let mut save = cp.command("iptables-save");
                 save.args(["-t", "nat"]);
                 Box::new(move || {
@@ -1206,7 +1212,7 @@ impl Endpoints {
                     Some(String::from_utf8_lossy(&out.stdout).into_owned())
                 })
             }
-            Mesh::Sidecar { .. } => {
+            DataPlane::Sidecar { .. } => {
                 let pod =
                     [format!("POD_NAME={}", side.client), format!("POD_NAMESPACE={}", side.ns)];
                 let pid = process("pilot-agent", "environ", &[&pod[0], &pod[1]])
@@ -1214,7 +1220,7 @@ impl Endpoints {
                 let netns = Netns::of_process(pid).expect("the client pod's network namespace");
                 Box::new(move || netns.enter(|| admin_get("127.0.0.1:15000", "/clusters")))
             }
-            Mesh::Ambient | Mesh::Waypoint => {
+            DataPlane::Ambient | DataPlane::Waypoint => {
                 let ztunnel = cp.ok(&[
                     "get",
                     "pods",

@@ -1,6 +1,6 @@
 //! Istio's real node proxy for the replica's ambient mode: ztunnel, built from
 //! `../shared/ztunnel` (istio/ztunnel at 62d826530e5c, Apache-2.0; its README), run as a node runs
-//! it (`Node`):
+//! it (`ZtunnelNode`):
 //! - in in-pod mode: `inpodmulti`, a stand-in for istio-cni's node agent, hands it each pod's
 //!   network namespace over ZDS, and it opens 15001, 15006, 15008 and 15053 inside each, as the
 //!   node's ztunnel does; the pods carry istio-cni's in-pod rules (tests/pod/ztunnel.rules);
@@ -356,7 +356,7 @@ impl Drop for Shared {
 /// `inpodmulti` waits for ztunnel's acknowledgement of its first pod only, then exits (its
 /// `wait_forever` returns at the first), which may cut a second pod's start off; ztunnel keeps
 /// the pods it took when the agent goes.
-pub struct Node {
+pub struct ZtunnelNode {
     processes: Vec<Arc<Process>>,
     _ns: Netns,
     _shared: Arc<Shared>,
@@ -370,10 +370,10 @@ pub struct Served<'a> {
     pub ip: &'a str,
 }
 
-impl Node {
+impl ZtunnelNode {
     /// Starts node `name`'s ztunnel for `pod`, telling `control` of it (not serving yet), and
     /// waits until it takes HBONE connections there.
-    pub fn start(name: &str, control: &Control, pod: &Served<'_>) -> Node {
+    pub fn start(name: &str, control: &Control, pod: &Served<'_>) -> ZtunnelNode {
         static SHARED: Mutex<Option<std::sync::Weak<Shared>>> = Mutex::new(None);
         let shared = {
             let mut s = SHARED.lock().unwrap();
@@ -424,7 +424,7 @@ impl Node {
             .stderr(file(&format!("{name}.err")));
         let processes =
             vec![Process::spawn(terminator).0, Process::spawn(agent).0, Process::spawn(ztunnel).0];
-        let node = Node { processes, _ns: ns, _shared: shared, log };
+        let node = ZtunnelNode { processes, _ns: ns, _shared: shared, log };
         // Connecting from inside would be captured (to 15001): the pod's own table tells.
         let listening = || {
             let table = pod.ns.enter(|| std::fs::read_to_string("/proc/thread-self/net/tcp6"));
@@ -449,7 +449,7 @@ impl Node {
     }
 }
 
-impl Drop for Node {
+impl Drop for ZtunnelNode {
     fn drop(&mut self) {
         for p in self.processes.iter().rev() {
             p.kill();
