@@ -298,167 +298,24 @@ fn operate(form: Form) -> Run {
     // A workload that runs before the install.
     cp.ok_with(&["apply", "-n", "shop", "-f", "-"], Some(&deployment(&cp, "early", "web")));
     let early_before = deployed_pods(&cp, "shop", "early").remove(0);
-
-    let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/");
-    let applied = cp.kubectl(&["apply", "-f", &format!("{repo}{}", form.file())]);
-    assert!(applied.ok, "kubectl apply -f {}: {}", form.file(), applied.stderr);
-    if form == Form::Kyverno {
-        cp.wait_for_kyverno_policy("envoy-drain-hold");
-    }
-    let applied_again = cp.ok(&["apply", "-f", &format!("{repo}{}", form.file())]);
-    let before_configmap = admit_everywhere(&cp, &mut warnings);
-
-    // The README's ConfigMap: a trial on labelled namespaces.
-    cp.hold_settings(&[
-        "image=registry.example.com/envoy-drain:0.1.0",
-        "ambientNamespaces=labelled",
-    ]);
-    wait_until(&cp, &written, "staging", true);
-    let labelled = admit_everywhere(&cp, &mut warnings);
-
-    // The dry run docs/install.md gives, and what it says it prints.
-    let dry_run = cp.ok(&[
-        "run",
-        "hold-check",
-        "-n",
-        "staging",
-        "--image=nginx",
-        "--dry-run=server",
-        "-o",
-        "jsonpath={.spec.initContainers[*].name}{\"\\n\"}{.spec.containers[*].lifecycle.preStop.exec.command}{\"\\n\"}",
-    ]);
-    // Then every ambient namespace, as docs/install.md says.
-    let all = r#"{"data":{"ambientNamespaces":"all"}}"#;
-    cp.ok(&["patch", "configmap", "envoy-drain", "-n", "envoy-drain", "-p", all]);
-    wait_until(&cp, &written, "shop", true);
-    let served = admit_everywhere(&cp, &mut warnings);
-    let mut deployed = BTreeMap::new();
-    for namespace in DEPLOYED_IN {
-        for (pod, got) in admit(&cp, namespace, &PODS, &mut Vec::new()) {
-            // What the namespace refuses whatever the policy does (a quota, the restricted
-            // level) has no pod to compare.
-            if matches!(written[&(namespace, pod)], Admitted::Refused(_)) {
-                continue;
-            }
-            assert!(matches!(got, Admitted::Pod { .. }), "{form:?}: {pod} in {namespace}: {got:?}");
-            cp.ok_with(&["apply", "-n", namespace, "-f", "-"], Some(&deployment(&cp, pod, pod)));
-        }
-    }
-    for namespace in DEPLOYED_IN {
-        for pod in PODS {
-            if matches!(written[&(namespace, pod)], Admitted::Pod { .. }) {
-                let (_, node, spec) = deployed_pods(&cp, namespace, pod).remove(0);
-                deployed.insert((namespace, pod), (node, spec));
-            }
-        }
-    }
+    let Installed { applied, applied_again, before_configmap, labelled, dry_run, served } =
+        install(&cp, form, &written, &mut warnings);
+    let deployed = deploy_each(&cp, form, &written);
     // Pods made before the install get the hook at their next rollout.
     cp.ok(&["rollout", "restart", "deployment/early", "-n", "shop"]);
     let early_after = cp.wait_for("the early deployment's new pod", || {
         let pods = deployed_pods(&cp, "shop", "early");
         pods.into_iter().find(|(name, _, _)| *name != early_before.0)
     });
-
-    // What a person types: an image that ends in a newline (--from-file, a YAML block), and a
-    // misspelt ambientNamespaces.
-    let configmap =
-        ["patch", "configmap", "envoy-drain", "-n", "envoy-drain", "--type", "json", "-p"];
-    let set = |key: &str, value: &str| {
-        let patch = format!(r#"[{{"op":"add","path":"/data/{key}","value":{value:?}}}]"#);
-        cp.ok(&[&configmap[..], &[patch.as_str()]].concat());
-    };
-    let image_in = |namespace: &'static str| {
-        let got = admit(&cp, namespace, &["web"], &mut Vec::new()).remove(0).1;
-        let Admitted::Pod { spec, .. } = got else { return String::new() };
-        spec_fields(
-            &spec,
-            &["{.spec.initContainers[?(@.name==\"envoy-drain-install\")].image}".into()],
-        )
-        .remove(0)
-    };
-    set("image", "registry.example.com/envoy-drain:0.1.1\n");
-    let newline = cp.wait_for("the image from a value with a newline", || {
-        let image = image_in("shop");
-        image.ends_with("0.1.1").then_some(image)
-    });
-    set("ambientNamespaces", "labeld");
-    wait_until(&cp, &written, "shop", false);
-    let typo = ["shop", "staging", "batch"].map(|n| (n, !image_in(n).is_empty()));
-    // The key misspelt, with the value that would widen it.
-    set("ambientNamespaces", "all");
-    wait_until(&cp, &written, "shop", true);
-    cp.ok(&[&configmap[..], &[r#"[{"op":"remove","path":"/data/ambientNamespaces"}]"#]].concat());
-    set("ambientNamespace", "all");
-    wait_until(&cp, &written, "shop", false);
-    let key_typo = ["shop", "staging", "batch"].map(|n| (n, !image_in(n).is_empty()));
-    set("ambientNamespaces", "all");
-    // JSON logs for every hook, from the ConfigMap.
-    set("logFormat", "json");
-    let json_command = cp.wait_for("the hooks' JSON log", || {
-        let Admitted::Pod { spec, .. } = admit(&cp, "shop", &["web"], &mut Vec::new()).remove(0).1
-        else {
-            return None;
-        };
-        let command = spec_fields(&spec, &[of("productpage", "lifecycle.preStop.exec.command")]);
-        command[0].contains("--log-format").then(|| command[0].clone())
-    });
-    cp.ok(&[&configmap[..], &[r#"[{"op":"remove","path":"/data/logFormat"}]"#]].concat());
-    // An image that is no reference (its repository in capitals: the kubelet would leave every
-    // served pod in InvalidImageName): nothing served, as without an image; bounded by wait_for.
-    set("image", "registry.example.com/Envoy-Drain:0.1.0");
-    wait_until(&cp, &written, "shop", false);
-    let malformed = image_in("shop");
-    set("image", "registry.example.com/envoy-drain:0.1.0");
-    cp.wait_for("the image back", || image_in("shop").ends_with("0.1.0").then_some(()));
-
-    // Taking it back: the image removed, then the ConfigMap (docs/install.md's rollback).
-    cp.ok(&[&configmap[..], &[r#"[{"op":"remove","path":"/data/image"}]"#]].concat());
-    wait_until(&cp, &written, "shop", false);
-    let no_image = admit_everywhere(&cp, &mut warnings);
-    let image =
-        r#"[{"op":"add","path":"/data/image","value":"registry.example.com/envoy-drain:0.1.0"}]"#;
-    cp.ok(&[&configmap[..], &[image]].concat());
-    wait_until(&cp, &written, "shop", true);
-    cp.ok(&["delete", "configmap", "envoy-drain", "-n", "envoy-drain"]);
-    wait_until(&cp, &written, "shop", false);
-    let deleted = admit_everywhere(&cp, &mut warnings);
+    let Typed { newline, typo, key_typo, json_command, malformed } = as_typed(&cp, &written);
+    let (no_image, deleted) = take_back(&cp, &written, &mut warnings);
     // The API server's own count of the policy's evaluations, before a restart resets it.
     let checks = if form == Form::AdmissionPolicy { cp.policy_checks() } else { Vec::new() };
-
-    // The whole rollback, then the install again, as docs/install.md says: the ConfigMap deleted
-    // (above), then the file (its namespace with it); the file applied again, the ConfigMap
-    // created again, and, for the API server's form, the API server restarted: kube-apiserver
-    // stops its ConfigMap informer with the last binding that names that kind and never starts
-    // it again (kubernetes/kubernetes#130887), so it keeps what it last saw until it restarts.
-    // The pods are served as before.
-    let file = format!("{repo}{}", form.file());
-    cp.ok(&["delete", "-f", &file, "--wait=true", "--timeout=60s"]);
-    cp.ok(&["apply", "-f", &file]);
-    if form == Form::Kyverno {
-        cp.wait_for_kyverno_policy("envoy-drain-hold");
-    }
-    cp.hold_settings(&["image=registry.example.com/envoy-drain:0.1.0", "ambientNamespaces=all"]);
-    if form == Form::AdmissionPolicy {
-        cp.restart("kube-apiserver");
-    }
-    wait_until(&cp, &written, "shop", true);
-    let reinstalled = admit_everywhere(&cp, &mut warnings);
-
-    let mut consul = Vec::new();
-    if form == Form::AdmissionPolicy {
-        // The pod as written, read before the policy exists: read after it, it may be served
-        // already, and no change would ever come.
-        let consul_written =
-            admit(&cp, "default", &["consul-injected"], &mut Vec::new()).remove(0).1;
-        cp.ok(&["apply", "-f", &format!("{repo}examples/consul.yaml")]);
-        consul = cp.wait_for("Consul's policy to reach its pod", || {
-            let got = admit(&cp, "default", &["consul-injected", "web"], &mut warnings);
-            (got[0].1 != consul_written).then(|| got.into_iter().map(|(_, a)| a).collect())
-        });
-    }
+    let reinstalled = reinstall(&cp, form, &written, &mut warnings);
+    let consul = consul(&cp, form, &mut warnings);
     Run {
         form,
-        applied: applied.stderr,
+        applied,
         applied_again,
         written,
         before_configmap,
@@ -479,6 +336,235 @@ fn operate(form: Form) -> Run {
         checks,
         consul,
     }
+}
+
+/// The form's file as a path kubectl takes.
+fn form_file(form: Form) -> String {
+    format!("{}/{}", env!("CARGO_MANIFEST_DIR"), form.file())
+}
+
+/// What the install does, step by step (`Run`'s fields of the same names).
+struct Installed {
+    applied: String,
+    applied_again: String,
+    before_configmap: Everywhere,
+    labelled: Everywhere,
+    dry_run: String,
+    served: Everywhere,
+}
+
+/// The form's file applied (and again), then the README's ConfigMap for labelled namespaces, the
+/// dry run docs/install.md gives, and every ambient namespace.
+fn install(
+    cp: &ControlPlane,
+    form: Form,
+    written: &Everywhere,
+    warn: &mut Vec<String>,
+) -> Installed {
+    let applied = cp.kubectl(&["apply", "-f", &form_file(form)]);
+    assert!(applied.ok, "kubectl apply -f {}: {}", form.file(), applied.stderr);
+    if form == Form::Kyverno {
+        cp.wait_for_kyverno_policy("envoy-drain-hold");
+    }
+    let applied_again = cp.ok(&["apply", "-f", &form_file(form)]);
+    let before_configmap = admit_everywhere(cp, warn);
+    // The README's ConfigMap: a trial on labelled namespaces.
+    cp.hold_settings(&[
+        "image=registry.example.com/envoy-drain:0.1.0",
+        "ambientNamespaces=labelled",
+    ]);
+    wait_until(cp, written, "staging", true);
+    let labelled = admit_everywhere(cp, warn);
+    // The dry run docs/install.md gives, and what it says it prints.
+    let dry_run = cp.ok(&[
+        "run",
+        "hold-check",
+        "-n",
+        "staging",
+        "--image=nginx",
+        "--dry-run=server",
+        "-o",
+        "jsonpath={.spec.initContainers[*].name}{\"\\n\"}{.spec.containers[*].lifecycle.preStop.exec.command}{\"\\n\"}",
+    ]);
+    // Then every ambient namespace, as docs/install.md says.
+    let all = r#"{"data":{"ambientNamespaces":"all"}}"#;
+    cp.ok(&["patch", "configmap", "envoy-drain", "-n", "envoy-drain", "-p", all]);
+    wait_until(cp, written, "shop", true);
+    let served = admit_everywhere(cp, warn);
+    Installed {
+        applied: applied.stderr,
+        applied_again,
+        before_configmap,
+        labelled,
+        dry_run,
+        served,
+    }
+}
+
+/// A Deployment of each pod every namespace of `DEPLOYED_IN` admits, and the pods their
+/// ReplicaSets made: (namespace, pod fixture) -> (node, spec).
+fn deploy_each(
+    cp: &ControlPlane,
+    form: Form,
+    written: &Everywhere,
+) -> BTreeMap<(&'static str, &'static str), (String, String)> {
+    for namespace in DEPLOYED_IN {
+        for (pod, got) in admit(cp, namespace, &PODS, &mut Vec::new()) {
+            // What the namespace refuses whatever the policy does (a quota, the restricted
+            // level) has no pod to compare.
+            if matches!(written[&(namespace, pod)], Admitted::Refused(_)) {
+                continue;
+            }
+            assert!(matches!(got, Admitted::Pod { .. }), "{form:?}: {pod} in {namespace}: {got:?}");
+            cp.ok_with(&["apply", "-n", namespace, "-f", "-"], Some(&deployment(cp, pod, pod)));
+        }
+    }
+    let mut deployed = BTreeMap::new();
+    for namespace in DEPLOYED_IN {
+        for pod in PODS {
+            if matches!(written[&(namespace, pod)], Admitted::Pod { .. }) {
+                let (_, node, spec) = deployed_pods(cp, namespace, pod).remove(0);
+                deployed.insert((namespace, pod), (node, spec));
+            }
+        }
+    }
+    deployed
+}
+
+/// The ConfigMap's data patched (a JSON patch).
+fn patch_settings(cp: &ControlPlane, patch: &str) {
+    cp.ok(&[
+        "patch",
+        "configmap",
+        "envoy-drain",
+        "-n",
+        "envoy-drain",
+        "--type",
+        "json",
+        "-p",
+        patch,
+    ]);
+}
+
+/// One key of the ConfigMap set.
+fn set_setting(cp: &ControlPlane, key: &str, value: &str) {
+    patch_settings(cp, &format!(r#"[{{"op":"add","path":"/data/{key}","value":{value:?}}}]"#));
+}
+
+/// The image web's init container gets in `namespace`; none where web is not served.
+fn image_in(cp: &ControlPlane, namespace: &'static str) -> String {
+    let got = admit(cp, namespace, &["web"], &mut Vec::new()).remove(0).1;
+    let Admitted::Pod { spec, .. } = got else { return String::new() };
+    let image = "{.spec.initContainers[?(@.name==\"envoy-drain-install\")].image}";
+    spec_fields(&spec, &[image.into()]).remove(0)
+}
+
+/// What `as_typed` saw (`Run`'s fields of the same names).
+struct Typed {
+    newline: String,
+    typo: [(&'static str, bool); 3],
+    key_typo: [(&'static str, bool); 3],
+    json_command: String,
+    malformed: String,
+}
+
+/// What a person types: an image that ends in a newline (--from-file, a YAML block), a
+/// misspelt ambientNamespaces value and key, JSON logs, an image that is no reference.
+fn as_typed(cp: &ControlPlane, written: &Everywhere) -> Typed {
+    set_setting(cp, "image", "registry.example.com/envoy-drain:0.1.1\n");
+    let newline = cp.wait_for("the image from a value with a newline", || {
+        let image = image_in(cp, "shop");
+        image.ends_with("0.1.1").then_some(image)
+    });
+    set_setting(cp, "ambientNamespaces", "labeld");
+    wait_until(cp, written, "shop", false);
+    let typo = ["shop", "staging", "batch"].map(|n| (n, !image_in(cp, n).is_empty()));
+    // The key misspelt, with the value that would widen it.
+    set_setting(cp, "ambientNamespaces", "all");
+    wait_until(cp, written, "shop", true);
+    patch_settings(cp, r#"[{"op":"remove","path":"/data/ambientNamespaces"}]"#);
+    set_setting(cp, "ambientNamespace", "all");
+    wait_until(cp, written, "shop", false);
+    let key_typo = ["shop", "staging", "batch"].map(|n| (n, !image_in(cp, n).is_empty()));
+    set_setting(cp, "ambientNamespaces", "all");
+    // JSON logs for every hook, from the ConfigMap.
+    set_setting(cp, "logFormat", "json");
+    let json_command = cp.wait_for("the hooks' JSON log", || {
+        let Admitted::Pod { spec, .. } = admit(cp, "shop", &["web"], &mut Vec::new()).remove(0).1
+        else {
+            return None;
+        };
+        let command = spec_fields(&spec, &[of("productpage", "lifecycle.preStop.exec.command")]);
+        command[0].contains("--log-format").then(|| command[0].clone())
+    });
+    patch_settings(cp, r#"[{"op":"remove","path":"/data/logFormat"}]"#);
+    // An image that is no reference (its repository in capitals: the kubelet would leave every
+    // served pod in InvalidImageName): nothing served, as without an image; bounded by wait_for.
+    set_setting(cp, "image", "registry.example.com/Envoy-Drain:0.1.0");
+    wait_until(cp, written, "shop", false);
+    let malformed = image_in(cp, "shop");
+    set_setting(cp, "image", "registry.example.com/envoy-drain:0.1.0");
+    cp.wait_for("the image back", || image_in(cp, "shop").ends_with("0.1.0").then_some(()));
+    Typed { newline, typo, key_typo, json_command, malformed }
+}
+
+/// Taking it back, as docs/install.md's rollback: the image removed (what is admitted then), and
+/// after it is set again, the ConfigMap deleted (what is admitted then).
+fn take_back(
+    cp: &ControlPlane,
+    written: &Everywhere,
+    warnings: &mut Vec<String>,
+) -> (Everywhere, Everywhere) {
+    patch_settings(cp, r#"[{"op":"remove","path":"/data/image"}]"#);
+    wait_until(cp, written, "shop", false);
+    let no_image = admit_everywhere(cp, warnings);
+    set_setting(cp, "image", "registry.example.com/envoy-drain:0.1.0");
+    wait_until(cp, written, "shop", true);
+    cp.ok(&["delete", "configmap", "envoy-drain", "-n", "envoy-drain"]);
+    wait_until(cp, written, "shop", false);
+    (no_image, admit_everywhere(cp, warnings))
+}
+
+/// The whole rollback, then the install again, as docs/install.md says: the ConfigMap deleted
+/// (`take_back`), then the file (its namespace with it); the file applied again, the ConfigMap
+/// created again, and, for the API server's form, the API server restarted: kube-apiserver stops
+/// its ConfigMap informer with the last binding that names that kind and never starts it again
+/// (kubernetes/kubernetes#130887), so it keeps what it last saw until it restarts. The pods are
+/// served as before.
+fn reinstall(
+    cp: &ControlPlane,
+    form: Form,
+    written: &Everywhere,
+    w: &mut Vec<String>,
+) -> Everywhere {
+    cp.ok(&["delete", "-f", &form_file(form), "--wait=true", "--timeout=60s"]);
+    cp.ok(&["apply", "-f", &form_file(form)]);
+    if form == Form::Kyverno {
+        cp.wait_for_kyverno_policy("envoy-drain-hold");
+    }
+    cp.hold_settings(&["image=registry.example.com/envoy-drain:0.1.0", "ambientNamespaces=all"]);
+    if form == Form::AdmissionPolicy {
+        cp.restart("kube-apiserver");
+    }
+    wait_until(cp, written, "shop", true);
+    admit_everywhere(cp, w)
+}
+
+/// The API server's form only: Consul's policy (examples/consul.yaml) over its injected pod and
+/// a plain one.
+fn consul(cp: &ControlPlane, form: Form, warnings: &mut Vec<String>) -> Vec<Admitted> {
+    if form != Form::AdmissionPolicy {
+        return Vec::new();
+    }
+    // The pod as written, read before the policy exists: read after it, it may be served
+    // already, and no change would ever come.
+    let consul_written = admit(cp, "default", &["consul-injected"], &mut Vec::new()).remove(0).1;
+    let file = format!("{}/examples/consul.yaml", env!("CARGO_MANIFEST_DIR"));
+    cp.ok(&["apply", "-f", &file]);
+    cp.wait_for("Consul's policy to reach its pod", || {
+        let got = admit(cp, "default", &["consul-injected", "web"], warnings);
+        (got[0].1 != consul_written).then(|| got.into_iter().map(|(_, a)| a).collect())
+    })
 }
 
 /// Both forms' runs, made once (in parallel) for all the tests below; a failed run fails every
@@ -626,7 +712,6 @@ fn an_image_ending_in_a_newline_is_trimmed_a_malformed_one_serves_nothing_and_a_
 #[ignore = "needs root and the control plane built from source (`bash scripts/test`)"]
 fn each_container_without_a_prestop_gets_the_hold_of_its_namespace_and_a_deadline_from_its_grace() {
     for run in runs() {
-        let form = run.form;
         for (namespace, preset, ignore) in [
             ("shop", "ambient", Some("15001,15053")),
             ("catalog", "ambient", Some("15001,15053")),
@@ -639,7 +724,6 @@ fn each_container_without_a_prestop_gets_the_hold_of_its_namespace_and_a_deadlin
                 ("two-containers", "orders", 50, ("none", "none")),
                 ("short-grace", "ratings", 7, ("none", "none")),
             ] {
-                let what = format!("{form:?}: {pod} in {namespace}");
                 let f = spec_fields(
                     run.served[&(namespace, pod)].spec(),
                     &[
@@ -655,6 +739,7 @@ fn each_container_without_a_prestop_gets_the_hold_of_its_namespace_and_a_deadlin
                         ),
                     ],
                 );
+                let what = format!("{:?}: {pod} in {namespace}", run.form);
                 assert_eq!(f[0], hold(preset, deadline, probes, ignore), "{what}");
                 assert_eq!(f[1], "true", "{what}: the binary, read-only");
                 assert_eq!(f[2], "registry.example.com/envoy-drain:0.1.0", "{what}");
@@ -665,46 +750,44 @@ fn each_container_without_a_prestop_gets_the_hold_of_its_namespace_and_a_deadlin
                     if preset == "none" && pod != "two-containers" { "status.hostIPs" } else { "" };
                 assert_eq!(f[4], node, "{what}");
             }
-            // What the pod had stays: the shipper's own preStop, the app's postStart, the first
-            // init container, the web app's volume and probes.
-            let f = spec_fields(
-                run.served[&(namespace, "two-containers")].spec(),
-                &[
-                    of("shipper", "lifecycle.preStop.exec.command"),
-                    of("shipper", "volumeMounts[*].name"),
-                    of("orders", "lifecycle.postStart.exec.command"),
-                    "{.spec.initContainers[*].name}".into(),
-                    of("orders", "env[*].name"),
-                    of("orders", "env[*].value"),
-                ],
-            );
-            assert_eq!(f[4], "ENVOY_DRAIN_NODE_IPS", "{form:?} {namespace}: the app's own, once");
-            assert_eq!(f[5], "10.1.2.3", "{form:?} {namespace}: the app's own value");
-            assert_eq!(f[0], r#"["/fluent-bit/bin/flush"]"#, "{form:?} {namespace}");
-            assert_eq!(f[1], "kube-api-access-", "{form:?} {namespace}: the shipper gets nothing");
-            assert_eq!(f[2], r#"["/bin/warm-cache"]"#, "{form:?} {namespace}");
-            assert_eq!(f[3], "migrate envoy-drain-install", "{form:?} {namespace}: ours last");
-            let f = spec_fields(
-                run.served[&(namespace, "web")].spec(),
-                &[
-                    "{.spec.containers[0].volumeMounts[*].name}".into(),
-                    "{.spec.volumes[*].name}".into(),
-                    "{.spec.containers[0].readinessProbe.httpGet.path}".into(),
-                ],
-            );
-            assert_eq!(
-                names(&f[0]),
-                ["envoy-drain", "kube-api-access-", "tmp"],
-                "{form:?} {namespace}"
-            );
-            assert_eq!(
-                names(&f[1]),
-                ["envoy-drain", "kube-api-access-", "tmp"],
-                "{form:?} {namespace}"
-            );
-            assert_eq!(f[2], "/health", "{form:?} {namespace}: the probe");
+            what_the_pods_had_stays(run, namespace);
         }
     }
+}
+
+/// What the pods had stays: the shipper's own preStop, the app's postStart, the first init
+/// container, the web app's volume and probes.
+fn what_the_pods_had_stays(run: &Run, namespace: &'static str) {
+    let form = run.form;
+    let f = spec_fields(
+        run.served[&(namespace, "two-containers")].spec(),
+        &[
+            of("shipper", "lifecycle.preStop.exec.command"),
+            of("shipper", "volumeMounts[*].name"),
+            of("orders", "lifecycle.postStart.exec.command"),
+            "{.spec.initContainers[*].name}".into(),
+            of("orders", "env[*].name"),
+            of("orders", "env[*].value"),
+        ],
+    );
+    assert_eq!(f[4], "ENVOY_DRAIN_NODE_IPS", "{form:?} {namespace}: the app's own, once");
+    assert_eq!(f[5], "10.1.2.3", "{form:?} {namespace}: the app's own value");
+    assert_eq!(f[0], r#"["/fluent-bit/bin/flush"]"#, "{form:?} {namespace}");
+    assert_eq!(f[1], "kube-api-access-", "{form:?} {namespace}: the shipper gets nothing");
+    assert_eq!(f[2], r#"["/bin/warm-cache"]"#, "{form:?} {namespace}");
+    assert_eq!(f[3], "migrate envoy-drain-install", "{form:?} {namespace}: ours last");
+    let f = spec_fields(
+        run.served[&(namespace, "web")].spec(),
+        &[
+            "{.spec.containers[0].volumeMounts[*].name}".into(),
+            "{.spec.volumes[*].name}".into(),
+            "{.spec.containers[0].readinessProbe.httpGet.path}".into(),
+        ],
+    );
+    let volumes = ["envoy-drain", "kube-api-access-", "tmp"];
+    assert_eq!(names(&f[0]), volumes, "{form:?} {namespace}");
+    assert_eq!(names(&f[1]), volumes, "{form:?} {namespace}");
+    assert_eq!(f[2], "/health", "{form:?} {namespace}: the probe");
 }
 
 #[test]

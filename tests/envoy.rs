@@ -545,7 +545,6 @@ struct Shape {
 fn preset_suite(shape: Shape) {
     scenario(move |bin| {
         for stats in [true, false] {
-            let what = if stats { "stats" } else { "no stats" };
             let app = App::start(APP, false);
             let mut merge = vec![shape.yaml];
             if !stats {
@@ -556,79 +555,92 @@ fn preset_suite(shape: Shape) {
                 EnvoyOptions { merge, admin: shape.admin, ..EnvoyOptions::default() },
             );
             // The preset's own --admin, but for the Unix socket's directory, which is the test's.
-            let mut preset = vec!["--preset", shape.preset];
-            let socket = format!("unix:{}", envoy.admin_socket().display());
+            let mut preset = vec!["--preset".to_string(), shape.preset.to_string()];
             if shape.admin == Admin::Unix {
-                preset.extend(["--admin", &socket]);
+                preset
+                    .extend(["--admin".into(), format!("unix:{}", envoy.admin_socket().display())]);
             }
-            let status = || run(command(&[&["status"][..], &preset].concat()));
-            let source = if stats { "stats" } else { "proc" };
+            let preset: Vec<&str> = preset.iter().map(String::as_str).collect();
             let mut own = Vec::new();
             for addr in shape.own {
                 let mut c = Conn::open(addr).unwrap();
                 assert_eq!(c.get("/ready").unwrap().status, 200, "{addr}");
                 own.push(c);
             }
-            let out = status();
-            assert!(
-                out.stdout.contains("run would count 0 active connections (from "),
-                "{what}: the proxy's own listeners never count {out}"
-            );
-            let mut traffic = Conn::open(shape.traffic).unwrap();
-            assert_eq!(traffic.get("/delay/0").unwrap().status, 200);
-            let out = status();
-            assert!(
-                out.stdout.contains(&format!("run would count 1 active connection (from {source}")),
-                "{what}: the traffic's connection counts {out}"
-            );
-            // Requests: one of the proxy's own in flight never holds the hook, the traffic's does,
-            // and the traffic's idle keep-alive connection (a load balancer's pool) does not.
-            let idle = traffic;
-            let theirs = in_flight(shape.own_slow, "/slow");
-            let ours = in_flight(shape.traffic, "/delay/1");
-            app.wait_received(3, 10 * SECOND);
-            let mut args = vec!["run", "--count", "requests", "--min-drain", "0s"];
-            args.extend_from_slice(&preset);
-            let started = Instant::now();
-            let out = spawn(command(&args)).finish();
-            let (resp, ended) = ours.join().unwrap().unwrap();
-            assert_eq!(resp.status, 200, "{what}: the drain let the request finish");
-            assert_eq!(out.code, Some(0), "{what} {out}");
-            assert!(out.ended >= ended, "{what}: the hook waited for the request {out}");
-            // What a connection count (Envoy Gateway's and Contour's own) still sees.
-            let left = status();
-            assert!(
-                left.stdout
-                    .contains(&format!("run would count 1 active connection (from {source}")),
-                "{what}: the idle connection outlives the drain {left}"
-            );
-            drop(idle);
-            assert!(out.stderr.contains(shape.drains), "{what} {out}");
-            if !stats {
-                assert!(
-                    out.stderr
-                        .contains("counting requests in flight from Envoy's /clusters instead"),
-                    "{what} {out}"
-                );
-            }
-            let (resp, their_end) = theirs.join().unwrap().unwrap();
-            assert_eq!(resp.status, 200);
-            assert!(
-                out.ended < their_end,
-                "{what}: the proxy's own 3 s request did not hold the hook {out}"
-            );
-            // The figures for docs/running.md, shown with --nocapture.
-            println!(
-                "{} ({what}): run ended {} ms after it started and {} ms after the traffic's 1 s \
-                 request, {} ms before the proxy's own 3 s request; an idle connection still open",
-                shape.preset,
-                out.ended.duration_since(started).as_millis(),
-                out.ended.duration_since(ended).as_millis(),
-                their_end.duration_since(out.ended).as_millis(),
-            );
+            let idle = only_the_traffic_counts(&shape, &preset, stats);
+            requests_of_the_traffic_alone_hold_run(&shape, &preset, stats, &app, idle);
             drop(own);
         }
     });
+}
+
+/// `status` with the proxy's own connections open: none counts; with the traffic's connection
+/// open, it does. Gives that connection.
+fn only_the_traffic_counts(shape: &Shape, preset: &[&str], stats: bool) -> Conn {
+    let (what, source) = if stats { ("stats", "stats") } else { ("no stats", "proc") };
+    let out = run(command(&[&["status"][..], preset].concat()));
+    assert!(
+        out.stdout.contains("run would count 0 active connections (from "),
+        "{what}: the proxy's own listeners never count {out}"
+    );
+    let mut traffic = Conn::open(shape.traffic).unwrap();
+    assert_eq!(traffic.get("/delay/0").unwrap().status, 200);
+    let out = run(command(&[&["status"][..], preset].concat()));
+    assert!(
+        out.stdout.contains(&format!("run would count 1 active connection (from {source}")),
+        "{what}: the traffic's connection counts {out}"
+    );
+    traffic
+}
+
+/// Requests: one of the proxy's own in flight never holds the hook, the traffic's does, and the
+/// traffic's `idle` keep-alive connection (a load balancer's pool) does not.
+fn requests_of_the_traffic_alone_hold_run(
+    shape: &Shape,
+    preset: &[&str],
+    stats: bool,
+    app: &App,
+    idle: Conn,
+) {
+    let (what, source) = if stats { ("stats", "stats") } else { ("no stats", "proc") };
+    let theirs = in_flight(shape.own_slow, "/slow");
+    let ours = in_flight(shape.traffic, "/delay/1");
+    app.wait_received(3, 10 * SECOND);
+    let mut args = vec!["run", "--count", "requests", "--min-drain", "0s"];
+    args.extend_from_slice(preset);
+    let started = Instant::now();
+    let out = spawn(command(&args)).finish();
+    let (resp, ended) = ours.join().unwrap().unwrap();
+    assert_eq!(resp.status, 200, "{what}: the drain let the request finish");
+    assert_eq!(out.code, Some(0), "{what} {out}");
+    assert!(out.ended >= ended, "{what}: the hook waited for the request {out}");
+    // What a connection count (Envoy Gateway's and Contour's own) still sees.
+    let left = run(command(&[&["status"][..], preset].concat()));
+    assert!(
+        left.stdout.contains(&format!("run would count 1 active connection (from {source}")),
+        "{what}: the idle connection outlives the drain {left}"
+    );
+    drop(idle);
+    assert!(out.stderr.contains(shape.drains), "{what} {out}");
+    if !stats {
+        let instead = "counting requests in flight from Envoy's /clusters instead";
+        assert!(out.stderr.contains(instead), "{what} {out}");
+    }
+    let (resp, their_end) = theirs.join().unwrap().unwrap();
+    assert_eq!(resp.status, 200);
+    assert!(
+        out.ended < their_end,
+        "{what}: the proxy's own 3 s request did not hold the hook {out}"
+    );
+    // The figures for docs/running.md, shown with --nocapture.
+    println!(
+        "{} ({what}): run ended {} ms after it started and {} ms after the traffic's 1 s \
+         request, {} ms before the proxy's own 3 s request; an idle connection still open",
+        shape.preset,
+        out.ended.duration_since(started).as_millis(),
+        out.ended.duration_since(ended).as_millis(),
+        their_end.duration_since(out.ended).as_millis(),
+    );
 }
 
 #[test]

@@ -344,26 +344,7 @@ fn check(written: &str, injected: &(String, String), mesh: Revision) -> String {
     let before = proxy(istios);
     let after = proxy(merged);
     assert_eq!(after.in_init, before.in_init, "istio-proxy stays where Istio put it\n{merged}");
-    let mut want = vec!["/envoy-drain/envoy-drain".to_string(), "run".to_string()];
-    let port = facts.annotation("status.sidecar.istio.io/port").unwrap_or("15020");
-    if facts.gateway() {
-        // No app: every listener drains, and requests count, not a load balancer's idle pools.
-        want.extend(["--drain=all".to_string(), "--count=requests".to_string()]);
-    } else if port != "0" {
-        // Native: the agent drains, and stops the proxy at once on the SIGTERM that follows the
-        // app's exit. Classic: the hook asks the agent to stop the proxy once the app has
-        // exited. Neither where the pod turns the agent's status server off (port 0).
-        want.push(if after.in_init { "--drain=agent" } else { "--then-quit" }.to_string());
-        want.push(format!("--agent=127.0.0.1:{port}"));
-    }
-    want.push(format!("--deadline={}s", expected_deadline(&facts, after.in_init)));
-    want.push("--log-file=/proc/1/fd/1".to_string());
-    want.extend(facts.json_log().then(|| "--log-format=json".to_string()));
-    for (name, value) in &facts.annotations {
-        if name.starts_with("envoy-drain.io/") {
-            want.push(format!("--pod-annotation={name}={value}"));
-        }
-    }
+    let want = expected_pre_stop(&facts, after.in_init);
     // The binary takes the hook's arguments as written: with `--help` after them it prints its
     // help, and refuses an argument it does not know (as it once did `--drain=agent`).
     takes(&want);
@@ -384,6 +365,41 @@ fn check(written: &str, injected: &(String, String), mesh: Revision) -> String {
         "istio-proxy mounts the binary read-only: {}\n{merged}",
         after.mounts
     );
+    the_binary_is_installed(merged, mesh);
+    check_apps(istios, merged, &facts);
+    no_stub(merged);
+    merged.clone()
+}
+
+/// The preStop the template gives istio-proxy in a pod with these `facts`, its sidecar native
+/// (`native`) or classic.
+fn expected_pre_stop(facts: &Facts, native: bool) -> Vec<String> {
+    let mut want = vec!["/envoy-drain/envoy-drain".to_string(), "run".to_string()];
+    let port = facts.annotation("status.sidecar.istio.io/port").unwrap_or("15020");
+    if facts.gateway() {
+        // No app: every listener drains, and requests count, not a load balancer's idle pools.
+        want.extend(["--drain=all".to_string(), "--count=requests".to_string()]);
+    } else if port != "0" {
+        // Native: the agent drains, and stops the proxy at once on the SIGTERM that follows the
+        // app's exit. Classic: the hook asks the agent to stop the proxy once the app has
+        // exited. Neither where the pod turns the agent's status server off (port 0).
+        want.push(if native { "--drain=agent" } else { "--then-quit" }.to_string());
+        want.push(format!("--agent=127.0.0.1:{port}"));
+    }
+    want.push(format!("--deadline={}s", expected_deadline(facts, native)));
+    want.push("--log-file=/proc/1/fd/1".to_string());
+    want.extend(facts.json_log().then(|| "--log-format=json".to_string()));
+    for (name, value) in &facts.annotations {
+        if name.starts_with("envoy-drain.io/") {
+            want.push(format!("--pod-annotation={name}={value}"));
+        }
+    }
+    want
+}
+
+/// The binary reaches istio-proxy as `mesh`'s values file says: an emptyDir an init container
+/// fills, or an image volume.
+fn the_binary_is_installed(merged: &str, mesh: Revision) {
     let [volume, install] = <[String; 2]>::try_from(fields(
         merged,
         &[
@@ -409,9 +425,6 @@ fn check(written: &str, injected: &(String, String), mesh: Revision) -> String {
             assert!(install.is_empty(), "no init container: {install}\n{merged}");
         }
     }
-    check_apps(istios, merged, &facts);
-    no_stub(merged);
-    merged.clone()
 }
 
 /// envoy-drain accepts these arguments (the first is the program).
@@ -804,27 +817,73 @@ fn as_operators_have_it(pod: &str) -> String {
     }
 }
 
+/// Each of Istio's workloads in the mesh whose flag put its proxy where Istio's test did (a
+/// gateway's proxy is always a container: there the flag on, the default of new clusters and the
+/// one where a template could go wrong), with both templates, and held.
+fn cases_of(workloads: &[(String, bool, String)]) -> Vec<(Revision, &str, String)> {
+    let mut cases = Vec::new();
+    for (golden, native, pod) in workloads {
+        let pod = as_operators_have_it(pod);
+        let flag = *native || Facts::of(&pod).gateway();
+        for variant in [Variant::Install, Variant::Image] {
+            cases.push((Revision::new(variant, flag), golden.as_str(), pod.clone()));
+        }
+        let held = annotate(&pod, "envoy-drain.io/hold", "true");
+        cases.push((Revision::new(Variant::Install, flag), golden.as_str(), held));
+    }
+    cases
+}
+
+/// Each case's outcome (`outcome`) by its golden's name, in two workers: each check runs kubectl
+/// a few times.
+fn checked_in_two(
+    mine: &[&(Revision, &str, String)],
+    injected: &[Injected],
+) -> Vec<(String, Result<(), String>)> {
+    std::thread::scope(|s| {
+        let pairs: Vec<_> = mine.iter().zip(injected).collect();
+        let halves: Vec<_> = pairs
+            .chunks(mine.len().div_ceil(2).max(1))
+            .map(|half| {
+                let half = half.to_vec();
+                s.spawn(move || {
+                    let outcome = |((mesh, golden, pod), got): (&&(Revision, &str, String), _)| {
+                        (golden.to_string(), outcome(pod, got, *mesh))
+                    };
+                    half.into_iter().map(outcome).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        halves.into_iter().flat_map(|h| h.join().expect("a worker")).collect()
+    })
+}
+
+/// What became of one workload `pod` injected in `mesh`: its checks passed, or why not. What the
+/// API server refuses as Istio injects it, it refuses with the template too.
+fn outcome(pod: &str, got: &Injected, mesh: Revision) -> Result<(), String> {
+    match (&got.pod, &got.istios) {
+        (Ok(made), Ok(istios)) => std::panic::catch_unwind(|| {
+            check(pod, &(made.clone(), istios.clone()), mesh);
+        })
+        .map_err(|_| "failed its checks".to_string()),
+        (Err(ours), Err(istios)) => {
+            let why = |e: &str| e.rsplit_once(" is ").map(|(_, w)| without_indexes(w));
+            if why(ours) == why(istios) {
+                Err(format!("refused: {}", why(istios).unwrap_or_default()))
+            } else {
+                Err(format!("refused otherwise: {ours} / {istios}"))
+            }
+        }
+        (made, istios) => Err(format!("one refused: {made:?} / {istios:?}")),
+    }
+}
+
 #[test]
 #[ignore = "needs root, the control plane built from source (`bash scripts/test`) and Istio's \
             goldens in ../shared/istio-goldens"]
 fn both_templates_reach_every_workload_of_istios_own_injection_tests() {
     let workloads = istios_workloads();
-    // Each in the mesh whose flag put its proxy where Istio's test did (a gateway's proxy is
-    // always a container: there the flag on, the default of new clusters and the one where a
-    // template could go wrong), with both templates, and held.
-    let mut cases: Vec<(Revision, &str, String)> = Vec::new();
-    for (golden, native, pod) in &workloads {
-        let pod = as_operators_have_it(pod);
-        let flag = *native || Facts::of(&pod).gateway();
-        for variant in [Variant::Install, Variant::Image] {
-            cases.push((Revision::new(variant, flag), golden, pod.clone()));
-        }
-        cases.push((
-            Revision::new(Variant::Install, flag),
-            golden,
-            annotate(&pod, "envoy-drain.io/hold", "true"),
-        ));
-    }
+    let cases = cases_of(&workloads);
     let mut failed = Vec::new();
     let mut refused = std::collections::BTreeMap::new();
     let mut checked = 0;
@@ -833,50 +892,7 @@ fn both_templates_reach_every_workload_of_istios_own_injection_tests() {
             cases.iter().filter(|(m, _, _)| m.revision() == mesh.revision()).collect();
         let pods: Vec<String> = mine.iter().map(|(_, _, p)| p.clone()).collect();
         let injected = inject_all(mesh, &pods);
-        // Two workers: each check runs kubectl a few times.
-        let results: Vec<(String, Result<(), String>)> = std::thread::scope(|s| {
-            let halves: Vec<_> = mine
-                .iter()
-                .zip(&injected)
-                .collect::<Vec<_>>()
-                .chunks(mine.len().div_ceil(2).max(1))
-                .map(|half| {
-                    let half = half.to_vec();
-                    s.spawn(move || {
-                        half.into_iter()
-                            .map(|((mesh, golden, pod), got)| {
-                                let outcome = match (&got.pod, &got.istios) {
-                                    (Ok(made), Ok(istios)) => std::panic::catch_unwind(|| {
-                                        check(pod, &(made.clone(), istios.clone()), *mesh);
-                                    })
-                                    .map_err(|_| "failed its checks".to_string()),
-                                    // What the API server refuses as Istio injects it, it
-                                    // refuses with the template too.
-                                    (Err(ours), Err(istios)) => {
-                                        let why = |e: &str| {
-                                            e.rsplit_once(" is ").map(|(_, w)| without_indexes(w))
-                                        };
-                                        if why(ours) == why(istios) {
-                                            Err(format!(
-                                                "refused: {}",
-                                                why(istios).unwrap_or_default()
-                                            ))
-                                        } else {
-                                            Err(format!("refused otherwise: {ours} / {istios}"))
-                                        }
-                                    }
-                                    (made, istios) => {
-                                        Err(format!("one refused: {made:?} / {istios:?}"))
-                                    }
-                                };
-                                (golden.to_string(), outcome)
-                            })
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            halves.into_iter().flat_map(|h| h.join().expect("a worker")).collect()
-        });
+        let results = checked_in_two(&mine, &injected);
         for (golden, outcome) in results {
             match outcome {
                 Ok(()) => checked += 1,
@@ -991,38 +1007,7 @@ fn nothing_is_injected_until_the_image_is_set_and_the_install_passes_a_quota_and
 #[test]
 #[ignore = "needs root and the control plane built from source (`bash scripts/test`)"]
 fn a_pod_that_carries_envoy_drain_itself_is_left_to_it() {
-    let base = hello(&[("envoy-drain.io/hold", "true")]);
-    let app = query(&base, "{.spec.containers[0]}");
-    assert!(!app.contains("volumeMounts"), "hello's container mounts nothing: {app}");
-    let mounted = format!(
-        r#"{},"volumeMounts":[{{"name":"x","mountPath":"/envoy-drain"}}]}}"#,
-        app.trim_end().trim_end_matches('}')
-    );
-    let shapes = [
-        (
-            "a volume envoy-drain",
-            set(
-                &base,
-                r#"{"spec":{"volumes":[{"name":"envoy-drain","configMap":{"name":"own"}}]}}"#,
-            ),
-        ),
-        (
-            "a container envoy-drain-install",
-            set(
-                &base,
-                r#"{"spec":{"initContainers":[{"name":"envoy-drain-install","image":"busybox","command":["sh","-c","echo own"]}]}}"#,
-            ),
-        ),
-        (
-            "a mount at /envoy-drain",
-            set(
-                &base,
-                &format!(
-                    r#"{{"spec":{{"volumes":[{{"name":"x","emptyDir":{{}}}}],"containers":[{mounted}]}}}}"#
-                ),
-            ),
-        ),
-    ];
+    let shapes = carrying_envoy_drain(&hello(&[("envoy-drain.io/hold", "true")]));
     let pods: Vec<String> = shapes.iter().map(|(_, pod)| pod.clone()).collect();
     let read = |pod: &str| {
         fields(
@@ -1039,22 +1024,34 @@ fn a_pod_that_carries_envoy_drain_itself_is_left_to_it() {
     };
     for mesh in REVISIONS {
         for ((what, _), got) in shapes.iter().zip(inject_all(mesh, &pods)) {
+            let revision = mesh.revision();
             let (Ok(pod), Ok(istios)) = (&got.pod, &got.istios) else {
-                panic!(
-                    "{} refused a pod with {what}: {:?} {:?}",
-                    mesh.revision(),
-                    got.pod,
-                    got.istios
-                )
+                panic!("{revision} refused a pod with {what}: {:?} {:?}", got.pod, got.istios)
             };
-            assert_eq!(
-                read(pod),
-                read(istios),
-                "{}, a pod with {what}: Istio's alone",
-                mesh.revision()
-            );
+            assert_eq!(read(pod), read(istios), "{revision}, a pod with {what}: Istio's alone");
         }
     }
+}
+
+/// `base` with something of its own under envoy-drain's names: a volume, an init container, a
+/// mount at /envoy-drain.
+fn carrying_envoy_drain(base: &str) -> [(&'static str, String); 3] {
+    let app = query(base, "{.spec.containers[0]}");
+    assert!(!app.contains("volumeMounts"), "hello's container mounts nothing: {app}");
+    let mounted = format!(
+        r#"{},"volumeMounts":[{{"name":"x","mountPath":"/envoy-drain"}}]}}"#,
+        app.trim_end().trim_end_matches('}')
+    );
+    let volume = r#"{"spec":{"volumes":[{"name":"envoy-drain","configMap":{"name":"own"}}]}}"#;
+    let init = r#"{"spec":{"initContainers":[{"name":"envoy-drain-install","image":"busybox","command":["sh","-c","echo own"]}]}}"#;
+    let mount = format!(
+        r#"{{"spec":{{"volumes":[{{"name":"x","emptyDir":{{}}}}],"containers":[{mounted}]}}}}"#
+    );
+    [
+        ("a volume envoy-drain", set(base, volume)),
+        ("a container envoy-drain-install", set(base, init)),
+        ("a mount at /envoy-drain", set(base, &mount)),
+    ]
 }
 
 /// An example manifest's workload (examples/NAME) as a pod.

@@ -306,19 +306,7 @@ fn hold_that_cannot_read_arrivals_never_returns_early_exits_3_and_says_why() {
         let silent = TcpListener::bind("127.0.0.1:0").unwrap();
         let refused = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         for admin in [silent.local_addr().unwrap(), refused] {
-            let mut cmd = command(&[
-                "hold",
-                "--admin",
-                &admin.to_string(),
-                "--min",
-                "0s",
-                "--quiet",
-                "500ms",
-                "--deadline",
-                "2s",
-            ]);
-            without_netlink(&mut cmd);
-            let out = run(cmd);
+            let out = hold_blind(&["--admin", &admin.to_string()]);
             assert_eq!(out.code, Some(3), "{out}");
             assert!(
                 out.elapsed >= Duration::from_secs(2)
@@ -337,19 +325,7 @@ fn hold_that_cannot_read_arrivals_never_returns_early_exits_3_and_says_why() {
         }
         // Without a sidecar the socket table is all there is.
         for preset in ["ambient", "none"] {
-            let mut cmd = command(&[
-                "hold",
-                "--preset",
-                preset,
-                "--min",
-                "0s",
-                "--quiet",
-                "500ms",
-                "--deadline",
-                "2s",
-            ]);
-            without_netlink(&mut cmd);
-            let out = run(cmd);
+            let out = hold_blind(&["--preset", preset]);
             assert_eq!(out.code, Some(3), "{preset} {out}");
             assert!(out.elapsed < Duration::from_millis(2000 + 400), "{preset} {out}");
             assert!(
@@ -359,4 +335,13 @@ fn hold_that_cannot_read_arrivals_never_returns_early_exits_3_and_says_why() {
             );
         }
     });
+}
+
+/// `hold` with these flags, a quiet time of 500 ms and a deadline of 2 s, where netlink is
+/// refused (the text tables show no bytes received).
+fn hold_blind(flags: &[&str]) -> support::Finished {
+    let timing = ["--min", "0s", "--quiet", "500ms", "--deadline", "2s"];
+    let mut cmd = command(&[&["hold"][..], flags, &timing].concat());
+    without_netlink(&mut cmd);
+    run(cmd)
 }
