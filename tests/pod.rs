@@ -1601,6 +1601,15 @@ fn answer_size(got: &[u8]) -> Option<usize> {
     Some(head + length)
 }
 
+/// `--then-quit` asked the agent to stop the proxy, or said why not: an app that hands its whole
+/// answer to the kernel and exits at SIGTERM can be gone before the hook's first look (one CI run
+/// on a busy machine), and its exit then cannot be told from an app without sockets; the agent's
+/// own shutdown follows. One or the other, never both.
+fn quit_or_said_why_not(pod: &Pod, out: &support::Finished) {
+    let not_seen = "no socket of the app seen while waiting, so its exit cannot be told";
+    assert!(pod.agent_asked_to_quit() != out.stderr.contains(not_seen), "{out}");
+}
+
 #[test]
 #[ignore = "needs root, iptables, setpriv and Envoy: `bash scripts/test` runs it"]
 fn a_slow_clients_download_is_delivered_whole_before_the_proxy_stops() {
@@ -1618,7 +1627,7 @@ fn a_slow_clients_download_is_delivered_whole_before_the_proxy_stops() {
         let (got, length) = download.join().expect("the download");
         assert_eq!((got, length), (3_000_000, 3_000_000), "{out}");
         assert_eq!(out.code, Some(0), "{out}");
-        assert!(pod.agent_asked_to_quit(), "{out}");
+        quit_or_said_why_not(&pod, &out);
         assert!(out.stderr.contains("still delivering an answer"), "{out}");
     });
 }
@@ -1642,7 +1651,7 @@ fn an_answer_envoy_closed_after_is_delivered_before_the_pods_network_goes() {
         let (got, length) = download.join().expect("the download");
         assert_eq!((got, length), (3_000_000, 3_000_000), "{out}");
         assert_eq!(out.code, Some(0), "{out}");
-        assert!(pod.agent_asked_to_quit(), "{out}");
+        quit_or_said_why_not(&pod, &out);
     });
 }
 

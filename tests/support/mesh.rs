@@ -595,10 +595,56 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> ReplicaRow {
         Probes::start(&mesh.network, from, format!("{A}:8080"), kinds, Duration::from_secs(1))
     });
     let started = Instant::now();
+    let short = Generator::new(short_load(&mesh, &s));
+    // A slow load takes a few of its gaps to have reached both.
+    let reach = Duration::from_secs_f64(10.0 + 8.0 / s.rate);
+    let reached = super::envoy::until(reach, || {
+        mesh.a.app_said(&format!("received {SHORT}"))
+            && mesh.b.app_said(&format!("received {SHORT}"))
+    });
+    assert!(reached, "the load reaches both pods: {}", short.finish());
+    let (long, at_a) = long_requests_at_a(&mut mesh);
+    thread::sleep(BEFORE.saturating_sub(started.elapsed()));
+    let deletion = delete_a(&mut mesh, &s);
+    let short = match s.load {
+        LoadKind::Http1 => {
+            short.interrupt();
+            hey_outcome(&short.finish())
+        }
+        LoadKind::Http2 => h2load_outcome(&short.finish()),
+    };
+    let long: Vec<Outcome> = long.into_iter().map(|g| hey_outcome(&g.finish())).collect();
+    // When requests reached A and were answered, as its app says (the probes left out).
+    mesh.a.app_said("");
+    let served = |prefix: &str| {
+        mesh.a.app_times(prefix).filter(|(l, _)| !l.contains("probe")).map(|(_, t)| t).max()
+    };
+    let (last_arrival, last_request_end) = (served("received "), served("answered "));
+    let (sent, failed, kinds) = tally(&mut mesh, &s, &short, &long);
+    let long_failed: usize = long.iter().map(Outcome::failed).sum();
+    ReplicaRow {
+        scenario: s,
+        sent,
+        failed,
+        kinds,
+        long_at_a: at_a,
+        long_ok: at_a.saturating_sub(long_failed),
+        hook_summary: deletion
+            .hook
+            .as_ref()
+            .map(|h| h.last_line().split('\t').next_back().unwrap_or_default().to_string()),
+        deletion,
+        last_request_end,
+        last_arrival,
+    }
+}
+
+/// The short requests' load generator: hey (HTTP/1.1) or h2load (HTTP/2) at the scenario's rate.
+fn short_load(mesh: &MeshReplica, s: &Scenario) -> Child {
     let short_url = format!("{SERVICE}{SHORT}");
     // h2load cannot be stopped early and still report: its run covers the longest deletion.
     let h2_duration = BEFORE + s.grace().max(s.propagation) + AFTER + Duration::from_secs(8);
-    let short = match s.load {
+    match s.load {
         LoadKind::Http1 => {
             // hey's -q is each worker's rate: one worker below 10 a second.
             let workers = if s.rate >= 10.0 { 10.0 } else { 1.0 };
@@ -630,17 +676,13 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> ReplicaRow {
                 short_url,
             ],
         ),
-    };
-    let short = Generator::new(short);
-    // A slow load takes a few of its gaps to have reached both.
-    let reach = Duration::from_secs_f64(10.0 + 8.0 / s.rate);
-    let reached = super::envoy::until(reach, || {
-        mesh.a.app_said(&format!("received {SHORT}"))
-            && mesh.b.app_said(&format!("received {SHORT}"))
-    });
-    assert!(reached, "the load reaches both pods: {}", short.finish());
-    // Long requests, one at a time, until pod A serves `LONG` of them (the balancer spreads
-    // them over both pods; ztunnel at random: 24 tries miss 3 at A one time in 30,000).
+    }
+}
+
+/// Long requests, one at a time, until pod A serves `LONG` of them (the balancer spreads them
+/// over both pods; ztunnel at random: 24 tries miss 3 at A one time in 30,000): their load
+/// generators, and how many reached A.
+fn long_requests_at_a(mesh: &mut MeshReplica) -> (Vec<Generator>, usize) {
     let mut long = Vec::new();
     let mut at_a = 0;
     for i in 1..=8 * LONG {
@@ -648,18 +690,9 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> ReplicaRow {
             break;
         }
         let path = format!("/local/{LONG_SECONDS}?long={i}");
-        long.push(Generator::new(mesh.generator(
-            "hey",
-            &[
-                "-n".into(),
-                "1".into(),
-                "-c".into(),
-                "1".into(),
-                "-t".into(),
-                "30".into(),
-                format!("{SERVICE}{path}"),
-            ],
-        )));
+        let args = ["-n", "1", "-c", "1", "-t", "30"].map(String::from);
+        let args = [&args[..], &[format!("{SERVICE}{path}")]].concat();
+        long.push(Generator::new(mesh.generator("hey", &args)));
         let received = format!("received {path}");
         let mut at = None;
         super::envoy::until(Duration::from_secs(10), || {
@@ -677,61 +710,54 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> ReplicaRow {
         }
     }
     assert_eq!(at_a, LONG, "pod A got its long requests");
-    let wait = BEFORE.saturating_sub(started.elapsed());
-    thread::sleep(wait);
+    (long, at_a)
+}
 
+/// Pod A deleted as the kubelet does, the control plane's push taking it out of the routes the
+/// propagation later; returns once it is gone and pushed, and `AFTER` more.
+fn delete_a(mesh: &mut MeshReplica, s: &Scenario) -> Deletion {
     let proxy_pre_stop = match s.mesh {
         pod::DataPlane::Sidecar => s.mode.pre_stop(s.ordering, s.grace()),
         _ => ProxyPreStop::None,
     };
-    let deletion = thread::scope(|scope| {
+    let app_pre_stop = s.pre_stop.kubelet(s.mesh, s.grace());
+    let (a, grace, ordering, propagation) = (&mesh.a, s.grace(), s.ordering, s.propagation);
+    thread::scope(|scope| {
         let propagated = scope.spawn(|| {
-            thread::sleep(s.propagation);
+            thread::sleep(propagation);
             let at = Instant::now();
             mesh.route(&[B]);
             at
         });
-        let deletion = kubelet::delete(
-            &mesh.a,
-            s.ordering,
-            &proxy_pre_stop,
-            &s.pre_stop.kubelet(s.mesh, s.grace()),
-            s.grace(),
-        );
+        let deletion = kubelet::delete(a, ordering, &proxy_pre_stop, &app_pre_stop, grace);
         let propagated = propagated.join().expect("the control plane's push");
         thread::sleep(
             (deletion.pod_gone().max(propagated) + AFTER).saturating_duration_since(Instant::now()),
         );
         deletion
-    });
+    })
+}
 
-    let short = match s.load {
-        LoadKind::Http1 => {
-            short.interrupt();
-            hey_outcome(&short.finish())
-        }
-        LoadKind::Http2 => h2load_outcome(&short.finish()),
-    };
-    let long: Vec<Outcome> = long.into_iter().map(|g| hey_outcome(&g.finish())).collect();
-    // When requests reached A and were answered, as its app says (the probes left out).
-    mesh.a.app_said("");
-    let served = |prefix: &str| {
-        mesh.a.app_times(prefix).filter(|(l, _)| !l.contains("probe")).map(|(_, t)| t).max()
-    };
-    let (last_arrival, last_request_end) = (served("received "), served("answered "));
+/// The requests sent and failed, and the failures by kind: the short load's, the long ones',
+/// and, with `AppKind::Flush`, the app's last call through its own sidecar.
+fn tally(
+    mesh: &mut MeshReplica,
+    s: &Scenario,
+    short: &Outcome,
+    long: &[Outcome],
+) -> (usize, usize, Kinds) {
     let mut kinds = kinds_from_flags(&access_log(&mesh.client.envoy_log()));
     let mut failed = short.failed();
     let mut sent = short.sent;
-    for o in long.iter().chain([&short]) {
+    for o in long.iter().chain([short]) {
         kinds.reset += o.errors.reset;
         kinds.refused += o.errors.refused;
         kinds.timeout += o.errors.timeout;
     }
-    for o in &long {
+    for o in long {
         failed += o.failed();
         sent += o.sent;
     }
-    let long_failed: usize = long.iter().map(Outcome::failed).sum();
     if s.app == AppKind::Flush {
         // The app's last call through its own sidecar is a request too.
         mesh.a.app_said("last call");
@@ -747,21 +773,7 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> ReplicaRow {
         }
         failed += usize::from(last != Some("last call 200"));
     }
-    ReplicaRow {
-        scenario: s,
-        sent,
-        failed,
-        kinds,
-        long_at_a: at_a,
-        long_ok: at_a.saturating_sub(long_failed),
-        hook_summary: deletion
-            .hook
-            .as_ref()
-            .map(|h| h.last_line().split('\t').next_back().unwrap_or_default().to_string()),
-        deletion,
-        last_request_end,
-        last_arrival,
-    }
+    (sent, failed, kinds)
 }
 
 /// A running load generator whose output is collected as it runs.
