@@ -154,8 +154,25 @@ impl ControlPlane {
             processes: Mutex::new(Vec::new()),
         };
         cp.credentials();
+        cp.spawn_etcd();
+        cp.spawn_api_server(program, flags, nodes);
+        cp.wait_for("the API server's /readyz", || {
+            cp.kubectl(&["get", "--raw", "/readyz"]).ok.then_some(())
+        });
+        if nodes == Nodes::None {
+            return cp;
+        }
+        cp.spawn_controllers();
+        if nodes == Nodes::Objects {
+            cp.nodes();
+        }
+        cp
+    }
+
+    /// etcd on loopback, its data the test's alone.
+    fn spawn_etcd(&self) {
         let etcd = [
-            format!("--data-dir={}", cp.path("etcd")),
+            format!("--data-dir={}", self.path("etcd")),
             "--listen-client-urls=http://127.0.0.1:2379".into(),
             "--advertise-client-urls=http://127.0.0.1:2379".into(),
             "--listen-peer-urls=http://127.0.0.1:2380".into(),
@@ -165,16 +182,21 @@ impl ControlPlane {
             "--unsafe-no-fsync".into(),
             "--log-level=warn".into(),
         ];
-        cp.spawn("etcd", &etcd.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+        self.spawn("etcd", &etcd.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+    }
+
+    /// The API server (`program`: kube-apiserver of a Kubernetes version) with its flags as
+    /// kubeadm sets them, and `flags`.
+    fn spawn_api_server(&self, program: &str, flags: &[&str], nodes: Nodes) {
         let mut own = vec![
             "--etcd-servers=http://127.0.0.1:2379".to_string(),
             "--secure-port=6443".into(),
-            format!("--cert-dir={}", cp.path("pki")),
-            format!("--service-account-key-file={}", cp.path("sa.pub")),
-            format!("--service-account-signing-key-file={}", cp.path("sa.key")),
+            format!("--cert-dir={}", self.path("pki")),
+            format!("--service-account-key-file={}", self.path("sa.pub")),
+            format!("--service-account-signing-key-file={}", self.path("sa.key")),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
             "--authorization-mode=Node,RBAC".into(),
-            format!("--token-auth-file={}", cp.path("tokens.csv")),
+            format!("--token-auth-file={}", self.path("tokens.csv")),
             // On top of the defaults (NamespaceLifecycle, LimitRanger, ServiceAccount, PodSecurity,
             // MutatingAdmissionPolicy, the webhooks, ResourceQuota ...): what kubeadm adds.
             "--enable-admission-plugins=NodeRestriction".into(),
@@ -193,32 +215,26 @@ impl ControlPlane {
         }
         own.extend(flags.iter().map(|f| f.to_string()));
         let own: Vec<&str> = own.iter().map(String::as_str).collect();
-        cp.spawn_in(program, program, &cp.dir, &own, &[]);
-        cp.wait_for("the API server's /readyz", || {
-            cp.kubectl(&["get", "--raw", "/readyz"]).ok.then_some(())
-        });
-        if nodes == Nodes::None {
-            return cp;
-        }
-        let kubeconfig = format!("--kubeconfig={}", cp.path("kubeconfig"));
+        self.spawn_in(program, program, &self.dir, &own, &[]);
+    }
+
+    /// The controller manager and the scheduler.
+    fn spawn_controllers(&self) {
+        let kubeconfig = format!("--kubeconfig={}", self.path("kubeconfig"));
         let controllers = [
             kubeconfig.clone(),
             "--bind-address=127.0.0.1".into(),
             "--secure-port=0".into(),
             "--leader-elect=false".into(),
-            format!("--service-account-private-key-file={}", cp.path("sa.key")),
-            format!("--root-ca-file={}", cp.path("pki/apiserver.crt")),
+            format!("--service-account-private-key-file={}", self.path("sa.key")),
+            format!("--root-ca-file={}", self.path("pki/apiserver.crt")),
             "--node-monitor-grace-period=10m".into(),
         ];
         let controllers: Vec<&str> = controllers.iter().map(String::as_str).collect();
-        cp.spawn("kube-controller-manager", &controllers, &[]);
+        self.spawn("kube-controller-manager", &controllers, &[]);
         let scheduler =
             [&kubeconfig, "--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false"];
-        cp.spawn("kube-scheduler", &scheduler, &[]);
-        if nodes == Nodes::Objects {
-            cp.nodes();
-        }
-        cp
+        self.spawn("kube-scheduler", &scheduler, &[]);
     }
 
     pub fn path(&self, name: &str) -> String {
@@ -615,6 +631,48 @@ impl ControlPlane {
     ) -> String {
         let dir = self.dir.join(format!("istiod-{revision}"));
         std::fs::create_dir_all(&dir).expect("istiod's directory");
+        let rendered = self.render_istio(&dir, revision, values, overlays);
+        fn kind_of(doc: &str) -> &str {
+            doc.lines().find_map(|l| l.strip_prefix("kind: ")).unwrap_or_default().trim()
+        }
+        let skipped = [
+            "Deployment",
+            "Service",
+            "HorizontalPodAutoscaler",
+            "PodDisruptionBudget",
+            "ValidatingWebhookConfiguration",
+            "DaemonSet",
+        ];
+        let kept: Vec<&str> =
+            rendered.split("\n---\n").filter(|doc| !skipped.contains(&kind_of(doc))).collect();
+        let daemonsets: Vec<&str> =
+            rendered.split("\n---\n").filter(|doc| kind_of(doc) == "DaemonSet").collect();
+        self.ok_with(
+            &["apply", "-f", "-"],
+            Some("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: istio-system\n"),
+        );
+        self.ok_with(&["apply", "--server-side", "-f", "-"], Some(&kept.join("\n---\n")));
+        let webhook = format!("istio-sidecar-injector-{revision}");
+        let port = |k: u16| 20000 + 100 * index + k;
+        let hooks = self.webhooks_to(&webhook, port(17));
+        self.spawn_istiod(&dir, revision, &webhook, port, env);
+        self.wait_for(&format!("istiod {revision}'s webhook certificate"), || {
+            let ca = self.ok(&[
+                "get",
+                "mutatingwebhookconfiguration",
+                &webhook,
+                "-o",
+                "jsonpath={.webhooks[*].clientConfig.caBundle}",
+            ]);
+            let all = ca.split_whitespace().count() == hooks;
+            all.then_some(())
+        });
+        daemonsets.join("\n---\n")
+    }
+
+    /// Istio's manifests for `revision` (the minimal profile, `values` and `overlays`), as
+    /// `istioctl manifest generate` renders them.
+    fn render_istio(&self, dir: &Path, revision: &str, values: &str, overlays: &[&Path]) -> String {
         let mut iop = String::from(
             "apiVersion: install.istio.io/v1alpha1\nkind: IstioOperator\nspec:\n  values:\n",
         );
@@ -636,51 +694,46 @@ impl ControlPlane {
             "istioctl manifest generate: {}",
             String::from_utf8_lossy(&rendered.stderr)
         );
-        let rendered = String::from_utf8_lossy(&rendered.stdout);
-        let skipped = [
-            "Deployment",
-            "Service",
-            "HorizontalPodAutoscaler",
-            "PodDisruptionBudget",
-            "ValidatingWebhookConfiguration",
-            "DaemonSet",
-        ];
-        fn kind_of(doc: &str) -> &str {
-            doc.lines().find_map(|l| l.strip_prefix("kind: ")).unwrap_or_default().trim()
-        }
-        let kept: Vec<&str> =
-            rendered.split("\n---\n").filter(|doc| !skipped.contains(&kind_of(doc))).collect();
-        let daemonsets: Vec<&str> =
-            rendered.split("\n---\n").filter(|doc| kind_of(doc) == "DaemonSet").collect();
-        self.ok_with(
-            &["apply", "-f", "-"],
-            Some("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: istio-system\n"),
-        );
-        self.ok_with(&["apply", "--server-side", "-f", "-"], Some(&kept.join("\n---\n")));
-        let webhook = format!("istio-sidecar-injector-{revision}");
+        String::from_utf8_lossy(&rendered.stdout).into_owned()
+    }
+
+    /// Points each webhook of `webhook` at istiod on localhost's `port`: how many there are.
+    fn webhooks_to(&self, webhook: &str, port: u16) -> usize {
         let hooks = self.ok(&[
             "get",
             "mutatingwebhookconfiguration",
-            &webhook,
+            webhook,
             "-o",
             "jsonpath={range .webhooks[*]}{.clientConfig.service.path}{\"\\n\"}{end}",
         ]);
-        let port = |k: u16| 20000 + 100 * index + k;
         for (i, path) in hooks.lines().enumerate() {
-            let url = format!("https://localhost:{}{path}", port(17));
+            let url = format!("https://localhost:{port}{path}");
             let patch = format!(
                 r#"[{{"op":"replace","path":"/webhooks/{i}/clientConfig","value":{{"url":"{url}"}}}}]"#
             );
             self.ok(&[
                 "patch",
                 "mutatingwebhookconfiguration",
-                &webhook,
+                webhook,
                 "--type",
                 "json",
                 "-p",
                 &patch,
             ]);
         }
+        hooks.lines().count()
+    }
+
+    /// pilot-discovery for `revision`, its ports from `port`, with `env` beside what it needs
+    /// outside a cluster.
+    fn spawn_istiod(
+        &self,
+        dir: &Path,
+        revision: &str,
+        webhook: &str,
+        port: impl Fn(u16) -> u16,
+        env: &[(&str, &str)],
+    ) {
         let kubeconfig = self.path("kubeconfig");
         let addr = |k: u16| format!(":{}", port(k));
         let mut all_env = vec![
@@ -697,7 +750,7 @@ impl ControlPlane {
             ("GOMAXPROCS", "2"),
             ("PLATFORM", ""),
             ("ISTIOD_CUSTOM_HOST", "localhost"),
-            ("INJECTION_WEBHOOK_CONFIG_NAME", &webhook),
+            ("INJECTION_WEBHOOK_CONFIG_NAME", webhook),
         ];
         all_env.extend_from_slice(env);
         let (grpc, secure, https, http, monitoring) =
@@ -705,7 +758,7 @@ impl ControlPlane {
         self.spawn_in(
             "pilot-discovery",
             &format!("istiod {revision}"),
-            &dir,
+            dir,
             &[
                 "discovery",
                 "--monitoringAddr",
@@ -726,18 +779,6 @@ impl ControlPlane {
             ],
             &all_env,
         );
-        self.wait_for(&format!("istiod {revision}'s webhook certificate"), || {
-            let ca = self.ok(&[
-                "get",
-                "mutatingwebhookconfiguration",
-                &webhook,
-                "-o",
-                "jsonpath={.webhooks[*].clientConfig.caBundle}",
-            ]);
-            let all = ca.split_whitespace().count() == hooks.lines().count();
-            all.then_some(())
-        });
-        daemonsets.join("\n---\n")
     }
 }
 

@@ -100,14 +100,8 @@ impl Drop for Hostile {
 
 fn serve(conn: TcpStream, fault: Fault, written: &AtomicU64, stop: &AtomicBool) {
     let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
-    let mut reader = BufReader::new(conn.try_clone().unwrap());
-    let mut request = String::new();
-    let _ = reader.read_line(&mut request);
-    let mut line = String::new();
-    while reader.read_line(&mut line).unwrap_or(0) > 2 {
-        line.clear();
-    }
-    let path = request.split_whitespace().nth(1).unwrap_or_default();
+    let path = request_path(&conn);
+    let path = path.as_str();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&conn);
     let mut out = conn;
     let mut sent = 0u64;
@@ -119,15 +113,13 @@ fn serve(conn: TcpStream, fault: Fault, written: &AtomicU64, stop: &AtomicBool) 
         }
         ok
     };
-    // Holds a connection open, doing nothing, until the test ends (or a bounded while).
-    let hold = || {
-        for _ in 0..600 {
-            if stop.load(Ordering::SeqCst) {
-                return;
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
-    };
+    let hold = || hold_until_stopped(stop);
+    if let Some((status, body)) = whole_answer(fault, path) {
+        let mut answer = head(status, Some(body.len() as u64)).into_bytes();
+        answer.extend(body);
+        send(&answer);
+        return;
+    }
     match fault {
         Fault::Silent => hold(),
         Fault::HeadersThenStall => {
@@ -151,32 +143,74 @@ fn serve(conn: TcpStream, fault: Fault, written: &AtomicU64, stop: &AtomicBool) 
                 body += chunk.len() as u64;
             }
         }
-        Fault::NotText => {
-            let body = b"listener.admin.downstream_cx_active: 1\n\xff\xfe\xc3\x28 garbage\n";
-            send(head("200 OK", Some(body.len() as u64)).as_bytes());
-            send(body);
+        Fault::ResetMidBody => {
+            send(head("200 OK", Some(100_000)).as_bytes());
+            send(&STATS.as_bytes()[..40]);
+            reset_on_close(fd);
         }
-        Fault::BadLines => {
-            let body = format!(
-                "{STATS}listener.no_separator_here\nlistener.0.0.0.0_15001.downstream_cx_active: -1\n\
-                 listener.0.0.0.0_8443.downstream_cx_active: 18446744073709551615\n"
-            );
-            send(format!("{}{body}", head("200 OK", Some(body.len() as u64))).as_bytes());
+        Fault::Redirect => {
+            let h = "HTTP/1.1 302 Found\r\nlocation: http://127.0.0.1:1/stats\r\ncontent-length: 0\r\n\r\n";
+            send(h.as_bytes());
         }
-        Fault::StatsOnly if path.starts_with("/stats") => {
-            send(format!("{}{STATS}", head("200 OK", Some(STATS.len() as u64))).as_bytes());
+        _ => {}
+    }
+}
+
+/// The path of the request on `conn`, its head read whole.
+fn request_path(conn: &TcpStream) -> String {
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let mut request = String::new();
+    let _ = reader.read_line(&mut request);
+    let mut line = String::new();
+    while reader.read_line(&mut line).unwrap_or(0) > 2 {
+        line.clear();
+    }
+    request.split_whitespace().nth(1).unwrap_or_default().to_string()
+}
+
+/// Holds a connection open, doing nothing, until the test ends (or a bounded while).
+fn hold_until_stopped(stop: &AtomicBool) {
+    for _ in 0..600 {
+        if stop.load(Ordering::SeqCst) {
+            return;
         }
-        Fault::Value(v) => {
-            let body = STATS.replace(
-                "listener.0.0.0.0_15006.downstream_cx_active: 1",
-                &format!("listener.0.0.0.0_15006.downstream_cx_active: {v}"),
-            );
-            send(format!("{}{body}", head("200 OK", Some(body.len() as u64))).as_bytes());
-        }
-        Fault::CrOnly => {
-            let body = STATS.replace('\n', "\r");
-            send(format!("{}{body}", head("200 OK", Some(body.len() as u64))).as_bytes());
-        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// SO_LINGER 0: the socket's close sends RST instead of FIN.
+fn reset_on_close(fd: std::os::fd::RawFd) {
+    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+    // SAFETY: setsockopt on a socket we own with a correctly sized value.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+}
+
+/// A fault that is one whole answer, in Envoy's head: its status and body.
+fn whole_answer(fault: Fault, path: &str) -> Option<(&'static str, Vec<u8>)> {
+    let ok = |body: String| Some(("200 OK", body.into_bytes()));
+    match fault {
+        Fault::NotText => Some((
+            "200 OK",
+            b"listener.admin.downstream_cx_active: 1\n\xff\xfe\xc3\x28 garbage\n".to_vec(),
+        )),
+        Fault::BadLines => ok(format!(
+            "{STATS}listener.no_separator_here\nlistener.0.0.0.0_15001.downstream_cx_active: -1\n\
+             listener.0.0.0.0_8443.downstream_cx_active: 18446744073709551615\n"
+        )),
+        Fault::StatsOnly if path.starts_with("/stats") => ok(STATS.to_string()),
+        Fault::Value(v) => ok(STATS.replace(
+            "listener.0.0.0.0_15006.downstream_cx_active: 1",
+            &format!("listener.0.0.0.0_15006.downstream_cx_active: {v}"),
+        )),
+        Fault::CrOnly => ok(STATS.replace('\n', "\r")),
         Fault::ManyBadLines => {
             let mut body = String::from("listener.admin.downstream_cx_active: 1\n");
             let mut i = 0u64;
@@ -184,45 +218,19 @@ fn serve(conn: TcpStream, fault: Fault, written: &AtomicU64, stop: &AtomicBool) 
                 body += &format!("listener.l{i}.downstream_cx_active: x{i}\n");
                 i += 1;
             }
-            send(format!("{}{body}", head("200 OK", Some(body.len() as u64))).as_bytes());
+            ok(body)
         }
-        Fault::NotFound | Fault::StatsOnly => {
-            let body = "invalid path. admin commands are:\n  /: Admin home page\n";
-            send(format!("{}{body}", head("404 Not Found", Some(body.len() as u64))).as_bytes());
-        }
+        Fault::NotFound | Fault::StatsOnly => Some((
+            "404 Not Found",
+            b"invalid path. admin commands are:\n  /: Admin home page\n".to_vec(),
+        )),
         Fault::MethodNotAllowed => {
-            let body = "Method GET not allowed, POST required.";
-            send(
-                format!("{}{body}", head("405 Method Not Allowed", Some(body.len() as u64)))
-                    .as_bytes(),
-            );
+            Some(("405 Method Not Allowed", b"Method GET not allowed, POST required.".to_vec()))
         }
-        Fault::ServerError => {
-            let body = "internal error: stats store is being rebuilt\n";
-            send(
-                format!("{}{body}", head("500 Internal Server Error", Some(body.len() as u64)))
-                    .as_bytes(),
-            );
-        }
-        Fault::ResetMidBody => {
-            send(head("200 OK", Some(100_000)).as_bytes());
-            send(&STATS.as_bytes()[..40]);
-            // SO_LINGER 0: close sends RST instead of FIN.
-            let linger = libc::linger { l_onoff: 1, l_linger: 0 };
-            // SAFETY: setsockopt on a socket we own with a correctly sized value.
-            unsafe {
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_LINGER,
-                    (&linger as *const libc::linger).cast(),
-                    std::mem::size_of::<libc::linger>() as libc::socklen_t,
-                );
-            }
-        }
-        Fault::Redirect => {
-            let h = "HTTP/1.1 302 Found\r\nlocation: http://127.0.0.1:1/stats\r\ncontent-length: 0\r\n\r\n";
-            send(h.as_bytes());
-        }
+        Fault::ServerError => Some((
+            "500 Internal Server Error",
+            b"internal error: stats store is being rebuilt\n".to_vec(),
+        )),
+        _ => None,
     }
 }

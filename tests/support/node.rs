@@ -172,32 +172,7 @@ impl<'a> Node<'a> {
     pub fn import(&self, image: &Image) {
         let work = self.dir.join("images").join(image.name.replace(['/', ':'], "_"));
         let root = work.join("rootfs");
-        std::fs::create_dir_all(root.join("tmp")).expect("the image's root");
-        let copy = |from: &Path, to: &str| {
-            let target = root.join(to.trim_start_matches('/'));
-            std::fs::create_dir_all(target.parent().expect("a parent")).expect("a directory");
-            let ok = Command::new("cp").arg("-a").arg(from).arg(&target).status().expect("cp");
-            assert!(ok.success(), "cp {} {}", from.display(), target.display());
-        };
-        // With the libraries each program loads, as `ldd` names them.
-        let with_libraries = |from: &Path, to: &str| {
-            copy(from, to);
-            let ldd = Command::new("ldd").arg(from).output().expect("ldd");
-            for lib in String::from_utf8_lossy(&ldd.stdout).split_whitespace() {
-                if lib.starts_with('/') {
-                    let real = std::fs::canonicalize(lib).expect("a library");
-                    copy(&real, lib);
-                }
-            }
-        };
-        for file in &image.files {
-            with_libraries(Path::new(file), file);
-        }
-        for (from, to) in &image.extra {
-            with_libraries(&std::fs::canonicalize(from).expect("an image's file"), to);
-        }
-        let layout = work.join("layout");
-        std::fs::create_dir_all(layout.join("blobs/sha256")).expect("the layout");
+        fill_root(&root, image);
         let layer = work.join("layer.tar");
         let ok = Command::new("tar")
             .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
@@ -208,50 +183,7 @@ impl<'a> Node<'a> {
             .status()
             .expect("tar");
         assert!(ok.success(), "tar of {}", image.name);
-        let blob = |bytes: Vec<u8>| -> (String, usize) {
-            let path = work.join("blob");
-            std::fs::write(&path, &bytes).expect("a blob");
-            let sum = Command::new("sha256sum").arg(&path).output().expect("sha256sum");
-            let digest = String::from_utf8_lossy(&sum.stdout)[..64].to_string();
-            std::fs::rename(&path, layout.join("blobs/sha256").join(&digest)).expect("a blob");
-            (format!("sha256:{digest}"), bytes.len())
-        };
-        let (layer_digest, layer_size) = blob(std::fs::read(&layer).expect("the layer"));
-        let entrypoint: Vec<String> =
-            image.entrypoint.iter().map(|a| super::cluster::json_string(a)).collect();
-        let (config, config_size) = blob(
-            format!(
-                r#"{{"architecture":"amd64","os":"linux","config":{{"Entrypoint":[{}]}},"rootfs":{{"type":"layers","diff_ids":["{layer_digest}"]}}}}"#,
-                entrypoint.join(",")
-            )
-            .into_bytes(),
-        );
-        let (manifest, manifest_size) = blob(
-            format!(
-                r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"{config}","size":{config_size}}},"layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"{layer_digest}","size":{layer_size}}}]}}"#
-            )
-            .into_bytes(),
-        );
-        std::fs::write(
-            layout.join("index.json"),
-            format!(
-                r#"{{"schemaVersion":2,"manifests":[{{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"{manifest}","size":{manifest_size},"annotations":{{"io.containerd.image.name":"{}"}}}}]}}"#,
-                image.name
-            ),
-        )
-        .expect("the index");
-        std::fs::write(layout.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)
-            .expect("oci-layout");
-        let archive = work.join("image.tar");
-        let ok = Command::new("tar")
-            .arg("-C")
-            .arg(&layout)
-            .arg("-cf")
-            .arg(&archive)
-            .args(["oci-layout", "index.json", "blobs"])
-            .status()
-            .expect("tar");
-        assert!(ok.success(), "tar of {}'s layout", image.name);
+        let archive = oci_archive(&work, &layer, image);
         let socket = self.path("containerd.sock");
         let out = self
             .cp
@@ -446,4 +378,83 @@ fn sweep_stale() {
         }
         remove(&name, Path::new(""), "");
     }
+}
+
+/// `image`'s files in `root`, each program with the libraries it loads, as `ldd` names them.
+fn fill_root(root: &Path, image: &Image) {
+    std::fs::create_dir_all(root.join("tmp")).expect("the image's root");
+    let copy = |from: &Path, to: &str| {
+        let target = root.join(to.trim_start_matches('/'));
+        std::fs::create_dir_all(target.parent().expect("a parent")).expect("a directory");
+        let ok = Command::new("cp").arg("-a").arg(from).arg(&target).status().expect("cp");
+        assert!(ok.success(), "cp {} {}", from.display(), target.display());
+    };
+    let with_libraries = |from: &Path, to: &str| {
+        copy(from, to);
+        let ldd = Command::new("ldd").arg(from).output().expect("ldd");
+        for lib in String::from_utf8_lossy(&ldd.stdout).split_whitespace() {
+            if lib.starts_with('/') {
+                let real = std::fs::canonicalize(lib).expect("a library");
+                copy(&real, lib);
+            }
+        }
+    };
+    for file in &image.files {
+        with_libraries(Path::new(file), file);
+    }
+    for (from, to) in &image.extra {
+        with_libraries(&std::fs::canonicalize(from).expect("an image's file"), to);
+    }
+}
+
+/// An OCI image layout of `layer` with `image`'s name and entrypoint, archived in `work` as
+/// containerd imports one: its path.
+fn oci_archive(work: &Path, layer: &Path, image: &Image) -> std::path::PathBuf {
+    let layout = work.join("layout");
+    std::fs::create_dir_all(layout.join("blobs/sha256")).expect("the layout");
+    let blob = |bytes: Vec<u8>| -> (String, usize) {
+        let path = work.join("blob");
+        std::fs::write(&path, &bytes).expect("a blob");
+        let sum = Command::new("sha256sum").arg(&path).output().expect("sha256sum");
+        let digest = String::from_utf8_lossy(&sum.stdout)[..64].to_string();
+        std::fs::rename(&path, layout.join("blobs/sha256").join(&digest)).expect("a blob");
+        (format!("sha256:{digest}"), bytes.len())
+    };
+    let (layer_digest, layer_size) = blob(std::fs::read(layer).expect("the layer"));
+    let entrypoint: Vec<String> =
+        image.entrypoint.iter().map(|a| super::cluster::json_string(a)).collect();
+    let (config, config_size) = blob(
+        format!(
+            r#"{{"architecture":"amd64","os":"linux","config":{{"Entrypoint":[{}]}},"rootfs":{{"type":"layers","diff_ids":["{layer_digest}"]}}}}"#,
+            entrypoint.join(",")
+        )
+        .into_bytes(),
+    );
+    let (manifest, manifest_size) = blob(
+        format!(
+            r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"{config}","size":{config_size}}},"layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"{layer_digest}","size":{layer_size}}}]}}"#
+        )
+        .into_bytes(),
+    );
+    std::fs::write(
+        layout.join("index.json"),
+        format!(
+            r#"{{"schemaVersion":2,"manifests":[{{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"{manifest}","size":{manifest_size},"annotations":{{"io.containerd.image.name":"{}"}}}}]}}"#,
+            image.name
+        ),
+    )
+    .expect("the index");
+    std::fs::write(layout.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)
+        .expect("oci-layout");
+    let archive = work.join("image.tar");
+    let ok = Command::new("tar")
+        .arg("-C")
+        .arg(&layout)
+        .arg("-cf")
+        .arg(&archive)
+        .args(["oci-layout", "index.json", "blobs"])
+        .status()
+        .expect("tar");
+    assert!(ok.success(), "tar of {}'s layout", image.name);
+    archive
 }

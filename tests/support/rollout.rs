@@ -239,9 +239,8 @@ fn istiod_values() -> String {
     )
 }
 
-/// The namespace `ns`, labelled for the row's data plane; the app's Deployment and Service; the
-/// client's Deployment.
-fn workload(case: Case, ns: &str) -> (String, String) {
+/// The namespace `ns`, labelled for the row's data plane.
+fn namespace(case: Case, ns: &str) -> String {
     let hold = if case.shutdown == Shutdown::EnvoyDrain { "enabled" } else { "disabled" };
     let labels = match case.mesh {
         DataPlane::None => format!("envoy-drain.io/hold: {hold}"),
@@ -253,9 +252,11 @@ fn workload(case: Case, ns: &str) -> (String, String) {
                            istio.io/use-waypoint: waypoint"
             .to_string(),
     };
-    let namespace = format!(
-        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels: {{{labels}}}\n"
-    );
+    format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels: {{{labels}}}\n")
+}
+
+/// The app pods' annotations: with sidecars, the native flag and envoy-drain's own.
+fn annotations(case: Case) -> Vec<String> {
     let mut annotations = Vec::new();
     if let DataPlane::Sidecar { native } = case.mesh {
         annotations.push(format!("sidecar.istio.io/nativeSidecar: '{native}'"));
@@ -273,10 +274,21 @@ fn workload(case: Case, ns: &str) -> (String, String) {
             );
         }
     }
+    annotations
+}
+
+/// The app container's `preStop: sleep`, as YAML at its place in `workload`'s Deployment.
+fn sleep_pre_stop(seconds: u32) -> String {
+    format!("\n        lifecycle:\n          preStop:\n            sleep: {{seconds: {seconds}}}")
+}
+
+/// The namespace `ns`, labelled for the row's data plane; the app's Deployment and Service; the
+/// client's Deployment.
+fn workload(case: Case, ns: &str) -> (String, String) {
+    let namespace = namespace(case, ns);
+    let annotations = annotations(case);
     let pre_stop = match case.shutdown {
-        Shutdown::Sleep(s) => {
-            format!("\n        lifecycle:\n          preStop:\n            sleep: {{seconds: {s}}}")
-        }
+        Shutdown::Sleep(s) => sleep_pre_stop(s),
         _ => String::new(),
     };
     let (replicas, grace) = (case.replicas, case.grace);
@@ -407,12 +419,28 @@ fn waypoint(case: Case, ns: &str) -> String {
     format!("{filter}---\n{config_map}\n---\n{gateway}")
 }
 
-/// The node's images: the app, envoy-drain's FROM scratch content, the client (Kubernetes' pause
-/// program, and hey and wget to exec); with sidecars Istio's proxyv2 as its Dockerfile lays it out
-/// (pilot/docker/Dockerfile.proxyv2: pilot-agent, Envoy, the bootstrap template); in ambient
-/// mode ztunnel and install-cni (istio-cni's node agent and plugin).
-fn images(cp: &ControlPlane, meshes: &[DataPlane], envoy: &Path, bootstrap: &Path) -> Vec<Image> {
-    let mut images = vec![
+/// iptables for istio-init and istio-cni: the machine's nft and legacy builds, under every name
+/// istio-iptables looks for (the modules the rules load go beside them).
+fn iptables() -> Vec<(PathBuf, String)> {
+    let mut iptables = Vec::new();
+    for (multi, kinds) in [
+        ("/usr/sbin/xtables-nft-multi", ["", "-nft"]),
+        ("/usr/sbin/xtables-legacy-multi", ["-legacy", "-legacy"]),
+    ] {
+        for kind in kinds {
+            for family in ["iptables", "ip6tables"] {
+                for tool in ["", "-save", "-restore"] {
+                    iptables.push((multi.into(), format!("/usr/sbin/{family}{kind}{tool}")));
+                }
+            }
+        }
+    }
+    iptables
+}
+
+/// The images every row needs: the app, envoy-drain's FROM scratch content, the client.
+fn base_images(cp: &ControlPlane) -> Vec<Image> {
+    vec![
         Image {
             name: "localhost/app:test",
             entrypoint: vec!["/usr/bin/python3.11".into(), "/app.py".into()],
@@ -431,22 +459,16 @@ fn images(cp: &ControlPlane, meshes: &[DataPlane], envoy: &Path, bootstrap: &Pat
             files: vec!["/usr/bin/hey".into(), "/usr/bin/wget".into()],
             extra: vec![(cp.bin("pause"), "/pause".into())],
         },
-    ];
-    // iptables for istio-init and istio-cni: the machine's nft and legacy builds, under every
-    // name istio-iptables looks for, with the modules the rules load.
-    let mut iptables = Vec::new();
-    for (multi, kinds) in [
-        ("/usr/sbin/xtables-nft-multi", ["", "-nft"]),
-        ("/usr/sbin/xtables-legacy-multi", ["-legacy", "-legacy"]),
-    ] {
-        for kind in kinds {
-            for family in ["iptables", "ip6tables"] {
-                for tool in ["", "-save", "-restore"] {
-                    iptables.push((multi.into(), format!("/usr/sbin/{family}{kind}{tool}")));
-                }
-            }
-        }
-    }
+    ]
+}
+
+/// The node's images: the app, envoy-drain's FROM scratch content, the client (Kubernetes' pause
+/// program, and hey and wget to exec); with sidecars Istio's proxyv2 as its Dockerfile lays it out
+/// (pilot/docker/Dockerfile.proxyv2: pilot-agent, Envoy, the bootstrap template); in ambient
+/// mode ztunnel and install-cni (istio-cni's node agent and plugin).
+fn images(cp: &ControlPlane, meshes: &[DataPlane], envoy: &Path, bootstrap: &Path) -> Vec<Image> {
+    let mut images = base_images(cp);
+    let iptables = iptables();
     let modules = vec!["/usr/lib/x86_64-linux-gnu/xtables".to_string()];
     if meshes.iter().any(|m| matches!(m, DataPlane::Sidecar { .. } | DataPlane::Waypoint)) {
         let mut extra = vec![
@@ -514,22 +536,8 @@ pub fn run_together(cases: &[Case]) -> Vec<Row> {
     let mut phases = Phases(Instant::now(), String::from("setup:"));
     let cp = ControlPlane::start_with("rollout", "kube-apiserver", &[], Nodes::Kubelet);
     phases.done("control plane");
-    let mut bootstrap = super::cluster::components().join("istio-bootstrap.json");
     let meshes: Vec<DataPlane> = cases.iter().map(|c| c.mesh).collect();
-    if meshes.contains(&DataPlane::Waypoint) {
-        // A waypoint is a Gateway: Gateway API's CRDs, at the version Istio pins, before istiod.
-        let crds = super::cluster::components().join("gateway-api-crds");
-        cp.ok(&["apply", "--server-side", "-f", &crds.to_string_lossy()]);
-        // pilot-agent turns on Istio's workload metadata extension for every waypoint (istio
-        // pkg/bootstrap/config.go, "Waypoint overrides"), which upstream Envoy does not have: the
-        // proxyv2 image's bootstrap template, which this image lays out, without its block.
-        let template = std::fs::read_to_string(&bootstrap).expect("the bootstrap template");
-        let block = "{{- if .metadata_discovery }}";
-        assert!(template.contains(block), "{}: {block}", bootstrap.display());
-        bootstrap = PathBuf::from(cp.path("istio-bootstrap-waypoint.json"));
-        let edited = template.replace(block, "{{- if and .metadata_discovery false }}");
-        std::fs::write(&bootstrap, edited).expect("the waypoint's bootstrap template");
-    }
+    let bootstrap = bootstrap(&cp, &meshes);
     let node = Node::start(&cp, &images(&cp, &meshes, &envoy, &bootstrap));
     phases.done("node");
     // Kept to the end: ambient's node init (dropped before the node).
@@ -553,19 +561,7 @@ pub fn run_together(cases: &[Case]) -> Vec<Row> {
         phases.done("load");
         eprintln!("{}", phases.1);
         let statuses: Vec<String> = sides.iter().map(Side::waypoint_status).collect();
-        let restarted = Instant::now();
-        for side in &sides {
-            cp.ok(&["rollout", "restart", "-n", &side.ns, side.restarted().0]);
-        }
-        // Each rollout ends with its last old pod gone: the Deployment counts a terminating pod as
-        // gone.
-        let took: Vec<Duration> = std::thread::scope(|scope| {
-            let waits: Vec<_> = sides
-                .iter()
-                .map(|side| scope.spawn(|| side.rolled(&cp, &node, restarted)))
-                .collect();
-            waits.into_iter().map(|w| w.join().expect("a rollout's wait")).collect()
-        });
+        let took = restart_all(&cp, &node, &sides);
         for side in &sides {
             assert_captured(&cp, side);
         }
@@ -575,22 +571,52 @@ pub fn run_together(cases: &[Case]) -> Vec<Row> {
         let kubelet = std::fs::read_to_string(node.log("kubelet")).unwrap_or_default();
         let probes = kubelet.lines().filter(|l| l.contains("Probe failed")).count();
         let kube_proxy = node.log_tail("kube-proxy", 6);
-        sides
-            .iter()
-            .zip(loads)
-            .zip(took)
-            .zip(statuses)
-            .map(|(((side, load), took), status)| {
-                let mut row = load.stop(side, &logs);
-                (row.took, row.status) = (took, status);
-                row.diagnosis = format!(
-                    "{}; {probes} failed probes; {}; kube-proxy:\n{kube_proxy}",
-                    phases.1, row.diagnosis
-                );
-                row
-            })
-            .collect()
+        let rows = sides.iter().zip(loads).zip(took).zip(statuses);
+        rows.map(|(((side, load), took), status)| {
+            let mut row = load.stop(side, &logs);
+            (row.took, row.status) = (took, status);
+            row.diagnosis = format!(
+                "{}; {probes} failed probes; {}; kube-proxy:\n{kube_proxy}",
+                phases.1, row.diagnosis
+            );
+            row
+        })
+        .collect()
     })
+}
+
+/// `kubectl rollout restart` of every side at once: how long each took, to its last old pod gone
+/// (the Deployment counts a terminating pod as gone).
+fn restart_all(cp: &ControlPlane, node: &Node, sides: &[Side]) -> Vec<Duration> {
+    let restarted = Instant::now();
+    for side in sides {
+        cp.ok(&["rollout", "restart", "-n", &side.ns, side.restarted().0]);
+    }
+    std::thread::scope(|scope| {
+        let waits: Vec<_> =
+            sides.iter().map(|side| scope.spawn(|| side.rolled(cp, node, restarted))).collect();
+        waits.into_iter().map(|w| w.join().expect("a rollout's wait")).collect()
+    })
+}
+
+/// Istio's bootstrap template for the node's proxyv2 image. With a waypoint (a Gateway: Gateway
+/// API's CRDs, at the version Istio pins, go in before istiod), without the block by which
+/// pilot-agent turns on Istio's workload metadata extension for every waypoint (istio
+/// pkg/bootstrap/config.go, "Waypoint overrides"), which upstream Envoy does not have.
+fn bootstrap(cp: &ControlPlane, meshes: &[DataPlane]) -> PathBuf {
+    let bootstrap = super::cluster::components().join("istio-bootstrap.json");
+    if !meshes.contains(&DataPlane::Waypoint) {
+        return bootstrap;
+    }
+    let crds = super::cluster::components().join("gateway-api-crds");
+    cp.ok(&["apply", "--server-side", "-f", &crds.to_string_lossy()]);
+    let template = std::fs::read_to_string(&bootstrap).expect("the bootstrap template");
+    let block = "{{- if .metadata_discovery }}";
+    assert!(template.contains(block), "{}: {block}", bootstrap.display());
+    let edited_path = PathBuf::from(cp.path("istio-bootstrap-waypoint.json"));
+    let edited = template.replace(block, "{{- if and .metadata_discovery false }}");
+    std::fs::write(&edited_path, edited).expect("the waypoint's bootstrap template");
+    edited_path
 }
 
 /// How long each step of a rollout's setup took (one run took 333 s where ~95 s is usual, all of
@@ -745,6 +771,28 @@ impl Side {
             self.waypoint_ready(cp, node);
         }
         assert_captured(cp, &self);
+        self.hooks_are_the_rows(cp);
+        let label = self.restarted().1;
+        let names = "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}";
+        let old = cp.ok(&["get", "pods", "-n", ns, "-l", label, "-o", names]);
+        self.old = old.lines().map(String::from).collect();
+        self.client = cp.ok(&[
+            "get",
+            "pods",
+            "-n",
+            ns,
+            "-l",
+            "app=client",
+            "-o",
+            "jsonpath={.items[0].metadata.name}",
+        ]);
+        self.ip = cp.ok(&["get", "service", "-n", ns, "app", "-o", "jsonpath={.spec.clusterIP}"]);
+        self
+    }
+
+    /// Each pod's app preStop, and with sidecars its istio-proxy's, are the row's.
+    fn hooks_are_the_rows(&self, cp: &ControlPlane) {
+        let ns = self.ns.as_str();
         let hooks = cp.ok(&[
             "get",
             "pods",
@@ -782,22 +830,6 @@ impl Side {
                 "each pod's istio-proxy ({field}) preStop in {ns} is the row's: {proxies}"
             );
         }
-        let label = self.restarted().1;
-        let names = "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}";
-        let old = cp.ok(&["get", "pods", "-n", ns, "-l", label, "-o", names]);
-        self.old = old.lines().map(String::from).collect();
-        self.client = cp.ok(&[
-            "get",
-            "pods",
-            "-n",
-            ns,
-            "-l",
-            "app=client",
-            "-o",
-            "jsonpath={.items[0].metadata.name}",
-        ]);
-        self.ip = cp.ok(&["get", "service", "-n", ns, "app", "-o", "jsonpath={.spec.clusterIP}"]);
-        self
     }
 
     /// hey in the client pod (`kubectl exec`), to the Service.
@@ -1010,20 +1042,7 @@ impl<'s> Load<'s> {
             }
         }
         let (seen, deleted) = (self.seen.stop(), self.deleted.stop());
-        let mut records = Vec::new();
-        let holds = side
-            .old
-            .iter()
-            .map(|pod| {
-                let dir = format!("{}_{pod}_", side.ns);
-                let Some((_, text)) = logs.iter().find(|(d, _)| d.starts_with(&dir)) else {
-                    return (None, "(no log read)".to_string());
-                };
-                let (after, summary, record) = hold_end(text);
-                records.extend(record);
-                (after, summary)
-            })
-            .collect();
+        let (holds, records) = holds(side, logs);
         let propagation = side
             .old
             .iter()
@@ -1056,42 +1075,35 @@ impl<'s> Load<'s> {
     }
 }
 
-/// istiod with ambient's profile, and the ztunnel and istio-cni DaemonSets its charts render, as
-/// installed on a node whose host paths are the test's: the CNI configuration and plugins
-/// (containerd's in node.rs), the pods' network namespaces (containerd's, under its state
-/// directory, mounted at the same path under /host, where istio-cni looks for a path the plugin
-/// hands it), and the sockets istio-cni and ztunnel share. ztunnel and the plugin reach istiod at
-/// the node's address, with the name its certificate holds (ztunnel's ALT_XDS_HOSTNAME and
-/// ALT_CA_HOSTNAME). istio-cni shares the node's network namespace (the chart's
-/// `ambient.shareHostNetworkNamespace`): by default it enters the namespace of the machine's PID 1
-/// for the node's rules, and the node's network here is the test's own namespace. Returns once
-/// both DaemonSets' pods are ready.
-fn ambient(cp: &ControlPlane, node: &Node, debounce: Option<Duration>) -> NodeInit {
-    let san = format!("istiod-{REVISION}.istio-system.svc");
-    let overlay = format!(
-        "apiVersion: install.istio.io/v1alpha1\nkind: IstioOperator\nspec:\n  components:\n    \
-         cni: {{enabled: true}}\n    ztunnel: {{enabled: true}}\n  values:\n    profile: ambient\n    \
-         global: {{variant: \"\"}}\n    ztunnel:\n      caAddress: {ISTIOD}\n      xdsAddress: \
-         {ISTIOD}\n      env: {{ALT_XDS_HOSTNAME: {san}, ALT_CA_HOSTNAME: {san}}}\n"
-    );
-    let file = node.path("ambient.iop.yaml");
-    std::fs::write(&file, overlay).expect("the ambient overlay");
-    let env = istiod_env(debounce, true);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let daemonsets = cp.start_istiod(REVISION, &istiod_values(), &[Path::new(&file)], 0, &env);
-    let netns = node.path("containerd/state/io.containerd.grpc.v1.cri/netns");
-    std::fs::create_dir_all(&netns).expect("containerd's directory of network namespaces");
-    // istio-cni mounts it HostToContainer: the pods' namespaces that containerd mounts there later
-    // must reach its container, which a shared mount does (node.rs unmounts it at the end).
-    for args in [vec!["--bind", &netns, &netns], vec!["--make-shared", &netns]] {
-        let ok = std::process::Command::new("mount").args(&args).status().expect("mount");
-        assert!(ok.success(), "mount {args:?}");
-    }
+/// For each replaced pod of `side`, from its log in `logs`: when its hold ended after its last
+/// request, and its summary; and the holds' records.
+fn holds(
+    side: &Side,
+    logs: &BTreeMap<String, String>,
+) -> (Vec<(Option<f64>, String)>, Vec<String>) {
+    let mut records = Vec::new();
+    let holds = side
+        .old
+        .iter()
+        .map(|pod| {
+            let dir = format!("{}_{pod}_", side.ns);
+            let Some((_, text)) = logs.iter().find(|(d, _)| d.starts_with(&dir)) else {
+                return (None, "(no log read)".to_string());
+            };
+            let (after, summary, record) = hold_end(text);
+            records.extend(record);
+            (after, summary)
+        })
+        .collect();
+    (holds, records)
+}
+
+/// The rendered DaemonSets of istio-cni and ztunnel on the node's paths (`netns`: containerd's
+/// network namespaces) rather than the machine's. Each edit must apply: one missed would leave a
+/// DaemonSet on the machine's own paths (its CNI configuration, /var/run) or on PID 1's
+/// namespace.
+fn on_the_node(mut daemonsets: String, node: &Node, netns: &str) -> String {
     let (cni_run, ztunnel_run) = (node.path("istio-cni"), node.path("ztunnel"));
-    let init = NodeInit::start(cp, &node.path("proc"));
-    // Each edit must apply: one missed would leave a DaemonSet on the machine's own paths (its
-    // CNI configuration, /var/run) or on PID 1's namespace.
-    let mut daemonsets = daemonsets;
     let mut edit = |from: &str, to: &str| {
         assert!(daemonsets.contains(from), "the rendered DaemonSets lack {from:?}: {daemonsets}");
         daemonsets = daemonsets.replace(from, to);
@@ -1129,6 +1141,42 @@ fn ambient(cp: &ControlPlane, node: &Node, debounce: Option<Duration>) -> NodeIn
             assert!(path.starts_with(&node.path("")), "a host path off the node: {path}");
         }
     }
+    daemonsets
+}
+
+/// istiod with ambient's profile, and the ztunnel and istio-cni DaemonSets its charts render, as
+/// installed on a node whose host paths are the test's: the CNI configuration and plugins
+/// (containerd's in node.rs), the pods' network namespaces (containerd's, under its state
+/// directory, mounted at the same path under /host, where istio-cni looks for a path the plugin
+/// hands it), and the sockets istio-cni and ztunnel share. ztunnel and the plugin reach istiod at
+/// the node's address, with the name its certificate holds (ztunnel's ALT_XDS_HOSTNAME and
+/// ALT_CA_HOSTNAME). istio-cni shares the node's network namespace (the chart's
+/// `ambient.shareHostNetworkNamespace`): by default it enters the namespace of the machine's PID 1
+/// for the node's rules, and the node's network here is the test's own namespace. Returns once
+/// both DaemonSets' pods are ready.
+fn ambient(cp: &ControlPlane, node: &Node, debounce: Option<Duration>) -> NodeInit {
+    let san = format!("istiod-{REVISION}.istio-system.svc");
+    let overlay = format!(
+        "apiVersion: install.istio.io/v1alpha1\nkind: IstioOperator\nspec:\n  components:\n    \
+         cni: {{enabled: true}}\n    ztunnel: {{enabled: true}}\n  values:\n    profile: ambient\n    \
+         global: {{variant: \"\"}}\n    ztunnel:\n      caAddress: {ISTIOD}\n      xdsAddress: \
+         {ISTIOD}\n      env: {{ALT_XDS_HOSTNAME: {san}, ALT_CA_HOSTNAME: {san}}}\n"
+    );
+    let file = node.path("ambient.iop.yaml");
+    std::fs::write(&file, overlay).expect("the ambient overlay");
+    let env = istiod_env(debounce, true);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let daemonsets = cp.start_istiod(REVISION, &istiod_values(), &[Path::new(&file)], 0, &env);
+    let netns = node.path("containerd/state/io.containerd.grpc.v1.cri/netns");
+    std::fs::create_dir_all(&netns).expect("containerd's directory of network namespaces");
+    // istio-cni mounts it HostToContainer: the pods' namespaces that containerd mounts there later
+    // must reach its container, which a shared mount does (node.rs unmounts it at the end).
+    for args in [vec!["--bind", &netns, &netns], vec!["--make-shared", &netns]] {
+        let ok = std::process::Command::new("mount").args(&args).status().expect("mount");
+        assert!(ok.success(), "mount {args:?}");
+    }
+    let init = NodeInit::start(cp, &node.path("proc"));
+    let daemonsets = on_the_node(daemonsets, node, &netns);
     assert_eq!(daemonsets.matches("hostNetwork: true").count(), 1, "{daemonsets}");
     cp.ok_with(&["apply", "-f", "-"], Some(&daemonsets));
     for ds in ["daemonset/istio-cni-node", "daemonset/ztunnel"] {
@@ -1200,44 +1248,49 @@ impl Drop for Stop {
     }
 }
 
+/// What reads the client's data path for `side`: kube-proxy's rules without a mesh, the client's
+/// sidecar's /clusters, or ztunnel's /config_dump in ambient mode.
+fn data_path_reader(cp: &ControlPlane, side: &Side) -> Box<dyn FnMut() -> Option<String> + Send> {
+    match side.case.mesh {
+        DataPlane::None => {
+            let mut save = cp.command("iptables-save");
+            save.args(["-t", "nat"]);
+            Box::new(move || {
+                let out = save.output().ok()?;
+                Some(String::from_utf8_lossy(&out.stdout).into_owned())
+            })
+        }
+        DataPlane::Sidecar { .. } => {
+            let pod = [format!("POD_NAME={}", side.client), format!("POD_NAMESPACE={}", side.ns)];
+            let pid = process("pilot-agent", "environ", &[&pod[0], &pod[1]])
+                .unwrap_or_else(|| panic!("the client pod {}'s pilot-agent", side.client));
+            let netns = Netns::of_process(pid).expect("the client pod's network namespace");
+            Box::new(move || netns.enter(|| admin_get("127.0.0.1:15000", "/clusters")))
+        }
+        DataPlane::Ambient | DataPlane::Waypoint => {
+            let ztunnel = cp.ok(&[
+                "get",
+                "pods",
+                "-n",
+                "istio-system",
+                "-l",
+                "app=ztunnel",
+                "-o",
+                "jsonpath={.items[0].metadata.name}",
+            ]);
+            let pod = format!("POD_NAME={ztunnel}");
+            let pid = process("ztunnel", "environ", &[&pod])
+                .unwrap_or_else(|| panic!("the node's ztunnel {ztunnel}"));
+            let netns = Netns::of_process(pid).expect("ztunnel's network namespace");
+            Box::new(move || netns.enter(|| admin_get("127.0.0.1:15000", "/config_dump")))
+        }
+    }
+}
+
 impl Endpoints {
     fn follow(cp: &ControlPlane, side: &Side) -> Endpoints {
         let stop = Arc::new(AtomicBool::new(false));
-        let read: Box<dyn FnMut() -> Option<String> + Send> = match side.case.mesh {
-            DataPlane::None => {
-                let mut save = cp.command("iptables-save");
-                save.args(["-t", "nat"]);
-                Box::new(move || {
-                    let out = save.output().ok()?;
-                    Some(String::from_utf8_lossy(&out.stdout).into_owned())
-                })
-            }
-            DataPlane::Sidecar { .. } => {
-                let pod =
-                    [format!("POD_NAME={}", side.client), format!("POD_NAMESPACE={}", side.ns)];
-                let pid = process("pilot-agent", "environ", &[&pod[0], &pod[1]])
-                    .unwrap_or_else(|| panic!("the client pod {}'s pilot-agent", side.client));
-                let netns = Netns::of_process(pid).expect("the client pod's network namespace");
-                Box::new(move || netns.enter(|| admin_get("127.0.0.1:15000", "/clusters")))
-            }
-            DataPlane::Ambient | DataPlane::Waypoint => {
-                let ztunnel = cp.ok(&[
-                    "get",
-                    "pods",
-                    "-n",
-                    "istio-system",
-                    "-l",
-                    "app=ztunnel",
-                    "-o",
-                    "jsonpath={.items[0].metadata.name}",
-                ]);
-                let pod = format!("POD_NAME={ztunnel}");
-                let pid = process("ztunnel", "environ", &[&pod])
-                    .unwrap_or_else(|| panic!("the node's ztunnel {ztunnel}"));
-                let netns = Netns::of_process(pid).expect("ztunnel's network namespace");
-                Box::new(move || netns.enter(|| admin_get("127.0.0.1:15000", "/config_dump")))
-            }
-        };
+        let read = data_path_reader(cp, side);
         let ns = side.ns.clone();
         let thread = {
             let stop = Arc::clone(&stop);

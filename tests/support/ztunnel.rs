@@ -310,6 +310,20 @@ struct Shared {
 }
 
 impl Shared {
+    /// What the nodes of `control` share: made by the first, kept while any lives.
+    fn of(control: &Control) -> Arc<Shared> {
+        static SHARED: Mutex<Option<std::sync::Weak<Shared>>> = Mutex::new(None);
+        let mut s = SHARED.lock().unwrap();
+        match s.as_ref().and_then(std::sync::Weak::upgrade) {
+            Some(shared) if Arc::ptr_eq(&shared.control.state, &control.state) => shared,
+            _ => {
+                let shared = Arc::new(Shared::new(control));
+                *s = Some(Arc::downgrade(&shared));
+                shared
+            }
+        }
+    }
+
     fn new(control: &Control) -> Shared {
         let dir = std::env::temp_dir().join(format!(
             "envoy-drain-ztunnel-{}-{:?}",
@@ -374,18 +388,7 @@ impl ZtunnelNode {
     /// Starts node `name`'s ztunnel for `pod`, telling `control` of it (not serving yet), and
     /// waits until it takes HBONE connections there.
     pub fn start(name: &str, control: &Control, pod: &Served<'_>) -> ZtunnelNode {
-        static SHARED: Mutex<Option<std::sync::Weak<Shared>>> = Mutex::new(None);
-        let shared = {
-            let mut s = SHARED.lock().unwrap();
-            match s.as_ref().and_then(std::sync::Weak::upgrade) {
-                Some(shared) if Arc::ptr_eq(&shared.control.state, &control.state) => shared,
-                _ => {
-                    let shared = Arc::new(Shared::new(control));
-                    *s = Some(Arc::downgrade(&shared));
-                    shared
-                }
-            }
-        };
+        let shared = Shared::of(control);
         control.add(pod.name, pod.ip, name);
         let bins = binaries();
         let ns = Netns::new();
