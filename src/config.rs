@@ -95,7 +95,7 @@ pub(crate) struct SourceConfig {
     pub filter: Filter,
     pub ignore_clusters: Names,
     /// `hold`: what tells arrivals in the socket table; in /clusters, the app's clusters do.
-    pub(crate) hold: Option<ArrivalRule>,
+    pub(crate) arrivals: Option<ArrivalRule>,
     /// `--proc-net`: read the text tables there instead of asking the kernel over netlink.
     pub(crate) proc_net: Option<PathBuf>,
     /// What is worth a warning but not an error: an ambiguous `--admin`, a bad annotation, ...
@@ -175,8 +175,17 @@ pub enum Until {
     Quiet,
 }
 
+/// Which hook this is, decided once from the command: `run`, or `hold` for an app in the pod
+/// `Holding` says. Every "is this hold?" is a match on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    Run,
+    Hold(Holding),
+}
+
 #[derive(Debug, Clone)]
 pub struct RunConfig {
+    pub plan: Plan,
     pub(crate) counting: SourceConfig,
     /// What is sent before the wait: `--fail-healthcheck`, then `--drain`.
     pub before: Vec<Request>,
@@ -365,7 +374,7 @@ pub(crate) fn counting(a: &RunArgs) -> Result<SourceConfig, UsageError> {
         unit,
         filter: Filter { ignore, only },
         ignore_clusters,
-        hold: None,
+        arrivals: None,
         proc_net: a.proc_net.as_ref().map(PathBuf::from),
         warnings: admin_warning.into_iter().collect(),
     })
@@ -395,6 +404,7 @@ pub fn run_config(a: &RunArgs, env: &Env<'_>) -> Result<RunConfig, UsageError> {
         a.settle.as_deref().map_or(Ok(Duration::ZERO), |v| parse_duration("--settle", v))?;
     let log_format = log_format(a.log_format.as_deref(), env, warnings)?;
     Ok(RunConfig {
+        plan: Plan::Run,
         counting,
         before: drain::before(drain, a.fail_healthcheck),
         rules: Rules {
@@ -601,12 +611,13 @@ pub fn hold_config(a: &HoldArgs, env: &Env<'_>) -> Result<RunConfig, UsageError>
         unit: Unit::Requests,
         filter: Filter { ignore, only: None },
         ignore_clusters: Names::default(),
-        hold: Some(rule),
+        arrivals: Some(rule),
         proc_net: None,
         warnings,
     };
     let log_format = log_format(a.log_format.as_deref(), env, &mut counting.warnings)?;
     Ok(RunConfig {
+        plan: Plan::Hold(holding),
         counting,
         before: Vec::new(),
         rules: hold_rules(a)?,
@@ -621,7 +632,7 @@ pub fn hold_config(a: &HoldArgs, env: &Env<'_>) -> Result<RunConfig, UsageError>
 /// whose arrivals /clusters and the socket table tell, or in a pod without one (Istio's ambient
 /// mode, or no mesh), whose the socket table alone tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Holding {
+pub enum Holding {
     Sidecar(Preset),
     Ambient,
     NoMesh,
@@ -1319,7 +1330,7 @@ mod tests {
         let secs = Duration::from_secs;
         assert_eq!((c.rules.min_drain, c.rules.propagation), (secs(3), secs(15)));
         assert_eq!(c.rules.deadline, secs(20));
-        let rule = c.counting.hold.unwrap();
+        let rule = c.counting.arrivals.unwrap();
         let v6 = "fd16:9254:7127:1337:ffff:ffff:ffff:ffff".parse().unwrap();
         assert_eq!(rule.probes, [mapped("169.254.7.127".parse().unwrap()), v6]);
         assert_eq!(rule.proxy, [15001, 15006, 15008, 15053], "ztunnel's listeners");
@@ -1328,7 +1339,7 @@ mod tests {
         // The propagation within a shorter deadline; the min cut to it as before.
         let c = hold("none", Some("8s"));
         assert_eq!((c.rules.propagation, c.rules.min_drain), (secs(8), secs(3)));
-        let rule = c.counting.hold.unwrap();
+        let rule = c.counting.arrivals.unwrap();
         // Without a mesh the pod's own memory (TIME_WAIT, PassiveOpens), not a sidecar's.
         assert!(rule.proxy.is_empty() && rule.passive_opens && rule.outside_only);
     }
@@ -1344,7 +1355,7 @@ mod tests {
             };
             let c =
                 hold_config(&a, &|k| (k == ENV_NODE_IPS).then(|| env.map(String::from))?).unwrap();
-            (c.counting.hold.unwrap(), said(&c.counting.warnings))
+            (c.counting.arrivals.unwrap(), said(&c.counting.warnings))
         };
         let mapped = |ip: &str| mapped(ip.parse().unwrap());
         let (rule, warnings) = hold(Some("node"), Some("10.0.0.7, fd00::7,node-1"));

@@ -2,7 +2,7 @@
 //! `msg`, so that a log collector can read what each hook did without parsing sentences. The
 //! names are stable; docs/usage.md ("The record") lists them.
 
-use crate::config::{RunConfig, Until};
+use crate::config::{Holding, Plan, RunConfig};
 use crate::error::Failure;
 use crate::log::json_string;
 use crate::outcome::{Outcome, Progress, signal_name};
@@ -56,7 +56,7 @@ pub(crate) struct Record<'a> {
 impl Record<'_> {
     pub(crate) fn members(&self) -> String {
         let (cfg, p) = (self.cfg, self.progress);
-        let hold = cfg.rules.until == Until::Quiet;
+        let hold = matches!(cfg.plan, Plan::Hold(_));
         let mut m = String::new();
         let mut add = |name: &str, value: String| {
             let _ = write!(m, ",\"{name}\":{value}");
@@ -104,10 +104,10 @@ impl Record<'_> {
 
 /// The preset as `--preset` names it: `hold`'s ambient and none, else the sidecar's.
 fn preset(cfg: &RunConfig) -> &'static str {
-    match &cfg.counting.hold {
-        Some(rule) if !rule.proxy.is_empty() => "ambient",
-        Some(rule) if rule.passive_opens => "none",
-        _ => cfg.counting.preset.name,
+    match cfg.plan {
+        Plan::Hold(Holding::Ambient) => "ambient",
+        Plan::Hold(Holding::NoMesh) => "none",
+        Plan::Run | Plan::Hold(Holding::Sidecar(_)) => cfg.counting.preset.name,
     }
 }
 

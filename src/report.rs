@@ -119,10 +119,10 @@ impl Report {
     fn switched(&self, said: &mut Said, reading: &Reading, count: &Count, proc: &Reader) -> bool {
         let in_force = Some((count.source, count.unit));
         let changed = said.source != in_force;
-        let (holding, returning) = (self.cfg.rules.until == Until::Quiet, said.source.is_some());
+        let (plan, returning) = (self.cfg.plan, said.source.is_some());
         if changed
             && let Some((level, line)) =
-                text::switched(count, reading, self.cfg.counting.unit, proc, returning, holding)
+                text::switched(count, reading, self.cfg.counting.unit, proc, returning, plan)
         {
             said.log.line(level, &line);
         }

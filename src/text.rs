@@ -3,7 +3,7 @@
 
 use crate::cli::{ANNOTATION_PREFIX, ENV_LOG_FORMAT, ENV_NODE_IPS};
 use crate::config::{
-    ConfigWarning, DEFAULT_MIN_DRAIN, ENV_MIN_DRAIN, Mode, Rules, RunConfig, Until,
+    ConfigWarning, DEFAULT_MIN_DRAIN, ENV_MIN_DRAIN, Mode, Plan, Rules, RunConfig, Until,
 };
 use crate::count::PACE;
 use crate::count::{Basis, Busy, Cost, Count, NON_HTTP, SourceKind, Unit, Warning};
@@ -171,7 +171,7 @@ pub(crate) fn start_line(
 ) -> String {
     let (r, d) = (&cfg.rules, format_duration);
     let Until::AtMost(exit_at) = r.until else {
-        let rule = cfg.counting.hold.clone().unwrap_or_default();
+        let rule = cfg.counting.arrivals.clone().unwrap_or_default();
         let mut from = format!("{}: {}", reader(sources.reader()), doors(&rule));
         if sources.mode != Mode::Proc {
             from += &format!(
@@ -273,7 +273,7 @@ pub(crate) fn count_line(
     cfg: &RunConfig,
 ) -> String {
     let breakdown = if cfg.verbose { count.still_open() } else { String::new() };
-    let hold = cfg.rules.until == Until::Quiet;
+    let hold = matches!(cfg.plan, Plan::Hold(_));
     let when = if now < min_drain_end && hold {
         format!("at least {} more", seconds(min_drain_end - now))
     } else if now < min_drain_end {
@@ -314,7 +314,7 @@ pub(crate) fn switched(
     wanted: Unit,
     proc: &Reader,
     returning: bool,
-    holding: bool,
+    plan: Plan,
 ) -> Option<(Level, String)> {
     let Some(why) = &reading.fallback else {
         let back = match wanted {
@@ -325,7 +325,7 @@ pub(crate) fn switched(
             .then(|| (Level::Info, back.to_string()));
     };
     let line = match count.source {
-        SourceKind::Proc if holding => format!(
+        SourceKind::Proc if matches!(plan, Plan::Hold(_)) => format!(
             "{why}; reading arrivals from {} instead{}",
             reader(proc),
             match proc {

@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
         preset: PRESETS[usize::from(pick) % PRESETS.len()],
         ignore_clusters: Names::parse("exporter*,x").expect("the names parse"),
         ignore_ports: PortSet::parse(ISTIO_INFRA_PORTS).expect("the default list parses"),
-        inbound: pick & 0x80 != 0,
+        app_only: pick & 0x80 != 0,
     };
     let mut tally = HostTally::default();
     for line in text.lines() {

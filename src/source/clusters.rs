@@ -15,14 +15,14 @@ use std::net::SocketAddr;
 pub(crate) const CLUSTERS_PATH: &str = "/clusters";
 
 /// Which hosts count: not the proxy's own clusters' nor `--ignore-clusters`', not Unix sockets or
-/// internal addresses, not on an ignored port; with `inbound` (`hold`), only the app's clusters',
+/// internal addresses, not on an ignored port; with `app_only` (`hold`), only the app's clusters',
 /// and those on a Unix socket too.
 #[derive(Debug, Clone, Default)]
 pub struct HostScope {
     pub preset: Preset,
     pub ignore_clusters: Names,
     pub ignore_ports: PortSet,
-    pub inbound: bool,
+    pub app_only: bool,
 }
 
 /// One cluster as `status` shows it.
@@ -76,7 +76,7 @@ pub struct HostTally {
     hosts: bool,
     /// A counted host's value that is not a count: the count cannot be trusted.
     bad: Option<String>,
-    /// The arrival counters (`rq_total`; with `inbound`, `cx_total` too) of the hosts that count.
+    /// The arrival counters (`rq_total`; with `app_only`, `cx_total` too) of the hosts that count.
     counters: Vec<HostCounter>,
     app_arrived: AppArrived,
     /// Gauges that wrapped below zero, and the first one's host.
@@ -122,7 +122,7 @@ impl HostTally {
                     let so_far = if stat == "rq_total" { requests } else { connections };
                     *so_far = so_far.saturating_add(n);
                 }
-                if counted && n > 0 && (stat == "rq_total" || rule.inbound) {
+                if counted && n > 0 && (stat == "rq_total" || rule.app_only) {
                     let host = BuildHasherDefault::<DefaultHasher>::new().hash_one((rest, stat));
                     self.counters.push(HostCounter { host, value: n });
                 }
@@ -150,7 +150,7 @@ impl HostTally {
                 }
                 let left_out = if any(rule.preset.own_clusters, name) {
                     Some(rule.preset.own_cluster)
-                } else if rule.inbound && !any(rule.preset.inbound_clusters, name) {
+                } else if rule.app_only && !any(rule.preset.inbound_clusters, name) {
                     Some("not the app's inbound")
                 } else if rule.ignore_clusters.matches(name) {
                     Some("--ignore-clusters")
@@ -265,7 +265,7 @@ fn why_host(host: &str, cluster: &str, rule: &HostScope) -> Option<String> {
     let internal = host.strip_prefix("envoy://").filter(|_| rule.preset.waypoint);
     let to = internal.and_then(|h| h.rsplit_once('/')?.1.parse::<SocketAddr>().ok());
     match to.map_or_else(|| host.parse::<SocketAddr>(), Ok) {
-        Err(_) if rule.inbound && pipe && any(rule.preset.inbound_clusters, cluster) => None,
+        Err(_) if rule.app_only && pipe && any(rule.preset.inbound_clusters, cluster) => None,
         Err(_) if rule.preset.waypoint && host.starts_with("envoy://") => None,
         Err(_) => Some("Unix socket or internal address".to_string()),
         Ok(a) if rule.ignore_ports.contains(a.port()) => Some(format!("ignored port {}", a.port())),
@@ -297,7 +297,7 @@ mod tests {
             preset: crate::preset::ISTIO,
             ignore_clusters: Names::default(),
             ignore_ports: PortSet::parse(crate::lists::ISTIO_INFRA_PORTS).unwrap(),
-            inbound: false,
+            app_only: false,
         }
     }
 
@@ -473,7 +473,7 @@ mine::10.0.0.7:80::rq_active::4
 inbound|8080||::/var/run/app/app.sock::rq_total::110
 inbound|8080||::/var/run/app/app.sock::cx_total::3
 ";
-        let hold = HostScope { inbound: true, ..istio() };
+        let hold = HostScope { app_only: true, ..istio() };
         let a = tally(body, &hold).unwrap();
         assert_eq!(a.app_arrived, AppArrived { requests: 110, connections: 3 });
         assert_eq!(a.counters.len(), 2, "both counters tell arrivals: {:?}", a.counters);
@@ -541,7 +541,7 @@ inbound|15090||::127.0.0.1:15090::rq_total::5
     #[test]
     fn a_host_that_vanishes_or_restarts_its_counter_takes_no_arrival_back() {
         let counters = |body: &str, rule: &HostScope| tally(body, rule).unwrap().counters;
-        let rule = HostScope { inbound: true, ..istio() };
+        let rule = HostScope { app_only: true, ..istio() };
         let host = |port: u16, rq: u64, cx: u64| {
             format!(
                 "inbound|8080||::10.90.0.{port}:8080::rq_active::0

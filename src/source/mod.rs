@@ -108,7 +108,7 @@ pub(crate) struct Sources {
     /// it, up to `MAX_STATS_TIMEOUT`.
     stats_timeout: Duration,
     /// `hold` behind a sidecar: both sources' state.
-    hold: Option<SidecarArrivals>,
+    sidecar: Option<SidecarArrivals>,
 }
 
 /// What a look spends beyond its own time: how long it waited on Envoy's admin API, what its
@@ -139,14 +139,14 @@ impl Sources {
                 preset: c.preset,
                 ignore_clusters: c.ignore_clusters.clone(),
                 ignore_ports: c.filter.ignore.clone(),
-                inbound: c.hold.is_some(),
+                app_only: c.arrivals.is_some(),
             },
             arrived: clusters::Arrived::default(),
             table: SocketTable::new(c),
             spent: Spent::default(),
             clusters_first: None,
             stats_timeout: REQUEST_TIMEOUT,
-            hold: c.hold.as_ref().map(|_| SidecarArrivals::default()),
+            sidecar: c.arrivals.as_ref().map(|_| SidecarArrivals::default()),
         }
     }
 
@@ -175,11 +175,11 @@ impl Sources {
         let (asked, own) = (Instant::now(), Meter::start(process_cpu));
         let mut reading = self.count(left);
         // `hold` runs before the app's SIGTERM: its sockets tell nothing then.
-        let pod = match self.clusters.inbound {
+        let pod = match self.clusters.app_only {
             true => Err(Failure::from("not read while holding")),
             false => self.table().pod(until),
         };
-        if let (Err(why), Ok(count), false) = (&pod, &mut reading.result, self.clusters.inbound) {
+        if let (Err(why), Ok(count), false) = (&pod, &mut reading.result, self.clusters.app_only) {
             count.warnings.push(Warning::Undelivered(why.clone()));
         }
         let s = self.spent;
@@ -212,11 +212,11 @@ impl Sources {
         // Found once, before the requests are timed: Envoy's main thread is its process's first.
         let envoy = admin.then(|| self.table().envoy_pid(until)).flatten();
         let (asked, envoy_cpu) = (Instant::now(), Meter::start(|| envoy.and_then(main_thread_cpu)));
-        if self.clusters.inbound && !admin {
+        if self.clusters.app_only && !admin {
             let proc = Some(self.table.arrivals(until.max(Instant::now() + PROC_GRACE)));
             return Look { stats: None, clusters: None, proc };
         }
-        if self.clusters.inbound {
+        if self.clusters.app_only {
             return self.hold(until, asked, envoy_cpu);
         }
         let known = match &self.clusters_first {
@@ -265,7 +265,7 @@ impl Sources {
         asked: Instant,
         envoy_cpu: Meter<impl Fn() -> Option<Duration>>,
     ) -> Look {
-        let mut hold = self.hold.take().unwrap_or_default();
+        let mut hold = self.sidecar.take().unwrap_or_default();
         let left = until.saturating_duration_since(asked).saturating_sub(PROC_GRACE);
         let mut blocked = false;
         let clusters = hold.clusters_limit(asked, left).map(|limit| {
@@ -300,7 +300,7 @@ impl Sources {
         }
         let proc = self.table.arrivals(until.max(Instant::now() + PROC_GRACE));
         let (clusters, proc) = hold.merge(clusters, proc, self.table.probes(), blocked);
-        self.hold = Some(hold);
+        self.sidecar = Some(hold);
         Look { stats: None, clusters, proc: Some(proc) }
     }
 
@@ -409,7 +409,7 @@ mod tests {
             unit: Unit::Connections,
             filter: crate::config::Filter::default(),
             ignore_clusters: crate::lists::Names::default(),
-            hold: None,
+            arrivals: None,
             proc_net: Some(proc_net),
             warnings: vec![],
         })

@@ -91,7 +91,7 @@ impl SocketTable {
             not_envoy: None,
             pod: None,
             // SAFETY: geteuid has no preconditions and cannot fail.
-            tracker: c.hold.clone().map(|rule| Tracker::new(rule, unsafe { libc::geteuid() })),
+            tracker: c.arrivals.clone().map(|rule| Tracker::new(rule, unsafe { libc::geteuid() })),
             made: Instant::now(),
             aged: false,
             listened: Vec::new(),
