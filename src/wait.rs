@@ -282,18 +282,15 @@ struct Sample {
 #[derive(Debug, Default)]
 struct Opened {
     counter: Option<u64>,
-    /// Whether the last count that told arrivals told these too.
-    known: bool,
-    /// The end of the last count that told.
-    last: Duration,
+    /// The end of the last count that told arrivals, where it told these too.
+    told_at: Option<Duration>,
     rate: Rate,
 }
 
 impl Opened {
     fn add(&mut self, now: Duration, counter: Option<u64>, limits: &Limits) {
-        self.known = counter.is_some();
+        self.told_at = counter.map(|_| now);
         let Some(n) = counter else { return };
-        self.last = now;
         let new = self.counter.replace(n).map_or(0, |was| n.saturating_sub(was));
         self.rate.add(now, &Seen { arrived: new, ..Seen::default() }, None, limits);
     }
@@ -302,8 +299,8 @@ impl Opened {
     /// at least.
     fn stopped(&self, floor: Duration) -> Option<Duration> {
         let quiet = self.rate.pace.map_or(floor, |p| p.quiet);
-        let since = self.last.saturating_sub(self.rate.last.unwrap_or(Duration::ZERO));
-        (self.known && since >= quiet).then_some(since)
+        let since = self.told_at?.saturating_sub(self.rate.last.unwrap_or(Duration::ZERO));
+        (since >= quiet).then_some(since)
     }
 }
 
@@ -335,11 +332,10 @@ pub struct End {
     pub delivering: bool,
 }
 
-/// Follows the app (seen at all; gone since when; when the last look ended) and the counter.
+/// Follows the app (its sockets; when the last look ended) and the counter.
 #[derive(Debug, Default)]
 struct Follow {
-    app_seen: bool,
-    gone_since: Option<Duration>,
+    sockets: Sockets,
     last_look: Duration,
     requests: Option<u64>,
     recounted: u64,
@@ -347,23 +343,25 @@ struct Follow {
 
 impl Follow {
     /// What a look from `started` to `ended` says of the app: gone only when every look since
-    /// `gone_since` missed its sockets, each starting within two `RECHECK`s of the last one's end.
+    /// they went missed them, each starting within two `RECHECK`s of the last one's end.
     fn app(&mut self, holds_sockets: Option<bool>, started: Duration, ended: Duration) -> App {
         let close = started.saturating_sub(self.last_look) <= RECHECK.saturating_mul(2);
         self.last_look = ended;
-        let since = match (holds_sockets, self.app_seen) {
-            (None, _) | (Some(true), _) => {
-                self.app_seen |= holds_sockets.is_some();
-                self.gone_since = None;
-                return if holds_sockets.is_some() { App::Running } else { App::Unknown };
+        let since = match (holds_sockets, self.sockets) {
+            (None, Sockets::NeverSeen) => return App::Unknown,
+            (None, _) => {
+                self.sockets = Sockets::Held;
+                return App::Unknown;
             }
-            (Some(false), false) => return App::NotSeen,
-            (Some(false), true) => match self.gone_since {
-                Some(since) if close => since,
-                _ => started,
-            },
+            (Some(true), _) => {
+                self.sockets = Sockets::Held;
+                return App::Running;
+            }
+            (Some(false), Sockets::NeverSeen) => return App::NotSeen,
+            (Some(false), Sockets::GoneSince(since)) if close => since,
+            (Some(false), _) => started,
         };
-        self.gone_since = Some(since);
+        self.sockets = Sockets::GoneSince(since);
         if ended.saturating_sub(since) >= APP_GONE { App::Gone } else { App::Leaving }
     }
 
@@ -383,6 +381,15 @@ impl Follow {
         });
         Seen { app, arrived, recounted, ..Seen::default() }
     }
+}
+
+/// What the looks have seen of the app's sockets: none yet, held, or gone since a time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Sockets {
+    #[default]
+    NeverSeen,
+    Held,
+    GoneSince(Duration),
 }
 
 /// When the min-drain ends: `min_drain` after the drain, `LAST_COUNT` before the deadline at most.
@@ -415,9 +422,16 @@ pub struct Wait<'r> {
     counts: Ending,
     /// No look before then.
     due: Duration,
-    /// The count is reached: with `then_quit`, the looks are at the app's exit.
-    reached: bool,
-    end: Option<End>,
+    phase: Phase,
+}
+
+/// Where a wait is: counting; the count reached, and (`then_quit`) looking at the app until it
+/// has exited; or ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Counting,
+    AwaitingExit,
+    Ended(End),
 }
 
 impl<'r> Wait<'r> {
@@ -430,18 +444,17 @@ impl<'r> Wait<'r> {
         let drain_done = drain_done(rules, drained_at);
         let counts = Ending { drain_done, after_arrival, ..Ending::default() };
         let follow = Follow::default();
-        Wait { rules, follow, counts, due: Duration::ZERO, reached: false, end: None }
+        Wait { rules, follow, counts, due: Duration::ZERO, phase: Phase::Counting }
     }
 
     pub fn next(&mut self, now: Duration) -> Step {
         if now < self.due {
             return Step::Sleep(self.due);
         }
-        if let Some(end) = self.end {
-            return Step::End(end);
-        }
-        if self.reached {
-            return Step::Look(Ask::Exit);
+        match self.phase {
+            Phase::Ended(end) => return Step::End(end),
+            Phase::AwaitingExit => return Step::Look(Ask::Exit),
+            Phase::Counting => {}
         }
         if now >= self.rules.deadline {
             let outcome = match self.counts.opened.stopped(self.rules.settle) {
@@ -451,7 +464,9 @@ impl<'r> Wait<'r> {
                 }
                 _ => Outcome::Deadline,
             };
-            return Step::End(*self.end.insert(End { outcome, quit: None, delivering: false }));
+            let end = End { outcome, quit: None, delivering: false };
+            self.phase = Phase::Ended(end);
+            return Step::End(end);
         }
         Step::Look(if now >= self.counts.next { Ask::Count } else { Ask::App })
     }
@@ -459,7 +474,7 @@ impl<'r> Wait<'r> {
     /// What a look asked for `ask` from `started` to `now` saw, and what the wait made of it.
     pub fn saw(&mut self, ask: Ask, (started, now): (Duration, Duration), tick: &Tick) -> Seen {
         let rules = self.rules;
-        if self.reached {
+        if self.phase == Phase::AwaitingExit {
             return self.saw_exit((started, now), tick);
         }
         let counts = &mut self.counts;
@@ -489,22 +504,24 @@ impl<'r> Wait<'r> {
         seen.busy = tick.busy;
         if seen.app == App::Gone && now >= counts.drain_done && delivered {
             let quit = rules.then_quit.then_some(App::Gone);
-            self.end = Some(End { outcome: Outcome::AppExited, quit, delivering: false });
+            self.phase = Phase::Ended(End { outcome: Outcome::AppExited, quit, delivering: false });
             return seen;
         }
         if ask == Ask::Count
             && let Some(end) = counts.add(rules, tick, seen.arrived > 0, (started, now))
         {
             self.due = end;
-            self.reached = rules.then_quit;
-            if !rules.then_quit {
-                self.end = Some(End { outcome: Outcome::Reached, quit: None, delivering: false });
-            }
+            self.phase = match rules.then_quit {
+                true => Phase::AwaitingExit,
+                false => {
+                    Phase::Ended(End { outcome: Outcome::Reached, quit: None, delivering: false })
+                }
+            };
             return seen;
         }
         // Sockets gone, and the next count too late to tell by the min-drain's end: look closer.
         let mut next = counts.next;
-        if self.follow.gone_since.is_some()
+        if matches!(self.follow.sockets, Sockets::GoneSince(_))
             && counts.next.saturating_add(APP_GONE) > counts.drain_done
         {
             next = next.min(now.saturating_add(RECHECK));
@@ -528,7 +545,8 @@ impl<'r> Wait<'r> {
         };
         if self.rules.deadline.saturating_sub(now) <= pause {
             let delivering = app == App::Gone && !delivered;
-            self.end = Some(End { outcome: Outcome::Reached, quit: Some(app), delivering });
+            self.phase =
+                Phase::Ended(End { outcome: Outcome::Reached, quit: Some(app), delivering });
         } else {
             self.due = now.saturating_add(pause);
         }
