@@ -158,6 +158,16 @@ impl SocketTable {
     /// The kernel's count, made before `until`: the listening sockets, Envoy's process, then the open
     /// sockets counted as they come. Netlink that is unavailable gives way to the text tables.
     pub fn count(&mut self, until: Instant) -> Result<Count, Failure> {
+        let (mut count, pod) = self.read(until, true)?;
+        self.pod = Some(pod);
+        self.reader_warning(&mut count.warnings);
+        Ok(count)
+    }
+
+    /// One read before `until`: what Envoy accepted, counted as the sockets come (with
+    /// `counting`, its listeners learnt, and a count that found Envoy's process listing it
+    /// again), and what the pod holds besides.
+    fn read(&mut self, until: Instant, counting: bool) -> Result<(Count, Pod), Failure> {
         let (listening, open) = self.read_listening(until)?;
         // Looked up once: on a Unix socket it reads /proc/net/unix.
         let admin = self.admin_socket(&listening);
@@ -169,28 +179,24 @@ impl SocketTable {
             inodes: &inodes,
             ephemeral: &ephemeral,
         };
-        self.listeners.learn(&listening, &rule);
+        if counting {
+            self.listeners.learn(&listening, &rule);
+        }
         // The text tables were read whole before Envoy's sockets were listed; a dump comes after.
         let listened = listened(&mut self.listened, &listening, &rule);
         let proxy = basis.uid().unwrap_or_else(|| proxy_uid(admin));
         let accepted = Accepted { listened, ignore: &self.filter.ignore, proxy };
-        let mut tally = SocketTally::new(
-            &listening,
-            Some((rule, &self.listeners)),
-            open.is_none(),
-            Some(accepted),
-        );
+        let whole = counting && open.is_none();
+        let rule = counting.then_some((rule, &self.listeners));
+        let mut tally = SocketTally::new(&listening, rule, whole, Some(accepted));
         read_open(open, until, &diag::request(diag::OPEN, true), &mut tally)?;
         let busy = tally.busy();
         let relist = || match (&self.proc_root, &basis) {
-            (Ok(root), Basis::Process { pid, .. }) => sockets_of(root, *pid).ok(),
+            (Ok(root), Basis::Process { pid, .. }) if counting => sockets_of(root, *pid).ok(),
             _ => None,
         };
         let (count, owners) = tally.count(relist);
-        let mut count = Count { basis: Some(basis), ..count };
-        self.pod = Some(pod_of(admin, owners, busy));
-        self.reader_warning(&mut count.warnings);
-        Ok(count)
+        Ok((Count { basis: Some(basis), ..count }, pod_of(admin, owners, busy)))
     }
 
     /// Where netlink was meant to be read and the text tables are, the warning that says why.
@@ -213,27 +219,10 @@ impl SocketTable {
 
     /// What the pod holds besides the count, before `until`: the last count's sockets, else read now.
     pub(crate) fn pod(&mut self, until: Instant) -> Result<Pod, Failure> {
-        if let Some(pod) = self.pod.take() {
-            return Ok(pod);
+        match self.pod.take() {
+            Some(pod) => Ok(pod),
+            None => self.read(until, false).map(|(_, pod)| pod),
         }
-        let (listening, open) = self.read_listening(until)?;
-        let admin = self.admin_socket(&listening);
-        let (basis, inodes) = self.envoy(admin, until);
-        let ephemeral = self.ephemeral();
-        let rule = AcceptRule {
-            filter: &self.filter,
-            envoy: &basis,
-            inodes: &inodes,
-            ephemeral: &ephemeral,
-        };
-        let listened = listened(&mut self.listened, &listening, &rule);
-        let proxy = basis.uid().unwrap_or_else(|| proxy_uid(admin));
-        let accepted = Accepted { listened, ignore: &self.filter.ignore, proxy };
-        let mut tally = SocketTally::new(&listening, None, false, Some(accepted));
-        read_open(open, until, &diag::request(diag::OPEN, true), &mut tally)?;
-        let busy = tally.busy();
-        let (_, owners) = tally.count(|| None);
-        Ok(pod_of(admin, owners, busy))
     }
 
     /// The listening sockets, before `until`; from the text tables, the open ones too.
