@@ -13,8 +13,9 @@
 //! [p=2,5,10,15] [close=pod,client,ambient]`
 
 use envoy_drain::cli::HoldArgs;
-use envoy_drain::config::{Rules, hold_config};
+use envoy_drain::config::Rules;
 use envoy_drain::count::Cost;
+use envoy_drain::hold::config::hold_config;
 use envoy_drain::source::arrivals::{before, remember};
 use envoy_drain::wait::{Step, Tick, Wait};
 use std::time::Duration;

@@ -9,6 +9,7 @@ pub mod config;
 pub mod count;
 pub(crate) mod drain;
 pub(crate) mod error;
+pub mod hold;
 pub mod install;
 pub mod lists;
 pub(crate) mod log;

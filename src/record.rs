@@ -128,7 +128,7 @@ fn outcome(o: Outcome) -> String {
 mod tests {
     use super::*;
     use crate::cli::HoldArgs;
-    use crate::config::hold_config;
+    use crate::hold::config::hold_config;
 
     #[test]
     fn a_hold_that_went_quiet_is_one_record_with_every_member() {
