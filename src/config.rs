@@ -631,15 +631,16 @@ fn pod_settings(given: &[String], mode: Mode, warnings: &mut Vec<ConfigWarning>)
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The warnings as the log says them.
-    fn said(warnings: &[ConfigWarning]) -> Vec<String> {
+    pub(crate) fn said(warnings: &[ConfigWarning]) -> Vec<String> {
         warnings.iter().map(ConfigWarning::to_string).collect()
     }
 
-    fn no_env(_: &str) -> Option<String> {
+    /// An environment without a variable.
+    pub(crate) fn no_env(_: &str) -> Option<String> {
         None
     }
 

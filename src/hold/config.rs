@@ -273,14 +273,7 @@ impl Holding {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn said(warnings: &[ConfigWarning]) -> Vec<String> {
-        warnings.iter().map(ToString::to_string).collect()
-    }
-
-    fn no_env(_: &str) -> Option<String> {
-        None
-    }
+    use crate::config::tests::{no_env, said};
 
     #[test]
     fn holds_defaults_and_ambient_modes_rule() {
