@@ -4,8 +4,7 @@
 
 use crate::cli::usage_error;
 use crate::config::{Address, RunConfig};
-use crate::count::Cost;
-use crate::count::REQUEST_TIMEOUT;
+use crate::count::{Cost, REQUEST_TIMEOUT};
 use crate::drain::Request;
 use crate::error::{Failure, UsageError};
 use crate::log::{Level, Logger};

@@ -5,8 +5,7 @@ use crate::cli::{ANNOTATION_PREFIX, ENV_LOG_FORMAT, ENV_NODE_IPS};
 use crate::config::{
     ConfigWarning, DEFAULT_MIN_DRAIN, ENV_MIN_DRAIN, Mode, Plan, Rules, RunConfig, Until,
 };
-use crate::count::PACE;
-use crate::count::{Basis, Busy, Cost, Count, NON_HTTP, SourceKind, Unit, Warning};
+use crate::count::{Basis, Busy, Cost, Count, NON_HTTP, PACE, SourceKind, Unit, Warning};
 use crate::drain::Request;
 use crate::error::Failure;
 use crate::log::Level;

@@ -1561,16 +1561,7 @@ fn slow_download(path: &str, rate: usize, close: bool) -> (usize, usize) {
     use std::os::fd::AsRawFd;
     let mut c = support::pod::connect_from(CLIENT_IP, APP).expect("a connection to the pod");
     let size: libc::c_int = 32 * 1024;
-    // SAFETY: a socket we own, and an int of the size given.
-    unsafe {
-        libc::setsockopt(
-            c.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            (&raw const size).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
+    support::pod::set_socket_option(c.as_raw_fd(), libc::SO_RCVBUF, &size);
     let close = if close { "connection: close\r\n" } else { "" };
     c.write_all(format!("GET {path} HTTP/1.1\r\nhost: app\r\n{close}\r\n").as_bytes()).unwrap();
     c.set_read_timeout(Some(5 * SECOND)).unwrap();

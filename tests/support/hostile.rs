@@ -181,16 +181,7 @@ fn hold_until_stopped(stop: &AtomicBool) {
 /// SO_LINGER 0: the socket's close sends RST instead of FIN.
 fn reset_on_close(fd: std::os::fd::RawFd) {
     let linger = libc::linger { l_onoff: 1, l_linger: 0 };
-    // SAFETY: setsockopt on a socket we own with a correctly sized value.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-    }
+    super::pod::set_socket_option(fd, libc::SO_LINGER, &linger);
 }
 
 /// A fault that is one whole answer, in Envoy's head: its status and body.

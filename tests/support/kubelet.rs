@@ -199,16 +199,7 @@ fn probe(kind: Probe, from: &str, target: &str) -> bool {
         return false;
     };
     let linger = libc::linger { l_onoff: 1, l_linger: 1 };
-    // SAFETY: a socket we own, and a linger value of the size given.
-    unsafe {
-        libc::setsockopt(
-            c.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&raw const linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-    }
+    super::pod::set_socket_option(c.as_raw_fd(), libc::SO_LINGER, &linger);
     match kind {
         Probe::Tcp => true,
         Probe::Http => {

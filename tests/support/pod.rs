@@ -263,6 +263,20 @@ impl Network {
     }
 }
 
+/// Sets a socket option (`SOL_SOCKET`'s `name`) to `value` on the socket `fd`.
+pub fn set_socket_option<T>(fd: std::os::fd::RawFd, name: libc::c_int, value: &T) {
+    // SAFETY: a socket of the caller's, and a value of the size given.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            name,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        );
+    }
+}
+
 /// A connection to `target` from `source`, an address of the namespace the calling thread is in:
 /// what a client of a given address does (std's TcpStream cannot bind before it connects).
 pub fn connect_from(source: &str, target: &str) -> std::io::Result<TcpStream> {
