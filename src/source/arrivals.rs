@@ -105,6 +105,8 @@ pub(crate) struct Tracker {
     pub(crate) polls: u64,
     /// When the first read was, and how many connections since were taken for probes.
     first_at: Option<Duration>,
+    /// When the last read was.
+    last_at: Option<Duration>,
     /// The pod's age at the first read, where its processes tell (`sockets::pod_age`).
     pub(crate) age: Option<Duration>,
     probed: u64,
@@ -132,11 +134,12 @@ impl Tracker {
         let first = self.last.is_none();
         let last = self.last.take().unwrap_or_default();
         let since = at.saturating_sub(*self.first_at.get_or_insert(at));
+        let then = self.last_at.replace(at).unwrap_or(at);
         let mut read = Read::default();
         let (mut sent, mut open) = (Vec::new(), BTreeMap::new());
         let mut newest = Duration::MAX;
         for (key, seen) in &mut now {
-            let before = last.get(key);
+            let before = last.get(key).filter(|b| !reopened(b, seen, (then, at)));
             let client = self.probed_or_client(key, seen, before, (since, first));
             if !self.counts(key, seen) {
                 continue;
@@ -447,6 +450,29 @@ impl Tracker {
         read.opened += read.unseen;
     }
 }
+
+/// Whether `now`, on the ends of a connection the read `then` saw closed (`before`), is another
+/// one: a client that keeps no TIME_WAIT of its own may take the same port again while the pod's
+/// end of the old connection waits in TIME_WAIT, and the kernel takes the new connection
+/// (`tcp_timewait_state_process`, net/ipv4/tcp_minisocks.c). Open again, or closed later than
+/// the old one did: its age short of what the old one's grew to by `at` (by more than a read's
+/// own jitter, `REOPENED`).
+fn reopened(before: &Conn, now: &Conn, (then, at): (Duration, Duration)) -> bool {
+    match (before.closed, now.closed, before.idle, now.idle) {
+        (false, ..) => false,
+        (true, false, ..) => true,
+        (true, true, Some(was), Some(is)) => {
+            was.saturating_add(at.saturating_sub(then)).saturating_sub(is) > REOPENED
+        }
+        _ => false,
+    }
+}
+
+/// How far short of the old connection's age a closed one's must be to be another: ages are
+/// whole ticks and a read's time is taken after its dump, which a loaded node can delay by
+/// hundreds of milliseconds; a port taken again within a second is missed (one spurious
+/// arrival, which makes a hold longer, never shorter).
+const REOPENED: Duration = Duration::from_secs(1);
 
 /// What the ages of the arrivals before the first read tell: how many came in the minute the
 /// kernel remembers them (TIME_WAIT lasts 60 s), and back to `HISTORY` the newest and the
@@ -1139,15 +1165,23 @@ mod tests {
         // and an open one: the newest 200 ms ago, the longest pause 4 s.
         let probes = vec![end("10.90.0.1:0").ip];
         let rule = ArrivalRule { probes, passive_opens: true, ..ArrivalRule::default() };
-        let closed = |port: u16, ms| {
-            idle(socket(&format!("{POD}:8080"), &format!("10.90.0.9:{port}"), TIME_WAIT, None), ms)
+        // The table half a second later: each socket 500 ms older.
+        let table = |later: u64| {
+            let closed = |port: u16, ms: u64| {
+                let client = format!("10.90.0.9:{port}");
+                idle(socket(&format!("{POD}:8080"), &client, TIME_WAIT, None), ms + later)
+            };
+            let probe = socket(&format!("{POD}:8080"), "10.90.0.1:33000", TIME_WAIT, None);
+            let open = socket(&format!("{POD}:8080"), "10.90.0.9:50004", ESTABLISHED, Some(90));
+            let first = [closed(50000, 200), closed(50001, 4200), closed(50002, 4700)];
+            [
+                &first[..],
+                &[closed(50003, 30_000), idle(probe, 1000 + later), idle(open, 100 + later)],
+            ]
+            .concat()
         };
-        let probe = idle(socket(&format!("{POD}:8080"), "10.90.0.1:33000", TIME_WAIT, None), 1000);
-        let open =
-            idle(socket(&format!("{POD}:8080"), "10.90.0.9:50004", ESTABLISHED, Some(90)), 100);
-        let first = [closed(50000, 200), closed(50001, 4200), closed(50002, 4700)];
-        let first = [&first[..], &[closed(50003, 30_000), probe, open]].concat();
-        let found = reads(rule, &[8080], &[(&first, None), (&first, None)]);
+        let (first, second) = (table(0), table(500));
+        let found = reads(rule, &[8080], &[(&first, None), (&second, None)]);
         let recent = Some((Duration::from_millis(200), Duration::from_millis(4000)));
         let span = Duration::from_secs(60);
         assert_eq!(found[0].before, Some(Before { arrivals: 4, span, recent }), "the minute's");
@@ -1186,6 +1220,40 @@ mod tests {
         let found = reads(none(), &[8080], &[(&first, None)]);
         let recent = Some((newest, Duration::ZERO));
         assert_eq!(found[0].before, Some(Before { arrivals: 1, span, recent }));
+    }
+
+    #[test]
+    fn a_connection_on_the_ends_of_one_in_time_wait_is_another() {
+        // The probe's client takes the port of its connection of 2 s ago, whose end in the pod
+        // waits in TIME_WAIT: the new one is a probe's too, and PassiveOpens' count of it is
+        // explained (it was a spurious arrival). A client's is one arrival, not two.
+        for (client, arrivals) in [("10.90.0.3:40000", [0, 0, 0]), ("10.90.0.9:40000", [0, 1, 0])] {
+            let old = idle(socket(&format!("{POD}:8080"), client, TIME_WAIT, None), 2000);
+            let new = idle(socket(&format!("{POD}:8080"), client, TIME_WAIT, None), 100);
+            let rule = ArrivalRule {
+                passive_opens: true,
+                probes: vec![end("10.90.0.3:0").ip],
+                ..ArrivalRule::default()
+            };
+            let older = idle(new, 600);
+            let found =
+                reads(rule, &[8080], &[(&[old], Some(1)), (&[new], Some(2)), (&[older], Some(2))]);
+            assert_eq!(arrived(&found), arrivals, "{client}: {found:?}");
+        }
+    }
+
+    #[test]
+    fn the_same_connection_in_time_wait_ageing_is_not_another() {
+        let rule = || ArrivalRule { passive_opens: true, ..ArrivalRule::default() };
+        let at = |ms| idle(socket(&format!("{POD}:8080"), "10.90.0.9:40000", TIME_WAIT, None), ms);
+        // 500 ms between reads, the age 480 or 520 ms more, or 300 ms less (a read's time taken
+        // 800 ms late): the same; 1.7 s less: another.
+        for same in [2480, 2520, 1700] {
+            let found = reads(rule(), &[8080], &[(&[at(2000)], Some(1)), (&[at(same)], Some(1))]);
+            assert_eq!(arrived(&found), [0, 0], "{same}");
+        }
+        let found = reads(rule(), &[8080], &[(&[at(2000)], Some(1)), (&[at(300)], Some(2))]);
+        assert_eq!(arrived(&found), [0, 1]);
     }
 
     #[test]
