@@ -45,26 +45,7 @@ fn main() {
     if let [_, verb, sizes @ ..] = &args[..]
         && verb == "scale-hold"
     {
-        let mut sizes: Vec<usize> =
-            sizes.iter().map(|n| n.parse().expect("a number of clusters")).collect();
-        if sizes.is_empty() {
-            sizes = vec![10_000, 50_000];
-        }
-        print!("{HOLD_HEADER}");
-        for n in sizes {
-            let (drain, envoy) = (drain.clone(), envoy.clone());
-            print!(
-                "{}",
-                support::netns::in_private_netns(move || {
-                    let dir = std::env::temp_dir()
-                        .join(format!("envoy-drain-hold-{}", std::process::id()));
-                    std::fs::create_dir_all(&dir).expect("a temporary directory");
-                    let row = hold_row(&drain, &envoy, &dir, n);
-                    let _ = std::fs::remove_dir_all(&dir);
-                    row
-                })
-            );
-        }
+        scale_hold(&drain, &envoy, sizes);
         return;
     }
     if let [_, verb] = &args[..]
@@ -86,6 +67,31 @@ fn main() {
     println!("{}", support::netns::in_private_netns(move || clusters_cost(&d, &e)));
     let (d, e) = (drain.clone(), envoy.clone());
     println!("{}", support::netns::in_private_netns(move || signal(&d, &e)));
+}
+
+/// `hold` on a sidecar of each size in `sizes` (clusters; 10,000 and 50,000 where none is given),
+/// a row each.
+fn scale_hold(drain: &Path, envoy: &Path, sizes: &[String]) {
+    let mut sizes: Vec<usize> =
+        sizes.iter().map(|n| n.parse().expect("a number of clusters")).collect();
+    if sizes.is_empty() {
+        sizes = vec![10_000, 50_000];
+    }
+    print!("{HOLD_HEADER}");
+    for n in sizes {
+        let (drain, envoy) = (drain.to_path_buf(), envoy.to_path_buf());
+        print!(
+            "{}",
+            support::netns::in_private_netns(move || {
+                let dir =
+                    std::env::temp_dir().join(format!("envoy-drain-hold-{}", std::process::id()));
+                std::fs::create_dir_all(&dir).expect("a temporary directory");
+                let row = hold_row(&drain, &envoy, &dir, n);
+                let _ = std::fs::remove_dir_all(&dir);
+                row
+            })
+        );
+    }
 }
 
 /// An Envoy with 1,000 clusters of 3 hosts (`clusters_envoy`): what `--count requests` reads
@@ -110,18 +116,7 @@ fn clusters_cost(drain: &Path, envoy: &Path) -> String {
     let (count, said) = status_time(drain, &["--count", "requests", "--source", "stats"], 15);
     // Nothing in flight: a 3 s settle time keeps it counting every 500 ms.
     let hook = Command::new(drain)
-        .args([
-            "run",
-            "--count",
-            "requests",
-            "--drain",
-            "none",
-            "--min-drain",
-            "0s",
-            "--settle",
-            "3s",
-            "--verbose",
-        ])
+        .args("run --count requests --drain none --min-drain 0s --settle 3s --verbose".split(' '))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -664,7 +659,6 @@ fn status_time(drain: &Path, args: &[&str], trials: usize) -> (Duration, String)
 fn scale(drain: &Path, envoy: &Path) -> String {
     let dir = std::env::temp_dir().join(format!("envoy-drain-scale-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a temporary directory");
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let mut out = String::from(
         "## 9. Scale: the biggest sidecars and gateways\n\n\
          Each row is one hook waiting 10 s (`run --drain none --min-drain 9s --deadline 10s --verbose`, default \
@@ -679,49 +673,7 @@ fn scale(drain: &Path, envoy: &Path) -> String {
          |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for n in [1_000, 10_000, 50_000] {
-        let mut child = clusters_envoy(envoy, &dir, n, false);
-        let live = support::envoy::until(Duration::from_secs(300), support::envoy::live);
-        if !live {
-            out += &format!("| {n} | Envoy did not come up within 300 s |||||||\n");
-            let _ = child.kill();
-            let _ = child.wait();
-            continue;
-        }
-        let mut bytes = 0;
-        let mut answers = Vec::new();
-        let cpu_before = cpu_of(child.id());
-        for _ in 0..3 {
-            let started = Instant::now();
-            bytes = Conn::open(support::envoy::ADMIN)
-                .and_then(|mut c| c.get("/clusters"))
-                .map(|r| r.body.len())
-                .unwrap_or_default();
-            answers.push(started.elapsed());
-        }
-        let per_answer = (cpu_of(child.id()) - cpu_before) / 3;
-        // What Envoy spends with nobody asking (stats flushes, timers), over as long.
-        let idle_before = cpu_of(child.id());
-        std::thread::sleep(Duration::from_secs(10));
-        let idle = (cpu_of(child.id()) - idle_before).as_secs_f64() / 10.0;
-        let (one, _) = status_time(drain, &["--count", "requests", "--source", "stats"], 3);
-        let w = quiet_wait(drain, Some(child.id()), 10, &["--count", "requests"]);
-        let long = quiet_wait(drain, Some(child.id()), 60, &["--count", "requests"]);
-        out += &format!(
-            "| {n} | {bytes} bytes | {:.0} ms | {:.0} ms | {:.0} ms | {:.1}% | {:.1}% | {} | {:.1}% | {} | {:.0} ms | {:.2} MiB | `{}` |\n",
-            ms(median(answers)),
-            ms(per_answer),
-            ms(one),
-            idle * 100.0,
-            w.envoy_share.unwrap_or_default() * 100.0,
-            w.counts("0 active requests (clusters)"),
-            long.envoy_share.unwrap_or_default() * 100.0,
-            long.counts("0 active requests (clusters)"),
-            ms(w.cpu),
-            w.rss_kib.max(long.rss_kib) as f64 / 1024.0,
-            w.last(),
-        );
-        let _ = child.kill();
-        let _ = child.wait();
+        out += &clusters_row(drain, envoy, &dir, n);
     }
     out += "\nThe answer holds every cluster and host (about 1.8 KB a host), built whole on Envoy's main thread \
             before its first byte. The hook reads it line by line as it arrives, keeping three counters a host, so \
@@ -732,6 +684,66 @@ fn scale(drain: &Path, envoy: &Path) -> String {
             ### Connections from the socket table (netlink)\n\n\
             | connections | sockets in the namespace | one count | hook CPU | hook peak RSS | counts (right) | last count |\n\
             |---:|---:|---:|---:|---:|---:|---|\n";
+    out += &sockets_rows(drain);
+    out += &listeners_row(drain, envoy, &dir, 10_000);
+    out += HOLD_HEADER;
+    out += &hold_row(drain, envoy, &dir, 10_000);
+    let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
+/// A row of `scale`'s /clusters table: an Envoy with `n` clusters of 3 hosts.
+fn clusters_row(drain: &Path, envoy: &Path, dir: &Path, n: usize) -> String {
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let mut child = clusters_envoy(envoy, dir, n, false);
+    let live = support::envoy::until(Duration::from_secs(300), support::envoy::live);
+    if !live {
+        let _ = child.kill();
+        let _ = child.wait();
+        return format!("| {n} | Envoy did not come up within 300 s |||||||\n");
+    }
+    let mut bytes = 0;
+    let mut answers = Vec::new();
+    let cpu_before = cpu_of(child.id());
+    for _ in 0..3 {
+        let started = Instant::now();
+        bytes = Conn::open(support::envoy::ADMIN)
+            .and_then(|mut c| c.get("/clusters"))
+            .map(|r| r.body.len())
+            .unwrap_or_default();
+        answers.push(started.elapsed());
+    }
+    let per_answer = (cpu_of(child.id()) - cpu_before) / 3;
+    // What Envoy spends with nobody asking (stats flushes, timers), over as long.
+    let idle_before = cpu_of(child.id());
+    std::thread::sleep(Duration::from_secs(10));
+    let idle = (cpu_of(child.id()) - idle_before).as_secs_f64() / 10.0;
+    let (one, _) = status_time(drain, &["--count", "requests", "--source", "stats"], 3);
+    let w = quiet_wait(drain, Some(child.id()), 10, &["--count", "requests"]);
+    let long = quiet_wait(drain, Some(child.id()), 60, &["--count", "requests"]);
+    let row = format!(
+        "| {n} | {bytes} bytes | {:.0} ms | {:.0} ms | {:.0} ms | {:.1}% | {:.1}% | {} | {:.1}% | {} | {:.0} ms | {:.2} MiB | `{}` |\n",
+        ms(median(answers)),
+        ms(per_answer),
+        ms(one),
+        idle * 100.0,
+        w.envoy_share.unwrap_or_default() * 100.0,
+        w.counts("0 active requests (clusters)"),
+        long.envoy_share.unwrap_or_default() * 100.0,
+        long.counts("0 active requests (clusters)"),
+        ms(w.cpu),
+        w.rss_kib.max(long.rss_kib) as f64 / 1024.0,
+        w.last(),
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    row
+}
+
+/// `scale`'s socket-table rows: 10,000 and 100,000 connections held open.
+fn sockets_rows(drain: &Path) -> String {
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let mut out = String::new();
     let mut held = Vec::new();
     let mut open = 0;
     for n in [10_000, 100_000] {
@@ -756,10 +768,6 @@ fn scale(drain: &Path, envoy: &Path) -> String {
         drop(child.stdin.take());
         let _ = child.wait();
     }
-    out += &listeners_row(drain, envoy, &dir, 10_000);
-    out += HOLD_HEADER;
-    out += &hold_row(drain, envoy, &dir, 10_000);
-    let _ = std::fs::remove_dir_all(&dir);
     out
 }
 
@@ -793,43 +801,52 @@ fn hold_row(drain: &Path, envoy: &Path, dir: &Path, n: usize) -> String {
         }
         last
     };
-    let row = if live {
-        let before = cpu_of(child.id());
-        let started = Instant::now();
-        load(Duration::from_secs(10));
-        let alone = (cpu_of(child.id()) - before).as_secs_f64() / started.elapsed().as_secs_f64();
-        let before = cpu_of(child.id());
-        let started = Instant::now();
-        let hook = Command::new(drain)
-            .args(["hold", "--min", "0s", "--deadline", "60s", "--verbose"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("envoy-drain starts");
-        let waited = thread::spawn(move || (hook.wait_with_output(), Instant::now()));
-        let last = load(Duration::from_secs(45));
-        let (out, returned) = waited.join().expect("the waiting thread");
-        let out = out.expect("the hold ends");
-        let ended = Instant::now();
-        let share = (cpu_of(child.id()) - before).as_secs_f64() / (ended - started).as_secs_f64();
-        let log = String::from_utf8_lossy(&out.stderr);
-        let messages: Vec<&str> = log.lines().filter_map(|l| l.split('\t').nth(3)).collect();
-        let reads = messages.iter().filter(|m| m.starts_with(|c: char| c.is_ascii_digit())).count();
-        format!(
-            "| {n} | {:.1}% | {:.1}% | {reads} | {:.1} s | `{}` |\n",
-            alone * 100.0,
-            share * 100.0,
-            // Negative: it returned while requests still arrived.
-            returned.duration_since(last).as_secs_f64()
-                - last.duration_since(returned).as_secs_f64(),
-            messages.last().unwrap_or(&""),
-        )
-    } else {
-        format!("| {n} | Envoy did not come up within 300 s |||||\n")
+    let row = match live {
+        true => hold_measured(drain, child.id(), n, &mut load),
+        false => format!("| {n} | Envoy did not come up within 300 s |||||\n"),
     };
     let _ = child.kill();
     let _ = child.wait();
     row
+}
+
+/// `hold_row`'s figures, Envoy (pid `envoy`) up: its CPU share under `load` alone for 10 s, then
+/// over a hold while `load` runs 45 s.
+fn hold_measured(
+    drain: &Path,
+    envoy: u32,
+    n: usize,
+    load: &mut dyn FnMut(Duration) -> Instant,
+) -> String {
+    let before = cpu_of(envoy);
+    let started = Instant::now();
+    load(Duration::from_secs(10));
+    let alone = (cpu_of(envoy) - before).as_secs_f64() / started.elapsed().as_secs_f64();
+    let before = cpu_of(envoy);
+    let started = Instant::now();
+    let hook = Command::new(drain)
+        .args(["hold", "--min", "0s", "--deadline", "60s", "--verbose"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("envoy-drain starts");
+    let waited = thread::spawn(move || (hook.wait_with_output(), Instant::now()));
+    let last = load(Duration::from_secs(45));
+    let (out, returned) = waited.join().expect("the waiting thread");
+    let out = out.expect("the hold ends");
+    let ended = Instant::now();
+    let share = (cpu_of(envoy) - before).as_secs_f64() / (ended - started).as_secs_f64();
+    let log = String::from_utf8_lossy(&out.stderr);
+    let messages: Vec<&str> = log.lines().filter_map(|l| l.split('\t').nth(3)).collect();
+    let reads = messages.iter().filter(|m| m.starts_with(|c: char| c.is_ascii_digit())).count();
+    format!(
+        "| {n} | {:.1}% | {:.1}% | {reads} | {:.1} s | `{}` |\n",
+        alone * 100.0,
+        share * 100.0,
+        // Negative: it returned while requests still arrived.
+        returned.duration_since(last).as_secs_f64() - last.duration_since(returned).as_secs_f64(),
+        messages.last().unwrap_or(&""),
+    )
 }
 
 /// Envoy with `n` listeners, each of which has had a connection, and the connection stats on:

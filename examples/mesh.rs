@@ -77,26 +77,7 @@ fn main() {
             scenarios.len(),
             support::mesh::table(std::slice::from_ref(&row)).lines().last().unwrap_or_default()
         );
-        let d = &row.deletion;
-        let at = |t: std::time::Instant| t.saturating_duration_since(d.deleted).as_secs_f64();
-        let summary = |h: &support::running::Finished| {
-            h.last_line().split('\t').next_back().unwrap_or_default().to_string()
-        };
-        eprintln!(
-            "      app exited at {:.1}s, proxy stopped at {:.1}s{}{}",
-            at(d.app_exited),
-            at(d.proxy_stopped),
-            d.app_hook.as_ref().map_or(String::new(), |h| format!(
-                ", hold ended at {:.1}s: {}",
-                at(h.ended),
-                summary(h)
-            )),
-            d.hook.as_ref().map_or(String::new(), |h| format!(
-                ", hook ended at {:.1}s: {}",
-                at(h.ended),
-                row.hook_summary.as_deref().unwrap_or_default()
-            ))
-        );
+        eprintln!("      {}", timeline(&row));
         rows.push(row);
     }
     if demo {
@@ -106,51 +87,103 @@ fn main() {
     }
 }
 
+/// When the app exited, the proxy stopped and each hook ended, after the deletion, with the
+/// hooks' summaries.
+fn timeline(row: &support::mesh::ReplicaRow) -> String {
+    let d = &row.deletion;
+    let at = |t: std::time::Instant| t.saturating_duration_since(d.deleted).as_secs_f64();
+    let summary = |h: &support::running::Finished| {
+        h.last_line().split('\t').next_back().unwrap_or_default().to_string()
+    };
+    format!(
+        "app exited at {:.1}s, proxy stopped at {:.1}s{}{}",
+        at(d.app_exited),
+        at(d.proxy_stopped),
+        d.app_hook.as_ref().map_or(String::new(), |h| format!(
+            ", hold ended at {:.1}s: {}",
+            at(h.ended),
+            summary(h)
+        )),
+        d.hook.as_ref().map_or(String::new(), |h| format!(
+            ", hook ended at {:.1}s: {}",
+            at(h.ended),
+            row.hook_summary.as_deref().unwrap_or_default()
+        ))
+    )
+}
+
 fn is_mode(arg: &str) -> bool {
     matches!(arg, "istio" | "exit-on-zero" | "envoy-drain" | "requests" | "plain")
 }
 
 /// The scenarios the arguments select, in the table's order.
 fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
-    let (mut meshes, mut orderings, mut apps, mut modes) = (vec![], vec![], vec![], vec![]);
-    let (mut propagations, mut pre_stops, mut clients) = (vec![], vec![], vec![]);
-    let mut rates: Vec<f64> = vec![];
-    let (mut probes, mut gateways, mut outside) = (vec![], vec![], vec![]);
-    let mut http2 = false;
+    let mut c = Choices::default();
     for a in &args {
-        match a.as_str() {
-            "sidecar" => meshes.push(DataPlane::Sidecar),
-            "ambient" => meshes.push(DataPlane::Ambient),
-            "no-mesh" => meshes.push(DataPlane::None),
-            "classic" => orderings.push(Ordering::Classic),
-            "native" => orderings.push(Ordering::Native),
-            "graceful" => apps.push(AppKind::Graceful),
-            "nginx" => apps.push(AppKind::Nginx),
-            "flush" => apps.push(AppKind::Flush),
-            "istio" => modes.push(Mode::Istio),
-            "exit-on-zero" => modes.push(Mode::ExitOnZero),
-            "envoy-drain" => modes.push(Mode::EnvoyDrain),
-            "requests" => modes.push(Mode::Requests),
-            "plain" => modes.push(Mode::Plain),
-            "http2" => http2 = true,
-            "own" => pre_stops.push(PreStop::None),
-            "hold" => pre_stops.push(PreStop::Hold),
-            "keep-alive" => clients.push(true),
-            "new-conn" => clients.push(false),
-            "http-probes" => probes.push(Probe::Http),
-            "tcp-probes" => probes.push(Probe::Tcp),
-            "gateway" => gateways.push(Gateway::Bridge),
-            "node-ip" => gateways.push(Gateway::LinkLocal),
-            "meshed" => outside.push(false),
-            "outside" => outside.push(true),
+        c.take(a)?;
+    }
+    if c.http2 && c.meshes.iter().any(|&m| m != DataPlane::Sidecar) {
+        // The app speaks HTTP/1.1 (tests/pod/app.py); only a sidecar's Envoy carries HTTP/2 to it.
+        return Err("http2 needs sidecar alone: without a sidecar h2load would reach the \
+                    HTTP/1.1 app as it is"
+            .to_string());
+    }
+    c.defaults();
+    Ok(c.rows())
+}
+
+/// What the arguments chose, each list empty until `defaults` where they named none.
+#[derive(Default)]
+struct Choices {
+    meshes: Vec<DataPlane>,
+    orderings: Vec<Ordering>,
+    apps: Vec<AppKind>,
+    modes: Vec<Mode>,
+    propagations: Vec<u64>,
+    pre_stops: Vec<PreStop>,
+    clients: Vec<bool>,
+    rates: Vec<f64>,
+    probes: Vec<Probe>,
+    gateways: Vec<Gateway>,
+    outside: Vec<bool>,
+    http2: bool,
+}
+
+impl Choices {
+    fn take(&mut self, a: &str) -> Result<(), String> {
+        match a {
+            "sidecar" => self.meshes.push(DataPlane::Sidecar),
+            "ambient" => self.meshes.push(DataPlane::Ambient),
+            "no-mesh" => self.meshes.push(DataPlane::None),
+            "classic" => self.orderings.push(Ordering::Classic),
+            "native" => self.orderings.push(Ordering::Native),
+            "graceful" => self.apps.push(AppKind::Graceful),
+            "nginx" => self.apps.push(AppKind::Nginx),
+            "flush" => self.apps.push(AppKind::Flush),
+            "istio" => self.modes.push(Mode::Istio),
+            "exit-on-zero" => self.modes.push(Mode::ExitOnZero),
+            "envoy-drain" => self.modes.push(Mode::EnvoyDrain),
+            "requests" => self.modes.push(Mode::Requests),
+            "plain" => self.modes.push(Mode::Plain),
+            "http2" => self.http2 = true,
+            "own" => self.pre_stops.push(PreStop::None),
+            "hold" => self.pre_stops.push(PreStop::Hold),
+            "keep-alive" => self.clients.push(true),
+            "new-conn" => self.clients.push(false),
+            "http-probes" => self.probes.push(Probe::Http),
+            "tcp-probes" => self.probes.push(Probe::Tcp),
+            "gateway" => self.gateways.push(Gateway::Bridge),
+            "node-ip" => self.gateways.push(Gateway::LinkLocal),
+            "meshed" => self.outside.push(false),
+            "outside" => self.outside.push(true),
             other => match (
                 other.strip_prefix("sleep").and_then(|n| n.parse::<u64>().ok()),
                 other.strip_suffix('s').and_then(|n| n.parse::<u64>().ok()),
                 other.strip_suffix("/s").and_then(|n| n.parse::<f64>().ok()),
             ) {
-                (Some(n), _, _) => pre_stops.push(PreStop::Sleep(n)),
-                (_, Some(n), _) => propagations.push(n),
-                (_, _, Some(r)) if r > 0.0 => rates.push(r),
+                (Some(n), _, _) => self.pre_stops.push(PreStop::Sleep(n)),
+                (_, Some(n), _) => self.propagations.push(n),
+                (_, _, Some(r)) if r > 0.0 => self.rates.push(r),
                 _ => {
                     return Err(format!(
                         "unknown argument '{other}': expected sidecar, ambient, no-mesh, classic, \
@@ -161,75 +194,87 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
                 }
             },
         }
+        Ok(())
     }
-    all(&mut meshes, &[DataPlane::Sidecar]);
-    if http2 && meshes.iter().any(|&m| m != DataPlane::Sidecar) {
-        // The app speaks HTTP/1.1 (tests/pod/app.py); only a sidecar's Envoy carries HTTP/2 to it.
-        return Err("http2 needs sidecar alone: without a sidecar h2load would reach the \
-                    HTTP/1.1 app as it is"
-            .to_string());
+
+    fn defaults(&mut self) {
+        all(&mut self.meshes, &[DataPlane::Sidecar]);
+        all(&mut self.orderings, &[Ordering::Classic, Ordering::Native]);
+        all(&mut self.apps, &AppKind::ALL);
+        all(&mut self.modes, &Mode::ALL);
+        all(&mut self.propagations, &PROPAGATIONS);
+        all(&mut self.pre_stops, &[PreStop::None]);
+        all(&mut self.clients, &[true]);
+        all(&mut self.rates, &[f64::from(support::mesh::RATE)]);
+        all(&mut self.probes, &[Probe::Http]);
+        all(&mut self.gateways, &[Gateway::Bridge]);
+        all(&mut self.outside, &[false]);
     }
-    all(&mut orderings, &[Ordering::Classic, Ordering::Native]);
-    all(&mut apps, &AppKind::ALL);
-    all(&mut modes, &Mode::ALL);
-    all(&mut propagations, &PROPAGATIONS);
-    all(&mut pre_stops, &[PreStop::None]);
-    all(&mut clients, &[true]);
-    all(&mut rates, &[f64::from(support::mesh::RATE)]);
-    all(&mut probes, &[Probe::Http]);
-    all(&mut gateways, &[Gateway::Bridge]);
-    all(&mut outside, &[false]);
-    let mut out = Vec::new();
-    for &mesh in &meshes {
-        // Without a sidecar, no proxy container: one ordering and one mode stand for all.
-        let sidecar = mesh == DataPlane::Sidecar;
-        let (orderings, modes) =
-            if sidecar { (&orderings[..], &modes[..]) } else { (&orderings[..1], &modes[..1]) };
-        for &p in &propagations {
-            for &ordering in orderings {
-                for &app in &apps {
-                    for &pre_stop in &pre_stops {
-                        for &mode in modes {
-                            for &keep_alive in &clients {
-                                out.push(Scenario {
-                                    ordering,
-                                    app,
-                                    mode,
-                                    propagation: Duration::from_secs(p),
-                                    load: if http2 { LoadKind::Http2 } else { LoadKind::Http1 },
-                                    pre_stop,
-                                    mesh,
-                                    keep_alive,
-                                    rate: rates[0],
-                                    probe: probes[0],
-                                    gateway: gateways[0],
-                                    outside: false,
-                                });
-                            }
+
+    /// Every row, in the table's order: per data plane, propagation, ordering, app, preStop,
+    /// mode and clients; then each rate, probe, client place and gateway that applies.
+    fn rows(&self) -> Vec<Scenario> {
+        let load = if self.http2 { LoadKind::Http2 } else { LoadKind::Http1 };
+        let mut out = Vec::new();
+        for &mesh in &self.meshes {
+            // Without a sidecar, no proxy container: one ordering and one mode stand for all.
+            let one = if mesh == DataPlane::Sidecar { usize::MAX } else { 1 };
+            for &p in &self.propagations {
+                for &ordering in self.orderings.iter().take(one) {
+                    for (&app, &pre_stop) in cross(&self.apps, &self.pre_stops) {
+                        for (&mode, &keep_alive) in
+                            cross(&self.modes[..one.min(self.modes.len())], &self.clients)
+                        {
+                            out.push(Scenario {
+                                ordering,
+                                app,
+                                mode,
+                                propagation: Duration::from_secs(p),
+                                load,
+                                pre_stop,
+                                mesh,
+                                keep_alive,
+                                rate: self.rates[0],
+                                probe: self.probes[0],
+                                gateway: self.gateways[0],
+                                outside: false,
+                            });
                         }
                     }
                 }
             }
         }
+        self.variants(out)
     }
-    // Each row at each rate; without a sidecar, with each kind of probe from each place (ambient
-    // mode has one: istio-cni's address).
-    let out = out.into_iter().flat_map(|s| rates.iter().map(move |&rate| Scenario { rate, ..s }));
-    let out = out.flat_map(|s| {
-        let probes = if s.mesh == DataPlane::Sidecar { &probes[..1] } else { &probes[..] };
-        probes.iter().map(move |&probe| Scenario { probe, ..s })
-    });
-    // In ambient mode, with clients in the mesh and outside it.
-    let out = out.flat_map(|s| {
-        let outside = if s.mesh == DataPlane::Ambient { &outside[..] } else { &[false][..] };
-        outside.iter().map(move |&outside| Scenario { outside, ..s })
-    });
-    Ok(out
-        .flat_map(|s| {
-            let gateways = if s.mesh == DataPlane::None { &gateways[..] } else { &gateways[..1] };
+
+    /// Each row at each rate; without a sidecar, with each kind of probe from each place (ambient
+    /// mode has one: istio-cni's address); in ambient mode, with clients in the mesh and outside.
+    fn variants(&self, rows: Vec<Scenario>) -> Vec<Scenario> {
+        let rates = &self.rates;
+        let out =
+            rows.into_iter().flat_map(|s| rates.iter().map(move |&rate| Scenario { rate, ..s }));
+        let out = out.flat_map(|s| {
+            let probes =
+                if s.mesh == DataPlane::Sidecar { &self.probes[..1] } else { &self.probes[..] };
+            probes.iter().map(move |&probe| Scenario { probe, ..s })
+        });
+        let out = out.flat_map(|s| {
+            let outside =
+                if s.mesh == DataPlane::Ambient { &self.outside[..] } else { &[false][..] };
+            outside.iter().map(move |&outside| Scenario { outside, ..s })
+        });
+        out.flat_map(|s| {
+            let gateways =
+                if s.mesh == DataPlane::None { &self.gateways[..] } else { &self.gateways[..1] };
             gateways.iter().map(move |&gateway| Scenario { gateway, ..s })
         })
-        .collect())
+        .collect()
+    }
+}
+
+/// Every pair of `a` and `b`, `a` the outer.
+fn cross<'x, A, B>(a: &'x [A], b: &'x [B]) -> impl Iterator<Item = (&'x A, &'x B)> {
+    a.iter().flat_map(move |x| b.iter().map(move |y| (x, y)))
 }
 
 /// Every value, when the arguments named none.

@@ -29,82 +29,27 @@ use std::time::Duration;
 use support::rollout::{Case, Clients, DataPlane, Row, Shutdown, run, run_together};
 
 fn main() {
-    let mut meshes = Vec::new();
-    let mut shutdowns = Vec::new();
-    let mut clients = Vec::new();
-    let mut debounce = None;
-    let (mut replicas, mut rate, mut grace, mut request_ms) = (3, 100, 30, 50);
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args == ["demo"] {
         return demo();
     }
-    for a in args {
-        let number = |key: &str| a.strip_prefix(key).and_then(|n| n.parse::<u32>().ok());
-        match a.as_str() {
-            "no-mesh" => meshes.push(DataPlane::None),
-            "classic" => meshes.push(DataPlane::Sidecar { native: false }),
-            "native" => meshes.push(DataPlane::Sidecar { native: true }),
-            "ambient" => meshes.push(DataPlane::Ambient),
-            "waypoint" => meshes.push(DataPlane::Waypoint),
-            "none" => shutdowns.push(Shutdown::None),
-            "exit-on-zero" => shutdowns.push(Shutdown::ExitOnZero),
-            "envoy-drain" => shutdowns.push(Shutdown::EnvoyDrain),
-            "new-conn" => clients.push(Clients::NewConn),
-            "keep-alive" => clients.push(Clients::KeepAlive),
-            "downloads" => clients.push(Clients::Downloads),
-            _ if number("sleep").is_some_and(|s| s > 0) => {
-                shutdowns.extend(number("sleep").map(Shutdown::Sleep))
-            }
-            _ if number("debounce=").is_some() => {
-                debounce = number("debounce=").map(|s| Duration::from_secs(s.into()))
-            }
-            _ if number("replicas=").is_some_and(|n| n > 0) => {
-                replicas = number("replicas=").unwrap_or(replicas)
-            }
-            _ if number("rate=").is_some_and(|n| n > 0) => rate = number("rate=").unwrap_or(rate),
-            _ if number("grace=").is_some() => grace = number("grace=").unwrap_or(grace),
-            _ if number("request-ms=").is_some_and(|n| n > 0) => {
-                request_ms = number("request-ms=").unwrap_or(request_ms)
-            }
-            other => {
-                eprintln!(
-                    "rollout: {other:?}: expected no-mesh, classic, native, ambient, waypoint, none, \
-                     exit-on-zero, sleep<seconds>, envoy-drain, new-conn, keep-alive, downloads, \
-                     debounce=<seconds>, replicas=<n>, rate=<requests a second>, \
-                     request-ms=<the app's answer time>, \
-                     grace=<seconds>, or demo alone"
-                );
-                std::process::exit(2);
-            }
+    let mut a = Args::default();
+    for arg in args {
+        if let Err(other) = a.take(&arg) {
+            eprintln!(
+                "rollout: {other:?}: expected no-mesh, classic, native, ambient, waypoint, none, \
+                 exit-on-zero, sleep<seconds>, envoy-drain, new-conn, keep-alive, downloads, \
+                 debounce=<seconds>, replicas=<n>, rate=<requests a second>, \
+                 request-ms=<the app's answer time>, \
+                 grace=<seconds>, or demo alone"
+            );
+            std::process::exit(2);
         }
     }
-    if meshes.is_empty() {
-        meshes = vec![
-            DataPlane::None,
-            DataPlane::Sidecar { native: false },
-            DataPlane::Sidecar { native: true },
-            DataPlane::Ambient,
-        ];
-    }
-    if shutdowns.is_empty() {
-        shutdowns =
-            vec![Shutdown::None, Shutdown::ExitOnZero, Shutdown::Sleep(15), Shutdown::EnvoyDrain];
-    }
-    if clients.is_empty() {
-        clients = vec![Clients::NewConn, Clients::KeepAlive];
-    }
-    println!(
-        "{replicas} replicas, {rate} requests a second of {request_ms} ms each, the app's grace \
-         period {grace} s (a waypoint's: examples/waypoint.yaml's 60 s with envoy-drain, else \
-         istiod's 30 s), istiod's debounce {}\n",
-        debounce.map_or("its default".to_string(), |d| format!("{d:?}"))
-    );
-    println!(
-        "| data plane | shutdown | clients | answered 200 | failed | what failed | rollout (to the last old pod gone) | endpoint out of the client after deletion | each old pod's hold end after its last request |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for &mesh in &meshes {
-        for &shutdown in &shutdowns {
+    a.defaults();
+    a.header();
+    for &mesh in &a.meshes {
+        for &shutdown in &a.shutdowns {
             // Without a sidecar there is no proxy in the pod to exit on zero connections.
             if matches!(mesh, DataPlane::None | DataPlane::Ambient)
                 && shutdown == Shutdown::ExitOnZero
@@ -115,13 +60,13 @@ fn main() {
             if mesh == DataPlane::Waypoint && matches!(shutdown, Shutdown::Sleep(_)) {
                 continue;
             }
-            for &clients in &clients {
+            for &clients in &a.clients {
                 let case = Case {
-                    debounce,
-                    replicas,
-                    rate,
-                    grace,
-                    request_ms,
+                    debounce: a.debounce,
+                    replicas: a.replicas,
+                    rate: a.rate,
+                    grace: a.grace,
+                    request_ms: a.request_ms,
                     ..Case::new(mesh, shutdown, clients)
                 };
                 let row = run(case);
@@ -131,6 +76,100 @@ fn main() {
                 }
             }
         }
+    }
+}
+
+/// What the arguments chose: the rows (each list every value where none was named) and the
+/// rollout's settings.
+struct Args {
+    meshes: Vec<DataPlane>,
+    shutdowns: Vec<Shutdown>,
+    clients: Vec<Clients>,
+    debounce: Option<Duration>,
+    replicas: u32,
+    rate: u32,
+    grace: u32,
+    request_ms: u32,
+}
+
+impl Default for Args {
+    fn default() -> Args {
+        let (meshes, shutdowns, clients) = (Vec::new(), Vec::new(), Vec::new());
+        let (replicas, rate, grace, request_ms) = (3, 100, 30, 50);
+        Args { meshes, shutdowns, clients, debounce: None, replicas, rate, grace, request_ms }
+    }
+}
+
+impl Args {
+    /// One argument, or the argument back where it is none of them.
+    fn take(&mut self, a: &str) -> Result<(), String> {
+        let number = |key: &str| a.strip_prefix(key).and_then(|n| n.parse::<u32>().ok());
+        match a {
+            "no-mesh" => self.meshes.push(DataPlane::None),
+            "classic" => self.meshes.push(DataPlane::Sidecar { native: false }),
+            "native" => self.meshes.push(DataPlane::Sidecar { native: true }),
+            "ambient" => self.meshes.push(DataPlane::Ambient),
+            "waypoint" => self.meshes.push(DataPlane::Waypoint),
+            "none" => self.shutdowns.push(Shutdown::None),
+            "exit-on-zero" => self.shutdowns.push(Shutdown::ExitOnZero),
+            "envoy-drain" => self.shutdowns.push(Shutdown::EnvoyDrain),
+            "new-conn" => self.clients.push(Clients::NewConn),
+            "keep-alive" => self.clients.push(Clients::KeepAlive),
+            "downloads" => self.clients.push(Clients::Downloads),
+            _ => match ["sleep", "debounce=", "replicas=", "rate=", "grace=", "request-ms="]
+                .into_iter()
+                .find_map(|key| Some((key, number(key)?)))
+            {
+                Some(("sleep", s)) if s > 0 => self.shutdowns.push(Shutdown::Sleep(s)),
+                Some(("debounce=", s)) => self.debounce = Some(Duration::from_secs(s.into())),
+                Some(("replicas=", n)) if n > 0 => self.replicas = n,
+                Some(("rate=", n)) if n > 0 => self.rate = n,
+                Some(("grace=", s)) => self.grace = s,
+                Some(("request-ms=", n)) if n > 0 => self.request_ms = n,
+                _ => return Err(a.to_string()),
+            },
+        }
+        Ok(())
+    }
+
+    fn defaults(&mut self) {
+        if self.meshes.is_empty() {
+            self.meshes = vec![
+                DataPlane::None,
+                DataPlane::Sidecar { native: false },
+                DataPlane::Sidecar { native: true },
+                DataPlane::Ambient,
+            ];
+        }
+        if self.shutdowns.is_empty() {
+            self.shutdowns = vec![
+                Shutdown::None,
+                Shutdown::ExitOnZero,
+                Shutdown::Sleep(15),
+                Shutdown::EnvoyDrain,
+            ];
+        }
+        if self.clients.is_empty() {
+            self.clients = vec![Clients::NewConn, Clients::KeepAlive];
+        }
+    }
+
+    /// The settings, and the table's head.
+    fn header(&self) {
+        println!(
+            "{} replicas, {} requests a second of {} ms each, the app's grace period {} s (a \
+             waypoint's: examples/waypoint.yaml's 60 s with envoy-drain, else istiod's 30 s), \
+             istiod's debounce {}\n",
+            self.replicas,
+            self.rate,
+            self.request_ms,
+            self.grace,
+            self.debounce.map_or("its default".to_string(), |d| format!("{d:?}"))
+        );
+        println!(
+            "| data plane | shutdown | clients | answered 200 | failed | what failed | rollout (to the last old pod gone) | endpoint out of the client after deletion | each old pod's hold end after its last request |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|");
     }
 }
 

@@ -119,6 +119,36 @@ fn deletion(rules: &Rules, arrivals: &[f64], older: u64, close: Close) -> (f64, 
     unreachable!("a wait ends by its deadline")
 }
 
+/// A cell's closest deletion: its loss, how clients close, the rate, P, and `Cell::closest`.
+type Hardest = (f64, Close, f64, f64, (f64, f64, Vec<f64>));
+
+/// For live replays (tests/pod.rs reads them from tests/pod/schedules.txt): for each way
+/// clients close, in the cell that lost most, the schedule whose hold the arrivals' rate (not
+/// the propagation) ended closest after its last request (0.3 s or more). A line each: how
+/// clients close, the rate, P, the hold's end (ms) and the arrivals (ms from the deletion,
+/// from a minute before it: the kernel's memory).
+fn print_hardest(mut hardest: Vec<Hardest>) {
+    hardest.retain(|h| !h.4.2.is_empty());
+    hardest.sort_by(|a, b| b.0.total_cmp(&a.0));
+    println!("\nThe hardest schedules (for each way clients close, the cell that lost most):");
+    let mut told = Vec::new();
+    for (lost, close, rate, p, (margin, end, arrivals)) in &hardest {
+        if told.contains(close) {
+            continue;
+        }
+        told.push(*close);
+        let ms: Vec<String> = (arrivals.iter())
+            .filter(|&&a| a > -60.0)
+            .map(|a| format!("{}", (a * 1000.0).round() as i64))
+            .collect();
+        println!(
+            "- {close:?} closes first, {rate}/s, P = {p} s ({lost:.2} % lost): {margin:.3} s after"
+        );
+        let end = (end * 1000.0).round();
+        println!("  {close:?} {rate} {p} {end} {}", ms.join(","));
+    }
+}
+
 struct Cell {
     lost: f64,
     mean: f64,
@@ -229,28 +259,5 @@ fn main() {
             println!("| {rate} | {} | 0 % · 15.0 s |", cells.join(" | "));
         }
     }
-    // For live replays (tests/pod.rs reads them from tests/pod/schedules.txt): for each way
-    // clients close, in the cell that lost most, the schedule whose hold the arrivals' rate (not
-    // the propagation) ended closest after its last request (0.3 s or more). A line each: how
-    // clients close, the rate, P, the hold's end (ms) and the arrivals (ms from the deletion,
-    // from a minute before it: the kernel's memory).
-    hardest.retain(|h| !h.4.2.is_empty());
-    hardest.sort_by(|a, b| b.0.total_cmp(&a.0));
-    println!("\nThe hardest schedules (for each way clients close, the cell that lost most):");
-    let mut told = Vec::new();
-    for (lost, close, rate, p, (margin, end, arrivals)) in &hardest {
-        if told.contains(close) {
-            continue;
-        }
-        told.push(*close);
-        let ms: Vec<String> = (arrivals.iter())
-            .filter(|&&a| a > -60.0)
-            .map(|a| format!("{}", (a * 1000.0).round() as i64))
-            .collect();
-        println!(
-            "- {close:?} closes first, {rate}/s, P = {p} s ({lost:.2} % lost): {margin:.3} s after"
-        );
-        let end = (end * 1000.0).round();
-        println!("  {close:?} {rate} {p} {end} {}", ms.join(","));
-    }
+    print_hardest(hardest);
 }
