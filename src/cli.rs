@@ -1,5 +1,6 @@
-//! The command line as typed, and the kill switch that wins over it. Values stay strings; config.rs
-//! checks them so that every error names the flag, the value and what was expected.
+//! The command line as typed, and the kill switch that wins over it. Values stay strings; the
+//! configurations (config.rs, run/config.rs, hold/config.rs) check them so that every error names
+//! the flag, the value and what was expected.
 
 use crate::outcome::EXIT_USAGE;
 use argh::FromArgs;

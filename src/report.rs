@@ -255,7 +255,7 @@ mod tests {
     /// Feeds readings, each with what its look cost, one second apart; returns the log and the
     /// last progress.
     fn watch_costs(args: RunArgs, looks: Vec<(Reading, Cost)>) -> (String, Progress) {
-        let cfg = crate::config::run_config(&args, &|_| None).unwrap();
+        let cfg = crate::run::config::run_config(&args, &|_| None).unwrap();
         let sink = Sink::default();
         let report = report_to(&sink, Duration::ZERO, &cfg);
         let proc = Reader::Text { dir: "/proc/net".into(), why: None };
@@ -417,7 +417,7 @@ mod tests {
     }
 
     fn run_defaults() -> RunConfig {
-        crate::config::run_config(&RunArgs::default(), &|_| None).unwrap()
+        crate::run::config::run_config(&RunArgs::default(), &|_| None).unwrap()
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The `run` and `hold` commands wire the parts: the configuration, the report (shared with the
 //! signal thread), the requests before the wait, the wait with the sources it looks through, the
-//! request after it, and the summary.
+//! request after it, and the summary. `run`'s own configuration is run/config.rs.
+
+pub mod config;
 
 use crate::cli::usage_error;
 use crate::config::{Address, RunConfig};

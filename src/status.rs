@@ -1,7 +1,7 @@
 //! The `status` command: looks at every source once and prints what counts and why. It changes nothing.
 
 use crate::cli::{StatusArgs, usage_error};
-use crate::config::{self, Mode};
+use crate::config::Mode;
 use crate::count::REQUEST_TIMEOUT;
 use crate::outcome::{EXIT_NOTHING_COUNTED, EXIT_REACHED};
 use crate::source::admin::READY_PATH;
@@ -14,7 +14,7 @@ const LOOK: Duration = Duration::from_secs(10);
 
 /// Prints the report; exits 0 when the source `run` would use can count now, else 3.
 pub fn command(args: &StatusArgs, env: &crate::config::Env<'_>) -> i32 {
-    let counting = match config::run_config(&args.0, env).map(|c| c.counting) {
+    let counting = match crate::run::config::run_config(&args.0, env).map(|c| c.counting) {
         Ok(c) => c,
         Err(e) => return usage_error(&e.to_string()),
     };

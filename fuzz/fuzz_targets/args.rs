@@ -4,7 +4,8 @@
 #![no_main]
 
 use envoy_drain::cli::RunArgs;
-use envoy_drain::config::{parse_addr, parse_duration, run_config};
+use envoy_drain::config::{parse_addr, parse_duration};
+use envoy_drain::run::config::run_config;
 use envoy_drain::lists::PortSet;
 use libfuzzer_sys::fuzz_target;
 
