@@ -74,7 +74,7 @@ pub(crate) struct Progress {
 }
 
 /// How far apart `hold`'s arrivals come lately (their mean gap), and the quiet time that tells
-/// they stopped (wait.rs, `Rate`).
+/// they stopped (hold/quiet.rs, `Rate`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Pace {
     pub(crate) gap: std::time::Duration,

@@ -21,7 +21,7 @@ use std::time::Duration;
 /// leaves the app 10 s of a 30 s grace period.
 const DEFAULT_HOLD_MIN: Duration = Duration::from_secs(3);
 /// `hold`'s least quiet time: one read at the default interval, so that a busy pod ends within a
-/// second of its last request; sparser arrivals ask for more (wait.rs, `Rate`).
+/// second of its last request; sparser arrivals ask for more (hold/quiet.rs, `Rate`).
 const DEFAULT_QUIET: Duration = Duration::from_millis(500);
 const DEFAULT_HOLD_DEADLINE: Duration = Duration::from_secs(20);
 /// `hold`'s `--propagation`: the `sleep 15` it replaces.

@@ -34,7 +34,7 @@ struct Key {
 const POLL: Duration = Duration::from_secs(5);
 
 /// How far back before the first read the kernel's memory of closed connections is taken, as
-/// far as the quiet time looks back during the hold (wait.rs, `WINDOW`).
+/// far as the quiet time looks back during the hold (hold/quiet.rs, `WINDOW`).
 const HISTORY: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, Default)]
