@@ -147,33 +147,33 @@ pub struct Rules {
     pub interval: Duration,
     /// How long the wait's end must have held (`--settle`; `hold`'s `--quiet`).
     pub settle: Duration,
-    pub until: Until,
+    /// Which hook, and so what ends its wait.
+    pub plan: Plan,
     /// `--then-quit`: once the threshold is reached and the app has exited, stop the proxy.
     pub then_quit: bool,
     /// `hold`'s `--propagation`: by then the mesh has stopped sending to the pod.
     pub propagation: Duration,
 }
 
-/// What ends a wait once the min-drain is over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Until {
-    /// `run`: the count at or below this (`--exit-at`), at counts that saw no request arrive.
-    AtMost(u64),
-    /// `hold`: no request arriving, whatever is still in flight.
-    Quiet,
-}
-
-/// Which hook this is, decided once from the command: `run`, or `hold` for an app in the pod
-/// `Holding` says. Every "is this hold?" is a match on it.
+/// Which hook this is, decided once from the command, and what ends its wait once the min-drain
+/// is over. Every "is this hold?" is a match on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Plan {
-    Run,
+    /// `run`: the count at or below `--exit-at`, at counts that saw no request arrive.
+    Run { exit_at: u64 },
+    /// `hold` for an app in the pod `Holding` says: no request arriving, whatever is still in
+    /// flight.
     Hold(Holding),
+}
+
+impl Plan {
+    pub fn holds(self) -> bool {
+        matches!(self, Plan::Hold(_))
+    }
 }
 
 #[derive(Debug, Clone)]
 pub struct RunConfig {
-    pub plan: Plan,
     pub(crate) counting: SourceConfig,
     /// What is sent before the wait: `--fail-healthcheck`, then `--drain`.
     pub before: Vec<Request>,

@@ -56,7 +56,7 @@ pub(crate) struct Record<'a> {
 impl Record<'_> {
     pub(crate) fn members(&self) -> String {
         let (cfg, p) = (self.cfg, self.progress);
-        let hold = matches!(cfg.plan, Plan::Hold(_));
+        let hold = cfg.rules.plan.holds();
         let mut m = String::new();
         let mut add = |name: &str, value: String| {
             let _ = write!(m, ",\"{name}\":{value}");
@@ -104,10 +104,10 @@ impl Record<'_> {
 
 /// The preset as `--preset` names it: `hold`'s ambient and none, else the sidecar's.
 fn preset(cfg: &RunConfig) -> &'static str {
-    match cfg.plan {
+    match cfg.rules.plan {
         Plan::Hold(Holding::Ambient) => "ambient",
         Plan::Hold(Holding::NoMesh) => "none",
-        Plan::Run | Plan::Hold(Holding::Sidecar(_)) => cfg.counting.preset.name,
+        Plan::Run { .. } | Plan::Hold(Holding::Sidecar(_)) => cfg.counting.preset.name,
     }
 }
 

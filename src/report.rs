@@ -1,7 +1,7 @@
 //! What a run tells a person, and when: what the wait saw and made of it, and exactly one summary
 //! line, also when a signal cuts the wait short. Every sentence comes from text.rs.
 
-use crate::config::{RunConfig, Until};
+use crate::config::{Plan, RunConfig};
 use crate::count::{Basis, Busy, Cost, Count, SourceKind, Unit, Warning};
 use crate::error::Failure;
 use crate::log::{Format, Level, Logger};
@@ -119,7 +119,7 @@ impl Report {
     fn switched(&self, said: &mut Said, reading: &Reading, count: &Count, proc: &Reader) -> bool {
         let in_force = Some((count.source, count.unit));
         let changed = said.source != in_force;
-        let (plan, returning) = (self.cfg.plan, said.source.is_some());
+        let (plan, returning) = (self.cfg.rules.plan, said.source.is_some());
         if changed
             && let Some((level, line)) =
                 text::switched(count, reading, self.cfg.counting.unit, proc, returning, plan)
@@ -191,9 +191,9 @@ impl Report {
             }
         }
         let changed_source = self.switched(&mut said, reading, count, proc);
-        let (arriving, low) = match rules.until {
-            Until::AtMost(n) => (seen.arrived > 0 && count.total <= n, count.total <= n),
-            Until::Quiet => (seen.arrived > 0, true),
+        let (arriving, low) = match rules.plan {
+            Plan::Run { exit_at: n } => (seen.arrived > 0 && count.total <= n, count.total <= n),
+            Plan::Hold(_) => (seen.arrived > 0, true),
         };
         // A request awaiting its answer is told where it holds a count the threshold would end
         // (above it, the count says as much); an answer still on its way, always.

@@ -2,7 +2,7 @@
 //! summary, the status tables, and each warning (`count::Warning`, found where its cause is).
 
 use crate::cli::{ANNOTATION_PREFIX, ENV_LOG_FORMAT, ENV_NODE_IPS};
-use crate::config::{ConfigWarning, Mode, Plan, Rules, RunConfig, Until};
+use crate::config::{ConfigWarning, Mode, Plan, Rules, RunConfig};
 use crate::count::{Basis, Busy, Cost, Count, NON_HTTP, PACE, SourceKind, Unit, Warning};
 use crate::drain::Request;
 use crate::error::Failure;
@@ -168,7 +168,7 @@ pub(crate) fn start_line(
     requests: &[(Request, String)],
 ) -> String {
     let (r, d) = (&cfg.rules, format_duration);
-    let Until::AtMost(exit_at) = r.until else {
+    let Plan::Run { exit_at } = r.plan else {
         let rule = cfg.counting.arrivals.clone().unwrap_or_default();
         let mut from = format!("{}: {}", reader(sources.reader()), doors(&rule));
         if sources.mode != Mode::Proc {
@@ -271,7 +271,7 @@ pub(crate) fn count_line(
     cfg: &RunConfig,
 ) -> String {
     let breakdown = if cfg.verbose { count.still_open() } else { String::new() };
-    let hold = matches!(cfg.plan, Plan::Hold(_));
+    let hold = cfg.rules.plan.holds();
     let when = if now < min_drain_end && hold {
         format!("at least {} more", seconds(min_drain_end - now))
     } else if now < min_drain_end {
@@ -323,7 +323,7 @@ pub(crate) fn switched(
             .then(|| (Level::Info, back.to_string()));
     };
     let line = match count.source {
-        SourceKind::Proc if matches!(plan, Plan::Hold(_)) => format!(
+        SourceKind::Proc if plan.holds() => format!(
             "{why}; reading arrivals from {} instead{}",
             reader(proc),
             match proc {
@@ -589,7 +589,7 @@ pub(crate) fn summary(
     (dropped, failed): (u64, Option<&str>),
 ) -> String {
     let took = seconds(elapsed);
-    let hold = rules.until == Until::Quiet;
+    let hold = rules.plan.holds();
     let (counted, stale) = last_count(p);
     let open = p.last.as_ref().map(Count::still_open).unwrap_or_default();
     let after = if hold { "; the app gets its SIGTERM now" } else { "; the proxy may stop now" };
@@ -870,6 +870,7 @@ fn requests_table(out: &mut String, c: &Count, hcms: &[Hcm]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Holding;
     use crate::count::Part;
 
     fn part(name: &str, active: u64) -> Part {
@@ -944,7 +945,7 @@ mod tests {
         deadline: Duration::from_secs(25),
         interval: Duration::from_millis(500),
         settle: Duration::ZERO,
-        until: Until::AtMost(0),
+        plan: Plan::Run { exit_at: 0 },
         then_quit: false,
         propagation: Duration::ZERO,
     };
@@ -999,7 +1000,11 @@ mod tests {
 
     #[test]
     fn a_quiet_hold_says_what_it_could_not_see() {
-        let hold = Rules { until: Until::Quiet, settle: Duration::from_millis(500), ..RULES };
+        let hold = Rules {
+            plan: Plan::Hold(Holding::NoMesh),
+            settle: Duration::from_millis(500),
+            ..RULES
+        };
         let mut zero = Count::new(SourceKind::Proc, Unit::Connections, vec![], vec![]);
         zero.warnings = vec![Warning::Udp(vec![53, 5353]), Warning::Hiding(vec![9090])];
         zero.polls = 2;
@@ -1038,7 +1043,7 @@ mod tests {
 
     #[test]
     fn a_hold_that_kept_alive_clients_held_to_its_deadline_says_so_in_one_line() {
-        let rules = Rules { until: Until::Quiet, ..RULES };
+        let rules = Rules { plan: Plan::Hold(Holding::NoMesh), ..RULES };
         let open = vec![Part { name: "port 8080".to_string(), active: 2 }];
         let p = progress(Some(Count::new(SourceKind::Proc, Unit::Connections, open, vec![])), None);
         let kept = Outcome::KeptAlive(Duration::from_millis(14_240));
@@ -1051,7 +1056,8 @@ mod tests {
 
     #[test]
     fn a_hold_that_reached_its_deadline_says_whether_requests_were_still_arriving() {
-        let rules = Rules { settle: Duration::from_secs(3), until: Until::Quiet, ..RULES };
+        let rules =
+            Rules { settle: Duration::from_secs(3), plan: Plan::Hold(Holding::NoMesh), ..RULES };
         let zero = Count::new(SourceKind::Proc, Unit::Connections, vec![], vec![]);
         let mut p = progress(Some(zero), None);
         let said =

@@ -3,7 +3,7 @@
 //! and the app's exit are here; `hold`'s quiet time it asks of hold/quiet.rs. run.rs drives it
 //! with real time and looks, the tests with fake ones.
 
-use crate::config::{Rules, Until};
+use crate::config::{Plan, Rules};
 use crate::count::{Before, Busy, Cost, PACE, REQUEST_TIMEOUT};
 use crate::hold::quiet::Quiet;
 use crate::outcome::{Outcome, Pace};
@@ -208,9 +208,9 @@ enum Phase {
 impl<'r> Wait<'r> {
     /// The wait of `rules`, the min-drain counted from `drained_at`.
     pub fn new(rules: &'r Rules, drained_at: Duration) -> Wait<'r> {
-        let after_arrival = match rules.until {
-            Until::AtMost(_) => ARRIVALS_QUIET,
-            Until::Quiet => rules.settle,
+        let after_arrival = match rules.plan {
+            Plan::Run { .. } => ARRIVALS_QUIET,
+            Plan::Hold(_) => rules.settle,
         };
         let drain_done = drain_done(rules, drained_at);
         let counts = Ending { drain_done, after_arrival, ..Ending::default() };
@@ -252,7 +252,7 @@ impl<'r> Wait<'r> {
         let mut seen = self.follow.see(tick, started, now);
         seen.every = pause(rules.interval, tick.cost.paced());
         seen.drain_done = counts.drain_done;
-        if ask == Ask::Count && rules.until == Until::Quiet && tick.arrivals.is_some() {
+        if ask == Ask::Count && rules.plan.holds() && tick.arrivals.is_some() {
             let told = (tick.before, tick.newest, tick.opened);
             let quiet = (rules, counts.drain_done);
             if let Some((pace, last)) =
@@ -347,14 +347,16 @@ impl Ending {
         // holds the wait whatever the count says (a request to a host EDS removed is on none of
         // /clusters' hosts; one Envoy has read whole may still be on its way to its client).
         let idle = tick.busy.is_none_or(|b| b.delivering == 0 && b.awaiting == 0);
-        let (known, low) = match rules.until {
-            Until::AtMost(n) => (tick.count.is_some(), tick.count.is_some_and(|c| c <= n) && idle),
-            Until::Quiet => (tick.arrivals.is_some(), tick.arrivals.is_some()),
+        let (known, low) = match rules.plan {
+            Plan::Run { exit_at: n } => {
+                (tick.count.is_some(), tick.count.is_some_and(|c| c <= n) && idle)
+            }
+            Plan::Hold(_) => (tick.arrivals.is_some(), tick.arrivals.is_some()),
         };
         self.counted |= known;
         self.arrived |= arrived;
         // `hold`'s last arrival is its rule's (`Quiet::count`).
-        if arrived && rules.until != Until::Quiet {
+        if arrived && !rules.plan.holds() {
             self.arrived_at = Some(now);
         }
         self.low_since = if low { self.low_since.or(Some(now)) } else { None };
@@ -367,7 +369,7 @@ impl Ending {
                 self.arrived_at.map_or(Duration::ZERO, |t| t.saturating_add(self.after_arrival));
             let done_at = self.drain_done.max(since.saturating_add(rules.settle)).max(quiet_until);
             // A count that saw arrivals never ends a hold: one after it tells the silence.
-            if now >= done_at && !(arrived && rules.until == Until::Quiet) {
+            if now >= done_at && !(arrived && rules.plan.holds()) {
                 return Some(now);
             }
             // A count that ends within a quarter of its own time before the min-drain or the
@@ -375,7 +377,7 @@ impl Ending {
             // time, not an earlier count's: a quick count after a slow one is no look at what
             // comes next); the settle time needs a later count, and `hold`'s silence a count
             // that lasts until it ends.
-            let decides = rules.until != Until::Quiet
+            let decides = !rules.plan.holds()
                 && now.saturating_add(cost / 4) >= done_at
                 && (rules.settle.is_zero() || since <= started)
                 && self.arrived_at.is_none_or(|t| t <= started);
@@ -403,7 +405,7 @@ impl Ending {
         // `hold` counts once more just before its deadline, so that what it says then (new
         // connections still coming, or requests on kept-alive ones alone) holds up to it.
         let last_look = rules.deadline.saturating_sub(cost.saturating_mul(2).max(RECHECK));
-        if rules.until == Until::Quiet && self.next > last_look && now < last_look {
+        if rules.plan.holds() && self.next > last_look && now < last_look {
             self.next = last_look;
         }
         // A paced wait with no count due before the deadline counts once more where one can end.
@@ -417,6 +419,7 @@ impl Ending {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Holding;
     use crate::hold::quiet::tests::remembered;
 
     use std::cell::Cell;
@@ -431,7 +434,7 @@ mod tests {
             deadline: ms(25000),
             interval: ms(500),
             settle: ms(0),
-            until: Until::AtMost(0),
+            plan: Plan::Run { exit_at: 0 },
             then_quit: false,
             propagation: ms(0),
         }
@@ -544,7 +547,7 @@ mod tests {
 
     #[test]
     fn threshold_above_zero() {
-        let r = Rules { until: Until::AtMost(2), min_drain: ms(0), ..rules() };
+        let r = Rules { plan: Plan::Run { exit_at: 2 }, min_drain: ms(0), ..rules() };
         let (o, end, _) = run(&r, &[(0, Some(5)), (1000, Some(2))], ms(0));
         assert_eq!((o, end), (Outcome::Reached, ms(1000)));
     }
@@ -730,7 +733,7 @@ mod tests {
     fn the_largest_durations_that_parse_never_overflow() {
         let huge = Duration::from_secs(u64::MAX);
         // A settle time added to a count taken after the first second.
-        let settle = Rules { settle: huge, until: Until::AtMost(5), ..rules() };
+        let settle = Rules { settle: huge, plan: Plan::Run { exit_at: 5 }, ..rules() };
         let (o, end, _) = run(&settle, &[(0, Some(1))], ms(1500));
         assert_eq!((o, end), (Outcome::Deadline, ms(25000)));
         // An interval added to a count taken at 2 s, when the min-drain ended.
@@ -968,7 +971,7 @@ mod tests {
             min_drain: ms(min),
             deadline: ms(deadline),
             settle: ms(quiet),
-            until: Until::Quiet,
+            plan: Plan::Hold(Holding::NoMesh),
             propagation: ms(deadline.min(15_000)),
             ..rules()
         }

@@ -6,7 +6,7 @@
 //! proxy, unless the last look saw it gone with nothing left to deliver, nor before the min-drain.
 #![no_main]
 
-use envoy_drain::config::{Rules, Until};
+use envoy_drain::config::{Holding, Plan, Rules};
 use envoy_drain::count::{Before, Busy, Cost};
 use envoy_drain::outcome::Outcome;
 use envoy_drain::wait::{App, Ask, LAST_COUNT, Seen, Step, Tick, Wait};
@@ -103,9 +103,9 @@ fuzz_target!(|data: &[u8]| {
         deadline,
         interval: duration(18).max(Duration::from_nanos(1)),
         settle: duration(27),
-        until: match head[36] % 5 {
-            4 => Until::Quiet,
-            n => Until::AtMost(u64::from(n)),
+        plan: match head[36] % 5 {
+            4 => Plan::Hold(Holding::NoMesh),
+            n => Plan::Run { exit_at: u64::from(n) },
         },
         then_quit: head[37] & 1 == 1,
         propagation: Duration::from_millis(u64::from(head[39]) * 100).min(deadline),
@@ -142,12 +142,12 @@ fuzz_target!(|data: &[u8]| {
     let (last, seen) = (script.last, script.seen);
     match end.outcome {
         Outcome::Reached if end.quit.is_none() => assert!(
-            match rules.until {
-                Until::AtMost(most) =>
+            match rules.plan {
+                Plan::Run { exit_at: most } =>
                     last.count.is_some_and(|n| n <= most)
                         && seen.arrived == 0
                         && last.busy.is_none_or(|b| b == Busy::default()),
-                Until::Quiet =>
+                Plan::Hold(_) =>
                     last.arrivals != None && (seen.arrived == 0 || rules.settle.is_zero()),
             },
             "reached on {last:?}, {seen:?}"
@@ -161,7 +161,7 @@ fuzz_target!(|data: &[u8]| {
             assert!(now.get() >= drain_done, "app exit at {:?}", now.get());
         }
         Outcome::KeptAlive(since) => {
-            assert_eq!(rules.until, Until::Quiet, "kept alive on {last:?}");
+            assert!(rules.plan.holds(), "kept alive on {last:?}");
             assert!(now.get() >= deadline, "kept alive at {:?}", now.get());
             assert!(since <= now.get(), "no new connection for {since:?} at {:?}", now.get());
         }

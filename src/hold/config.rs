@@ -5,8 +5,8 @@
 use crate::cli::{ENV_NODE_IPS, HoldArgs};
 use crate::config::{
     ArrivalRule, ConfigWarning, DEFAULT_AGENT, DEFAULT_INTERVAL, Env, Filter, Holding, Mode, Plan,
-    Rules, RunConfig, SourceConfig, Until, log_format, mapped, parse_addr, parse_admin,
-    parse_duration, ports, positive, some_ports,
+    Rules, RunConfig, SourceConfig, log_format, mapped, parse_addr, parse_admin, parse_duration,
+    ports, positive, some_ports,
 };
 use crate::count::Unit;
 use crate::error::UsageError;
@@ -29,7 +29,7 @@ const DEFAULT_PROPAGATION: Duration = Duration::from_secs(15);
 
 /// `hold`: what arrives at the app. Behind a sidecar, read from /clusters (Istio's stats have no
 /// counter per app), else from the socket table; with `ambient` or `none`, where no Envoy is in
-/// the pod, from the socket table alone (`arrivals`). `run`'s pace and `Until::Quiet`.
+/// the pod, from the socket table alone (`arrivals`). `run`'s pace, and `Plan::Hold`'s end.
 pub fn hold_config(a: &HoldArgs, env: &Env<'_>) -> Result<RunConfig, UsageError> {
     let holding = Holding::of(a.preset.as_deref().unwrap_or("istio"))?;
     let (preset, own) = match holding {
@@ -75,10 +75,9 @@ pub fn hold_config(a: &HoldArgs, env: &Env<'_>) -> Result<RunConfig, UsageError>
     };
     let log_format = log_format(a.log_format.as_deref(), env, &mut counting.warnings)?;
     Ok(RunConfig {
-        plan: Plan::Hold(holding),
         counting,
         before: Vec::new(),
-        rules: hold_rules(a)?,
+        rules: hold_rules(a, holding)?,
         log_file: a.log_file.as_ref().map(PathBuf::from),
         log_format,
         agent: parse_addr("--agent", DEFAULT_AGENT)?,
@@ -116,7 +115,7 @@ fn probes(
 
 /// `hold`'s wait: until no request arrived for the quiet time, at least `--min`, at most
 /// `--deadline`.
-fn hold_rules(a: &HoldArgs) -> Result<Rules, UsageError> {
+fn hold_rules(a: &HoldArgs, holding: Holding) -> Result<Rules, UsageError> {
     let deadline = positive("--deadline", &a.deadline, DEFAULT_HOLD_DEADLINE)?;
     let min_flag = a.min.as_deref().map(|v| parse_duration("--min", v)).transpose()?;
     let min = min_flag.unwrap_or(DEFAULT_HOLD_MIN.min(deadline));
@@ -134,7 +133,7 @@ fn hold_rules(a: &HoldArgs) -> Result<Rules, UsageError> {
         deadline,
         interval: positive("--interval", &a.interval, DEFAULT_INTERVAL)?,
         settle: quiet,
-        until: Until::Quiet,
+        plan: Plan::Hold(holding),
         then_quit: false,
         propagation: positive("--propagation", &a.propagation, DEFAULT_PROPAGATION)?.min(deadline),
     })

@@ -5,8 +5,8 @@
 use crate::cli::{ANNOTATION_PREFIX, RunArgs};
 use crate::config::{
     ConfigWarning, DEFAULT_AGENT, DEFAULT_INTERVAL, DURATION, Env, Filter, Mode, Plan, Rules,
-    RunConfig, SourceConfig, Until, log_format, parse_addr, parse_admin, parse_duration, ports,
-    positive, some_ports,
+    RunConfig, SourceConfig, log_format, parse_addr, parse_admin, parse_duration, ports, positive,
+    some_ports,
 };
 use crate::count::Unit;
 use crate::drain::{self, Drain};
@@ -101,18 +101,17 @@ pub fn run_config(a: &RunArgs, env: &Env<'_>) -> Result<RunConfig, UsageError> {
     }
     let deadline = deadline(a, pod.deadline, warnings)?;
     let min_drain = min_drain(a, &pod, deadline, env, warnings)?;
-    let until = Until::AtMost(match &a.exit_at {
+    let exit_at = match &a.exit_at {
         None => 0,
         Some(v) => v.trim().parse::<u64>().map_err(|_| {
             UsageError::new("--exit-at", v, "a whole number of connections, like 0")
         })?,
-    });
+    };
     let interval = positive("--interval", &a.interval, DEFAULT_INTERVAL)?;
     let settle =
         a.settle.as_deref().map_or(Ok(Duration::ZERO), |v| parse_duration("--settle", v))?;
     let log_format = log_format(a.log_format.as_deref(), env, warnings)?;
     Ok(RunConfig {
-        plan: Plan::Run,
         counting,
         before: drain::before(drain, a.fail_healthcheck),
         rules: Rules {
@@ -120,7 +119,7 @@ pub fn run_config(a: &RunArgs, env: &Env<'_>) -> Result<RunConfig, UsageError> {
             deadline,
             interval,
             settle,
-            until,
+            plan: Plan::Run { exit_at },
             then_quit: a.then_quit,
             propagation: Duration::ZERO,
         },
@@ -346,7 +345,7 @@ mod tests {
         assert_eq!(c.rules.deadline, Duration::from_secs(25));
         assert_eq!(c.rules.interval, Duration::from_millis(500));
         assert_eq!(c.rules.settle, Duration::ZERO);
-        assert_eq!(c.rules.until, Until::AtMost(0));
+        assert_eq!(c.rules.plan, Plan::Run { exit_at: 0 });
         let ignore = &c.counting.filter.ignore;
         assert!(ignore.contains(15021) && !ignore.contains(15006));
         assert_eq!(c.counting.filter.only, None);

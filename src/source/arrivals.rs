@@ -1286,7 +1286,7 @@ mod tests {
         (period, phase): (u64, u64),
         kind: Probed,
     ) -> (crate::wait::End, u64) {
-        use crate::config::{Rules, Until};
+        use crate::config::{Holding, Plan, Rules};
         use crate::wait::{Step, Tick, Wait};
         let rule =
             ArrivalRule { probe_periods: Some(vec![Duration::from_secs(period)]), ..rule.clone() };
@@ -1295,7 +1295,7 @@ mod tests {
             deadline: Duration::from_secs(20),
             interval: Duration::from_millis(500),
             settle: Duration::from_millis(500),
-            until: Until::Quiet,
+            plan: Plan::Hold(Holding::NoMesh),
             then_quit: false,
             propagation: Duration::from_secs(15),
         };
