@@ -167,7 +167,7 @@ pub enum Plan {
 }
 
 impl Plan {
-    pub fn holds(self) -> bool {
+    pub fn is_hold(self) -> bool {
         matches!(self, Plan::Hold(_))
     }
 }

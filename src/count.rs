@@ -1,4 +1,6 @@
-//! What a source reports: a total, its parts, and where it came from (data; text.rs words it).
+//! What a source reports: a total, its parts, and where it came from (data; text.rs words it);
+//! what a look cost (`Cost`) and the pace counting keeps (`PACE`, `REQUEST_TIMEOUT`); what keeps
+//! the pod's connections busy (`Busy`), and what the kernel remembers of earlier arrivals (`Before`).
 
 use crate::error::Failure;
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! The two error types: a bad flag (`UsageError`, exit 2), and something the hook tried that
-//! did not work (`Failure`: a warning or an unknown count, never an exit).
+//! did not work (`Failure`: a warning or an unknown count; an exit only where `install` fails).
 
 use std::{fmt, io};
 
@@ -46,8 +46,8 @@ impl fmt::Display for UsageError {
     }
 }
 
-/// Something the hook tried at run time that did not work: a warning, or why a count is unknown;
-/// never an exit. Shown in the log's words.
+/// Something the hook tried at run time that did not work: a warning, or why a count is unknown
+/// (a hook never exits on one; `install` does). Shown in the log's words.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Failure {
     /// `failed to GET http://127.0.0.1:15000/stats: connection refused`.

@@ -1,7 +1,8 @@
 //! envoy-drain's parts, in the order a run flows through them: the command line (cli) becomes a
-//! checked configuration (config, lists, preset); the sources (source/) make a count (count); the
-//! wait turns counts and time into an outcome; text words all of it; run (and hold, the same wait
-//! on another rule), status and install are the commands; log, signals and error serve them. The
+//! checked configuration (config, run/config, hold/config, lists, preset); the sources (source/)
+//! make a count (count); the wait turns counts and time into an outcome, asking `hold`'s rule of
+//! hold/quiet; text words all of it; run (both hooks: `run`, and `hold`, the same wait on another
+//! rule), status and install are the commands; log, signals and error serve them. The
 //! fuzz targets call the parsers directly.
 
 pub mod cli;

@@ -56,7 +56,7 @@ pub(crate) struct Record<'a> {
 impl Record<'_> {
     pub(crate) fn members(&self) -> String {
         let (cfg, p) = (self.cfg, self.progress);
-        let hold = cfg.rules.plan.holds();
+        let hold = cfg.rules.plan.is_hold();
         let mut m = String::new();
         let mut add = |name: &str, value: String| {
             let _ = write!(m, ",\"{name}\":{value}");

@@ -271,7 +271,7 @@ pub(crate) fn count_line(
     cfg: &RunConfig,
 ) -> String {
     let breakdown = if cfg.verbose { count.still_open() } else { String::new() };
-    let hold = cfg.rules.plan.holds();
+    let hold = cfg.rules.plan.is_hold();
     let when = if now < min_drain_end && hold {
         format!("at least {} more", seconds(min_drain_end - now))
     } else if now < min_drain_end {
@@ -323,7 +323,7 @@ pub(crate) fn switched(
             .then(|| (Level::Info, back.to_string()));
     };
     let line = match count.source {
-        SourceKind::Proc if plan.holds() => format!(
+        SourceKind::Proc if plan.is_hold() => format!(
             "{why}; reading arrivals from {} instead{}",
             reader(proc),
             match proc {
@@ -589,7 +589,7 @@ pub(crate) fn summary(
     (dropped, failed): (u64, Option<&str>),
 ) -> String {
     let took = seconds(elapsed);
-    let hold = rules.plan.holds();
+    let hold = rules.plan.is_hold();
     let (counted, stale) = last_count(p);
     let open = p.last.as_ref().map(Count::still_open).unwrap_or_default();
     let after = if hold { "; the app gets its SIGTERM now" } else { "; the proxy may stop now" };

@@ -1,7 +1,8 @@
 //! The wait: turns looks and time into an outcome, as plain data with no I/O (`Wait`): asked what
 //! to do next at a time, it says sleep, look, or end, and takes what each look saw. `run`'s end
-//! and the app's exit are here; `hold`'s quiet time it asks of hold/quiet.rs. run.rs drives it
-//! with real time and looks, the tests with fake ones.
+//! and the app's exit are here; how long `hold`'s quiet time lasts, and whether kept-alive
+//! clients alone held it to its deadline, it asks of hold/quiet.rs. run.rs drives it with real
+//! time and looks, the tests with fake ones.
 
 use crate::config::{Plan, Rules};
 use crate::count::{Before, Busy, Cost, PACE, REQUEST_TIMEOUT};
@@ -252,7 +253,7 @@ impl<'r> Wait<'r> {
         let mut seen = self.follow.see(tick, started, now);
         seen.every = pause(rules.interval, tick.cost.paced());
         seen.drain_done = counts.drain_done;
-        if ask == Ask::Count && rules.plan.holds() && tick.arrivals.is_some() {
+        if ask == Ask::Count && rules.plan.is_hold() && tick.arrivals.is_some() {
             let told = (tick.before, tick.newest, tick.opened);
             let quiet = (rules, counts.drain_done);
             if let Some((pace, last)) =
@@ -356,7 +357,7 @@ impl Ending {
         self.counted |= known;
         self.arrived |= arrived;
         // `hold`'s last arrival is its rule's (`Quiet::count`).
-        if arrived && !rules.plan.holds() {
+        if arrived && !rules.plan.is_hold() {
             self.arrived_at = Some(now);
         }
         self.low_since = if low { self.low_since.or(Some(now)) } else { None };
@@ -369,7 +370,7 @@ impl Ending {
                 self.arrived_at.map_or(Duration::ZERO, |t| t.saturating_add(self.after_arrival));
             let done_at = self.drain_done.max(since.saturating_add(rules.settle)).max(quiet_until);
             // A count that saw arrivals never ends a hold: one after it tells the silence.
-            if now >= done_at && !(arrived && rules.plan.holds()) {
+            if now >= done_at && !(arrived && rules.plan.is_hold()) {
                 return Some(now);
             }
             // A count that ends within a quarter of its own time before the min-drain or the
@@ -377,7 +378,7 @@ impl Ending {
             // time, not an earlier count's: a quick count after a slow one is no look at what
             // comes next); the settle time needs a later count, and `hold`'s silence a count
             // that lasts until it ends.
-            let decides = !rules.plan.holds()
+            let decides = !rules.plan.is_hold()
                 && now.saturating_add(cost / 4) >= done_at
                 && (rules.settle.is_zero() || since <= started)
                 && self.arrived_at.is_none_or(|t| t <= started);
@@ -405,7 +406,7 @@ impl Ending {
         // `hold` counts once more just before its deadline, so that what it says then (new
         // connections still coming, or requests on kept-alive ones alone) holds up to it.
         let last_look = rules.deadline.saturating_sub(cost.saturating_mul(2).max(RECHECK));
-        if rules.plan.holds() && self.next > last_look && now < last_look {
+        if rules.plan.is_hold() && self.next > last_look && now < last_look {
             self.next = last_look;
         }
         // A paced wait with no count due before the deadline counts once more where one can end.

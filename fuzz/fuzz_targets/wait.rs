@@ -161,7 +161,7 @@ fuzz_target!(|data: &[u8]| {
             assert!(now.get() >= drain_done, "app exit at {:?}", now.get());
         }
         Outcome::KeptAlive(since) => {
-            assert!(rules.plan.holds(), "kept alive on {last:?}");
+            assert!(rules.plan.is_hold(), "kept alive on {last:?}");
             assert!(now.get() >= deadline, "kept alive at {:?}", now.get());
             assert!(since <= now.get(), "no new connection for {since:?} at {:?}", now.get());
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 /// How far back the hold's own counts tell the arrivals' rate: long enough for a few arrivals of
 /// a slow stream, short enough to follow one that slows down.
-const WINDOW: Duration = Duration::from_secs(10);
+pub(crate) const WINDOW: Duration = Duration::from_secs(10);
 
 /// The most weight what the source remembers from before the hold gets, in seconds of counts: the
 /// kernel's memory of closed connections is a minute (TIME_WAIT); a pod's life is longer, and

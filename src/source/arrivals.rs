@@ -3,12 +3,16 @@
 //! admin API cannot answer. A connection is told by its two ends, whichever side of it the table
 //! shows, so it is one arrival whether the pod's socket still lives, waits in TIME_WAIT (the side
 //! that closed first keeps its ends for 60 s), or only the other end is in the pod (a proxy of the
-//! pod connecting to the app). The facts: docs/how-it-works.md ("Arrivals from the kernel").
+//! pod connecting to the app). Behind a sidecar, `SidecarArrivals` merges the table's with
+//! /clusters' requests, read at their own pace. The facts: docs/how-it-works.md ("Arrivals from
+//! the kernel").
 
 use crate::config::ArrivalRule;
 use crate::count::{Before, Count, PACE, REQUEST_TIMEOUT, Warning};
 use crate::error::Failure;
+use crate::hold::quiet::WINDOW;
 use crate::source::clusters;
+use crate::source::diag::{TICK, TIME_WAIT_LEN};
 use crate::source::procnet::{Endpoint, LISTEN, SYN_RECV, Socket, TIME_WAIT, loopback, taking};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::Ipv6Addr;
@@ -33,9 +37,9 @@ struct Key {
 /// the mesh says, so holding the app for it gains nothing.
 const POLL: Duration = Duration::from_secs(5);
 
-/// How far back before the first read the kernel's memory of closed connections is taken, as
-/// far as the quiet time looks back during the hold (hold/quiet.rs, `WINDOW`).
-const HISTORY: Duration = Duration::from_secs(10);
+/// How far back before the first read the kernel's memory of closed connections is taken: as
+/// far as the quiet time looks back during the hold.
+const HISTORY: Duration = WINDOW;
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Conn {
@@ -487,7 +491,7 @@ pub fn before(mut ages: Vec<Duration>) -> Option<Before> {
     let pause = told.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
     let recent = ages[..within].first().map(|&newest| (newest, pause));
     let arrivals = ages.len() as u64;
-    (arrivals > 0).then_some(Before { arrivals, span: TIME_WAIT_MEMORY, recent })
+    (arrivals > 0).then_some(Before { arrivals, span: TIME_WAIT_LEN, recent })
 }
 
 /// What is remembered of the arrivals before the first read. Where an end closed in the pod
@@ -503,14 +507,10 @@ pub fn remember(
     ambient: bool,
 ) -> Option<Before> {
     if closing {
-        return Some(memory.unwrap_or(Before {
-            arrivals: 0,
-            span: TIME_WAIT_MEMORY,
-            recent: None,
-        }));
+        return Some(memory.unwrap_or(Before { arrivals: 0, span: TIME_WAIT_LEN, recent: None }));
     }
     let (arrivals, span) = life.filter(|(n, age)| *n > 0 && !age.is_zero())?;
-    let recent = ambient.then_some((TIME_WAIT_MEMORY.min(span), Duration::ZERO));
+    let recent = ambient.then_some((TIME_WAIT_LEN.min(span), Duration::ZERO));
     Some(Before { arrivals, span, recent })
 }
 
@@ -522,16 +522,13 @@ pub fn remember(
 fn recently(mut ages: Vec<Duration>) -> Option<Before> {
     ages.sort_unstable();
     let (newest, span) = (*ages.first()?, *ages.last()?);
-    let span = span.saturating_add(crate::source::diag::TICK).max(Duration::from_millis(500));
+    let span = span.saturating_add(TICK).max(Duration::from_millis(500));
     (ages.len() > 1).then_some(Before {
         arrivals: ages.len() as u64,
         span,
         recent: Some((newest, Duration::ZERO)),
     })
 }
-
-/// How long a connection's end that closed first waits in TIME_WAIT (Linux's `TCP_TIMEWAIT_LEN`).
-const TIME_WAIT_MEMORY: Duration = Duration::from_secs(60);
 
 /// Whether `end` is an address of the pod (`ours`): 127.0.0.0/8 and ::1 always are.
 fn is_ours(ours: &[Ipv6Addr], end: &Endpoint) -> bool {

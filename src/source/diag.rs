@@ -70,7 +70,7 @@ pub(crate) const TICK: Duration = Duration::from_millis(10);
 
 /// How long a closed connection's end waits in TIME_WAIT (`TCP_TIMEWAIT_LEN`, include/net/tcp.h);
 /// a dump gives the milliseconds it has left (`inet_twsk_diag_fill`).
-const TIME_WAIT_LEN: Duration = Duration::from_secs(60);
+pub(crate) const TIME_WAIT_LEN: Duration = Duration::from_secs(60);
 
 /// The sequence number of every request: each dump has a socket of its own.
 const SEQ: u32 = 1;
