@@ -107,8 +107,16 @@ pub(crate) struct Sources {
     /// The time the next stats request is given: a second, doubled after each one that ran out of
     /// it, up to `MAX_STATS_TIMEOUT`.
     stats_timeout: Duration,
-    /// `hold` behind a sidecar: both sources' state.
-    sidecar: Option<SidecarArrivals>,
+    reads: Reads,
+}
+
+/// What a look reads: `run`'s count (and `status`'s), or `hold`'s arrivals: from the socket table
+/// alone where no Envoy is in the pod, or behind a sidecar from the table and /clusters, whose
+/// state is kept between looks.
+enum Reads {
+    Count,
+    Arrivals,
+    SidecarArrivals(SidecarArrivals),
 }
 
 /// What a look spends beyond its own time: how long it waited on Envoy's admin API, what its
@@ -146,7 +154,11 @@ impl Sources {
             spent: Spent::default(),
             clusters_first: None,
             stats_timeout: REQUEST_TIMEOUT,
-            sidecar: c.arrivals.as_ref().map(|_| SidecarArrivals::default()),
+            reads: match (&c.arrivals, c.mode) {
+                (None, _) => Reads::Count,
+                (Some(_), Mode::Proc) => Reads::Arrivals,
+                (Some(_), _) => Reads::SidecarArrivals(SidecarArrivals::default()),
+            },
         }
     }
 
@@ -175,11 +187,11 @@ impl Sources {
         let (asked, own) = (Instant::now(), Meter::start(process_cpu));
         let mut reading = self.count(left);
         // `hold` runs before the app's SIGTERM: its sockets tell nothing then.
-        let pod = match self.clusters.app_only {
-            true => Err(Failure::from("not read while holding")),
-            false => self.table().pod(until),
+        let pod = match self.reads {
+            Reads::Count => self.table().pod(until),
+            _ => Err(Failure::from("not read while holding")),
         };
-        if let (Err(why), Ok(count), false) = (&pod, &mut reading.result, self.clusters.app_only) {
+        if let (Err(why), Ok(count), Reads::Count) = (&pod, &mut reading.result, &self.reads) {
             count.warnings.push(Warning::Undelivered(why.clone()));
         }
         let s = self.spent;
@@ -212,12 +224,18 @@ impl Sources {
         // Found once, before the requests are timed: Envoy's main thread is its process's first.
         let envoy = admin.then(|| self.table().envoy_pid(until)).flatten();
         let (asked, envoy_cpu) = (Instant::now(), Meter::start(|| envoy.and_then(main_thread_cpu)));
-        if self.clusters.app_only && !admin {
-            let proc = Some(self.table.arrivals(until.max(Instant::now() + PROC_GRACE)));
-            return Look { stats: None, clusters: None, proc };
-        }
-        if self.clusters.app_only {
-            return self.hold(until, asked, envoy_cpu);
+        match &mut self.reads {
+            Reads::Count => {}
+            Reads::Arrivals => {
+                let proc = Some(self.table.arrivals(until.max(Instant::now() + PROC_GRACE)));
+                return Look { stats: None, clusters: None, proc };
+            }
+            Reads::SidecarArrivals(state) => {
+                let mut state = std::mem::take(state);
+                let look = self.sidecar_arrivals(&mut state, until, asked, envoy_cpu);
+                self.reads = Reads::SidecarArrivals(state);
+                return look;
+            }
         }
         let known = match &self.clusters_first {
             Some(why) if admin && !every && self.unit == Unit::Requests => Some(why.clone()),
@@ -259,22 +277,22 @@ impl Sources {
 
     /// `hold` behind a sidecar: the socket table at every look, /clusters when its own pace allows
     /// or the table cannot tell; the table last, so that it shows what arrived until the look's end.
-    fn hold(
+    fn sidecar_arrivals(
         &mut self,
+        state: &mut SidecarArrivals,
         until: Instant,
         asked: Instant,
         envoy_cpu: Meter<impl Fn() -> Option<Duration>>,
     ) -> Look {
-        let mut hold = self.sidecar.take().unwrap_or_default();
         let left = until.saturating_duration_since(asked).saturating_sub(PROC_GRACE);
         let mut blocked = false;
-        let clusters = hold.clusters_limit(asked, left).map(|limit| {
+        let clusters = state.clusters_limit(asked, left).map(|limit| {
             let own = Meter::start(process_cpu);
             let answer = self.clusters(within(limit));
             let took = asked.elapsed();
             (self.spent.admin, self.spent.envoy_cpu) = (took, envoy_cpu.spent());
-            blocked = hold.clusters_read(asked, took, self.spent.envoy_cpu);
-            if !hold.table_blind {
+            blocked = state.clusters_read(asked, took, self.spent.envoy_cpu);
+            if !state.table_blind {
                 (self.spent.aside, self.spent.aside_cpu) = (took, own.spent().unwrap_or_default());
                 self.spent.envoy_cpu = Some(Duration::ZERO);
             }
@@ -283,7 +301,7 @@ impl Sources {
         // At the first answer, the app's requests so far over Envoy's uptime: how often they came
         // before the hold (its hosts are made with the inbound clusters, as Envoy starts).
         if let Some(Ok(answer)) = &clusters
-            && hold.life.is_none()
+            && state.life.is_none()
         {
             let mut uptime = None;
             let left = until.saturating_duration_since(Instant::now()).min(REQUEST_TIMEOUT);
@@ -292,15 +310,14 @@ impl Sources {
                 uptime = uptime.or(parse(l));
             });
             let requests = answer.app_arrived.requests;
-            hold.life = Some(uptime.filter(|u| *u > 0 && requests > 0).map(|u| Before {
+            state.life = Some(uptime.filter(|u| *u > 0 && requests > 0).map(|u| Before {
                 arrivals: requests,
                 span: Duration::from_secs(u),
                 recent: None,
             }));
         }
         let proc = self.table.arrivals(until.max(Instant::now() + PROC_GRACE));
-        let (clusters, proc) = hold.merge(clusters, proc, self.table.probes(), blocked);
-        self.sidecar = Some(hold);
+        let (clusters, proc) = state.merge(clusters, proc, self.table.probes(), blocked);
         Look { stats: None, clusters, proc: Some(proc) }
     }
 
