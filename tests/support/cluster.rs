@@ -128,10 +128,12 @@ pub enum Nodes {
     Kubelet,
 }
 
-/// The bearer tokens of the node's components, as the API server knows them: the kubelet as the
-/// node `node-1` (the Node authorizer and NodeRestriction judge it), kube-proxy as the user
-/// system:node-proxier is bound to by default.
+/// The bearer tokens of the nodes' components, as the API server knows them: each kubelet as its
+/// node, `node-<n>` (the Node authorizer and NodeRestriction judge it: `KUBELET_TOKEN-<n>`, node-1's
+/// without the suffix), kube-proxy as the user system:node-proxier is bound to by default.
 pub const KUBELET_TOKEN: &str = "envoy-drain-kubelet";
+/// The most nodes a control plane has tokens for.
+pub const MAX_NODES: u8 = 3;
 pub const KUBE_PROXY_TOKEN: &str = "envoy-drain-kube-proxy";
 
 impl ControlPlane {
@@ -262,7 +264,12 @@ impl ControlPlane {
             format!(
                 "envoy-drain-test,admin,admin,\"system:masters\"\n\
                  {KUBELET_TOKEN},system:node:node-1,node-1,\"system:nodes\"\n\
-                 {KUBE_PROXY_TOKEN},system:kube-proxy,kube-proxy\n"
+                 {KUBE_PROXY_TOKEN},system:kube-proxy,kube-proxy\n{}",
+                (2..=MAX_NODES)
+                    .map(|n| format!(
+                        "{KUBELET_TOKEN}-{n},system:node:node-{n},node-{n},\"system:nodes\"\n"
+                    ))
+                    .collect::<String>()
             ),
         )
         .expect("the token file");

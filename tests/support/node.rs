@@ -1,4 +1,4 @@
-//! A real Kubernetes node for a test's control plane (cluster.rs): the kubelet, containerd with
+//! Real Kubernetes nodes for a test's control plane (cluster.rs): the kubelet, containerd with
 //! runc and the CNI plugins bridge, host-local and loopback, and kube-proxy in iptables mode, all
 //! built from their sources by scripts/components. They run in the control plane's network
 //! namespace, which is the node's own network (10.0.0.1 on eth0); pods get 10.244.0.0/24 on the
@@ -13,11 +13,19 @@
 //! which containerd offers for the same case in rootless setups); and the node's cgroups live
 //! under a root of their own (`cgroupRoot`), removed at the end.
 //!
+//! More nodes (`start_nodes`): node-1 as above, node-<n> with a network namespace of its own and
+//! its eth0 at 10.0.0.<n>, every node's eth0 on one bridge (in a namespace of its own, the
+//! switch), its pods on 10.244.<n-1>.0/24 and a route to each other node's pods through that
+//! node, as a cluster's pod network routes them (the control plane stays node-1's, reached at
+//! 10.0.0.1). Each node has its own containerd, kubelet and kube-proxy, so a Service's rules on
+//! one node send its traffic to pods on another.
+//!
 //! Drop stops the kubelet, kills every process in the node's cgroups and containerd's shims,
 //! unmounts what they mounted (rootfs, volumes, the pods' network namespaces) and removes the
 //! cgroups and the files, also when the test failed.
 
-use super::cluster::{ControlPlane, KUBE_PROXY_TOKEN, KUBELET_TOKEN};
+use super::cluster::{ControlPlane, KUBE_PROXY_TOKEN, KUBELET_TOKEN, MAX_NODES};
+use super::netns::Netns;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -37,6 +45,12 @@ pub struct Image {
 
 pub struct Node<'a> {
     cp: &'a ControlPlane,
+    /// node-<n>, at 10.0.0.<n>.
+    n: u8,
+    /// Its own network namespace; node-1's is the control plane's (`None`).
+    netns: Option<Netns>,
+    /// node-1's, with more nodes: the namespace of the bridge the nodes' eth0 join.
+    switch: Option<Netns>,
     dir: PathBuf,
     cgroup: String,
     processes: Vec<Child>,
@@ -47,14 +61,51 @@ impl<'a> Node<'a> {
     /// Starts the node's components and imports `images`; returns once the node is Ready.
     pub fn start(cp: &'a ControlPlane, images: &[Image]) -> Node<'a> {
         sweep_stale();
-        let dir = PathBuf::from(cp.path("node"));
+        Node::start_nth(cp, 1, images, None)
+    }
+
+    /// Nodes node-1 to node-`count`, one after the other, then the routes between their pods.
+    pub fn start_nodes(cp: &'a ControlPlane, count: u8, images: &[Image]) -> Vec<Node<'a>> {
+        assert!((1..=MAX_NODES).contains(&count), "1 to {MAX_NODES} nodes");
+        sweep_stale();
+        let mut nodes = vec![Node::start_nth(cp, 1, images, None)];
+        if count > 1 {
+            let switch = nodes[0].switch();
+            nodes.extend((2..=count).map(|n| Node::start_nth(cp, n, images, Some(&switch))));
+            nodes[0].switch = Some(switch);
+        }
+        for node in &nodes {
+            for other in nodes.iter().filter(|o| o.n != node.n) {
+                let via = format!("10.244.{}.0/24 via {}", other.n - 1, other.ip());
+                node.ip_command(&format!("route add {via}"));
+            }
+        }
+        nodes
+    }
+
+    fn start_nth(
+        cp: &'a ControlPlane,
+        n: u8,
+        images: &[Image],
+        switch: Option<&Netns>,
+    ) -> Node<'a> {
+        let (name, pid) =
+            (if n == 1 { "node".to_string() } else { format!("node-{n}") }, std::process::id());
+        let dir = PathBuf::from(cp.path(&name));
         // cni-bin: where a CNI plugin that a DaemonSet installs goes (istio-cni's).
         for sub in ["cni", "cni-bin"] {
             std::fs::create_dir_all(dir.join(sub)).expect("the node's directory");
         }
         let mut node = Node {
             cp,
-            cgroup: format!("envoy-drain-node-{}", std::process::id()),
+            n,
+            netns: (n > 1).then(Netns::new),
+            switch: None,
+            cgroup: if n == 1 {
+                format!("envoy-drain-node-{pid}")
+            } else {
+                format!("envoy-drain-node-{pid}-{n}")
+            },
             dir,
             processes: Vec::new(),
             containerd: 0,
@@ -63,26 +114,18 @@ impl<'a> Node<'a> {
             std::fs::create_dir_all(format!("/sys/fs/cgroup/{c}/{}", node.cgroup))
                 .unwrap_or_else(|e| panic!("NOT RUN: the node's cgroup in {c}: {e}"));
         }
-        for args in [
-            "link add eth0 type veth peer name eth0-peer",
-            &format!("addr add {NODE_IP}/24 dev eth0"),
-            "link set eth0 up",
-            "link set eth0-peer up",
-            "route add default dev eth0",
-        ] {
-            let ok = cp.command("ip").args(args.split(' ')).status().expect("ip");
-            assert!(ok.success(), "ip {args}");
-        }
+        node.network(switch);
         node.containerd();
         for image in images {
             node.import(image);
         }
         node.kubelet();
-        cp.wait_for("the kubelet's node to be Ready", || {
+        let name = node.name();
+        cp.wait_for(&format!("{name} to be Ready"), || {
             let ready = cp.kubectl(&[
                 "get",
                 "node",
-                "node-1",
+                &name,
                 "-o",
                 "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
             ]);
@@ -91,18 +134,93 @@ impl<'a> Node<'a> {
         node
     }
 
+    /// `node-<n>`.
+    pub fn name(&self) -> String {
+        format!("node-{}", self.n)
+    }
+
+    /// Its address: 10.0.0.<n>.
+    pub fn ip(&self) -> String {
+        format!("10.0.0.{}", self.n)
+    }
+
+    /// `program` to run in the node's network namespace.
+    pub fn command(&self, program: &str) -> Command {
+        match &self.netns {
+            Some(netns) => netns.command(program),
+            None => self.cp.command(program),
+        }
+    }
+
+    fn ip_command(&self, args: &str) {
+        ip(self.command("ip"), args, &self.name());
+    }
+
+    /// eth0 at the node's address, and forwarding on (pods reach other nodes through it). Other
+    /// nodes' eth0 are veths whose peers join the bridge `nodes0` in `switch`, a namespace of its
+    /// own: a bridge in a node's namespace would show the node's iptables (kube-proxy's) every
+    /// frame between two other nodes, and its conntrack each reply twice.
+    fn network(&self, switch: Option<&Netns>) {
+        let first = match (&self.netns, switch) {
+            (Some(netns), Some(switch)) => {
+                let (port, peer) = (format!("port-{}", self.n), format!("eth0-{}", self.n));
+                let on_switch = |args: &str| ip(switch.command("ip"), args, "the switch");
+                on_switch(&format!("link add {port} type veth peer name {peer}"));
+                on_switch(&format!("link set {peer} netns {}", netns.path()));
+                on_switch(&format!("link set {port} master nodes0 up"));
+                format!("link set {peer} name eth0")
+            }
+            _ => "link add eth0 type veth peer name eth0-peer".to_string(),
+        };
+        let ip = self.ip();
+        for args in [
+            first.as_str(),
+            &format!("addr add {ip}/24 dev eth0"),
+            "link set eth0 up",
+            "route add default dev eth0",
+        ] {
+            self.ip_command(args);
+        }
+        if self.netns.is_none() {
+            self.ip_command("link set eth0-peer up");
+        }
+        let forward = self.command("sysctl").args(["-qw", "net.ipv4.ip_forward=1"]).status();
+        assert!(forward.is_ok_and(|s| s.success()), "forwarding on {}", self.name());
+    }
+
+    /// The switch the other nodes join: node-1's eth0-peer moved into a namespace of its own and
+    /// put on the bridge `nodes0` there.
+    fn switch(&self) -> Netns {
+        let switch = Netns::new();
+        self.ip_command(&format!("link set eth0-peer netns {}", switch.path()));
+        for args in [
+            "link add nodes0 type bridge",
+            "link set eth0-peer master nodes0 up",
+            "link set nodes0 up",
+        ] {
+            ip(switch.command("ip"), args, "the switch");
+        }
+        switch
+    }
+
     /// A path in the node's directory (removed with the node).
     pub fn path(&self, name: &str) -> String {
         self.dir.join(name).to_str().expect("a UTF-8 temporary path").to_string()
     }
 
+    /// The API server as node-1 reaches it, on loopback; another node at node-1's address, the
+    /// certificate still checked for the name it holds.
     fn kubeconfig(&self, name: &str, token: &str) -> String {
         let path = self.path(&format!("{name}.kubeconfig"));
+        let server = match self.n {
+            1 => "https://localhost:6443".to_string(),
+            _ => format!("https://{NODE_IP}:6443\n    tls-server-name: localhost"),
+        };
         std::fs::write(
             &path,
             format!(
                 "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: \
-                 https://localhost:6443\n    certificate-authority: {}\nusers:\n- name: {name}\n  \
+                 {server}\n    certificate-authority: {}\nusers:\n- name: {name}\n  \
                  user:\n    token: {token}\ncontexts:\n- name: test\n  context:\n    cluster: \
                  test\n    user: {name}\ncurrent-context: test\n",
                 self.cp.path("pki/apiserver.crt")
@@ -119,7 +237,6 @@ impl<'a> Node<'a> {
         let path =
             format!("{}:{}", self.cp.bin("").display(), std::env::var("PATH").unwrap_or_default());
         let child = self
-            .cp
             .command(self.cp.bin(program).to_str().expect("UTF-8"))
             .args(args)
             .env("PATH", path)
@@ -149,7 +266,8 @@ impl<'a> Node<'a> {
         std::fs::write(
             self.dir.join("cni/10-pods.conflist"),
             format!(
-                r#"{{"cniVersion":"1.0.0","name":"pods","plugins":[{{"type":"bridge","bridge":"cni0","isGateway":true,"ipam":{{"type":"host-local","ranges":[[{{"subnet":"10.244.0.0/24"}}]],"routes":[{{"dst":"0.0.0.0/0"}}],"dataDir":"{}"}}}},{{"type":"loopback"}}]}}"#,
+                r#"{{"cniVersion":"1.0.0","name":"pods","plugins":[{{"type":"bridge","bridge":"cni0","isGateway":true,"ipam":{{"type":"host-local","ranges":[[{{"subnet":"10.244.{}.0/24"}}]],"routes":[{{"dst":"0.0.0.0/0"}}],"dataDir":"{}"}}}},{{"type":"loopback"}}]}}"#,
+                self.n - 1,
                 self.path("ipam")
             ),
         )
@@ -212,7 +330,13 @@ impl<'a> Node<'a> {
             self.path("pod-logs"),
         );
         std::fs::write(self.dir.join("kubelet.yaml"), config).expect("the kubelet's config");
-        let kubeconfig = self.kubeconfig("kubelet", KUBELET_TOKEN);
+        let token = match self.n {
+            1 => KUBELET_TOKEN.to_string(),
+            n => format!("{KUBELET_TOKEN}-{n}"),
+        };
+        let kubeconfig = self.kubeconfig("kubelet", &token);
+        let (hostname, node_ip) =
+            (format!("--hostname-override={}", self.name()), format!("--node-ip={}", self.ip()));
         let (config, root) = (self.path("kubelet.yaml"), self.path("kubelet"));
         self.spawn(
             "kubelet",
@@ -220,8 +344,8 @@ impl<'a> Node<'a> {
                 &format!("--kubeconfig={kubeconfig}"),
                 &format!("--config={config}"),
                 &format!("--root-dir={root}"),
-                "--hostname-override=node-1",
-                &format!("--node-ip={NODE_IP}"),
+                &hostname,
+                &node_ip,
                 // Its probes' failures, which explain a lost request (rollout.rs).
                 "--v=1",
             ],
@@ -231,7 +355,7 @@ impl<'a> Node<'a> {
             "kube-proxy",
             &[
                 &format!("--kubeconfig={kubeconfig}"),
-                "--hostname-override=node-1",
+                &hostname,
                 "--proxy-mode=iptables",
                 "--cluster-cidr=10.244.0.0/16",
                 // The conntrack table's size is the machine's, not a namespace's to set.
@@ -366,18 +490,29 @@ fn sweep_stale() {
     names.sort();
     names.dedup();
     for name in names {
-        let Some(pid) = name.strip_prefix("envoy-drain-node-") else { continue };
+        // envoy-drain-node-<pid>, or -<pid>-<n> for node-<n>.
+        let Some(rest) = name.strip_prefix("envoy-drain-node-") else { continue };
+        let pid = rest.split('-').next().unwrap_or(rest);
         if Path::new(&format!("/proc/{pid}")).exists() {
             continue;
         }
         let dirs = std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten();
         for d in dirs.filter(|d| d.file_name().to_string_lossy().ends_with(&format!("-{pid}"))) {
-            let node = d.path().join("node");
-            remove(&name, &node, &node.join("containerd.sock").to_string_lossy());
+            let nodes = std::fs::read_dir(d.path()).into_iter().flatten().flatten();
+            for node in nodes.filter(|e| e.file_name().to_string_lossy().starts_with("node")) {
+                let node = node.path();
+                remove(&name, &node, &node.join("containerd.sock").to_string_lossy());
+            }
             let _ = std::fs::remove_dir_all(d.path());
         }
         remove(&name, Path::new(""), "");
     }
+}
+
+/// `ip <args>` run by `cmd` (on `node`), which must succeed.
+fn ip(mut cmd: Command, args: &str, node: &str) {
+    let ok = cmd.args(args.split(' ')).status().expect("iproute2's ip");
+    assert!(ok.success(), "ip {args} on {node}");
 }
 
 /// `image`'s files in `root`, each program with the libraries it loads, as `ldd` names them.

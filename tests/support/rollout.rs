@@ -439,7 +439,7 @@ fn iptables() -> Vec<(PathBuf, String)> {
 }
 
 /// The images every row needs: the app, envoy-drain's FROM scratch content, the client.
-fn base_images(cp: &ControlPlane) -> Vec<Image> {
+pub fn base_images(cp: &ControlPlane) -> Vec<Image> {
     vec![
         Image {
             name: "localhost/app:test",
