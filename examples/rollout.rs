@@ -8,7 +8,8 @@
 //! of one sort are all run. And for every row: `debounce=<seconds>`
 //! (istiod's push held back that long), `replicas=<n>` (3), `rate=<requests a second>` (100),
 //! `request-ms=<ms>` (the app's time for each answer, 50), `grace=<seconds>` (the pods'
-//! terminationGracePeriodSeconds, 30). `demo` alone: the demo's four rows side by side in one
+//! terminationGracePeriodSeconds, 30), `nodes=<1 to 3>` (1; with more, the client on node-1 and
+//! the app's pods spread over the others; not ambient yet). `demo` alone: the demo's four rows side by side in one
 //! cluster, restarted at once (native sidecars and ambient mode, each as written and with
 //! envoy-drain). Run it with `bash examples/rollout.sh [ARG...]`, as root.
 
@@ -40,7 +41,7 @@ fn main() {
                 "rollout: {other:?}: expected no-mesh, classic, native, ambient, waypoint, none, \
                  exit-on-zero, sleep<seconds>, envoy-drain, new-conn, keep-alive, downloads, \
                  debounce=<seconds>, replicas=<n>, rate=<requests a second>, \
-                 request-ms=<the app's answer time>, \
+                 request-ms=<the app's answer time>, nodes=<1 to 3>, \
                  grace=<seconds>, or demo alone"
             );
             std::process::exit(2);
@@ -67,6 +68,7 @@ fn main() {
                     rate: a.rate,
                     grace: a.grace,
                     request_ms: a.request_ms,
+                    nodes: a.nodes,
                     ..Case::new(mesh, shutdown, clients)
                 };
                 let row = run(case);
@@ -90,13 +92,15 @@ struct Args {
     rate: u32,
     grace: u32,
     request_ms: u32,
+    nodes: u8,
 }
 
 impl Default for Args {
     fn default() -> Args {
         let (meshes, shutdowns, clients) = (Vec::new(), Vec::new(), Vec::new());
         let (replicas, rate, grace, request_ms) = (3, 100, 30, 50);
-        Args { meshes, shutdowns, clients, debounce: None, replicas, rate, grace, request_ms }
+        let debounce = None;
+        Args { meshes, shutdowns, clients, debounce, replicas, rate, grace, request_ms, nodes: 1 }
     }
 }
 
@@ -116,9 +120,17 @@ impl Args {
             "new-conn" => self.clients.push(Clients::NewConn),
             "keep-alive" => self.clients.push(Clients::KeepAlive),
             "downloads" => self.clients.push(Clients::Downloads),
-            _ => match ["sleep", "debounce=", "replicas=", "rate=", "grace=", "request-ms="]
-                .into_iter()
-                .find_map(|key| Some((key, number(key)?)))
+            _ => match [
+                "sleep",
+                "debounce=",
+                "replicas=",
+                "rate=",
+                "grace=",
+                "request-ms=",
+                "nodes=",
+            ]
+            .into_iter()
+            .find_map(|key| Some((key, number(key)?)))
             {
                 Some(("sleep", s)) if s > 0 => self.shutdowns.push(Shutdown::Sleep(s)),
                 Some(("debounce=", s)) => self.debounce = Some(Duration::from_secs(s.into())),
@@ -126,6 +138,7 @@ impl Args {
                 Some(("rate=", n)) if n > 0 => self.rate = n,
                 Some(("grace=", s)) => self.grace = s,
                 Some(("request-ms=", n)) if n > 0 => self.request_ms = n,
+                Some(("nodes=", n)) if (1..=3).contains(&n) => self.nodes = n as u8,
                 _ => return Err(a.to_string()),
             },
         }
@@ -157,10 +170,11 @@ impl Args {
     /// The settings, and the table's head.
     fn header(&self) {
         println!(
-            "{} replicas, {} requests a second of {} ms each, the app's grace period {} s (a \
+            "{} replicas on {} node(s), {} requests a second of {} ms each, the app's grace period {} s (a \
              waypoint's: examples/waypoint.yaml's 60 s with envoy-drain, else istiod's 30 s), \
              istiod's debounce {}\n",
             self.replicas,
+            self.nodes,
             self.rate,
             self.request_ms,
             self.grace,

@@ -126,6 +126,9 @@ pub struct Case {
     pub request_ms: u32,
     /// The app pods' terminationGracePeriodSeconds.
     pub grace: u32,
+    /// The cluster's nodes: with more than one, the client on node-1 and the app's pods spread
+    /// over the others (node.rs `start_nodes`), its traffic crossing nodes.
+    pub nodes: u8,
 }
 
 impl Case {
@@ -141,6 +144,7 @@ impl Case {
             rate: 100,
             request_ms: 50,
             grace: 30,
+            nodes: 1,
         }
     }
 
@@ -292,6 +296,22 @@ fn workload(case: Case, ns: &str) -> (String, String) {
         _ => String::new(),
     };
     let (replicas, grace) = (case.replicas, case.grace);
+    // On several nodes: the client on node-1, the app's pods spread over the others.
+    let (app_placement, client_placement) = match case.nodes {
+        1 => (String::new(), String::new()),
+        _ => (
+            "
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+            - matchExpressions: [{key: kubernetes.io/hostname, operator: NotIn, values: [node-1]}]
+      topologySpreadConstraints:
+      - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: ScheduleAnyway, labelSelector: {matchLabels: {app: app}}}"
+                .to_string(),
+            "\n      nodeSelector: {kubernetes.io/hostname: node-1}".to_string(),
+        ),
+    };
     let deployment = format!(
         "apiVersion: apps/v1
 kind: Deployment
@@ -304,7 +324,7 @@ spec:
       labels: {{app: app}}
       annotations: {{{}}}
     spec:
-      terminationGracePeriodSeconds: {grace}
+      terminationGracePeriodSeconds: {grace}{app_placement}
       containers:
       - name: app
         image: localhost/app:test
@@ -335,7 +355,7 @@ spec:
       annotations:
         envoy-drain.io/disabled: 'true'
         traffic.sidecar.istio.io/excludeOutboundPorts: '{DOWNLOAD_PORT}'
-    spec:
+    spec:{client_placement}
       containers:
       - name: client
         image: localhost/client:test
@@ -538,19 +558,22 @@ pub fn run_together(cases: &[Case]) -> Vec<Row> {
     phases.done("control plane");
     let meshes: Vec<DataPlane> = cases.iter().map(|c| c.mesh).collect();
     let bootstrap = bootstrap(&cp, &meshes);
-    let node = Node::start(&cp, &images(&cp, &meshes, &envoy, &bootstrap));
+    let count = cases.iter().map(|c| c.nodes).max().unwrap_or(1);
+    assert!(count == 1 || !meshes.iter().any(|m| m.ambient()), "ambient mode on one node only");
+    let nodes = Node::start_nodes(&cp, count, &images(&cp, &meshes, &envoy, &bootstrap));
+    let node = &nodes[0];
     phases.done("node");
     // Kept to the end: ambient's node init (dropped before the node).
-    let _init = mesh(&cp, &node, &meshes, cases.first().and_then(|c| c.debounce));
+    let _init = mesh(&cp, node, &meshes, cases.first().and_then(|c| c.debounce));
     phases.done("mesh");
     let sides: Vec<Side> = cases
         .iter()
         .enumerate()
         .map(|(i, &case)| Side::deploy(&cp, case, format!("shop-{i}")))
         .collect();
-    let sides: Vec<Side> = sides.into_iter().map(|s| s.ready(&cp, &node)).collect();
+    let sides: Vec<Side> = sides.into_iter().map(|s| s.ready(&cp, node)).collect();
     phases.done("pods ready");
-    let logs = Logs::follow(node.pod_logs());
+    let logs = Logs::follow(nodes.iter().map(Node::pod_logs).collect());
     // The loads' slow clients run in this scope, which their loads' ends join.
     std::thread::scope(|load_scope| {
         let loads: Vec<Load> = sides.iter().map(|s| Load::start(&cp, s, load_scope)).collect();
@@ -561,7 +584,7 @@ pub fn run_together(cases: &[Case]) -> Vec<Row> {
         phases.done("load");
         eprintln!("{}", phases.1);
         let statuses: Vec<String> = sides.iter().map(Side::waypoint_status).collect();
-        let took = restart_all(&cp, &node, &sides);
+        let took = restart_all(&cp, node, &sides);
         for side in &sides {
             assert_captured(&cp, side);
         }
@@ -787,7 +810,30 @@ impl Side {
             "jsonpath={.items[0].metadata.name}",
         ]);
         self.ip = cp.ok(&["get", "service", "-n", ns, "app", "-o", "jsonpath={.spec.clusterIP}"]);
+        if self.case.nodes > 1 {
+            self.placed(cp);
+        }
         self
+    }
+
+    /// On several nodes: the client on node-1, the app's pods on the others, none on node-1.
+    fn placed(&self, cp: &ControlPlane) {
+        let path =
+            "jsonpath={range .items[*]}{.metadata.labels.app} {.spec.nodeName}{\"\\n\"}{end}";
+        let pods = cp.ok(&["get", "pods", "-n", &self.ns, "-o", path]);
+        let on = |app: &str| -> Vec<&str> {
+            pods.lines().filter_map(|l| l.strip_prefix(app)?.strip_prefix(' ')).collect()
+        };
+        assert_eq!(on("client"), ["node-1"], "{}: the client on node-1: {pods}", self.ns);
+        let mut nodes = on("app");
+        nodes.sort_unstable();
+        nodes.dedup();
+        assert_eq!(
+            nodes,
+            ["node-2", "node-3"],
+            "{}: the app's pods on the others: {pods}",
+            self.ns
+        );
     }
 
     /// Each pod's app preStop, and with sidecars its istio-proxy's, are the row's.
@@ -1554,8 +1600,9 @@ fn seconds_of_day(time: &str) -> Option<f64> {
     Some(h.parse::<f64>().ok()? * 3600.0 + m.parse::<f64>().ok()? * 60.0 + s.parse::<f64>().ok()?)
 }
 
-/// The pods' log files, read every 100 ms while the kubelet writes them (it removes them with
-/// the pod): each pod's directory and container (`app`, `istio-proxy`), and what it wrote.
+/// The pods' log files on every node, read every 100 ms while the kubelets write them (each
+/// removes them with the pod): each pod's directory and container (`app`, `istio-proxy`), and
+/// what it wrote.
 struct Logs {
     stop: Stop,
     read: Arc<Mutex<BTreeMap<String, String>>>,
@@ -1563,7 +1610,7 @@ struct Logs {
 }
 
 impl Logs {
-    fn follow(dir: PathBuf) -> Logs {
+    fn follow(dirs: Vec<PathBuf>) -> Logs {
         let stop = Arc::new(AtomicBool::new(false));
         let read: Arc<Mutex<BTreeMap<String, String>>> = Arc::new(Mutex::new(BTreeMap::new()));
         let thread = {
@@ -1572,7 +1619,8 @@ impl Logs {
                 // Bounded: the rollout's own bounds end it, and so does this count.
                 for _ in 0..3000 {
                     let last = stop.load(Ordering::SeqCst);
-                    for pod in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                    let pods = dirs.iter().flat_map(|d| std::fs::read_dir(d).into_iter().flatten());
+                    for pod in pods.flatten() {
                         for container in ["app", "istio-proxy"] {
                             let file = pod.path().join(container).join("0.log");
                             let Ok(text) = std::fs::read_to_string(&file) else { continue };
