@@ -19,6 +19,9 @@ use std::time::Duration;
 
 pub(crate) const DEFAULT_AGENT: &str = "127.0.0.1:15020";
 pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
+/// Istio's min-drain and its variable, which `run` reads and `ConfigWarning::MinDrainEnv` names.
+pub(crate) const DEFAULT_MIN_DRAIN: Duration = Duration::from_secs(5);
+pub(crate) const ENV_MIN_DRAIN: &str = "MINIMUM_DRAIN_DURATION";
 
 /// An environment variable's value by name: `std::env::var`, or a test's.
 pub(crate) type Env<'a> = dyn Fn(&str) -> Option<String> + 'a;

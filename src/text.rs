@@ -2,13 +2,14 @@
 //! summary, the status tables, and each warning (`count::Warning`, found where its cause is).
 
 use crate::cli::{ANNOTATION_PREFIX, ENV_LOG_FORMAT, ENV_NODE_IPS};
-use crate::config::{ConfigWarning, Mode, Plan, Rules, RunConfig};
+use crate::config::{
+    ConfigWarning, DEFAULT_MIN_DRAIN, ENV_MIN_DRAIN, Mode, Plan, Rules, RunConfig,
+};
 use crate::count::{Basis, Busy, Cost, Count, NON_HTTP, PACE, SourceKind, Unit, Warning};
 use crate::drain::Request;
 use crate::error::Failure;
 use crate::log::Level;
 use crate::outcome::{Outcome, Progress, signal_name};
-use crate::run::config::{DEFAULT_MIN_DRAIN, ENV_MIN_DRAIN};
 use crate::source::admin::{READY_PATH, Reply};
 use crate::source::clusters::{self, CLUSTERS_PATH};
 use crate::source::sockets::Reader;

@@ -4,9 +4,9 @@
 
 use crate::cli::{ANNOTATION_PREFIX, RunArgs};
 use crate::config::{
-    ConfigWarning, DEFAULT_AGENT, DEFAULT_INTERVAL, DURATION, Env, Filter, Mode, Plan, Rules,
-    RunConfig, SourceConfig, log_format, parse_addr, parse_admin, parse_duration, ports, positive,
-    some_ports,
+    ConfigWarning, DEFAULT_AGENT, DEFAULT_INTERVAL, DEFAULT_MIN_DRAIN, DURATION, ENV_MIN_DRAIN,
+    Env, Filter, Mode, Plan, Rules, RunConfig, SourceConfig, log_format, parse_addr, parse_admin,
+    parse_duration, ports, positive, some_ports,
 };
 use crate::count::Unit;
 use crate::drain::{self, Drain};
@@ -16,9 +16,7 @@ use crate::preset::{self, PRESETS, Preset};
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub(crate) const DEFAULT_MIN_DRAIN: Duration = Duration::from_secs(5);
 const DEFAULT_DEADLINE: Duration = Duration::from_secs(25);
-pub(crate) const ENV_MIN_DRAIN: &str = "MINIMUM_DRAIN_DURATION";
 
 const UNITS: [(&str, Unit); 2] = [("connections", Unit::Connections), ("requests", Unit::Requests)];
 
