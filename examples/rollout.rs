@@ -1,17 +1,22 @@
-//! The rollout table: `kubectl rollout restart` of three pods under 100 requests a second on a
-//! real node (kubelet, containerd, runc, kube-proxy; with sidecars istiod and pilot-agent; in
-//! ambient mode istiod, ztunnel and istio-cni; tests/support/rollout.rs), one row per data plane x
-//! app shutdown x clients. Arguments narrow it down: data planes (`no-mesh`, `classic`, `native`,
+//! The rollout table: three pods ended under 100 requests a second on a real node (kubelet,
+//! containerd, runc, kube-proxy; with sidecars istiod and pilot-agent; in ambient mode istiod,
+//! ztunnel and istio-cni; tests/support/rollout.rs), one row per data plane x app shutdown x
+//! clients x operation. Arguments narrow it down: data planes (`no-mesh`, `classic`, `native`,
 //! `ambient`; `waypoint`, an ambient waypoint restarted instead of the app), shutdowns (`none`,
 //! `exit-on-zero`, `sleep15` or any `sleep<seconds>`, `envoy-drain`), clients (`new-conn`,
-//! `keep-alive`, `downloads`: kept-alive requests and four slow readers of 3 MB answers); several
-//! of one sort are all run. And for every row: `debounce=<seconds>`
-//! (istiod's push held back that long), `replicas=<n>` (3), `rate=<requests a second>` (100),
-//! `request-ms=<ms>` (the app's time for each answer, 50), `grace=<seconds>` (the pods'
-//! terminationGracePeriodSeconds, 30), `nodes=<1 to 3>` (1; with more, the client on node-1 and
-//! the app's pods spread over the others; not ambient yet). `demo` alone: the demo's four rows side by side in one
-//! cluster, restarted at once (native sidecars and ambient mode, each as written and with
-//! envoy-drain). Run it with `bash examples/rollout.sh [ARG...]`, as root.
+//! `keep-alive`, `downloads`: kept-alive requests and four slow readers of 3 MB answers), the ways
+//! the pods end (`restart`: `kubectl rollout restart` with the Deployment's defaults, the only one
+//! when none is given; `restart-surge`: maxSurge 25 %, maxUnavailable 0; `restart-one`: maxSurge 0,
+//! maxUnavailable 1; `drain`: `kubectl drain node-2`; `scale=<n>`: `kubectl scale` to n;
+//! `delete=<n>`: `kubectl delete pod` of n pods); several of one sort are all run. And for every
+//! row: `debounce=<seconds>` (istiod's push held back that long), `replicas=<n>` (3, or 6 on
+//! several nodes), `rate=<requests a second>` (100), `request-ms=<ms>` (the app's time for each
+//! answer, 50), `grace=<seconds>` (the pods' terminationGracePeriodSeconds, 30), `nodes=<1 to 3>`
+//! (1; with more, the client on node-1, the app's pods spread over the others under a
+//! PodDisruptionBudget), `min-available=<percent>` (the budget's minAvailable, 50). `demo` alone:
+//! the demo's four rows side by side in one cluster, restarted at once (native sidecars and
+//! ambient mode, each as written and with envoy-drain). Run it with
+//! `bash examples/rollout.sh [ARG...]`, as root.
 
 #[allow(dead_code)]
 #[path = "../tests/support"]
@@ -27,7 +32,9 @@ mod support {
 }
 
 use std::time::Duration;
-use support::rollout::{Case, Clients, DataPlane, Row, Shutdown, run, run_together};
+use support::rollout::{
+    Case, Clients, DataPlane, Operation, Row, Shutdown, Strategy, run, run_together,
+};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -41,13 +48,18 @@ fn main() {
                 "rollout: {other:?}: expected no-mesh, classic, native, ambient, waypoint, none, \
                  exit-on-zero, sleep<seconds>, envoy-drain, new-conn, keep-alive, downloads, \
                  debounce=<seconds>, replicas=<n>, rate=<requests a second>, \
-                 request-ms=<the app's answer time>, nodes=<1 to 3>, \
-                 grace=<seconds>, or demo alone"
+                 request-ms=<the app's answer time>, nodes=<1 to 3>, grace=<seconds>, \
+                 restart, restart-surge, restart-one, drain, scale=<replicas>, delete=<pods>, \
+                 min-available=<percent>, or demo alone"
             );
             std::process::exit(2);
         }
     }
     a.defaults();
+    if a.nodes == 1 && a.operations.contains(&Operation::Drain) {
+        eprintln!("rollout: drain: expected nodes=2 or more (node-1 holds the client)");
+        std::process::exit(2);
+    }
     a.header();
     for &mesh in &a.meshes {
         for &shutdown in &a.shutdowns {
@@ -61,7 +73,9 @@ fn main() {
             if mesh == DataPlane::Waypoint && matches!(shutdown, Shutdown::Sleep(_)) {
                 continue;
             }
-            for &clients in &a.clients {
+            for (&clients, &operation) in
+                a.clients.iter().flat_map(|c| a.operations.iter().map(move |o| (c, o)))
+            {
                 let case = Case {
                     debounce: a.debounce,
                     replicas: a.replicas,
@@ -69,6 +83,8 @@ fn main() {
                     grace: a.grace,
                     request_ms: a.request_ms,
                     nodes: a.nodes,
+                    operation,
+                    min_available: a.min_available,
                     ..Case::new(mesh, shutdown, clients)
                 };
                 let row = run(case);
@@ -87,20 +103,35 @@ struct Args {
     meshes: Vec<DataPlane>,
     shutdowns: Vec<Shutdown>,
     clients: Vec<Clients>,
+    operations: Vec<Operation>,
     debounce: Option<Duration>,
     replicas: u32,
     rate: u32,
     grace: u32,
     request_ms: u32,
     nodes: u8,
+    min_available: u32,
 }
 
 impl Default for Args {
     fn default() -> Args {
         let (meshes, shutdowns, clients) = (Vec::new(), Vec::new(), Vec::new());
-        let (replicas, rate, grace, request_ms) = (3, 100, 30, 50);
-        let debounce = None;
-        Args { meshes, shutdowns, clients, debounce, replicas, rate, grace, request_ms, nodes: 1 }
+        // No replicas given: 3, or 6 on several nodes (three a node).
+        let (replicas, rate, grace, request_ms) = (0, 100, 30, 50);
+        let (debounce, nodes, min_available, operations) = (None, 1, 50, Vec::new());
+        Args {
+            meshes,
+            shutdowns,
+            clients,
+            operations,
+            debounce,
+            replicas,
+            rate,
+            grace,
+            request_ms,
+            nodes,
+            min_available,
+        }
     }
 }
 
@@ -120,6 +151,10 @@ impl Args {
             "new-conn" => self.clients.push(Clients::NewConn),
             "keep-alive" => self.clients.push(Clients::KeepAlive),
             "downloads" => self.clients.push(Clients::Downloads),
+            "restart" => self.operations.push(Operation::Restart(Strategy::Default)),
+            "restart-surge" => self.operations.push(Operation::Restart(Strategy::Surge)),
+            "restart-one" => self.operations.push(Operation::Restart(Strategy::OneAtATime)),
+            "drain" => self.operations.push(Operation::Drain),
             _ => match [
                 "sleep",
                 "debounce=",
@@ -128,6 +163,9 @@ impl Args {
                 "grace=",
                 "request-ms=",
                 "nodes=",
+                "scale=",
+                "delete=",
+                "min-available=",
             ]
             .into_iter()
             .find_map(|key| Some((key, number(key)?)))
@@ -139,6 +177,9 @@ impl Args {
                 Some(("grace=", s)) => self.grace = s,
                 Some(("request-ms=", n)) if n > 0 => self.request_ms = n,
                 Some(("nodes=", n)) if (1..=3).contains(&n) => self.nodes = n as u8,
+                Some(("scale=", n)) if n > 0 => self.operations.push(Operation::Scale(n)),
+                Some(("delete=", n)) if n > 0 => self.operations.push(Operation::Delete(n)),
+                Some(("min-available=", n)) if n <= 100 => self.min_available = n,
                 _ => return Err(a.to_string()),
             },
         }
@@ -165,6 +206,12 @@ impl Args {
         if self.clients.is_empty() {
             self.clients = vec![Clients::NewConn, Clients::KeepAlive];
         }
+        if self.operations.is_empty() {
+            self.operations = vec![Operation::Restart(Strategy::Default)];
+        }
+        if self.replicas == 0 {
+            self.replicas = if self.nodes > 1 { 6 } else { 3 };
+        }
     }
 
     /// The settings, and the table's head.
@@ -172,18 +219,23 @@ impl Args {
         println!(
             "{} replicas on {} node(s), {} requests a second of {} ms each, the app's grace period {} s (a \
              waypoint's: examples/waypoint.yaml's 60 s with envoy-drain, else istiod's 30 s), \
-             istiod's debounce {}\n",
+             istiod's debounce {}{}\n",
             self.replicas,
             self.nodes,
             self.rate,
             self.request_ms,
             self.grace,
-            self.debounce.map_or("its default".to_string(), |d| format!("{d:?}"))
+            self.debounce.map_or("its default".to_string(), |d| format!("{d:?}")),
+            match self.nodes {
+                1 => String::new(),
+                _ =>
+                    format!(", the app's PodDisruptionBudget minAvailable {}%", self.min_available),
+            }
         );
         println!(
-            "| data plane | shutdown | clients | answered 200 | failed | what failed | rollout (to the last old pod gone) | endpoint out of the client after deletion | each old pod's hold end after its last request |"
+            "| data plane | shutdown | clients | operation | answered 200 | failed | what failed | took (to the last pod it ended gone) | endpoint out of the data path after deletion | each ended pod's hold end after its last request |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|");
     }
 }
 
@@ -197,11 +249,16 @@ fn table_row(row: &Row) -> String {
         s.join(" ")
     };
     let holds: Vec<Option<f64>> = row.holds.iter().map(|(a, _)| *a).collect();
+    let refused = match row.refused {
+        0 => String::new(),
+        n => format!(" ({n} evictions refused)"),
+    };
     format!(
-        "| {} | {} | {} | {} | {} | {} | {:.1}s | {} | {} |",
+        "| {} | {} | {} | {} | {} | {} | {} | {:.1}s{refused} | {} | {} |",
         case.mesh_name(),
         case.shutdown_name(),
         case.clients_name(),
+        case.operation_name(),
         match case.clients {
             Clients::Downloads => format!("{} ({} downloads)", row.ok, row.downloaded),
             _ => row.ok.to_string(),

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The rollout table (examples/rollout.rs): `kubectl rollout restart` of three pods under load on
-# a real node, every data plane x app shutdown x clients. Run it as root. Installs the tools and
-# builds the components, ztunnel and Envoy when missing (like the tests) and the release binary the
-# node's image holds. With no arguments, every row: about 25 minutes.
+# The rollout table (examples/rollout.rs): pods ended under load (rollouts; on several nodes also
+# node drains, scale-in, deletes) on real nodes, every data plane x app shutdown x clients x
+# operation. Run it as root. Installs the tools and builds the components, ztunnel and Envoy when
+# missing (like the tests) and the release binary the nodes' image holds. With no arguments, every
+# rollout row on one node: about 25 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/test-tools

@@ -26,6 +26,8 @@
 
 use super::cluster::{ControlPlane, KUBE_PROXY_TOKEN, KUBELET_TOKEN, MAX_NODES};
 use super::netns::Netns;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -51,6 +53,8 @@ pub struct Node<'a> {
     netns: Option<Netns>,
     /// node-1's, with more nodes: the namespace of the bridge the nodes' eth0 join.
     switch: Option<Netns>,
+    /// Its own mount namespace, node-1's directory showing this node's (`None` for node-1).
+    mounts: Option<OwnedFd>,
     dir: PathBuf,
     cgroup: String,
     processes: Vec<Child>,
@@ -101,6 +105,7 @@ impl<'a> Node<'a> {
             n,
             netns: (n > 1).then(Netns::new),
             switch: None,
+            mounts: (n > 1).then(|| own_view(&PathBuf::from(cp.path("node")), &dir)),
             cgroup: if n == 1 {
                 format!("envoy-drain-node-{pid}")
             } else {
@@ -144,11 +149,31 @@ impl<'a> Node<'a> {
         format!("10.0.0.{}", self.n)
     }
 
-    /// `program` to run in the node's network namespace.
+    /// `program` to run in the node's network namespace, and its mount namespace.
     pub fn command(&self, program: &str) -> Command {
-        match &self.netns {
+        let mut cmd = match &self.netns {
             Some(netns) => netns.command(program),
             None => self.cp.command(program),
+        };
+        if let Some(mounts) = &self.mounts {
+            let fd = mounts.as_raw_fd();
+            // SAFETY: between fork and exec, setns on a descriptor the child inherited.
+            unsafe {
+                cmd.pre_exec(move || match libc::setns(fd, libc::CLONE_NEWNS) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                });
+            }
+        }
+        cmd
+    }
+
+    /// A path in the node's directory as its own processes see it: under node-1's directory,
+    /// which shows this node's in its mount namespace.
+    pub fn seen(&self, name: &str) -> String {
+        match self.n {
+            1 => self.path(name),
+            _ => self.cp.path("node") + "/" + name,
         }
     }
 
@@ -255,8 +280,9 @@ impl<'a> Node<'a> {
              true\n  netns_mounts_under_state_dir = true\n  [plugins.'io.containerd.cri.v1.runtime'.cni]\n    bin_dirs = [\"{bin}\", \"{own_bin}\"]\n    \
              conf_dir = \"{cni}\"\n[plugins.'io.containerd.cri.v1.images'.pinned_images]\n  \
              sandbox = \"localhost/pause:test\"\n",
-            root = self.path("containerd/root"),
-            state = self.path("containerd/state"),
+            // Seen paths: the pods' network namespaces are named by them (`seen`).
+            root = self.seen("containerd/root"),
+            state = self.seen("containerd/state"),
             socket = self.path("containerd.sock"),
             bin = self.cp.bin("").display(),
             own_bin = self.path("cni-bin"),
@@ -507,6 +533,44 @@ fn sweep_stale() {
         }
         remove(&name, Path::new(""), "");
     }
+}
+
+/// A mount namespace of the machine's mounts, none shared with it, where `node_1`'s directory
+/// shows `dir` (every mount under it too): made on a thread of its own, which leaves it.
+fn own_view(node_1: &Path, dir: &Path) -> OwnedFd {
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("a path");
+    let (from, to, root) = (c(dir), c(node_1), c(Path::new("/")));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: this thread's own file system context and mount namespace; plain C strings.
+            unsafe {
+                assert_eq!(
+                    libc::unshare(libc::CLONE_FS | libc::CLONE_NEWNS),
+                    0,
+                    "NOT RUN: unshare"
+                );
+                let private = libc::MS_REC | libc::MS_PRIVATE;
+                let none = std::ptr::null();
+                assert_eq!(libc::mount(none, root.as_ptr(), none, private, none.cast()), 0);
+                let bind = libc::MS_BIND | libc::MS_REC;
+                let bound = libc::mount(from.as_ptr(), to.as_ptr(), none, bind, none.cast());
+                assert_eq!(
+                    bound,
+                    0,
+                    "{dir:?} over {node_1:?}: {}",
+                    std::io::Error::last_os_error()
+                );
+                let fd = libc::open(
+                    c"/proc/thread-self/ns/mnt".as_ptr(),
+                    libc::O_RDONLY | libc::O_CLOEXEC,
+                );
+                assert!(fd >= 0, "the node's mount namespace");
+                OwnedFd::from_raw_fd(fd)
+            }
+        })
+        .join()
+        .expect("the node's mount namespace")
+    })
 }
 
 /// `ip <args>` run by `cmd` (on `node`), which must succeed.

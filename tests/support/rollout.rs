@@ -107,6 +107,31 @@ pub const DOWNLOAD_RATE: u64 = 250_000;
 /// (traffic.sidecar.istio.io/excludeOutboundPorts), as a client outside the mesh reaches the pod.
 const DOWNLOAD_PORT: u16 = 81;
 
+/// How the app's pods end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    /// `kubectl rollout restart` with the Deployment's rolling update.
+    Restart(Strategy),
+    /// `kubectl drain` of node-2, which holds half the app's pods (several nodes only): the
+    /// Eviction API, paced by the app's PodDisruptionBudget (`Case::min_available`).
+    Drain,
+    /// `kubectl scale` to that many replicas: the pods removed have no replacement.
+    Scale(u32),
+    /// `kubectl delete pod` of that many pods (taken from each node in turn), as by hand.
+    Delete(u32),
+}
+
+/// A Deployment's rolling update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// Kubernetes' default: maxSurge 25 %, maxUnavailable 25 %.
+    Default,
+    /// maxSurge 25 %, maxUnavailable 0: a new pod ready before each old one goes.
+    Surge,
+    /// maxSurge 0, maxUnavailable 1: one pod at a time, the capacity one short meanwhile.
+    OneAtATime,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Case {
     pub mesh: DataPlane,
@@ -129,6 +154,20 @@ pub struct Case {
     /// The cluster's nodes: with more than one, the client on node-1 and the app's pods spread
     /// over the others (node.rs `start_nodes`), its traffic crossing nodes.
     pub nodes: u8,
+    pub operation: Operation,
+    /// On several nodes, the app's PodDisruptionBudget: `minAvailable`, in percent.
+    pub min_available: u32,
+}
+
+impl Operation {
+    /// The Deployment's rollingUpdate: the strategy's, else Kubernetes' defaults.
+    fn surge_and_unavailable(self) -> (&'static str, &'static str) {
+        match self {
+            Operation::Restart(Strategy::Surge) => ("25%", "0"),
+            Operation::Restart(Strategy::OneAtATime) => ("0", "1"),
+            _ => ("25%", "25%"),
+        }
+    }
 }
 
 impl Case {
@@ -145,6 +184,19 @@ impl Case {
             request_ms: 50,
             grace: 30,
             nodes: 1,
+            operation: Operation::Restart(Strategy::Default),
+            min_available: 50,
+        }
+    }
+
+    pub fn operation_name(&self) -> String {
+        match self.operation {
+            Operation::Restart(Strategy::Default) => "rollout restart".into(),
+            Operation::Restart(Strategy::Surge) => "rollout restart (maxUnavailable 0)".into(),
+            Operation::Restart(Strategy::OneAtATime) => "rollout restart (maxSurge 0)".into(),
+            Operation::Drain => "drain node-2".into(),
+            Operation::Scale(n) => format!("scale {} to {n}", self.replicas),
+            Operation::Delete(n) => format!("delete {n} pods"),
         }
     }
 
@@ -195,21 +247,23 @@ pub struct Row {
     pub downloaded: u64,
     /// Every other answer and every error, as hey names them.
     pub failed: Vec<(String, u64)>,
-    /// From `kubectl rollout restart` to the last old pod gone.
+    /// From the operation's start to the last pod it ended gone (a drain: the node empty).
     pub took: Duration,
-    /// For each replaced pod: when its hold ended after the last request it received (seconds;
+    /// For each pod the operation ended: when its hold ended after the last request it received (seconds;
     /// none without a hold), and the hold's summary.
     pub holds: Vec<(Option<f64>, String)>,
     /// The holds' records: their summary lines in JSON (`--log-format json`, which the policy's
     /// ConfigMap and the pods' envoy-drain.io/log-format ask for), one per replaced pod that had
     /// a hold.
     pub records: Vec<String>,
-    /// For each replaced pod: seconds from its deletion to its endpoint leaving the client's data
+    /// For each pod the operation ended: seconds from its deletion to its endpoint leaving the client's data
     /// path (none where that was not seen).
     pub propagation: Vec<Option<f64>>,
     /// What explains a failure: the kubelet's probe failures, hey's errors and kube-proxy's last
     /// lines.
     pub diagnosis: String,
+    /// The evictions the API server refused (a drain's 429s under the budget).
+    pub refused: u64,
     /// With a waypoint: what `envoy-drain status --preset waypoint` printed in one of the old
     /// waypoints under the load, before the restart.
     pub status: String,
@@ -281,23 +335,21 @@ fn annotations(case: Case) -> Vec<String> {
     annotations
 }
 
-/// The app container's `preStop: sleep`, as YAML at its place in `workload`'s Deployment.
-fn sleep_pre_stop(seconds: u32) -> String {
-    format!("\n        lifecycle:\n          preStop:\n            sleep: {{seconds: {seconds}}}")
+/// The app container's `preStop: sleep` of `sleep<seconds>` rows, as YAML at its place in
+/// `workload`'s Deployment.
+fn sleep_pre_stop(case: Case) -> String {
+    match case.shutdown {
+        Shutdown::Sleep(s) => {
+            format!("\n        lifecycle:\n          preStop:\n            sleep: {{seconds: {s}}}")
+        }
+        _ => String::new(),
+    }
 }
 
-/// The namespace `ns`, labelled for the row's data plane; the app's Deployment and Service; the
-/// client's Deployment.
-fn workload(case: Case, ns: &str) -> (String, String) {
-    let namespace = namespace(case, ns);
-    let annotations = annotations(case);
-    let pre_stop = match case.shutdown {
-        Shutdown::Sleep(s) => sleep_pre_stop(s),
-        _ => String::new(),
-    };
-    let (replicas, grace) = (case.replicas, case.grace);
-    // On several nodes: the client on node-1, the app's pods spread over the others.
-    let (app_placement, client_placement) = match case.nodes {
+/// On several nodes, the app's and the client's placement (YAML at their places in `workload`'s
+/// Deployments): the client on node-1, the app's pods spread over the others.
+fn placement(case: Case) -> (String, String) {
+    match case.nodes {
         1 => (String::new(), String::new()),
         _ => (
             "
@@ -311,13 +363,36 @@ fn workload(case: Case, ns: &str) -> (String, String) {
                 .to_string(),
             "\n      nodeSelector: {kubernetes.io/hostname: node-1}".to_string(),
         ),
-    };
+    }
+}
+
+/// On several nodes, the budget a production Deployment has, which paces a drain's evictions.
+fn budget(case: Case, ns: &str) -> String {
+    match case.nodes {
+        1 => String::new(),
+        _ => format!(
+            "---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {{name: app, \
+             namespace: {ns}}}\nspec: {{minAvailable: {}%, selector: {{matchLabels: {{app: app}}}}}}\n",
+            case.min_available
+        ),
+    }
+}
+
+/// The namespace `ns`, labelled for the row's data plane; the app's Deployment and Service; the
+/// client's Deployment.
+fn workload(case: Case, ns: &str) -> (String, String) {
+    let namespace = namespace(case, ns);
+    let pre_stop = sleep_pre_stop(case);
+    let (replicas, grace) = (case.replicas, case.grace);
+    let (app_placement, client_placement) = placement(case);
+    let (surge, unavailable) = case.operation.surge_and_unavailable();
     let deployment = format!(
         "apiVersion: apps/v1
 kind: Deployment
 metadata: {{name: app, namespace: {ns}}}
 spec:
   replicas: {replicas}
+  strategy: {{rollingUpdate: {{maxSurge: {surge}, maxUnavailable: {unavailable}}}}}
   selector: {{matchLabels: {{app: app}}}}
   template:
     metadata:
@@ -359,8 +434,9 @@ spec:
       containers:
       - name: client
         image: localhost/client:test
-",
-        annotations.join(", ")
+{}",
+        annotations(case).join(", "),
+        budget(case, ns)
     );
     (namespace, deployment)
 }
@@ -548,23 +624,18 @@ pub fn run_together(cases: &[Case]) -> Vec<Row> {
     // One node at a time: each takes the node's address and istiod's (NODE_IP, ISTIOD).
     static ONE_NODE: Mutex<()> = Mutex::new(());
     let _one = ONE_NODE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    assert!(
-        Path::new(RELEASE).exists(),
-        "NOT RUN: {RELEASE} is missing: `bash scripts/build-release` makes it"
-    );
-    let envoy = super::envoy::required();
+    let envoy = prerequisites();
     let mut phases = Phases(Instant::now(), String::from("setup:"));
     let cp = ControlPlane::start_with("rollout", "kube-apiserver", &[], Nodes::Kubelet);
     phases.done("control plane");
     let meshes: Vec<DataPlane> = cases.iter().map(|c| c.mesh).collect();
     let bootstrap = bootstrap(&cp, &meshes);
-    let count = cases.iter().map(|c| c.nodes).max().unwrap_or(1);
-    assert!(count == 1 || !meshes.iter().any(|m| m.ambient()), "ambient mode on one node only");
-    let nodes = Node::start_nodes(&cp, count, &images(&cp, &meshes, &envoy, &bootstrap));
+    let nodes =
+        Node::start_nodes(&cp, node_count(cases), &images(&cp, &meshes, &envoy, &bootstrap));
     let node = &nodes[0];
     phases.done("node");
     // Kept to the end: ambient's node init (dropped before the node).
-    let _init = mesh(&cp, node, &meshes, cases.first().and_then(|c| c.debounce));
+    let _init = mesh(&cp, &nodes, &meshes, cases.first().and_then(|c| c.debounce));
     phases.done("mesh");
     let sides: Vec<Side> = cases
         .iter()
@@ -576,7 +647,8 @@ pub fn run_together(cases: &[Case]) -> Vec<Row> {
     let logs = Logs::follow(nodes.iter().map(Node::pod_logs).collect());
     // The loads' slow clients run in this scope, which their loads' ends join.
     std::thread::scope(|load_scope| {
-        let loads: Vec<Load> = sides.iter().map(|s| Load::start(&cp, s, load_scope)).collect();
+        let loads: Vec<Load> =
+            sides.iter().map(|s| Load::start(&cp, &nodes, s, load_scope)).collect();
         // The load runs a while before the rollout, as it does before a user's; long requests a few
         // of their lengths, so that they spread out.
         let longest = cases.iter().map(|c| c.request_ms).max().unwrap_or(0);
@@ -584,42 +656,119 @@ pub fn run_together(cases: &[Case]) -> Vec<Row> {
         phases.done("load");
         eprintln!("{}", phases.1);
         let statuses: Vec<String> = sides.iter().map(Side::waypoint_status).collect();
-        let took = restart_all(&cp, node, &sides);
+        let ended = operate(&cp, node, &sides);
         for side in &sides {
             assert_captured(&cp, side);
         }
         // A few more seconds of load on the new pods alone, then hey stops as on Ctrl-C.
         std::thread::sleep(Duration::from_secs(3));
         let logs = logs.stop();
-        let kubelet = std::fs::read_to_string(node.log("kubelet")).unwrap_or_default();
-        let probes = kubelet.lines().filter(|l| l.contains("Probe failed")).count();
-        let kube_proxy = node.log_tail("kube-proxy", 6);
-        let rows = sides.iter().zip(loads).zip(took).zip(statuses);
-        rows.map(|(((side, load), took), status)| {
-            let mut row = load.stop(side, &logs);
-            (row.took, row.status) = (took, status);
-            row.diagnosis = format!(
-                "{}; {probes} failed probes; {}; kube-proxy:\n{kube_proxy}",
-                phases.1, row.diagnosis
-            );
+        let health = nodes_health(&nodes);
+        let rows = sides.iter().zip(loads).zip(ended).zip(statuses);
+        rows.map(|(((side, load), ended), status)| {
+            let mut row = load.stop(side, &ended.pods, &logs);
+            (row.took, row.refused, row.status) = (ended.took, ended.refused, status);
+            row.diagnosis = format!("{}; {}; {health}", phases.1, row.diagnosis);
             row
         })
         .collect()
     })
 }
 
-/// `kubectl rollout restart` of every side at once: how long each took, to its last old pod gone
-/// (the Deployment counts a terminating pod as gone).
-fn restart_all(cp: &ControlPlane, node: &Node, sides: &[Side]) -> Vec<Duration> {
-    let restarted = Instant::now();
-    for side in sides {
-        cp.ok(&["rollout", "restart", "-n", &side.ns, side.restarted().0]);
+/// Envoy, for the images, and the release binary the nodes' image of envoy-drain holds.
+fn prerequisites() -> PathBuf {
+    assert!(
+        Path::new(RELEASE).exists(),
+        "NOT RUN: {RELEASE} is missing: `bash scripts/build-release` makes it"
+    );
+    super::envoy::required()
+}
+
+/// The nodes the cases need: node-1 for the clients, and the most any case asks.
+fn node_count(cases: &[Case]) -> u8 {
+    let count = cases.iter().map(|c| c.nodes).max().unwrap_or(1);
+    let drains = cases.iter().any(|c| c.operation == Operation::Drain);
+    assert!(!drains || count > 1, "a drain needs nodes=2 or more: node-1 holds the client");
+    count
+}
+
+/// For a row's diagnosis: the kubelets' failed probes, and each node's last kube-proxy lines.
+fn nodes_health(nodes: &[Node]) -> String {
+    let mut probes = 0;
+    let mut kube_proxy = String::new();
+    for node in nodes {
+        let kubelet = std::fs::read_to_string(node.log("kubelet")).unwrap_or_default();
+        probes += kubelet.lines().filter(|l| l.contains("Probe failed")).count();
+        kube_proxy += &node.log_tail("kube-proxy", 6);
+    }
+    format!("{probes} failed probes; kube-proxy:\n{kube_proxy}")
+}
+
+/// What an operation did to a side: how long it took, to the last pod it ended gone (the
+/// Deployment counts a terminating pod as gone); the pods it ended; the evictions the API server
+/// refused (429: the PodDisruptionBudget allows no more now), each retried by kubectl.
+struct Ended {
+    took: Duration,
+    pods: Vec<String>,
+    refused: u64,
+}
+
+/// The cases' operation on every side at once (a drain: once, for all of them).
+fn operate(cp: &ControlPlane, node: &Node, sides: &[Side]) -> Vec<Ended> {
+    let operation = sides[0].case.operation;
+    assert!(sides.iter().all(|s| s.case.operation == operation), "one operation for all cases");
+    if operation == Operation::Drain {
+        return drain(cp, sides);
+    }
+    let started = Instant::now();
+    if let Operation::Restart(_) = operation {
+        for side in sides {
+            cp.ok(&["rollout", "restart", "-n", &side.ns, side.restarted().0]);
+        }
     }
     std::thread::scope(|scope| {
-        let waits: Vec<_> =
-            sides.iter().map(|side| scope.spawn(|| side.rolled(cp, node, restarted))).collect();
-        waits.into_iter().map(|w| w.join().expect("a rollout's wait")).collect()
+        let waits: Vec<_> = sides
+            .iter()
+            .map(|side| {
+                scope.spawn(move || match operation {
+                    Operation::Scale(n) => side.scaled(cp, n, started),
+                    Operation::Delete(n) => side.deleted(cp, n),
+                    _ => {
+                        let took = side.rolled(cp, node, started);
+                        Ended { took, pods: side.old.clone(), refused: 0 }
+                    }
+                })
+            })
+            .collect();
+        waits.into_iter().map(|w| w.join().expect("an operation's wait")).collect()
     })
+}
+
+/// `kubectl drain node-2` (the app's pods there evicted through their budgets, the DaemonSets'
+/// left), returning once they are gone; node-2 stays cordoned.
+fn drain(cp: &ControlPlane, sides: &[Side]) -> Vec<Ended> {
+    let on_node_2: Vec<Vec<String>> = sides.iter().map(|s| s.pods_on(cp, "node-2")).collect();
+    let grace = sides.iter().map(|s| s.case.grace).max().unwrap_or(30);
+    let timeout = format!("--timeout={}s", 60 + 3 * grace);
+    let started = Instant::now();
+    let drained =
+        cp.kubectl(&["drain", "node-2", "--ignore-daemonsets", "--delete-emptydir-data", &timeout]);
+    let took = started.elapsed();
+    assert!(drained.ok, "kubectl drain node-2: {}", drained.stderr);
+    // kubectl's line for each 429 (k8s.io/kubectl pkg/drain/drain.go, evictPods): `error when
+    // evicting pods/"app-..." -n "shop-0" (will retry after 5s): Cannot evict pod as it would
+    // violate the pod's disruption budget.`
+    let refusals: Vec<&str> =
+        drained.stderr.lines().filter(|l| l.starts_with("error when evicting pods/")).collect();
+    sides
+        .iter()
+        .zip(on_node_2)
+        .map(|(side, pods)| {
+            let ns = format!("-n \"{}\"", side.ns);
+            let refused = refusals.iter().filter(|l| l.contains(&ns)).count() as u64;
+            Ended { took, pods, refused }
+        })
+        .collect()
 }
 
 /// Istio's bootstrap template for the node's proxyv2 image. With a waypoint (a Gateway: Gateway
@@ -658,10 +807,10 @@ impl Phases {
 /// node init, when there is one.
 fn mesh(
     cp: &ControlPlane,
-    node: &Node,
+    nodes: &[Node],
     meshes: &[DataPlane],
     debounce: Option<Duration>,
-) -> Option<NodeInit> {
+) -> Vec<NodeInit> {
     if meshes
         .iter()
         .any(|m| matches!(m, DataPlane::None | DataPlane::Ambient | DataPlane::Waypoint))
@@ -671,14 +820,14 @@ fn mesh(
         cp.hold_settings(&["image=localhost/envoy-drain:test", "logFormat=json"]);
     }
     if meshes.iter().any(|m| m.ambient()) {
-        return Some(ambient(cp, node, debounce));
+        return ambient(cp, nodes, debounce);
     }
     if meshes.iter().any(|m| matches!(m, DataPlane::Sidecar { .. })) {
         let env = istiod_env(debounce, false);
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         cp.start_istiod(REVISION, &istiod_values(), &[], 0, &env);
     }
-    None
+    Vec::new()
 }
 
 /// istiod's environment: what upstream Envoy needs of it (istiod_values), ambient's switch, and
@@ -834,6 +983,54 @@ impl Side {
             "{}: the app's pods on the others: {pods}",
             self.ns
         );
+    }
+
+    /// The app's pods now on `node`.
+    fn pods_on(&self, cp: &ControlPlane, node: &str) -> Vec<String> {
+        let path = "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName}{\"\\n\"}{end}";
+        let pods = self.app_pods(cp, path);
+        pods.lines().filter_map(|l| Some(l.strip_suffix(node)?.trim_end().to_string())).collect()
+    }
+
+    /// `kubectl get pods` of the app, as `path` prints them.
+    fn app_pods(&self, cp: &ControlPlane, path: &str) -> String {
+        cp.ok(&["get", "pods", "-n", &self.ns, "-l", "app=app", "-o", path])
+    }
+
+    /// `kubectl scale` to `n` replicas, then waits for the pods removed to be gone (within the
+    /// control plane's bound, past a 30 s grace period): how long after `started`, and which.
+    fn scaled(&self, cp: &ControlPlane, n: u32, started: Instant) -> Ended {
+        cp.ok(&["scale", "-n", &self.ns, "deployment/app", &format!("--replicas={n}")]);
+        let names = "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}";
+        let left = cp.wait_for(&format!("{} to scale to {n}", self.ns), || {
+            let pods = self.app_pods(cp, names);
+            (pods.lines().count() == n as usize).then_some(pods)
+        });
+        let pods = self.old.iter().filter(|p| !left.lines().any(|l| l == *p)).cloned().collect();
+        Ended { took: started.elapsed(), pods, refused: 0 }
+    }
+
+    /// `kubectl delete pod` of `n` pods, one from each node in turn; returns once they are gone.
+    fn deleted(&self, cp: &ControlPlane, n: u32) -> Ended {
+        let path = "jsonpath={range .items[*]}{.spec.nodeName} {.metadata.name}{\"\\n\"}{end}";
+        let mut placed: Vec<(usize, String)> = Vec::new();
+        let mut on: BTreeMap<String, usize> = BTreeMap::new();
+        for line in self.app_pods(cp, path).lines() {
+            let (node, pod) = line.split_once(' ').expect("a node and a pod");
+            let k = on.entry(node.to_string()).or_default();
+            placed.push((*k, pod.to_string()));
+            *k += 1;
+        }
+        placed.sort();
+        let pods: Vec<String> = placed.into_iter().take(n as usize).map(|(_, p)| p).collect();
+        assert_eq!(pods.len(), n as usize, "{n} pods to delete in {}", self.ns);
+        let timeout = format!("--timeout={}s", self.case.grace + 60);
+        let mut delete = vec!["delete", "pod", "-n", &self.ns, &timeout];
+        delete.extend(pods.iter().map(String::as_str));
+        let started = Instant::now();
+        let done = cp.kubectl(&delete);
+        assert!(done.ok, "kubectl delete pod in {}: {}", self.ns, done.stderr);
+        Ended { took: started.elapsed(), pods, refused: 0 }
     }
 
     /// Each pod's app preStop, and with sidecars its istio-proxy's, are the row's.
@@ -1000,6 +1197,7 @@ impl<'s> Load<'s> {
     /// The slow clients run in `scope`, which outlives the load.
     fn start<'e>(
         cp: &'e ControlPlane,
+        nodes: &[Node],
         side: &'e Side,
         scope: &'s std::thread::Scope<'s, 'e>,
     ) -> Load<'s> {
@@ -1010,7 +1208,7 @@ impl<'s> Load<'s> {
             let (ok, failed) = tally(&String::from_utf8_lossy(&out.stdout));
             (ok == 30 && failed.is_empty()).then_some(())
         });
-        let seen = Endpoints::follow(cp, side);
+        let seen = Endpoints::follow(cp, nodes, side);
         let deleted = Deletions::follow(cp, &side.ns, side.restarted().1);
         // Until told to stop (`stop`), at most ten minutes. Workers share the rate, each at most
         // half of what it could: a worker waits for each answer (50 ms: 10 of them top out at
@@ -1060,7 +1258,7 @@ impl<'s> Load<'s> {
 
     /// Stops hey as on Ctrl-C (SIGINT: it finishes the requests in flight and prints its summary)
     /// and reads the case's row from it, the watches and the pods' logs.
-    fn stop(self, side: &Side, logs: &BTreeMap<String, String>) -> Row {
+    fn stop(self, side: &Side, ended: &[String], logs: &BTreeMap<String, String>) -> Row {
         let pid =
             process("hey", "cmdline", &[&side.url()]).expect("hey's process in the client pod");
         // SAFETY: a signal to the load generator this test started.
@@ -1088,9 +1286,8 @@ impl<'s> Load<'s> {
             }
         }
         let (seen, deleted) = (self.seen.stop(), self.deleted.stop());
-        let (holds, records) = holds(side, logs);
-        let propagation = side
-            .old
+        let (holds, records) = holds(side, ended, logs);
+        let propagation = ended
             .iter()
             .map(|pod| {
                 let (at, ip) = deleted.get(pod)?;
@@ -1117,19 +1314,20 @@ impl<'s> Load<'s> {
             propagation,
             diagnosis,
             status,
+            refused: 0,
         }
     }
 }
 
-/// For each replaced pod of `side`, from its log in `logs`: when its hold ended after its last
-/// request, and its summary; and the holds' records.
+/// For each pod of `side` the operation ended (`ended`), from its log in `logs`: when its hold
+/// ended after its last request, and its summary; and the holds' records.
 fn holds(
     side: &Side,
+    ended: &[String],
     logs: &BTreeMap<String, String>,
 ) -> (Vec<(Option<f64>, String)>, Vec<String>) {
     let mut records = Vec::new();
-    let holds = side
-        .old
+    let holds = ended
         .iter()
         .map(|pod| {
             let dir = format!("{}_{pod}_", side.ns);
@@ -1200,7 +1398,7 @@ fn on_the_node(mut daemonsets: String, node: &Node, netns: &str) -> String {
 /// `ambient.shareHostNetworkNamespace`): by default it enters the namespace of the machine's PID 1
 /// for the node's rules, and the node's network here is the test's own namespace. Returns once
 /// both DaemonSets' pods are ready.
-fn ambient(cp: &ControlPlane, node: &Node, debounce: Option<Duration>) -> NodeInit {
+fn ambient(cp: &ControlPlane, nodes: &[Node], debounce: Option<Duration>) -> Vec<NodeInit> {
     let san = format!("istiod-{REVISION}.istio-system.svc");
     let overlay = format!(
         "apiVersion: install.istio.io/v1alpha1\nkind: IstioOperator\nspec:\n  components:\n    \
@@ -1208,20 +1406,27 @@ fn ambient(cp: &ControlPlane, node: &Node, debounce: Option<Duration>) -> NodeIn
          global: {{variant: \"\"}}\n    ztunnel:\n      caAddress: {ISTIOD}\n      xdsAddress: \
          {ISTIOD}\n      env: {{ALT_XDS_HOSTNAME: {san}, ALT_CA_HOSTNAME: {san}}}\n"
     );
-    let file = node.path("ambient.iop.yaml");
+    let file = nodes[0].path("ambient.iop.yaml");
     std::fs::write(&file, overlay).expect("the ambient overlay");
     let env = istiod_env(debounce, true);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let daemonsets = cp.start_istiod(REVISION, &istiod_values(), &[Path::new(&file)], 0, &env);
-    let netns = node.path("containerd/state/io.containerd.grpc.v1.cri/netns");
-    std::fs::create_dir_all(&netns).expect("containerd's directory of network namespaces");
-    // istio-cni mounts it HostToContainer: the pods' namespaces that containerd mounts there later
-    // must reach its container, which a shared mount does (node.rs unmounts it at the end).
-    for args in [vec!["--bind", &netns, &netns], vec!["--make-shared", &netns]] {
-        let ok = std::process::Command::new("mount").args(&args).status().expect("mount");
-        assert!(ok.success(), "mount {args:?}");
+    // Node-1's paths, which on every node name its own (node.rs `seen`).
+    let node = &nodes[0];
+    let netns_dir = "containerd/state/io.containerd.grpc.v1.cri/netns";
+    let netns = node.path(netns_dir);
+    let mut inits = Vec::new();
+    for each in nodes {
+        std::fs::create_dir_all(each.path(netns_dir)).expect("containerd's network namespaces");
+        // istio-cni mounts it HostToContainer: the pods' namespaces that containerd mounts there
+        // later must reach its container, which a shared mount does (node.rs unmounts it at the
+        // end, or the node's mount namespace goes with it).
+        for args in [vec!["--bind", &netns, &netns], vec!["--make-shared", &netns]] {
+            let ok = each.command("mount").args(&args).status().expect("mount");
+            assert!(ok.success(), "mount {args:?} on {}", each.name());
+        }
+        inits.push(NodeInit::start(cp, each, &node.path("proc")));
     }
-    let init = NodeInit::start(cp, &node.path("proc"));
     let daemonsets = on_the_node(daemonsets, node, &netns);
     assert_eq!(daemonsets.matches("hostNetwork: true").count(), 1, "{daemonsets}");
     cp.ok_with(&["apply", "-f", "-"], Some(&daemonsets));
@@ -1230,7 +1435,7 @@ fn ambient(cp: &ControlPlane, node: &Node, debounce: Option<Duration>) -> NodeIn
         let rolled = cp.kubectl(&status);
         assert!(rolled.ok, "{ds}: {}\n{}", rolled.stderr, node.log_tail("kubelet", 6));
     }
-    init
+    inits
 }
 
 /// The node's /proc as istio-cni reads it: a process table whose PID 1 lives in the node's
@@ -1245,9 +1450,10 @@ struct NodeInit {
 }
 
 impl NodeInit {
-    fn start(cp: &ControlPlane, path: &str) -> NodeInit {
-        std::fs::create_dir_all(path).expect("the node's proc");
-        let child = cp
+    /// `node`'s init, its proc mounted at `path` as the node's processes see it.
+    fn start(cp: &ControlPlane, node: &Node, path: &str) -> NodeInit {
+        std::fs::create_dir_all(node.path("proc")).expect("the node's proc");
+        let child = node
             .command("unshare")
             .args(["--pid", "--fork", "--kill-child", "sleep", "3600"])
             .spawn()
@@ -1261,7 +1467,8 @@ impl NodeInit {
             .ok()?;
             children.split_whitespace().next().map(String::from)
         });
-        let mounted = std::process::Command::new("nsenter")
+        let mounted = node
+            .command("nsenter")
             .args(["--target", &init, "--pid", "--", "mount", "-t", "proc", "proc", path])
             .status()
             .expect("nsenter (util-linux)");
@@ -1277,9 +1484,10 @@ impl Drop for NodeInit {
     }
 }
 
-/// When each app pod left the client's data path, polled every 100 ms: the client's Envoy's
-/// /clusters (admin on 127.0.0.1:15000 in its pod, which the test enters), kube-proxy's DNAT
-/// rules in the node's namespace, or the node's ztunnel's /config_dump (in its pod).
+/// When each app pod left the data path, polled every 100 ms on every node that has one, the
+/// slowest node's time: the client's Envoy's /clusters (admin on 127.0.0.1:15000 in its pod,
+/// which the test enters), each node's kube-proxy rules (in the node's namespace), or each node's
+/// ztunnel's /config_dump (in its pod).
 struct Endpoints {
     stop: Stop,
     thread: std::thread::JoinHandle<BTreeMap<String, Instant>>,
@@ -1294,71 +1502,81 @@ impl Drop for Stop {
     }
 }
 
-/// What reads the client's data path for `side`: kube-proxy's rules without a mesh, the client's
-/// sidecar's /clusters, or ztunnel's /config_dump in ambient mode.
-fn data_path_reader(cp: &ControlPlane, side: &Side) -> Box<dyn FnMut() -> Option<String> + Send> {
+/// A reading of one data path's endpoints.
+type Reader = Box<dyn FnMut() -> Option<String> + Send>;
+
+/// What reads the data path for `side`: each node's kube-proxy rules without a mesh, the
+/// client's sidecar's /clusters, or each node's ztunnel's /config_dump in ambient mode.
+fn data_path_readers(cp: &ControlPlane, nodes: &[Node], side: &Side) -> Vec<Reader> {
     match side.case.mesh {
-        DataPlane::None => {
-            let mut save = cp.command("iptables-save");
-            save.args(["-t", "nat"]);
-            Box::new(move || {
-                let out = save.output().ok()?;
-                Some(String::from_utf8_lossy(&out.stdout).into_owned())
+        DataPlane::None => nodes
+            .iter()
+            .map(|node| {
+                let mut save = node.command("iptables-save");
+                save.args(["-t", "nat"]);
+                Box::new(move || {
+                    let out = save.output().ok()?;
+                    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+                }) as Reader
             })
-        }
+            .collect(),
         DataPlane::Sidecar { .. } => {
             let pod = [format!("POD_NAME={}", side.client), format!("POD_NAMESPACE={}", side.ns)];
             let pid = process("pilot-agent", "environ", &[&pod[0], &pod[1]])
                 .unwrap_or_else(|| panic!("the client pod {}'s pilot-agent", side.client));
             let netns = Netns::of_process(pid).expect("the client pod's network namespace");
-            Box::new(move || netns.enter(|| admin_get("127.0.0.1:15000", "/clusters")))
+            vec![Box::new(move || netns.enter(|| admin_get("127.0.0.1:15000", "/clusters")))]
         }
         DataPlane::Ambient | DataPlane::Waypoint => {
-            let ztunnel = cp.ok(&[
-                "get",
-                "pods",
-                "-n",
-                "istio-system",
-                "-l",
-                "app=ztunnel",
-                "-o",
-                "jsonpath={.items[0].metadata.name}",
-            ]);
-            let pod = format!("POD_NAME={ztunnel}");
-            let pid = process("ztunnel", "environ", &[&pod])
-                .unwrap_or_else(|| panic!("the node's ztunnel {ztunnel}"));
-            let netns = Netns::of_process(pid).expect("ztunnel's network namespace");
-            Box::new(move || netns.enter(|| admin_get("127.0.0.1:15000", "/config_dump")))
+            let path = "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}";
+            let ztunnels =
+                cp.ok(&["get", "pods", "-n", "istio-system", "-l", "app=ztunnel", "-o", path]);
+            assert_eq!(ztunnels.lines().count(), nodes.len(), "a ztunnel a node: {ztunnels}");
+            ztunnels
+                .lines()
+                .map(|ztunnel| {
+                    let pod = format!("POD_NAME={ztunnel}");
+                    let pid = process("ztunnel", "environ", &[&pod])
+                        .unwrap_or_else(|| panic!("the node's ztunnel {ztunnel}"));
+                    let netns = Netns::of_process(pid).expect("ztunnel's network namespace");
+                    Box::new(move || netns.enter(|| admin_get("127.0.0.1:15000", "/config_dump")))
+                        as Reader
+                })
+                .collect()
         }
     }
 }
 
 impl Endpoints {
-    fn follow(cp: &ControlPlane, side: &Side) -> Endpoints {
+    fn follow(cp: &ControlPlane, nodes: &[Node], side: &Side) -> Endpoints {
         let stop = Arc::new(AtomicBool::new(false));
-        let read = data_path_reader(cp, side);
+        let mut readers = data_path_readers(cp, nodes, side);
         let ns = side.ns.clone();
         let thread = {
             let stop = Arc::clone(&stop);
-            let mut read = read;
             std::thread::spawn(move || {
-                let mut present: BTreeMap<String, bool> = BTreeMap::new();
+                // For each reader: whether each address is listed now, and when it left.
+                let mut present = vec![BTreeMap::<String, bool>::new(); readers.len()];
                 let mut left = BTreeMap::new();
                 // Bounded: the rollout's own bounds end it, and so does this count.
                 for _ in 0..1500 {
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
-                    // A reading that lists none of the app's pods (an error, a cut answer) tells
-                    // nothing: it is not taken for every pod leaving.
-                    let now = read().map(|text| endpoint_ips(&text, &ns)).unwrap_or_default();
-                    if !now.is_empty() {
+                    for (read, present) in readers.iter_mut().zip(&mut present) {
+                        // A reading that lists none of the app's pods (an error, a cut answer)
+                        // tells nothing: it is not taken for every pod leaving.
+                        let now = read().map(|text| endpoint_ips(&text, &ns)).unwrap_or_default();
+                        if now.is_empty() {
+                            continue;
+                        }
                         for ip in &now {
                             present.insert(ip.clone(), true);
                         }
                         for (ip, was) in present.iter_mut() {
                             if *was && !now.contains(ip) {
                                 *was = false;
+                                // The slowest node's: the last to see it leave.
                                 left.insert(ip.clone(), Instant::now());
                             }
                         }
@@ -1371,7 +1589,7 @@ impl Endpoints {
         Endpoints { stop: Stop(stop), thread }
     }
 
-    /// Each address that was listed and then left, with when.
+    /// Each address that was listed and then left, with when (on the slowest node).
     fn stop(self) -> BTreeMap<String, Instant> {
         let Endpoints { stop, thread } = self;
         drop(stop);
