@@ -1,7 +1,7 @@
 //! The wait: turns looks and time into an outcome, as plain data with no I/O (`Wait`): asked what
 //! to do next at a time, it says sleep, look, or end, and takes what each look saw. `run`'s end
-//! and the app's exit are here; how long `hold`'s quiet time lasts, and whether kept-alive
-//! clients alone held it to its deadline, it asks of hold/quiet.rs. run.rs drives it with real
+//! and the app's exit are here; what ends the wait once the min-drain is over it asks of its end
+//! rule (`EndRule`): `run`'s count, or `hold`'s quiet time (hold/quiet.rs). run.rs drives it with real
 //! time and looks, the tests with fake ones.
 
 use crate::config::{Plan, Rules};
@@ -209,12 +209,13 @@ enum Phase {
 impl<'r> Wait<'r> {
     /// The wait of `rules`, the min-drain counted from `drained_at`.
     pub fn new(rules: &'r Rules, drained_at: Duration) -> Wait<'r> {
-        let after_arrival = match rules.plan {
-            Plan::Run { .. } => ARRIVALS_QUIET,
-            Plan::Hold(_) => rules.settle,
+        let rule = match rules.plan {
+            Plan::Run { exit_at } => EndRule::AtMost { n: exit_at, arrived_at: None },
+            Plan::Hold(_) => EndRule::Quiet(Box::default()),
         };
         let drain_done = drain_done(rules, drained_at);
-        let counts = Ending { drain_done, after_arrival, ..Ending::default() };
+        let (low_since, counted, arrived, next) = (None, false, false, Duration::ZERO);
+        let counts = Ending { drain_done, rule, low_since, counted, arrived, next };
         let follow = Follow::default();
         Wait { rules, follow, counts, due: Duration::ZERO, phase: Phase::Counting }
     }
@@ -229,7 +230,7 @@ impl<'r> Wait<'r> {
             Phase::Counting => {}
         }
         if now >= self.rules.deadline {
-            let outcome = match self.counts.quiet.kept_alive(self.rules.settle) {
+            let outcome = match self.counts.rule.kept_alive(self.rules.settle) {
                 _ if !self.counts.counted => Outcome::NothingCounted,
                 Some(since) if self.counts.low_since.is_some() && self.counts.arrived => {
                     Outcome::KeptAlive(since)
@@ -253,15 +254,8 @@ impl<'r> Wait<'r> {
         let mut seen = self.follow.see(tick, started, now);
         seen.every = pause(rules.interval, tick.cost.paced());
         seen.drain_done = counts.drain_done;
-        if ask == Ask::Count && rules.plan.is_hold() && tick.arrivals.is_some() {
-            let told = (tick.before, tick.newest, tick.opened);
-            let quiet = (rules, counts.drain_done);
-            if let Some((pace, last)) =
-                counts.quiet.count(quiet, now, (seen.arrived, seen.recounted), told)
-            {
-                seen.pace = Some(pace);
-                (counts.arrived_at, counts.after_arrival) = (Some(last), pace.quiet);
-            }
+        if ask == Ask::Count {
+            seen.pace = counts.rule.counted((rules, counts.drain_done), now, tick, &seen);
         }
         // The app's exit leaves nothing to answer, but what it answered is still delivered.
         let delivered = tick.busy.is_none_or(|b| b.delivering == 0);
@@ -318,19 +312,94 @@ impl<'r> Wait<'r> {
     }
 }
 
+/// What ends the wait once the min-drain is over, chosen once from the plan.
+enum EndRule {
+    /// `run`: the count at most `n`, no request busy, `ARRIVALS_QUIET` after `arrived_at`, the
+    /// end of the last count that saw a request arrive (the request came before it).
+    AtMost { n: u64, arrived_at: Option<Duration> },
+    /// `hold`: the counter known, and no arrival for the quiet time its rule gives after the last.
+    Quiet(Box<Quiet>),
+}
+
+impl EndRule {
+    /// A count's tick, for `hold` told to its quiet rule: the arrivals' pace once any arrived.
+    fn counted(
+        &mut self,
+        limits: (&Rules, Duration),
+        now: Duration,
+        tick: &Tick,
+        seen: &Seen,
+    ) -> Option<Pace> {
+        let EndRule::Quiet(quiet) = self else { return None };
+        tick.arrivals?;
+        let told = (tick.before, tick.newest, tick.opened);
+        quiet.count(limits, now, (seen.arrived, seen.recounted), told)
+    }
+
+    /// Whether a count could be read, and whether it allows the end (`idle`: no request busy).
+    fn known_and_low(&self, tick: &Tick, idle: bool) -> (bool, bool) {
+        match self {
+            EndRule::AtMost { n, .. } => {
+                (tick.count.is_some(), tick.count.is_some_and(|c| c <= *n) && idle)
+            }
+            EndRule::Quiet(_) => (tick.arrivals.is_some(), tick.arrivals.is_some()),
+        }
+    }
+
+    /// A count that ended at `now` saw requests arrive.
+    fn arrived(&mut self, now: Duration) {
+        if let EndRule::AtMost { arrived_at, .. } = self {
+            *arrived_at = Some(now);
+        }
+    }
+
+    /// The end of the quiet time after the last arrival (zero: none arrived).
+    fn quiet_until(&self) -> Duration {
+        // Saturating: durations up to u64::MAX seconds parse, and must not overflow.
+        let until = match self {
+            EndRule::AtMost { arrived_at, .. } => {
+                arrived_at.map(|t| t.saturating_add(ARRIVALS_QUIET))
+            }
+            EndRule::Quiet(quiet) => quiet.until(),
+        };
+        until.unwrap_or(Duration::ZERO)
+    }
+
+    /// Whether a count that saw arrivals (`arrived`) or none may end the wait: one that saw
+    /// arrivals never ends a hold (one after it tells the silence).
+    fn may_end(&self, arrived: bool) -> bool {
+        matches!(self, EndRule::AtMost { .. }) || !arrived
+    }
+
+    /// Whether a count from `started` that ends just short of the end may decide it then: for
+    /// `run` when no arrival came during it; `hold`'s silence needs a count that lasts until it
+    /// ends.
+    fn decides_early(&self, started: Duration) -> bool {
+        match self {
+            EndRule::AtMost { arrived_at, .. } => arrived_at.is_none_or(|t| t <= started),
+            EndRule::Quiet(_) => false,
+        }
+    }
+
+    /// At the deadline: for `hold`, how long no new connection had come at the last count, where
+    /// that is their quiet time at least (`floor`), so that only kept-alive clients still send.
+    fn kept_alive(&self, floor: Duration) -> Option<Duration> {
+        match self {
+            EndRule::AtMost { .. } => None,
+            EndRule::Quiet(quiet) => quiet.kept_alive(floor),
+        }
+    }
+}
+
 /// When the counts end the wait: what they saw so far, and when the next one is due.
-#[derive(Default)]
 struct Ending {
     drain_done: Duration,
+    rule: EndRule,
     /// Since when the wait's end has held (the count low; for `hold`, the counter known).
     low_since: Option<Duration>,
+    /// Whether any count could be read, and whether any saw a request arrive.
     counted: bool,
-    /// The end of the last count that saw a request arrive (the request came before it), and how
-    /// long the quiet time after it lasts (for `hold`, from `rate`); whether any count saw one.
-    arrived_at: Option<Duration>,
     arrived: bool,
-    after_arrival: Duration,
-    quiet: Quiet,
     next: Duration,
 }
 
@@ -348,40 +417,29 @@ impl Ending {
         // holds the wait whatever the count says (a request to a host EDS removed is on none of
         // /clusters' hosts; one Envoy has read whole may still be on its way to its client).
         let idle = tick.busy.is_none_or(|b| b.delivering == 0 && b.awaiting == 0);
-        let (known, low) = match rules.plan {
-            Plan::Run { exit_at: n } => {
-                (tick.count.is_some(), tick.count.is_some_and(|c| c <= n) && idle)
-            }
-            Plan::Hold(_) => (tick.arrivals.is_some(), tick.arrivals.is_some()),
-        };
+        let (known, low) = self.rule.known_and_low(tick, idle);
         self.counted |= known;
         self.arrived |= arrived;
-        // `hold`'s last arrival is its rule's (`Quiet::count`).
-        if arrived && !rules.plan.is_hold() {
-            self.arrived_at = Some(now);
+        if arrived {
+            self.rule.arrived(now);
         }
         self.low_since = if low { self.low_since.or(Some(now)) } else { None };
         let cost = tick.cost.look;
         let pause = pause(rules.interval, tick.cost.paced());
         self.next = started.saturating_add(pause);
         if let Some(since) = self.low_since {
-            // Saturating: durations up to u64::MAX seconds parse, and must not overflow.
-            let quiet_until =
-                self.arrived_at.map_or(Duration::ZERO, |t| t.saturating_add(self.after_arrival));
+            let quiet_until = self.rule.quiet_until();
             let done_at = self.drain_done.max(since.saturating_add(rules.settle)).max(quiet_until);
-            // A count that saw arrivals never ends a hold: one after it tells the silence.
-            if now >= done_at && !(arrived && rules.plan.is_hold()) {
+            if now >= done_at && self.rule.may_end(arrived) {
                 return Some(now);
             }
             // A count that ends within a quarter of its own time before the min-drain or the
             // settle time does decides then, rather than start another answer as long (its own
             // time, not an earlier count's: a quick count after a slow one is no look at what
-            // comes next); the settle time needs a later count, and `hold`'s silence a count
-            // that lasts until it ends.
-            let decides = !rules.plan.is_hold()
+            // comes next); the settle time needs a later count.
+            let decides = self.rule.decides_early(started)
                 && now.saturating_add(cost / 4) >= done_at
-                && (rules.settle.is_zero() || since <= started)
-                && self.arrived_at.is_none_or(|t| t <= started);
+                && (rules.settle.is_zero() || since <= started);
             if decides && done_at <= rules.deadline {
                 return Some(done_at);
             }
@@ -406,7 +464,8 @@ impl Ending {
         // `hold` counts once more just before its deadline, so that what it says then (new
         // connections still coming, or requests on kept-alive ones alone) holds up to it.
         let last_look = rules.deadline.saturating_sub(cost.saturating_mul(2).max(RECHECK));
-        if rules.plan.is_hold() && self.next > last_look && now < last_look {
+        let hold = matches!(self.rule, EndRule::Quiet(_));
+        if hold && self.next > last_look && now < last_look {
             self.next = last_look;
         }
         // A paced wait with no count due before the deadline counts once more where one can end.

@@ -256,15 +256,15 @@ pub(crate) struct Quiet {
 impl Quiet {
     /// A count of `rules`' hold that ended at `now` and told arrivals (`arrived`, `recounted`,
     /// the newest `newest` ago, new connections `opened` so far; the first, what the source
-    /// remembered from `before` it), the min-drain ending at `drain_done`: the arrivals' pace and
-    /// the last one's time, once any arrived.
+    /// remembered from `before` it), the min-drain ending at `drain_done`: the arrivals' pace,
+    /// once any arrived.
     pub(crate) fn count(
         &mut self,
         (rules, drain_done): (&Rules, Duration),
         now: Duration,
         (arrived, recounted): (u64, u64),
         (before, newest, opened): (Option<Before>, Option<Duration>, Option<u64>),
-    ) -> Option<(Pace, Duration)> {
+    ) -> Option<Pace> {
         let limits = Limits {
             floor: rules.settle,
             from: drain_done,
@@ -276,7 +276,13 @@ impl Quiet {
         }
         self.rate.add(now, (arrived, recounted), newest, &limits);
         self.opened.add(now, opened, &limits);
-        self.rate.pace.zip(self.rate.last)
+        self.rate.pace
+    }
+
+    /// The end of the quiet time after the last arrival, once any arrived.
+    pub(crate) fn until(&self) -> Option<Duration> {
+        let (pace, last) = self.rate.pace.zip(self.rate.last)?;
+        Some(last.saturating_add(pace.quiet))
     }
 
     /// At the deadline: how long no new connection had come at the last count, where that is

@@ -1682,9 +1682,12 @@ fn assert_captured(cp: &ControlPlane, side: &Side) {
         .lines()
         .filter(|l| l.split('|').nth(1) == Some("") && !l.starts_with("waypoint-"))
         .collect();
+    let replicas = match side.case.operation {
+        Operation::Scale(n) => n,
+        _ => side.case.replicas,
+    };
     assert!(
-        serving.len() > side.case.replicas as usize
-            && serving.iter().all(|l| l.ends_with("|enabled")),
+        serving.len() > replicas as usize && serving.iter().all(|l| l.ends_with("|enabled")),
         "every pod that serves in {} captured by istio-cni: {marks}",
         side.ns
     );
