@@ -56,8 +56,8 @@ fn main() {
         }
     }
     a.defaults();
-    if a.nodes == 1 && a.operations.contains(&Operation::Drain) {
-        eprintln!("rollout: drain: expected nodes=2 or more (node-1 holds the client)");
+    if let Some(why) = a.conflict() {
+        eprintln!("rollout: {why}");
         std::process::exit(2);
     }
     a.header();
@@ -214,6 +214,18 @@ impl Args {
         }
     }
 
+    /// Arguments that cannot go together, said as the usage error.
+    fn conflict(&self) -> Option<&'static str> {
+        let restarts = self.operations.iter().all(|o| matches!(o, Operation::Restart(_)));
+        if self.nodes == 1 && self.operations.contains(&Operation::Drain) {
+            Some("drain: expected nodes=2 or more (node-1 holds the client)")
+        } else if self.meshes.contains(&DataPlane::Waypoint) && !restarts {
+            Some("waypoint: expected a restart alone (its rows restart the waypoint)")
+        } else {
+            None
+        }
+    }
+
     /// The settings, and the table's head.
     fn header(&self) {
         println!(
@@ -251,7 +263,7 @@ fn table_row(row: &Row) -> String {
     let holds: Vec<Option<f64>> = row.holds.iter().map(|(a, _)| *a).collect();
     let refused = match row.refused {
         0 => String::new(),
-        n => format!(" ({n} evictions refused)"),
+        n => format!(" ({n} evictions refused, 429)"),
     };
     format!(
         "| {} | {} | {} | {} | {} | {} | {} | {:.1}s{refused} | {} | {} |",

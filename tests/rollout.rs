@@ -68,25 +68,28 @@ fn a_rollout_in_every_data_plane_at_once_loses_nothing_with_envoy_drain() {
 #[ignore = "needs root, the control plane and the node built from source (`bash scripts/test`)"]
 fn a_node_drain_in_every_data_plane_at_once_loses_nothing_with_envoy_drain() {
     // Three nodes: each data plane's client on node-1, its four replicas spread over node-2 and
-    // node-3 under a PodDisruptionBudget (minAvailable 50 %). `kubectl drain node-2` evicts every
-    // data plane's pods there at once; every node's kube-proxy, and in ambient mode its ztunnel,
-    // learns of it on its own schedule.
+    // node-3 under a PodDisruptionBudget of minAvailable 75 % (three: one eviction at a time).
+    // `kubectl drain node-2` evicts every data plane's pods there at once, the budget refusing a
+    // second until the first one's replacement is ready on node-3; every node's kube-proxy, and
+    // in ambient mode its ztunnel, learns of each on its own schedule.
     let cases =
         [DataPlane::None, DataPlane::Sidecar { native: true }, DataPlane::Ambient].map(|mesh| {
             Case {
                 nodes: 3,
                 replicas: 4,
                 operation: Operation::Drain,
+                min_available: 75,
                 ..Case::new(mesh, Shutdown::EnvoyDrain, Clients::NewConn)
             }
         });
     let rows = run_together(&cases);
     for row in &rows {
         eprintln!(
-            "{}: drain {:.1?}; {} answered 200; endpoints left the slowest node after {:?}; \
-             holds {:?}",
+            "{}: drain {:.1?}, {} evictions refused; {} answered 200; endpoints left the slowest \
+             node after {:?}; holds {:?}",
             row.case.mesh_name(),
             row.took,
+            row.refused,
             row.ok,
             row.propagation,
             row.holds
@@ -96,6 +99,8 @@ fn a_node_drain_in_every_data_plane_at_once_loses_nothing_with_envoy_drain() {
         // 100 a second from 5 s before the drain to 3 s after node-2 is empty.
         nothing_lost(row, 800);
         assert!(!row.holds.is_empty(), "the drain evicted pods of {}", row.case.mesh_name());
+        // Two pods on node-2 and a budget of one at a time: kubectl was refused (429) and retried.
+        assert!(row.holds.len() < 2 || row.refused > 0, "{:?}: no 429", row.case.mesh_name());
         // Every node's data path dropped each evicted pod (a sidecar's: the client's).
         assert!(row.propagation.iter().all(Option::is_some), "{:?}", row.propagation);
     }

@@ -704,9 +704,9 @@ fn nodes_health(nodes: &[Node]) -> String {
     format!("{probes} failed probes; kube-proxy:\n{kube_proxy}")
 }
 
-/// What an operation did to a side: how long it took, to the last pod it ended gone (the
-/// Deployment counts a terminating pod as gone); the pods it ended; the evictions the API server
-/// refused (429: the PodDisruptionBudget allows no more now), each retried by kubectl.
+/// What an operation did to a side: how long it took, to the last pod it ended gone from the API
+/// server; the pods it ended; the eviction requests the API server refused (429: the
+/// PodDisruptionBudget allows no more now), each retried by kubectl 5 s later.
 struct Ended {
     took: Duration,
     pods: Vec<String>,
@@ -720,16 +720,22 @@ fn operate(cp: &ControlPlane, node: &Node, sides: &[Side]) -> Vec<Ended> {
     if operation == Operation::Drain {
         return drain(cp, sides);
     }
-    let started = Instant::now();
-    if let Operation::Restart(_) = operation {
-        for side in sides {
-            cp.ok(&["rollout", "restart", "-n", &side.ns, side.restarted().0]);
-        }
-    }
+    // Each side's start: a restart's once its own command has run.
+    let starts: Vec<Instant> = sides
+        .iter()
+        .map(|side| {
+            let started = Instant::now();
+            if let Operation::Restart(_) = operation {
+                cp.ok(&["rollout", "restart", "-n", &side.ns, side.restarted().0]);
+            }
+            started
+        })
+        .collect();
     std::thread::scope(|scope| {
         let waits: Vec<_> = sides
             .iter()
-            .map(|side| {
+            .zip(starts)
+            .map(|(side, started)| {
                 scope.spawn(move || match operation {
                     Operation::Scale(n) => side.scaled(cp, n, started),
                     Operation::Delete(n) => side.deleted(cp, n),
@@ -758,8 +764,11 @@ fn drain(cp: &ControlPlane, sides: &[Side]) -> Vec<Ended> {
     // kubectl's line for each 429 (k8s.io/kubectl pkg/drain/drain.go, evictPods): `error when
     // evicting pods/"app-..." -n "shop-0" (will retry after 5s): Cannot evict pod as it would
     // violate the pod's disruption budget.`
-    let refusals: Vec<&str> =
-        drained.stderr.lines().filter(|l| l.starts_with("error when evicting pods/")).collect();
+    let refusals: Vec<&str> = drained
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("error when evicting pods/") && l.contains("disruption budget"))
+        .collect();
     sides
         .iter()
         .zip(on_node_2)
@@ -1555,15 +1564,13 @@ impl Endpoints {
         let thread = {
             let stop = Arc::clone(&stop);
             std::thread::spawn(move || {
-                // For each reader: whether each address is listed now, and when it left.
-                let mut present = vec![BTreeMap::<String, bool>::new(); readers.len()];
-                let mut left = BTreeMap::new();
-                // Bounded: the rollout's own bounds end it, and so does this count.
-                for _ in 0..1500 {
-                    if stop.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    for (read, present) in readers.iter_mut().zip(&mut present) {
+                // For each reader (a node's data path): each address it listed, and when it
+                // left (`None`: listed at its last good reading).
+                let mut listed = vec![BTreeMap::<String, Option<Instant>>::new(); readers.len()];
+                // Bounded in time: longer than any operation's own bound.
+                let until = Instant::now() + Duration::from_secs(900);
+                while !stop.load(Ordering::SeqCst) && Instant::now() < until {
+                    for (read, listed) in readers.iter_mut().zip(&mut listed) {
                         // A reading that lists none of the app's pods (an error, a cut answer)
                         // tells nothing: it is not taken for every pod leaving.
                         let now = read().map(|text| endpoint_ips(&text, &ns)).unwrap_or_default();
@@ -1571,19 +1578,17 @@ impl Endpoints {
                             continue;
                         }
                         for ip in &now {
-                            present.insert(ip.clone(), true);
+                            listed.insert(ip.clone(), None);
                         }
-                        for (ip, was) in present.iter_mut() {
-                            if *was && !now.contains(ip) {
-                                *was = false;
-                                // The slowest node's: the last to see it leave.
-                                left.insert(ip.clone(), Instant::now());
+                        for (ip, left) in listed.iter_mut() {
+                            if left.is_none() && !now.contains(ip) {
+                                *left = Some(Instant::now());
                             }
                         }
                     }
                     std::thread::sleep(Duration::from_millis(100));
                 }
-                left
+                slowest(&listed)
             })
         };
         Endpoints { stop: Stop(stop), thread }
@@ -1595,6 +1600,24 @@ impl Endpoints {
         drop(stop);
         thread.join().unwrap_or_default()
     }
+}
+
+/// Each address every node's data path dropped, with when the slowest one did: none where a
+/// node still listed it at its last good reading, and none at all where a node never read.
+fn slowest(listed: &[BTreeMap<String, Option<Instant>>]) -> BTreeMap<String, Instant> {
+    let mut left = BTreeMap::new();
+    if listed.iter().any(BTreeMap::is_empty) {
+        return left;
+    }
+    let ips: std::collections::BTreeSet<&String> = listed.iter().flat_map(|l| l.keys()).collect();
+    for ip in ips {
+        let on_each: Option<Vec<Instant>> =
+            listed.iter().filter_map(|l| l.get(ip)).copied().collect();
+        if let Some(last) = on_each.and_then(|times| times.into_iter().max()) {
+            left.insert(ip.clone(), last);
+        }
+    }
+    left
 }
 
 /// What names each app pod of namespace `ns` in the client's data path: its address in Envoy's
@@ -1697,7 +1720,7 @@ fn assert_captured(cp: &ControlPlane, side: &Side) {
 /// address.
 struct Deletions {
     child: std::process::Child,
-    thread: std::thread::JoinHandle<BTreeMap<String, (Instant, String)>>,
+    thread: Option<std::thread::JoinHandle<BTreeMap<String, (Instant, String)>>>,
 }
 
 impl Deletions {
@@ -1729,13 +1752,21 @@ impl Deletions {
             }
             deleted
         });
-        Deletions { child, thread }
+        Deletions { child, thread: Some(thread) }
     }
 
     fn stop(mut self) -> BTreeMap<String, (Instant, String)> {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        self.thread.join().unwrap_or_default()
+        self.thread.take().and_then(|t| t.join().ok()).unwrap_or_default()
+    }
+}
+
+/// A failed row's watch ends with it.
+impl Drop for Deletions {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
