@@ -1011,10 +1011,16 @@ impl Side {
     fn scaled(&self, cp: &ControlPlane, n: u32, started: Instant) -> Ended {
         cp.ok(&["scale", "-n", &self.ns, "deployment/app", &format!("--replicas={n}")]);
         let names = "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}";
-        let left = cp.wait_for(&format!("{} to scale to {n}", self.ns), || {
+        // Bounded by the pods' grace period, as `kubectl delete`'s timeout is.
+        let bound = started + Duration::from_secs(u64::from(self.case.grace) + 60);
+        let left = loop {
             let pods = self.app_pods(cp, names);
-            (pods.lines().count() == n as usize).then_some(pods)
-        });
+            if pods.lines().count() == n as usize {
+                break pods;
+            }
+            assert!(Instant::now() < bound, "{} to scale to {n}: {pods}", self.ns);
+            std::thread::sleep(Duration::from_millis(100));
+        };
         let pods = self.old.iter().filter(|p| !left.lines().any(|l| l == *p)).cloned().collect();
         Ended { took: started.elapsed(), pods, refused: 0 }
     }
@@ -1868,8 +1874,9 @@ impl Logs {
         let thread = {
             let (stop, read) = (Arc::clone(&stop), Arc::clone(&read));
             std::thread::spawn(move || {
-                // Bounded: the rollout's own bounds end it, and so does this count.
-                for _ in 0..3000 {
+                // Bounded in time: longer than any operation's own bound.
+                let until = Instant::now() + Duration::from_secs(900);
+                while Instant::now() < until {
                     let last = stop.load(Ordering::SeqCst);
                     let pods = dirs.iter().flat_map(|d| std::fs::read_dir(d).into_iter().flatten());
                     for pod in pods.flatten() {
