@@ -102,8 +102,8 @@ pub fn usage_error(message: &str) -> i32 {
 #[derive(FromArgs, Debug, PartialEq)]
 #[argh(note = "Exit codes:
   0    the count reached the threshold, or the app has exited; hold: no
-       request arrived for the quiet time, or at the deadline only on
-       kept-alive connections (or a kill switch is set:
+       request arrived for the quiet time, or past the propagation only
+       on kept-alive connections (or a kill switch is set:
        ENVOY_DRAIN_DISABLED, envoy-drain.io/disabled=true)
   1    the deadline passed with connections still open; hold: with new
        connections still arriving, or arrivals unknown

@@ -37,8 +37,8 @@ pub enum Outcome {
     AppExited,
     /// The deadline passed; at least one count succeeded on the way.
     Deadline,
-    /// `hold`: the deadline passed with requests arriving only on connections kept alive, no new
-    /// one for this long, their quiet time at least: the app's shutdown hands them over.
+    /// `hold`: the propagation passed with requests arriving only on connections kept alive, no
+    /// new one for this long, their quiet time at least: the app's shutdown hands them over.
     KeptAlive(std::time::Duration),
     /// The deadline passed and no source ever answered.
     NothingCounted,

@@ -596,6 +596,9 @@ pub(crate) fn summary(
     let after = if hold { "; the app gets its SIGTERM now" } else { "; the proxy may stop now" };
     let mut line = match outcome {
         Outcome::Reached | Outcome::AppExited => format!("done after {took}"),
+        Outcome::KeptAlive(_) if elapsed < rules.deadline => {
+            format!("propagation of {} passed after {took}", format_duration(rules.propagation))
+        }
         Outcome::Deadline | Outcome::NothingCounted | Outcome::KeptAlive(_) => {
             format!("deadline of {} passed after {took}", format_duration(rules.deadline))
         }
@@ -1043,16 +1046,20 @@ mod tests {
     }
 
     #[test]
-    fn a_hold_that_kept_alive_clients_held_to_its_deadline_says_so_in_one_line() {
-        let rules = Rules { plan: Plan::Hold(Holding::NoMesh), ..RULES };
+    fn a_hold_that_kept_alive_clients_held_past_the_propagation_says_so_in_one_line() {
+        let propagation = Duration::from_secs(15);
+        let rules = Rules { plan: Plan::Hold(Holding::NoMesh), propagation, ..RULES };
         let open = vec![Part { name: "port 8080".to_string(), active: 2 }];
         let p = progress(Some(Count::new(SourceKind::Proc, Unit::Connections, open, vec![])), None);
-        let kept = Outcome::KeptAlive(Duration::from_millis(14_240));
+        let kept = Outcome::KeptAlive(Duration::from_millis(9_240));
         assert_eq!(
-            summary(kept, Duration::from_secs(25), &rules, &p, (0, None)),
-            "deadline of 25s passed after 25.0s with requests arriving only on kept-alive \
-             connections (no new connection for 14.2s): their clients reconnect elsewhere once the app closes them, 2 active connections (proc); the app gets its SIGTERM now"
+            summary(kept, Duration::from_millis(15_020), &rules, &p, (0, None)),
+            "propagation of 15s passed after 15.0s with requests arriving only on kept-alive \
+             connections (no new connection for 9.2s): their clients reconnect elsewhere once the app closes them, 2 active connections (proc); the app gets its SIGTERM now"
         );
+        // New connections that stopped only later: at the deadline, which it says.
+        let said = summary(kept, Duration::from_secs(25), &rules, &p, (0, None));
+        assert!(said.starts_with("deadline of 25s passed after 25.0s with requests"), "{said}");
     }
 
     #[test]

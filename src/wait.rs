@@ -230,12 +230,10 @@ impl<'r> Wait<'r> {
             Phase::Counting => {}
         }
         if now >= self.rules.deadline {
-            let outcome = match self.counts.rule.kept_alive(self.rules.settle) {
+            let outcome = match self.counts.kept_alive(self.rules, now) {
                 _ if !self.counts.counted => Outcome::NothingCounted,
-                Some(since) if self.counts.low_since.is_some() && self.counts.arrived => {
-                    Outcome::KeptAlive(since)
-                }
-                _ => Outcome::Deadline,
+                Some(since) => Outcome::KeptAlive(since),
+                None => Outcome::Deadline,
             };
             let end = End { outcome, quit: None, delivering: false };
             self.phase = Phase::Ended(end);
@@ -266,14 +264,12 @@ impl<'r> Wait<'r> {
             return seen;
         }
         if ask == Ask::Count
-            && let Some(end) = counts.add(rules, tick, seen.arrived > 0, (started, now))
+            && let Some((end, outcome)) = counts.add(rules, tick, seen.arrived > 0, (started, now))
         {
             self.due = end;
             self.phase = match rules.then_quit {
                 true => Phase::AwaitingExit,
-                false => {
-                    Phase::Ended(End { outcome: Outcome::Reached, quit: None, delivering: false })
-                }
+                false => Phase::Ended(End { outcome, quit: None, delivering: false }),
             };
             return seen;
         }
@@ -381,8 +377,8 @@ impl EndRule {
         }
     }
 
-    /// At the deadline: for `hold`, how long no new connection had come at the last count, where
-    /// that is their quiet time at least (`floor`), so that only kept-alive clients still send.
+    /// For `hold`: how long no new connection had come at the last count, where that is their
+    /// quiet time at least (`floor`), so that only kept-alive clients still send.
     fn kept_alive(&self, floor: Duration) -> Option<Duration> {
         match self {
             EndRule::AtMost { .. } => None,
@@ -404,15 +400,15 @@ struct Ending {
 }
 
 impl Ending {
-    /// A count from `started` to `now`: when the wait ends, if it does (`now`, or the moment a
-    /// count that started early enough decides), and when the next count is due.
+    /// A count from `started` to `now`: when the wait ends and why, if it does (`now`, or the
+    /// moment a count that started early enough decides), and when the next count is due.
     fn add(
         &mut self,
         rules: &Rules,
         tick: &Tick,
         arrived: bool,
         (started, now): (Duration, Duration),
-    ) -> Option<Duration> {
+    ) -> Option<(Duration, Outcome)> {
         // A request not answered, or an answer not delivered, on a connection the pod accepted
         // holds the wait whatever the count says (a request to a host EDS removed is on none of
         // /clusters' hosts; one Envoy has read whole may still be on its way to its client).
@@ -431,7 +427,7 @@ impl Ending {
             let quiet_until = self.rule.quiet_until();
             let done_at = self.drain_done.max(since.saturating_add(rules.settle)).max(quiet_until);
             if now >= done_at && self.rule.may_end(arrived) {
-                return Some(now);
+                return Some((now, Outcome::Reached));
             }
             // A count that ends within a quarter of its own time before the min-drain or the
             // settle time does decides then, rather than start another answer as long (its own
@@ -441,7 +437,7 @@ impl Ending {
                 && now.saturating_add(cost / 4) >= done_at
                 && (rules.settle.is_zero() || since <= started);
             if decides && done_at <= rules.deadline {
-                return Some(done_at);
+                return Some((done_at, Outcome::Reached));
             }
             // The next count ends when the min-drain or the settle time ends; not while requests
             // arrive, or slow counts would come at every quiet time instead of at the pace.
@@ -449,8 +445,21 @@ impl Ending {
                 self.next = self.next.min(done_at.saturating_sub(cost));
             }
         }
+        // Past the propagation the mesh opens no connection here any more: requests only on
+        // connections already open come from kept-alive clients, which waiting to the deadline
+        // hands over no better than the app's shutdown does now (docs/holding.md).
+        if let Some(since) = self.kept_alive(rules, now) {
+            return Some((now, Outcome::KeptAlive(since)));
+        }
         self.last_before_deadline(rules, (started, now), cost, pause);
         None
+    }
+
+    /// From the propagation on, for `hold`: how long no new connection had come at the last
+    /// count, where that is their quiet time at least and requests still arrive on old ones.
+    fn kept_alive(&self, rules: &Rules, now: Duration) -> Option<Duration> {
+        let held = self.low_since.is_some() && self.arrived && now >= rules.propagation;
+        self.rule.kept_alive(rules.settle).filter(|_| held)
     }
 
     /// Brings the next count before the deadline where the pace would put it past it.
@@ -1096,7 +1105,7 @@ mod tests {
     }
 
     #[test]
-    fn a_hold_held_by_kept_alive_clients_alone_ends_at_its_deadline_as_a_normal_end() {
+    fn a_hold_held_by_kept_alive_clients_alone_ends_at_the_propagation_as_a_normal_end() {
         // Requests every 100 ms to the deadline; new connections every 100 ms until `last_new`
         // (ms), and one at `late`, then only requests on connections already open.
         let r = hold(5000, 500, 20000);
@@ -1109,19 +1118,26 @@ mod tests {
                 let opened = Some(opened as u64 / 100 + u64::from(t >= ms(late)));
                 Tick { count: Some(2), arrivals: Some(n), opened, ..Tick::default() }
             });
-            end.outcome
+            (end.outcome, now.get())
         };
-        let kept = outcome(6000, u64::MAX);
+        // No new connection since 6 s: at the first count from the propagation (15 s), as the
+        // `sleep 15` it replaces, not at the deadline.
+        let (kept, at) = outcome(6000, u64::MAX);
         let Outcome::KeptAlive(since) = kept else { panic!("{kept:?}") };
-        assert!(
-            since >= ms(13_500) && since <= ms(14_000),
-            "no new connection since 6 s, up to the last count: {since:?}"
-        );
-        // New connections still coming: clients the mesh still sends here; also when the last
-        // came after the last count at the interval (19.5 s), 0.3 s before the deadline.
-        assert_eq!(outcome(20_000, u64::MAX), Outcome::Deadline);
-        assert_eq!(outcome(6000, 19_700), Outcome::Deadline);
-        assert_eq!(Outcome::KeptAlive(since).exit_code(), 0);
+        assert!(at >= ms(15_000) && at <= ms(15_600), "{at:?}");
+        assert!(since >= ms(9_000) && since <= ms(9_600), "since 6 s: {since:?}");
+        assert_eq!(kept.exit_code(), 0);
+        // New connections that stop after the propagation (a node slower than it): once they
+        // have stopped for their quiet time, before the deadline.
+        let (kept, at) = outcome(16_000, u64::MAX);
+        assert!(matches!(kept, Outcome::KeptAlive(_)), "{kept:?}");
+        assert!(at > ms(16_000) && at < ms(19_000), "{at:?}");
+        // New connections still coming: clients the mesh still sends here; held to the end.
+        assert_eq!(outcome(20_000, u64::MAX), (Outcome::Deadline, ms(20_000)));
+        // One new connection at 14 s, after none since 6 s: its quiet time, like an arrival's,
+        // ends by the propagation.
+        let (kept, at) = outcome(6000, 14_000);
+        assert!(matches!(kept, Outcome::KeptAlive(_)) && at <= ms(15_600), "{kept:?} {at:?}");
     }
 
     #[test]

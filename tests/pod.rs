@@ -992,14 +992,16 @@ fn without_a_mesh_clients_among_the_probes_hold_it_until_they_stop() {
 
 #[test]
 #[ignore = "needs root, iptables and setpriv: `bash scripts/test` runs it"]
-fn a_hold_that_only_kept_alive_clients_keep_up_ends_at_its_deadline_with_exit_0() {
+fn a_hold_that_only_kept_alive_clients_keep_up_ends_at_the_propagation_with_exit_0() {
     // Without a mesh kube-proxy balances connections: a client that keeps its connection goes on
     // sending to the pod after its endpoint is gone, until the app closes the connection at
-    // SIGTERM. A hold held to its deadline by such a client alone ends normally (exit 0, no
-    // FailedPreStopHook event); one that new connections still reach does not (exit 1).
+    // SIGTERM. A hold kept up by such a client alone ends normally at the propagation, as the
+    // `sleep` it replaces (exit 0, no FailedPreStopHook event); one that new connections still
+    // reach waits to its deadline (exit 1).
     let options = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
     let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
-    let args = ["hold", "--preset", "none", "--min", "1s", "--deadline", "6s"];
+    let args =
+        ["hold", "--preset", "none", "--min", "1s", "--propagation", "3s", "--deadline", "7s"];
     for new_connections in [false, true] {
         let hold = spawn(pod.hook_as(APP_UID, APP_UID, &args));
         pod.client(|| {
@@ -1014,10 +1016,11 @@ fn a_hold_that_only_kept_alive_clients_keep_up_ends_at_its_deadline_with_exit_0(
             }
         });
         let out = hold.finish();
-        assert!(out.last_line().contains("deadline of 6s passed after 6."), "{out}");
         if new_connections {
+            assert!(out.last_line().contains("deadline of 7s passed after 7."), "{out}");
             assert_eq!(out.code, Some(1), "{out}");
         } else {
+            assert!(out.last_line().contains("propagation of 3s passed after 3."), "{out}");
             assert_eq!(out.code, Some(0), "{out}");
             assert!(
                 out.last_line().contains("with requests arriving only on kept-alive connections"),

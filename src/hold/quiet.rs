@@ -1,6 +1,6 @@
 //! `hold`'s end rule: the quiet time after the last arrival that the arrivals' own rate asks
 //! (docs/holding.md, "The quiet time"), and whether only kept-alive clients still send at the
-//! deadline. The wait (wait.rs) asks it at each count; it keeps no time of its own.
+//! propagation. The wait (wait.rs) asks it at each count; it keeps no time of its own.
 
 use crate::config::Rules;
 use crate::count::Before;
@@ -215,29 +215,35 @@ struct Sample {
     recounted: u64,
 }
 
-/// `hold`: the new connections among the arrivals. At the deadline, none for the quiet time
-/// their own rate asks (up to the last count, just before the deadline) means that the requests
-/// still arriving come on kept-alive connections: clients the mesh no longer sends here, which
-/// the app's shutdown hands over by closing them (docs/holding.md, "Exit codes").
+/// `hold`: the new connections among the arrivals. From the propagation, none for the quiet
+/// time their own rate asks while requests came on connections already open means kept-alive
+/// clients: ones the mesh no longer sends here, which the app's shutdown hands over by closing
+/// them (docs/holding.md, "Exit codes").
 #[derive(Debug, Default)]
 struct Opened {
     counter: Option<u64>,
     /// The end of the last count that told arrivals, where it told these too.
     told_at: Option<Duration>,
     rate: Rate,
+    /// Whether a count after the last that saw a new connection saw requests arrive.
+    reused: bool,
 }
 
 impl Opened {
-    fn add(&mut self, now: Duration, counter: Option<u64>, limits: &Limits) {
+    fn add(&mut self, now: Duration, (counter, arrived): (Option<u64>, u64), limits: &Limits) {
         self.told_at = counter.map(|_| now);
         let Some(n) = counter else { return };
         let new = self.counter.replace(n).map_or(0, |was| n.saturating_sub(was));
+        self.reused = new == 0 && (self.reused || arrived > 0);
         self.rate.add(now, (new, 0), None, limits);
     }
 
     /// How long no new connection had come at the last count, where that is their quiet time
-    /// at least.
+    /// at least and requests came on old ones since.
     fn stopped(&self, floor: Duration) -> Option<Duration> {
+        if !self.reused {
+            return None;
+        }
         let quiet = self.rate.pace.map_or(floor, |p| p.quiet);
         let since = self.told_at?.saturating_sub(self.rate.last.unwrap_or(Duration::ZERO));
         (since >= quiet).then_some(since)
@@ -245,8 +251,8 @@ impl Opened {
 }
 
 /// `hold`'s end rule, which the wait asks at each count that told arrivals: when the last
-/// arrival came and how long a silence after it ends the hold (`Rate`), and at the deadline
-/// whether only kept-alive connections still carry requests (`Opened`).
+/// arrival came and how long a silence after it ends the hold (`Rate`), and from the
+/// propagation whether only kept-alive connections still carry requests (`Opened`).
 #[derive(Debug, Default)]
 pub(crate) struct Quiet {
     rate: Rate,
@@ -275,7 +281,7 @@ impl Quiet {
             self.rate.before = before;
         }
         self.rate.add(now, (arrived, recounted), newest, &limits);
-        self.opened.add(now, opened, &limits);
+        self.opened.add(now, (opened, arrived), &limits);
         self.rate.pace
     }
 
@@ -285,8 +291,8 @@ impl Quiet {
         Some(last.saturating_add(pace.quiet))
     }
 
-    /// At the deadline: how long no new connection had come at the last count, where that is
-    /// their quiet time at least (`floor`), so that only kept-alive clients still send.
+    /// How long no new connection had come at the last count, where that is their quiet time
+    /// at least (`floor`), so that only kept-alive clients still send.
     pub(crate) fn kept_alive(&self, floor: Duration) -> Option<Duration> {
         self.opened.stopped(floor)
     }
