@@ -109,7 +109,8 @@ pub fn usage_error(message: &str) -> i32 {
        connections still arriving, or arrivals unknown
   2    usage error: a flag has a bad value (never a --pod-annotation or an
        environment variable: a bad one is a warning)
-  3    nothing could be counted at any point of the run
+  3    nothing could be counted at any point of the run, or a waypoint's
+       admin address answers but is not Envoy (agentgateway): at once
   130  interrupted by SIGINT (143: SIGTERM; 128 + n for signal n: SIGHUP,
        SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, unless ignored from the start as
        under nohup); the summary line is printed first

@@ -42,6 +42,9 @@ pub enum Outcome {
     KeptAlive(std::time::Duration),
     /// The deadline passed and no source ever answered.
     NothingCounted,
+    /// `--preset waypoint`: what answers at the admin address is not Envoy (an agentgateway
+    /// waypoint): nothing there to drain or count, so no deadline to wait out.
+    NotEnvoy,
     /// A signal of `SIGNALS` arrived while waiting.
     Interrupted(i32),
 }
@@ -51,7 +54,7 @@ impl Outcome {
         match self {
             Outcome::Reached | Outcome::AppExited | Outcome::KeptAlive(_) => EXIT_REACHED,
             Outcome::Deadline => EXIT_DEADLINE,
-            Outcome::NothingCounted => EXIT_NOTHING_COUNTED,
+            Outcome::NothingCounted | Outcome::NotEnvoy => EXIT_NOTHING_COUNTED,
             Outcome::Interrupted(sig) => 128 + sig,
         }
     }

@@ -119,6 +119,7 @@ fn outcome(o: Outcome) -> String {
         Outcome::KeptAlive(_) => "kept_alive",
         Outcome::Deadline => "deadline",
         Outcome::NothingCounted => "nothing_counted",
+        Outcome::NotEnvoy => "not_envoy",
         Outcome::Interrupted(sig) => return signal_name(sig).to_ascii_lowercase(),
     }
     .to_string()
@@ -222,6 +223,7 @@ mod tests {
             (Outcome::KeptAlive(Duration::ZERO), "kept_alive", 0),
             (Outcome::Deadline, "deadline", 1),
             (Outcome::NothingCounted, "nothing_counted", 3),
+            (Outcome::NotEnvoy, "not_envoy", 3),
             (Outcome::Interrupted(libc::SIGINT), "sigint", 130),
             (Outcome::Interrupted(libc::SIGTERM), "sigterm", 143),
             (Outcome::Interrupted(libc::SIGHUP), "sighup", 129),

@@ -77,7 +77,7 @@ impl Report {
         let mut said = self.said();
         let level = match outcome {
             Outcome::Reached | Outcome::AppExited | Outcome::KeptAlive(_) => Level::Info,
-            Outcome::NothingCounted => Level::Error,
+            Outcome::NothingCounted | Outcome::NotEnvoy => Level::Error,
             Outcome::Deadline | Outcome::Interrupted(_) => Level::Warn,
         };
         // Timed once the lock is ours, so the line says when it was really written.

@@ -83,6 +83,10 @@ fn wait(
 ) -> End {
     let mut wait = Wait::new(&cfg.rules, drained_at);
     loop {
+        // A waypoint counts from Envoy's admin API alone: one that is not Envoy never will.
+        if cfg.counting.preset.waypoint && looks.sources.admin.not_envoy().is_some() {
+            return End { outcome: Outcome::NotEnvoy, quit: None, delivering: false };
+        }
         let now = start.elapsed();
         match wait.next(now) {
             Step::Sleep(until) => std::thread::sleep(until.saturating_sub(now)),

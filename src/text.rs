@@ -603,6 +603,7 @@ pub(crate) fn summary(
             format!("deadline of {} passed after {took}", format_duration(rules.deadline))
         }
         Outcome::Interrupted(sig) => format!("interrupted by {} after {took}", signal_name(sig)),
+        Outcome::NotEnvoy => format!("stopped after {took}"),
     };
     line += &match outcome {
         Outcome::Reached if hold => format!(": {}, {counted}{after}", quiet(p, rules)),
@@ -638,6 +639,11 @@ pub(crate) fn summary(
             )
         }
         Outcome::Interrupted(_) => format!(" with {counted}{open}{stale}"),
+        Outcome::NotEnvoy => format!(
+            ": what answers on the admin address is not Envoy; a waypoint of another proxy, such \
+             as agentgateway's (GatewayClass istio-agentgateway-waypoint), has nothing this hook \
+             can drain or count: leave the hook off it{after}"
+        ),
     };
     line + &lost_lines(dropped, failed)
 }

@@ -267,6 +267,61 @@ fn status_shows_the_connections_the_test_holds_per_listener_and_per_port() {
     });
 }
 
+/// Istio 1.31's mTLS metrics listeners as its bootstrap template names and binds them
+/// (tools/packaging/common/envoy_bootstrap.json, `secure_metrics_port`), at the ports of Istio's
+/// own tests; plain HTTP here, as the count does not look at the transport.
+const SECURE_METRICS: &str = "
+static_resources:
+  listeners:
+  - name: 0.0.0.0_15091
+    address: { socket_address: { address: 0.0.0.0, port_value: 15091 } }
+    filter_chains: &metrics
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          '@type': type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: stats
+          route_config:
+            virtual_hosts:
+            - { name: m, domains: ['*'], routes: [{ match: { prefix: / }, direct_response: { status: 200 } }] }
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: { '@type': type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }
+  - name: 0.0.0.0_15092
+    address: { socket_address: { address: 0.0.0.0, port_value: 15092 } }
+    filter_chains: *metrics
+";
+
+#[test]
+#[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
+fn a_scrape_of_istios_mtls_metrics_listeners_holds_run_only_where_the_proxy_does_not_set_them() {
+    scenario(|bin| {
+        let yaml = SECURE_METRICS.to_string();
+        let _envoy = Envoy::start(&bin, EnvoyOptions { yaml, ..EnvoyOptions::default() });
+        let mut scrapes = Vec::new();
+        for addr in ["127.0.0.1:15091", "127.0.0.1:15092"] {
+            let mut c = Conn::open(addr).unwrap();
+            assert_eq!(c.get("/stats/prometheus").unwrap().status, 200);
+            scrapes.push(c);
+        }
+        // The istio-proxy container's environment, as istiod injects proxyMetadata.
+        let in_the_proxy = |args: &[&str]| {
+            let mut c = command(args);
+            c.env("ENVOY_SECURE_METRICS_PORT", "15091")
+                .env("ENVOY_SECURE_MERGED_METRICS_PORT", "15092");
+            c
+        };
+        let out = run(command(&["status"]));
+        assert!(out.stdout.contains("run would count 2 active connections (from stats)"), "{out}");
+        let out = run(in_the_proxy(&["status"]));
+        assert!(out.stdout.contains("run would count 0 active connections (from stats)"), "{out}");
+        assert!(out.stdout.contains("0.0.0.0_15091 (ignored port), 1 active"), "{out}");
+        let out = run(in_the_proxy(&["run", "--min-drain", "0s", "--deadline", "5s"]));
+        assert_eq!(out.code, Some(0), "the scrapes never held the hook to its deadline {out}");
+        drop(scrapes);
+    });
+}
+
 #[test]
 #[ignore = "needs root and Envoy: `bash scripts/test` runs it"]
 fn ipv6_listeners_count_under_their_real_stat_names_unless_their_port_is_ignored() {

@@ -180,6 +180,20 @@ fn error_statuses_are_named_with_their_bodies() {
 }
 
 #[test]
+fn a_waypoint_that_is_not_envoy_ends_the_hook_at_once_saying_so() {
+    // An agentgateway waypoint (GatewayClass istio-agentgateway-waypoint) has no Envoy admin API:
+    // waiting out the deadline for counts that never come only delays the pod's end.
+    let hostile = Hostile::start(Fault::Agentgateway);
+    let dir = one_open_connection("hostile-agentgateway");
+    let out = run(hook(&hostile, &dir, &["--preset", "waypoint", "--deadline", "30s"]));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.code, Some(3), "{out}");
+    assert!(out.stderr.contains("answered 404 without Envoy's 'server: envoy' header"), "{out}");
+    let last = out.last_line();
+    assert!(last.contains("stopped after 0.") && last.contains("agentgateway"), "{out}");
+}
+
+#[test]
 fn a_reset_mid_body_is_named() {
     // ureq takes a reset as the end of the stream; the body is short of its length either way.
     let (out, _h) = against(Fault::ResetMidBody);

@@ -86,10 +86,22 @@ pub(crate) fn counting(a: &RunArgs) -> Result<SourceConfig, UsageError> {
     })
 }
 
+/// The variables of pilot-agent's mTLS metrics listeners (pilot/cmd/pilot-agent/options).
+const SECURE_METRICS_PORTS: [&str; 2] =
+    ["ENVOY_SECURE_METRICS_PORT", "ENVOY_SECURE_MERGED_METRICS_PORT"];
+
 /// `env` looks up an environment variable; empty values count as unset.
 pub fn run_config(a: &RunArgs, env: &Env<'_>) -> Result<RunConfig, UsageError> {
     let mut counting = counting(a)?;
     let preset = counting.preset;
+    // Istio 1.31's opt-in mTLS metrics listeners, at the ports pilot-agent reads from the proxy
+    // container's environment: its own drain leaves them out too (pkg/envoy/agent.go, NewAgent).
+    // A value Go's strconv.Atoi refuses is 0 there: no listener.
+    for name in preset.agent.then_some(SECURE_METRICS_PORTS).into_iter().flatten() {
+        if let Some(port) = env(name).and_then(|v| v.parse().ok()).filter(|p| *p > 0) {
+            counting.filter.ignore = std::mem::take(&mut counting.filter.ignore).with(port);
+        }
+    }
     let warnings = &mut counting.warnings;
     let pod = pod_settings(&a.pod_annotation, counting.mode, warnings);
     counting.unit = pod.count.unwrap_or(counting.unit);
@@ -330,6 +342,23 @@ mod tests {
 
     fn err(pairs: &[(&str, &str)]) -> String {
         run_config(&args(pairs), &no_env).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn istios_mtls_metrics_listeners_are_left_out_at_the_ports_its_environment_gives() {
+        let env = |k: &str| match k {
+            "ENVOY_SECURE_METRICS_PORT" => Some("15091".to_string()),
+            "ENVOY_SECURE_MERGED_METRICS_PORT" => Some("9x".to_string()),
+            _ => None,
+        };
+        let ignored = |pairs: &[(&str, &str)]| run_config(&args(pairs), &env).unwrap().counting;
+        let ignore = ignored(&[]).filter.ignore;
+        assert!(ignore.contains(15091) && ignore.contains(15090), "{ignore}");
+        // As pilot-agent reads it: a value that is no number opens no listener.
+        assert!(!ignore.contains(15092) && !ignore.contains(9), "{ignore}");
+        // Also beside a list of the user's own; never for a proxy without Istio's agent.
+        assert_eq!(ignored(&[("ignore-ports", "8081")]).filter.ignore.to_string(), "8081,15091");
+        assert!(!ignored(&[("preset", "consul")]).filter.ignore.contains(15091));
     }
 
     #[test]

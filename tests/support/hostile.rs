@@ -38,6 +38,10 @@ pub enum Fault {
     CrOnly,
     /// Nearly 4 MiB of distinct lines that are not counts, after the admin line.
     ManyBadLines,
+    /// agentgateway's admin server, as in its waypoints (agentgateway
+    /// crates/agentgateway/src/management/admin.rs): an empty 404 for the paths it does not
+    /// serve, in hyper's head, which names no server.
+    Agentgateway,
 }
 
 pub const FLOOD_BYTES: u64 = 50 << 20;
@@ -147,6 +151,10 @@ fn serve(conn: TcpStream, fault: Fault, written: &AtomicU64, stop: &AtomicBool) 
             send(head("200 OK", Some(100_000)).as_bytes());
             send(&STATS.as_bytes()[..40]);
             reset_on_close(fd);
+        }
+        Fault::Agentgateway => {
+            let h = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\ndate: Mon, 07 Dec 2026 15:20:00 GMT\r\n\r\n";
+            send(h.as_bytes());
         }
         Fault::Redirect => {
             let h = "HTTP/1.1 302 Found\r\nlocation: http://127.0.0.1:1/stats\r\ncontent-length: 0\r\n\r\n";

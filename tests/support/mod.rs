@@ -55,6 +55,8 @@ pub fn command(args: &[&str]) -> Command {
     c.args(args)
         .env_remove("ENVOY_DRAIN_DISABLED")
         .env_remove("MINIMUM_DRAIN_DURATION")
+        .env_remove("ENVOY_SECURE_METRICS_PORT")
+        .env_remove("ENVOY_SECURE_MERGED_METRICS_PORT")
         .stdin(Stdio::null());
     c
 }
