@@ -114,6 +114,13 @@ pub struct ControlPlane {
     processes: Mutex<Vec<Process>>,
 }
 
+/// A Kyverno policy that changes nothing, for a dry run through Kyverno's policy webhook.
+const PROBE: &str = "apiVersion: policies.kyverno.io/v1\nkind: MutatingPolicy\nmetadata:\n  name: \
+                     probe\nspec:\n  matchConstraints:\n    resourceRules:\n    - apiGroups: [\"\"]\n      \
+                     apiVersions: [v1]\n      operations: [CREATE]\n      resources: [configmaps]\n  \
+                     mutations:\n  - patchType: ApplyConfiguration\n    applyConfiguration:\n      \
+                     expression: Object{}\n";
+
 /// Every wait for the control plane is bounded by this.
 const START: Duration = Duration::from_secs(90);
 
@@ -213,7 +220,10 @@ impl ControlPlane {
         if nodes == Nodes::Kubelet {
             own.push(format!("--advertise-address={}", super::node::NODE_IP));
         } else {
+            // No pod to reach it: no `kubernetes` endpoint to publish, which kube-apiserver 1.37
+            // refuses to make of a loopback address (pkg/controlplane/instance.go, ValidateIP).
             own.push("--advertise-address=127.0.0.1".into());
+            own.push("--endpoint-reconciler-type=none".into());
         }
         own.extend(flags.iter().map(|f| f.to_string()));
         let own: Vec<&str> = own.iter().map(String::as_str).collect();
@@ -547,6 +557,12 @@ impl ControlPlane {
         self.wait_for("Kyverno's webhooks", || {
             let hooks = self.ok(&["get", "mutatingwebhookconfigurations", "-o", "name"]);
             hooks.contains("kyverno-resource-mutating-webhook-cfg").then_some(())
+        });
+        // Registered before its server has its certificate: until then a policy's create fails
+        // with `remote error: tls: internal error`.
+        self.wait_for("Kyverno's policy webhook to answer", || {
+            let probe = self.kubectl_with(&["create", "--dry-run=server", "-f", "-"], Some(PROBE));
+            (!probe.stderr.contains("failed calling webhook")).then_some(())
         });
     }
 

@@ -1,0 +1,33 @@
+{{/*
+The policy's form: what values.form names, else the first the cluster serves (Helm asks the API
+server's discovery at install and upgrade; `helm template` knows only its own defaults and
+--api-versions).
+*/}}
+{{- define "envoy-drain.form" -}}
+{{- $apis := .Capabilities.APIVersions -}}
+{{- if has .Values.form (list "v1" "v1beta1" "kyverno") -}}
+{{- .Values.form -}}
+{{- else if ne .Values.form "auto" -}}
+{{- fail (printf "form: %q: expected auto, v1, v1beta1 or kyverno" .Values.form) -}}
+{{- else if $apis.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" -}}
+v1
+{{- else if $apis.Has "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy" -}}
+v1beta1
+{{- else if $apis.Has "policies.kyverno.io/v1/MutatingPolicy" -}}
+kyverno
+{{- else -}}
+{{- fail (printf "Kubernetes %s serves no MutatingAdmissionPolicy (admissionregistration.k8s.io/v1 from 1.36; v1beta1 on 1.34 and 1.35 with --feature-gates=MutatingAdmissionPolicy=true and --runtime-config=admissionregistration.k8s.io/v1beta1=true) and Kyverno's MutatingPolicy CRD (policies.kyverno.io/v1, Kyverno 1.17 or later) is not installed: turn one on, or install Kyverno, then install this chart again" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The image the ConfigMap names: by digest where one is given. */}}
+{{- define "envoy-drain.image" -}}
+{{- with .Values.image -}}
+{{- if not .repository -}}
+{{- else if .digest -}}
+{{ .repository }}@{{ .digest }}
+{{- else -}}
+{{ .repository }}:{{ .tag }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
