@@ -84,7 +84,7 @@ fn wait(
     let mut wait = Wait::new(&cfg.rules, drained_at);
     loop {
         // A waypoint counts from Envoy's admin API alone: one that is not Envoy never will.
-        if cfg.counting.preset.waypoint && looks.sources.admin.not_envoy().is_some() {
+        if cfg.counting.preset.waypoint && looks.sources.admin.never_envoy() {
             return End { outcome: Outcome::NotEnvoy, quit: None, delivering: false };
         }
         let now = start.elapsed();

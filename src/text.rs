@@ -580,21 +580,10 @@ fn unseen(warnings: &[Warning]) -> String {
     parts.join("; ")
 }
 
-/// The final line: how the wait ended and when, what was counted, what is still open where that
-/// matters, whether the count is stale, and how many earlier lines could not be written.
-pub(crate) fn summary(
-    outcome: Outcome,
-    elapsed: Duration,
-    rules: &Rules,
-    p: &Progress,
-    (dropped, failed): (u64, Option<&str>),
-) -> String {
+/// The summary's opening: what ended the wait, after how long.
+fn ended(outcome: Outcome, elapsed: Duration, rules: &Rules) -> String {
     let took = seconds(elapsed);
-    let hold = rules.plan.is_hold();
-    let (counted, stale) = last_count(p);
-    let open = p.last.as_ref().map(Count::still_open).unwrap_or_default();
-    let after = if hold { "; the app gets its SIGTERM now" } else { "; the proxy may stop now" };
-    let mut line = match outcome {
+    match outcome {
         Outcome::Reached | Outcome::AppExited => format!("done after {took}"),
         Outcome::KeptAlive(_) if elapsed < rules.deadline => {
             format!("propagation of {} passed after {took}", format_duration(rules.propagation))
@@ -604,7 +593,23 @@ pub(crate) fn summary(
         }
         Outcome::Interrupted(sig) => format!("interrupted by {} after {took}", signal_name(sig)),
         Outcome::NotEnvoy => format!("stopped after {took}"),
-    };
+    }
+}
+
+/// The final line: how the wait ended and when, what was counted, what is still open where that
+/// matters, whether the count is stale, and how many earlier lines could not be written.
+pub(crate) fn summary(
+    outcome: Outcome,
+    elapsed: Duration,
+    rules: &Rules,
+    p: &Progress,
+    (dropped, failed): (u64, Option<&str>),
+) -> String {
+    let hold = rules.plan.is_hold();
+    let (counted, stale) = last_count(p);
+    let open = p.last.as_ref().map(Count::still_open).unwrap_or_default();
+    let after = if hold { "; the app gets its SIGTERM now" } else { "; the proxy may stop now" };
+    let mut line = ended(outcome, elapsed, rules);
     line += &match outcome {
         Outcome::Reached if hold => format!(": {}, {counted}{after}", quiet(p, rules)),
         Outcome::Reached => format!(": {counted}{after}"),

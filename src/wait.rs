@@ -455,10 +455,12 @@ impl Ending {
         None
     }
 
-    /// From the propagation on, for `hold`: how long no new connection had come at the last
-    /// count, where that is their quiet time at least and requests still arrive on old ones.
+    /// From the propagation on (and the min-drain), for `hold`: how long no new connection had
+    /// come at the last count, where that is their quiet time at least and requests still
+    /// arrive on old ones.
     fn kept_alive(&self, rules: &Rules, now: Duration) -> Option<Duration> {
-        let held = self.low_since.is_some() && self.arrived && now >= rules.propagation;
+        let from = rules.propagation.max(self.drain_done);
+        let held = self.low_since.is_some() && self.arrived && now >= from;
         self.rule.kept_alive(rules.settle).filter(|_| held)
     }
 
@@ -1106,38 +1108,50 @@ mod tests {
 
     #[test]
     fn a_hold_held_by_kept_alive_clients_alone_ends_at_the_propagation_as_a_normal_end() {
-        // Requests every 100 ms to the deadline; new connections every 100 ms until `last_new`
-        // (ms), and one at `late`, then only requests on connections already open.
-        let r = hold(5000, 500, 20000);
-        let outcome = |last_new: u64, late: u64| {
+        // Requests every 100 ms to the deadline; `opened(t)` new connections by t ms, the other
+        // requests on connections already open.
+        let outcome = |r: &Rules, opened: &dyn Fn(u64) -> u64| {
             let now = Cell::new(ms(0));
-            let (end, _) = wait_with(&r, ms(0), &now, |_, _| {
+            let (end, _) = wait_with(r, ms(0), &now, |_, _| {
                 let t = now.get();
                 now.set(t + ms(20));
-                let (n, opened) = (t.as_millis() as u64 / 100, t.min(ms(last_new)).as_millis());
-                let opened = Some(opened as u64 / 100 + u64::from(t >= ms(late)));
-                Tick { count: Some(2), arrivals: Some(n), opened, ..Tick::default() }
+                let (n, t) = (t.as_millis() as u64 / 100, t.as_millis() as u64);
+                Tick {
+                    count: Some(2),
+                    arrivals: Some(n),
+                    opened: Some(opened(t)),
+                    ..Tick::default()
+                }
             });
             (end.outcome, now.get())
         };
+        let r = hold(5000, 500, 20000);
+        let every_100ms_until = |last: u64| move |t: u64| t.min(last) / 100;
         // No new connection since 6 s: at the first count from the propagation (15 s), as the
         // `sleep 15` it replaces, not at the deadline.
-        let (kept, at) = outcome(6000, u64::MAX);
+        let (kept, at) = outcome(&r, &every_100ms_until(6000));
         let Outcome::KeptAlive(since) = kept else { panic!("{kept:?}") };
         assert!(at >= ms(15_000) && at <= ms(15_600), "{at:?}");
         assert!(since >= ms(9_000) && since <= ms(9_600), "since 6 s: {since:?}");
         assert_eq!(kept.exit_code(), 0);
         // New connections that stop after the propagation (a node slower than it): once they
         // have stopped for their quiet time, before the deadline.
-        let (kept, at) = outcome(16_000, u64::MAX);
+        let (kept, at) = outcome(&r, &every_100ms_until(16_000));
         assert!(matches!(kept, Outcome::KeptAlive(_)), "{kept:?}");
         assert!(at > ms(16_000) && at < ms(19_000), "{at:?}");
         // New connections still coming: clients the mesh still sends here; held to the end.
-        assert_eq!(outcome(20_000, u64::MAX), (Outcome::Deadline, ms(20_000)));
-        // One new connection at 14 s, after none since 6 s: its quiet time, like an arrival's,
-        // ends by the propagation.
-        let (kept, at) = outcome(6000, 14_000);
-        assert!(matches!(kept, Outcome::KeptAlive(_)) && at <= ms(15_600), "{kept:?} {at:?}");
+        assert_eq!(outcome(&r, &every_100ms_until(20_000)), (Outcome::Deadline, ms(20_000)));
+        // Fewer, but still coming up to the propagation (one every 1.5 s until 14.5 s; red team
+        // of issue 68): their own quiet time, not cut at the propagation; here to the deadline.
+        let (late, at) = outcome(&r, &|t: u64| t.min(14_500) / 1500);
+        assert_eq!((late, at), (Outcome::Deadline, ms(20_000)));
+        // One at 14 s after none since 6 s: a client the mesh still sends here.
+        let (late, _) = outcome(&r, &|t: u64| t.min(6000) / 100 + u64::from(t >= 14_000));
+        assert_eq!(late, Outcome::Deadline);
+        // Never before the min-drain, whatever the propagation.
+        let r = Rules { propagation: ms(2000), min_drain: ms(10_000), ..r };
+        let (kept, at) = outcome(&r, &every_100ms_until(1000));
+        assert!(matches!(kept, Outcome::KeptAlive(_)) && at >= ms(10_000), "{kept:?} {at:?}");
     }
 
     #[test]

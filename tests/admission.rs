@@ -1,5 +1,5 @@
 //! The install of `hold` for pods without a sidecar, carried out by the real components: a
-//! kube-apiserver 1.36 with its controllers runs examples/hold-policy.yaml (a
+//! kube-apiserver 1.36 (and again 1.37) with its controllers runs examples/hold-policy.yaml (a
 //! MutatingAdmissionPolicy), and another with Kyverno's own admission controller as its webhook
 //! runs examples/hold-kyverno.yaml (tests/support/cluster.rs). On each, the test does what an
 //! operator does, in the README's order: applies the file, creates the ConfigMap as the README
@@ -60,18 +60,31 @@ const LEFT_ALONE: &[&str] = PODS.split_at(8).1;
 const DEPLOYED_IN: [&str; 4] = ["shop", "batch", "vault", "payments"];
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Form {
+enum Kind {
     /// examples/hold-policy.yaml
     AdmissionPolicy,
     /// examples/hold-kyverno.yaml
     Kyverno,
 }
 
+/// A form of the policy on an API server: `api_server` is a kube-apiserver of components/bin.
+#[derive(Clone, Copy, PartialEq)]
+struct Form {
+    kind: Kind,
+    api_server: &'static str,
+}
+
+impl std::fmt::Debug for Form {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?} on {}", self.kind, self.api_server)
+    }
+}
+
 impl Form {
     fn file(self) -> &'static str {
-        match self {
-            Form::AdmissionPolicy => "examples/hold-policy.yaml",
-            Form::Kyverno => "examples/hold-kyverno.yaml",
+        match self.kind {
+            Kind::AdmissionPolicy => "examples/hold-policy.yaml",
+            Kind::Kyverno => "examples/hold-kyverno.yaml",
         }
     }
 }
@@ -286,8 +299,9 @@ fn deployed_pods(cp: &ControlPlane, namespace: &str, name: &str) -> Vec<(String,
 
 /// The operator's run of one form, on a control plane of its own.
 fn operate(form: Form) -> Run {
-    let cp = ControlPlane::start(&format!("{form:?}"));
-    if form == Form::Kyverno {
+    let name = format!("{:?}-{}", form.kind, form.api_server);
+    let cp = ControlPlane::start_with(&name, form.api_server, &[], Nodes::Objects);
+    if form.kind == Kind::Kyverno {
         cp.start_kyverno();
     }
     for (file, name) in NAMESPACES {
@@ -310,7 +324,7 @@ fn operate(form: Form) -> Run {
     let Typed { newline, typo, key_typo, json_command, malformed } = as_typed(&cp, &written);
     let (no_image, deleted) = take_back(&cp, &written, &mut warnings);
     // The API server's own count of the policy's evaluations, before a restart resets it.
-    let checks = if form == Form::AdmissionPolicy { cp.policy_checks() } else { Vec::new() };
+    let checks = if form.kind == Kind::AdmissionPolicy { cp.policy_checks() } else { Vec::new() };
     let reinstalled = reinstall(&cp, form, &written, &mut warnings);
     let consul = consul(&cp, form, &mut warnings);
     Run {
@@ -363,7 +377,7 @@ fn install(
 ) -> Installed {
     let applied = cp.kubectl(&["apply", "-f", &form_file(form)]);
     assert!(applied.ok, "kubectl apply -f {}: {}", form.file(), applied.stderr);
-    if form == Form::Kyverno {
+    if form.kind == Kind::Kyverno {
         cp.wait_for_kyverno_policy("envoy-drain-hold");
     }
     let applied_again = cp.ok(&["apply", "-f", &form_file(form)]);
@@ -539,12 +553,12 @@ fn reinstall(
 ) -> Everywhere {
     cp.ok(&["delete", "-f", &form_file(form), "--wait=true", "--timeout=60s"]);
     cp.ok(&["apply", "-f", &form_file(form)]);
-    if form == Form::Kyverno {
+    if form.kind == Kind::Kyverno {
         cp.wait_for_kyverno_policy("envoy-drain-hold");
     }
     cp.hold_settings(&["image=registry.example.com/envoy-drain:0.1.0", "ambientNamespaces=all"]);
-    if form == Form::AdmissionPolicy {
-        cp.restart("kube-apiserver");
+    if form.kind == Kind::AdmissionPolicy {
+        cp.restart(form.api_server);
     }
     wait_until(cp, written, "shop", true);
     admit_everywhere(cp, w)
@@ -553,7 +567,7 @@ fn reinstall(
 /// The API server's form only: Consul's policy (examples/consul.yaml) over its injected pod and
 /// a plain one.
 fn consul(cp: &ControlPlane, form: Form, warnings: &mut Vec<String>) -> Vec<Admitted> {
-    if form != Form::AdmissionPolicy {
+    if form.kind != Kind::AdmissionPolicy {
         return Vec::new();
     }
     // The pod as written, read before the policy exists: read after it, it may be served
@@ -569,17 +583,22 @@ fn consul(cp: &ControlPlane, form: Form, warnings: &mut Vec<String>) -> Vec<Admi
 
 /// Both forms' runs, made once (in parallel) for all the tests below; a failed run fails every
 /// test with its message.
-fn runs() -> &'static [Run; 2] {
-    static RUNS: OnceLock<Result<[Run; 2], String>> = OnceLock::new();
+fn runs() -> &'static [Run; 4] {
+    static RUNS: OnceLock<Result<[Run; 4], String>> = OnceLock::new();
     let made = RUNS.get_or_init(|| {
         std::thread::scope(|s| {
-            let forms = [Form::AdmissionPolicy, Form::Kyverno].map(|f| s.spawn(move || operate(f)));
-            let [a, k] = forms.map(|t| {
+            // Each form on 1.36 and on 1.37, as pairs.
+            let (policy, kyverno) = (Kind::AdmissionPolicy, Kind::Kyverno);
+            let (v36, v37) = ("kube-apiserver", "kube-apiserver-1.37");
+            let forms = [(policy, v36), (kyverno, v36), (policy, v37), (kyverno, v37)];
+            let runs =
+                forms.map(|(kind, api_server)| s.spawn(move || operate(Form { kind, api_server })));
+            let [a, k, a37, k37] = runs.map(|t| {
                 t.join().map_err(|e| {
                     e.downcast_ref::<String>().cloned().unwrap_or_else(|| "a panic".to_string())
                 })
             });
-            Ok([a?, k?])
+            Ok([a?, k?, a37?, k37?])
         })
     });
     made.as_ref().unwrap_or_else(|e| panic!("the operator's run failed: {e}"))
@@ -947,13 +966,19 @@ fn the_pods_deployments_make_get_what_a_pod_created_alone_gets_and_are_bound_to_
 #[test]
 #[ignore = "needs root and the control plane built from source (`bash scripts/test`)"]
 fn both_forms_make_the_same_pod_of_every_pod_in_every_namespace_and_never_fail() {
-    let [policy, kyverno] = runs();
+    for [policy, kyverno] in runs().as_chunks::<2>().0 {
+        same_pods_and_never_failed(policy, kyverno);
+    }
+}
+
+/// Each pod the same under both forms on one API server; none of the policy's checks failed.
+fn same_pods_and_never_failed(policy: &Run, kyverno: &Run) {
     for (a, k, what) in [
         (&policy.labelled, &kyverno.labelled, "on trial"),
         (&policy.served, &kyverno.served, "served"),
     ] {
         for (key, got) in a {
-            assert_eq!(*got, k[key], "{what}: {key:?}");
+            assert_eq!(*got, k[key], "{what} on {}: {key:?}", policy.form.api_server);
         }
     }
     // The API server counts each evaluation of the policy by its outcome: none failed.
@@ -976,7 +1001,13 @@ fn both_forms_make_the_same_pod_of_every_pod_in_every_namespace_and_never_fail()
 #[test]
 #[ignore = "needs root and the control plane built from source (`bash scripts/test`)"]
 fn consuls_policy_gives_the_injected_dataplane_its_prestop_and_leaves_other_pods_alone() {
-    let policy = &runs()[0];
+    for policy in runs().iter().filter(|r| r.form.kind == Kind::AdmissionPolicy) {
+        consuls_hook(policy);
+    }
+}
+
+/// Consul's injected dataplane got its hook, a plain pod nothing.
+fn consuls_hook(policy: &Run) {
     let f = spec_fields(
         policy.consul[0].spec(),
         &[of("consul-dataplane", "lifecycle.preStop.exec.command"), of("reviews", "lifecycle")],

@@ -16,11 +16,9 @@ use support::node::{Image, Node};
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/envoy-drain");
 const IMAGE: &str = "registry.example.com/envoy-drain";
 
-/// A namespace without a mesh that asks for the hold, with the service account the controllers
-/// would make (these API servers run alone).
+/// A namespace without a mesh that asks for the hold.
 const BATCH: &str = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: batch\n  labels:\n    \
-                     envoy-drain.io/hold: enabled\n---\napiVersion: v1\nkind: ServiceAccount\n\
-                     metadata:\n  name: default\n  namespace: batch\n";
+                     envoy-drain.io/hold: enabled\n";
 
 /// Helm against `cp`, its caches in the control plane's directory.
 fn helm(cp: &ControlPlane, args: &[&str]) -> Kubectl {
@@ -82,10 +80,10 @@ fn policy_version(cp: &ControlPlane, resource: &str) -> String {
 /// what it saw last (the ConfigMap deleted: nothing served, 15 s seen, until a restart); 1.37
 /// reads a parameter its informer lacks from the API (k8s.io/apiserver v0.37
 /// policy_dispatcher.go, a cache miss's direct GET), and serves it within seconds.
-fn install_again(cp: &ControlPlane, restart: Option<&str>) {
+fn install_again(cp: &ControlPlane, ns: &str, restart: Option<&str>) {
     let repository = format!("image.repository={IMAGE}");
     let set = ["--set", &repository, "--set", "logFormat=json"];
-    helm_ok(cp, &[&["install", "envoy-drain", CHART, "-n", "envoy-drain"][..], &set].concat());
+    helm_ok(cp, &[&["install", "envoy-drain", CHART, "-n", ns][..], &set].concat());
     if let Some(name) = restart {
         cp.restart(name);
     }
@@ -95,39 +93,41 @@ fn install_again(cp: &ControlPlane, restart: Option<&str>) {
 /// `helm test` on a node: kubectl in a pod (an image of the components' kubectl, as
 /// registry.k8s.io/kubectl holds it) dry-runs a pod in the test's own namespace and prints its
 /// preStop.
-fn helm_test(cp: &ControlPlane) {
-    let tested =
-        helm_ok(cp, &["test", "envoy-drain", "-n", "envoy-drain", "--logs", "--timeout=120s"]);
-    assert!(
-        tested.contains(r#"preStop of a pod in envoy-drain-test: ["/envoy-drain/envoy-drain","hold","--preset","none""#),
-        "{tested}"
-    );
+fn helm_test(cp: &ControlPlane, ns: &str) {
+    let tested = helm_ok(cp, &["test", "envoy-drain", "-n", ns, "--logs", "--timeout=120s"]);
+    let hook = r#"preStop of a pod in envoy-drain-dry-run: ["/envoy-drain/envoy-drain","hold""#;
+    assert!(tested.contains(hook), "{tested}");
     assert!(tested.contains("Phase:          Succeeded"), "{tested}");
     // What it made is gone once it passed.
     cp.wait_for("the test's namespace to go", || {
-        (!cp.kubectl(&["get", "namespace", "envoy-drain-test"]).ok).then_some(())
+        (!cp.kubectl(&["get", "namespace", "envoy-drain-dry-run"]).ok).then_some(())
     });
 }
 
-/// The operator's whole round on `cp`, where the chart should choose `form` (as NOTES says it)
-/// and store the policy as `resource`; with `helm test` where `test` (a node runs its pod).
-fn install_upgrade_rollback_uninstall(cp: &ControlPlane, form: &str, resource: &str, test: bool) {
+/// What a round expects of an API server.
+struct Round {
+    /// How NOTES name the form the chart should choose.
+    form: &'static str,
+    /// Where the API server stores the policy.
+    resource: &'static str,
+    /// The release's namespace.
+    ns: &'static str,
+    /// Whether a node runs `helm test`'s pod.
+    test: bool,
+}
+
+/// The operator's whole round on `cp`: install, a value upgraded, rolled back, uninstalled.
+fn install_upgrade_rollback_uninstall(cp: &ControlPlane, round: &Round) {
+    let Round { form, resource, ns, test } = *round;
+    // Its service account, which pods need: the controllers' where they run, else made here.
     cp.ok_with(&["apply", "-f", "-"], Some(BATCH));
+    let _ = cp.kubectl(&["create", "serviceaccount", "default", "-n", "batch"]);
+    cp.namespace(BATCH, "batch");
     let repository = format!("image.repository={IMAGE}");
+    let install = ["install", "envoy-drain", CHART, "-n", ns, "--create-namespace", "--set"];
     let notes = helm_ok(
         cp,
-        &[
-            "install",
-            "envoy-drain",
-            CHART,
-            "-n",
-            "envoy-drain",
-            "--create-namespace",
-            "--set",
-            &repository,
-            "--set",
-            "test.image=localhost/kubectl:test",
-        ],
+        &[&install[..], &[&repository, "--set", "test.image=localhost/kubectl:test"]].concat(),
     );
     assert!(notes.contains(form), "NOTES name the form {form}: {notes}");
     assert!(notes.contains(&format!("image {IMAGE}:0.1.0")), "{notes}");
@@ -135,35 +135,24 @@ fn install_upgrade_rollback_uninstall(cp: &ControlPlane, form: &str, resource: &
     assert!(served.contains(r#""hold","--preset","none""#), "{served}");
     assert!(!served.contains("--log-format"), "{served}");
     if test {
-        helm_test(cp);
+        helm_test(cp, ns);
     }
     let policy = policy_version(cp, resource);
 
     // A setting changed: new pods get it, the policy itself is not touched.
-    helm_ok(
-        cp,
-        &[
-            "upgrade",
-            "envoy-drain",
-            CHART,
-            "-n",
-            "envoy-drain",
-            "--reuse-values",
-            "--set",
-            "logFormat=json",
-        ],
-    );
+    let upgrade = ["upgrade", "envoy-drain", CHART, "-n", ns, "--reuse-values"];
+    helm_ok(cp, &[&upgrade[..], &["--set", "logFormat=json"]].concat());
     let json = hook_until(cp, "the upgrade's logFormat", |h| h.contains("--log-format"));
     assert!(json.contains(r#""--log-format","json""#), "{json}");
     assert_eq!(policy_version(cp, resource), policy, "the upgrade left the policy as it was");
 
-    helm_ok(cp, &["rollback", "envoy-drain", "1", "-n", "envoy-drain", "--wait"]);
+    helm_ok(cp, &["rollback", "envoy-drain", "1", "-n", ns, "--wait"]);
     let back = hook_until(cp, "the rollback's text log", |h| !h.contains("--log-format"));
     assert_eq!(back, served, "the rollback serves what the install did");
 
-    helm_ok(cp, &["uninstall", "envoy-drain", "-n", "envoy-drain", "--wait"]);
+    helm_ok(cp, &["uninstall", "envoy-drain", "-n", ns, "--wait"]);
     assert!(!cp.kubectl(&["get", resource, "envoy-drain-hold"]).ok, "the policy is gone");
-    assert!(!cp.kubectl(&["get", "configmap", "envoy-drain", "-n", "envoy-drain"]).ok);
+    assert!(!cp.kubectl(&["get", "configmap", "envoy-drain", "-n", ns]).ok);
     hook_until(cp, "pods to be left alone after the uninstall", str::is_empty);
 }
 
@@ -182,17 +171,38 @@ fn on_kubernetes_1_36_and_1_37_the_chart_installs_the_v1_policy_and_upgrades_rol
             extra: vec![(cp.bin("kubectl"), "/kubectl".into())],
         };
         let node = (nodes == Nodes::Kubelet).then(|| Node::start(&cp, &[kubectl]));
-        let version = cp.ok(&["version", "-o", "json"]);
+        let version = cp.ok(&["get", "--raw", "/version"]);
         let minor = if program == "kube-apiserver" { "36" } else { "37" };
         assert!(version.contains(&format!("\"minor\": \"{minor}\"")), "{version}");
+        // 1.37's in a namespace of the operator's choosing: the bindings' parameter follows it.
+        let ns = if node.is_some() { "envoy-drain" } else { "platform" };
+        let resource = "mutatingadmissionpolicies.v1.admissionregistration.k8s.io";
+        let form = "admissionregistration.k8s.io/v1)";
         install_upgrade_rollback_uninstall(
             &cp,
-            "admissionregistration.k8s.io/v1)",
-            "mutatingadmissionpolicies.v1.admissionregistration.k8s.io",
-            node.is_some(),
+            &Round { form, resource, ns, test: node.is_some() },
         );
-        install_again(&cp, (program == "kube-apiserver").then_some(program));
+        install_again(&cp, ns, (program == "kube-apiserver").then_some(program));
+        if node.is_none() {
+            kyverno_kept(&cp, ns);
+        }
     }
+}
+
+/// An install as Kyverno's on a cluster that now serves the API server's form too (Kyverno
+/// first, Kubernetes upgraded later): `form=auto` keeps Kyverno's at the upgrade.
+fn kyverno_kept(cp: &ControlPlane, ns: &str) {
+    helm_ok(cp, &["uninstall", "envoy-drain", "-n", ns, "--wait"]);
+    cp.start_kyverno();
+    let repository = format!("image.repository={IMAGE}");
+    let install = ["install", "envoy-drain", CHART, "-n", ns, "--set", &repository];
+    let notes = helm_ok(cp, &[&install[..], &["--set", "form=kyverno"]].concat());
+    assert!(notes.contains("Kyverno MutatingPolicy"), "{notes}");
+    let upgrade = ["upgrade", "envoy-drain", CHART, "-n", ns, "--reuse-values"];
+    let notes = helm_ok(cp, &[&upgrade[..], &["--set", "form=auto"]].concat());
+    assert!(notes.contains("Kyverno MutatingPolicy"), "auto kept Kyverno's form: {notes}");
+    let map = ["get", "mutatingadmissionpolicies.v1.admissionregistration.k8s.io"];
+    assert!(cp.ok(&map).trim().is_empty(), "no MutatingAdmissionPolicy made");
 }
 
 #[test]
@@ -203,13 +213,14 @@ fn on_kubernetes_1_34_the_chart_takes_v1beta1_where_the_gate_is_on_and_else_kyve
         "--runtime-config=admissionregistration.k8s.io/v1beta1=true",
     ];
     let cp = ControlPlane::start_with("chart-v1beta1", "kube-apiserver-1.34", &gate, Nodes::None);
-    install_upgrade_rollback_uninstall(
-        &cp,
-        "admissionregistration.k8s.io/v1beta1, the only form Kubernetes v1.34",
-        "mutatingadmissionpolicies.v1beta1.admissionregistration.k8s.io",
-        false,
-    );
-    install_again(&cp, Some("kube-apiserver-1.34"));
+    let round = Round {
+        form: "admissionregistration.k8s.io/v1beta1, the only form Kubernetes v1.34",
+        resource: "mutatingadmissionpolicies.v1beta1.admissionregistration.k8s.io",
+        ns: "envoy-drain",
+        test: false,
+    };
+    install_upgrade_rollback_uninstall(&cp, &round);
+    install_again(&cp, round.ns, Some("kube-apiserver-1.34"));
     drop(cp);
 
     let cp = ControlPlane::start_with("chart-kyverno", "kube-apiserver-1.34", &[], Nodes::None);
@@ -227,14 +238,16 @@ fn on_kubernetes_1_34_the_chart_takes_v1beta1_where_the_gate_is_on_and_else_kyve
         "nothing installed"
     );
     cp.start_kyverno();
-    install_upgrade_rollback_uninstall(
-        &cp,
-        "Kyverno MutatingPolicy (policies.kyverno.io/v1)",
-        "mutatingpolicies.v1.policies.kyverno.io",
-        false,
-    );
+    // In a namespace of the operator's choosing: the policy's resource.List follows it.
+    let round = Round {
+        form: "Kyverno MutatingPolicy (policies.kyverno.io/v1)",
+        resource: "mutatingpolicies.v1.policies.kyverno.io",
+        ns: "platform",
+        test: false,
+    };
+    install_upgrade_rollback_uninstall(&cp, &round);
     // Kyverno reads the ConfigMap itself at each pod.
-    install_again(&cp, None);
+    install_again(&cp, round.ns, None);
 }
 
 /// `helm template` of the chart, offline, with `sets`.

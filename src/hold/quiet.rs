@@ -281,7 +281,11 @@ impl Quiet {
             self.rate.before = before;
         }
         self.rate.add(now, (arrived, recounted), newest, &limits);
-        self.opened.add(now, (opened, arrived), &limits);
+        // New connections still coming at the propagation are clients the mesh still sends
+        // here, however few: their silence is tried up to the deadline, never cut at the
+        // propagation as the arrivals' is.
+        let late = Limits { propagation: limits.deadline, ..limits };
+        self.opened.add(now, (opened, arrived), &late);
         self.rate.pace
     }
 

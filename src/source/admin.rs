@@ -8,7 +8,7 @@ use crate::count::REQUEST_TIMEOUT;
 use crate::error::{Failure, io_cause, shorten};
 use crate::source::lines::each_line;
 use crate::source::uds::UnixConnector;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io::ErrorKind;
 use std::time::Duration;
 use ureq::http::Response;
@@ -46,6 +46,8 @@ pub(crate) struct Client {
     envoy: bool,
     /// Why what listens at the address is not taken as Envoy, as the last answer said.
     not_envoy: RefCell<Option<String>>,
+    /// HTTP answers without Envoy's header since Envoy's last (`None`: Envoy has answered).
+    foreign: Cell<Option<u8>>,
 }
 
 /// What Envoy's admin API puts in every answer's head: its manager overwrites `server`
@@ -78,7 +80,8 @@ impl Client {
                 DefaultResolver::default(),
             ),
         };
-        Client { address, agent, envoy: false, not_envoy: RefCell::new(None) }
+        let (not_envoy, foreign) = (RefCell::new(None), Cell::new(Some(0)));
+        Client { address, agent, envoy: false, not_envoy, foreign }
     }
 
     /// Why what listens at the admin address is not Envoy, as the last request found: it answered
@@ -86,6 +89,13 @@ impl Client {
     /// while nothing answers at all.
     pub(crate) fn not_envoy(&self) -> Option<String> {
         self.not_envoy.borrow().clone()
+    }
+
+    /// Whether what answers at the address is something else than Envoy for good: two HTTP
+    /// answers in a row without Envoy's header, and Envoy never answered (an error of the
+    /// socket, or one odd answer, is no such sign).
+    pub(crate) fn never_envoy(&self) -> bool {
+        self.foreign.get().is_some_and(|n| n >= 2)
     }
 
     /// What a request goes to, as the log names it: `http://127.0.0.1:15000/stats`, `/x on unix:/a`.
@@ -153,9 +163,11 @@ impl Client {
                     answer.status().as_u16()
                 );
                 self.said(Some(why.clone()));
+                self.foreign.set(self.foreign.get().map(|n| n.saturating_add(1)));
                 return Err(Failure::from(why));
             }
             self.said(None);
+            self.foreign.set(None);
         }
         Ok(answer)
     }
@@ -281,6 +293,49 @@ mod tests {
             ask(b"HTTP/1.1 200 OK\r\nserver: envoy\r\ncontent-length: 5\r\n\r\nLIVE\n");
         assert_eq!(reply.unwrap(), b"LIVE\n");
         assert_eq!(not_envoy, None);
+    }
+
+    #[test]
+    fn only_answers_in_a_row_without_envoys_header_where_envoy_never_answered_are_never_envoy() {
+        const FOREIGN: &[u8] =
+            b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        const ENVOY: &[u8] =
+            b"HTTP/1.1 200 OK\r\nserver: envoy\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        // Each answer on a connection of its own, in turn; what the client says after each.
+        let said = |answers: Vec<&'static [u8]>| {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let client = Client::envoy(Address::Tcp(listener.local_addr().unwrap()));
+            let n = answers.len();
+            let server = std::thread::spawn(move || {
+                for answer in answers {
+                    let (conn, _) = listener.accept().unwrap();
+                    let mut reader = std::io::BufReader::new(conn.try_clone().unwrap());
+                    let mut line = String::new();
+                    while reader.read_line(&mut line).unwrap_or(0) > 2 {
+                        line.clear();
+                    }
+                    let _ = (&conn).write_all(answer);
+                }
+            });
+            let seen: Vec<bool> = (0..n)
+                .map(|_| {
+                    let _ = client.get("/clusters", Duration::from_secs(5));
+                    client.never_envoy()
+                })
+                .collect();
+            server.join().unwrap();
+            seen
+        };
+        // agentgateway's admin server: the second such answer tells.
+        assert_eq!(said(vec![FOREIGN, FOREIGN]), [false, true]);
+        // Envoy answered once: a later odd answer is a fault of Envoy's, never another proxy.
+        assert_eq!(said(vec![ENVOY, FOREIGN, FOREIGN]), [false, false, false]);
+        // Nothing listening: errors of the socket tell nothing.
+        let closed = Client::envoy(Address::Tcp("127.0.0.1:1".parse().unwrap()));
+        for _ in 0..2 {
+            let _ = closed.get("/clusters", Duration::from_secs(1));
+        }
+        assert!(!closed.never_envoy());
     }
 
     fn get(answer: &'static [u8]) -> Result<Reply, Failure> {

@@ -9,6 +9,10 @@ server's discovery at install and upgrade; `helm template` knows only its own de
 {{- .Values.form -}}
 {{- else if ne .Values.form "auto" -}}
 {{- fail (printf "form: %q: expected auto, v1, v1beta1 or kyverno" .Values.form) -}}
+{{- else if and ($apis.Has "policies.kyverno.io/v1/MutatingPolicy") (lookup "policies.kyverno.io/v1" "MutatingPolicy" "" "envoy-drain-hold") -}}
+{{- /* Installed as Kyverno's already: kept, though the cluster may now serve the API server's
+(which costs each API server every ConfigMap in memory: docs/install.md); form=v1 moves it. */ -}}
+kyverno
 {{- else if $apis.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" -}}
 v1
 {{- else if $apis.Has "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy" -}}
