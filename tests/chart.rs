@@ -20,6 +20,14 @@ const IMAGE: &str = "registry.example.com/envoy-drain";
 const BATCH: &str = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: batch\n  labels:\n    \
                      envoy-drain.io/hold: enabled\n";
 
+/// The namespace `batch` and its service account, which pods need: the controllers' where they
+/// run, else made here.
+fn batch(cp: &ControlPlane) {
+    cp.ok_with(&["apply", "-f", "-"], Some(BATCH));
+    let _ = cp.kubectl(&["create", "serviceaccount", "default", "-n", "batch"]);
+    cp.namespace(BATCH, "batch");
+}
+
 /// Helm against `cp`, its caches in the control plane's directory.
 fn helm(cp: &ControlPlane, args: &[&str]) -> Kubectl {
     let helm = components().join("bin/helm");
@@ -119,10 +127,7 @@ struct Round {
 /// The operator's whole round on `cp`: install, a value upgraded, rolled back, uninstalled.
 fn install_upgrade_rollback_uninstall(cp: &ControlPlane, round: &Round) {
     let Round { form, resource, ns, test } = *round;
-    // Its service account, which pods need: the controllers' where they run, else made here.
-    cp.ok_with(&["apply", "-f", "-"], Some(BATCH));
-    let _ = cp.kubectl(&["create", "serviceaccount", "default", "-n", "batch"]);
-    cp.namespace(BATCH, "batch");
+    batch(cp);
     let repository = format!("image.repository={IMAGE}");
     let install = ["install", "envoy-drain", CHART, "-n", ns, "--create-namespace", "--set"];
     let notes = helm_ok(
@@ -178,6 +183,10 @@ fn on_kubernetes_1_36_and_1_37_the_chart_installs_the_v1_policy_and_upgrades_rol
         let ns = if node.is_some() { "envoy-drain" } else { "platform" };
         let resource = "mutatingadmissionpolicies.v1.admissionregistration.k8s.io";
         let form = "admissionregistration.k8s.io/v1)";
+        if node.is_none() {
+            batch(&cp);
+            adopt_the_files_install(&cp);
+        }
         install_upgrade_rollback_uninstall(
             &cp,
             &Round { form, resource, ns, test: node.is_some() },
@@ -187,6 +196,39 @@ fn on_kubernetes_1_36_and_1_37_the_chart_installs_the_v1_policy_and_upgrades_rol
             kyverno_kept(&cp, ns);
         }
     }
+}
+
+/// A policy applied from the file, then adopted by a release as docs/install.md says (labels and
+/// annotations, then `helm install`): no object deleted, and the release's settings served.
+fn adopt_the_files_install(cp: &ControlPlane) {
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hold-policy.yaml");
+    cp.ok(&["apply", "-f", file]);
+    cp.hold_settings(&[&format!("image={IMAGE}:0.1.0"), "ambientNamespaces=labelled"]);
+    hook_until(cp, "the file's policy to serve batch", |h| !h.is_empty());
+    let uid = |o: &str| cp.ok(&["get", o, "envoy-drain-hold", "-o", "jsonpath={.metadata.uid}"]);
+    let before = uid("mutatingadmissionpolicies");
+    for object in [
+        "mutatingadmissionpolicy/envoy-drain-hold",
+        "mutatingadmissionpolicybinding/envoy-drain-hold-ambient",
+        "mutatingadmissionpolicybinding/envoy-drain-hold-no-mesh",
+        "configmap/envoy-drain",
+    ] {
+        let ns = ["-n", "envoy-drain"];
+        cp.ok(&[&["label", object, "app.kubernetes.io/managed-by=Helm", "--overwrite"][..], &ns]
+            .concat());
+        let release =
+            ["meta.helm.sh/release-name=envoy-drain", "meta.helm.sh/release-namespace=envoy-drain"];
+        cp.ok(&[&["annotate", object][..], &release, &["--overwrite"], &ns].concat());
+    }
+    let repository = format!("image.repository={IMAGE}");
+    let install = ["install", "envoy-drain", CHART, "-n", "envoy-drain", "--set", &repository];
+    // Helm applies server-side: the fields kubectl's apply owns are taken over, not a conflict.
+    let force = ["--set", "logFormat=json", "--force-conflicts"];
+    helm_ok(cp, &[&install[..], &force].concat());
+    hook_until(cp, "the release's settings", |h| h.contains(r#""--log-format","json""#));
+    assert_eq!(uid("mutatingadmissionpolicies"), before, "the policy adopted, not made again");
+    helm_ok(cp, &["uninstall", "envoy-drain", "-n", "envoy-drain", "--wait"]);
+    hook_until(cp, "pods to be left alone after the uninstall", str::is_empty);
 }
 
 /// An install as Kyverno's on a cluster that now serves the API server's form too (Kyverno
@@ -285,4 +327,29 @@ fn the_chart_names_the_image_by_digest_and_refuses_a_setting_it_does_not_know() 
         let refused = template(&[set]);
         assert!(!refused.ok && refused.stderr.contains(said), "{set}: {}", refused.stderr);
     }
+}
+
+#[test]
+#[ignore = "needs Helm built from source (`bash scripts/test`)"]
+fn the_waypoints_configmap_is_examples_own_with_the_charts_image_for_every_waypoint_or_one() {
+    let image = format!("image.repository={IMAGE}");
+    let waypoint = |sets: &[&str]| {
+        let out = template(&[&["waypoint.enabled=true"][..], sets].concat());
+        let doc = out.stdout.split("\n---\n").find(|d| d.contains("templates/waypoint.yaml"));
+        (out.ok, doc.unwrap_or_default().to_string(), out.stderr)
+    };
+    let (ok, every, _) = waypoint(&[&image]);
+    assert!(ok, "{every}");
+    assert!(every.contains("namespace: istio-system"), "{every}");
+    assert!(every.contains("gateway.istio.io/defaults-for-class: istio-waypoint"), "{every}");
+    assert!(every.contains(&format!("image: {IMAGE}:0.1.0")), "{every}");
+    // The patch itself is the example's, image aside.
+    let example = std::fs::read_to_string(format!("{CHART}/files/waypoint.yaml")).unwrap();
+    assert!(example.contains("- --preset=waypoint") && every.contains("- --preset=waypoint"));
+    // One waypoint's: in its Gateway's namespace, unlabelled.
+    let (_, one, _) =
+        waypoint(&[&image, "waypoint.namespace=shop", "waypoint.defaultsForClass=false"]);
+    assert!(one.contains("namespace: shop") && !one.contains("defaults-for-class"), "{one}");
+    let (ok, _, refused) = waypoint(&[]);
+    assert!(!ok && refused.contains("waypoint.enabled: needs image.repository"), "{refused}");
 }

@@ -24,14 +24,25 @@ kyverno
 {{- end -}}
 {{- end -}}
 
-{{/* The image the ConfigMap names: by digest where one is given. */}}
+{{/*
+The image the ConfigMap names: by digest where one is given, else by tag (the chart's
+appVersion unless set). One the policy would take for none (its own grammar of an image
+reference, read from files/hold-policy.yaml) fails here instead of serving nothing.
+*/}}
 {{- define "envoy-drain.image" -}}
+{{- $image := "" -}}
 {{- with .Values.image -}}
 {{- if not .repository -}}
 {{- else if .digest -}}
-{{ .repository }}@{{ .digest }}
+{{- $image = printf "%s@%s" .repository .digest -}}
 {{- else -}}
-{{ .repository }}:{{ .tag }}
+{{- $image = printf "%s:%s" .repository (.tag | default $.Chart.AppVersion | toString) -}}
 {{- end -}}
 {{- end -}}
+{{- $grammar := regexFind "rawImage[.]matches[(]\"[^\"]+\"[)]" ($.Files.Get "files/hold-policy.yaml") -}}
+{{- $grammar = $grammar | trimPrefix "rawImage.matches(\"" | trimSuffix "\")" -}}
+{{- if and $image (not (regexMatch $grammar $image)) -}}
+{{- fail (printf "image: %q is no image reference (REGISTRY/NAME:TAG, or @sha256: and 64 hex digits)" $image) -}}
+{{- end -}}
+{{- $image -}}
 {{- end -}}
