@@ -112,21 +112,23 @@ fn helm_test(cp: &ControlPlane, ns: &str) {
     });
 }
 
-/// What a round expects of an API server.
-struct Round {
-    /// How NOTES name the form the chart should choose.
-    form: &'static str,
-    /// Where the API server stores the policy.
-    resource: &'static str,
-    /// The release's namespace.
-    ns: &'static str,
-    /// Whether a node runs `helm test`'s pod.
-    test: bool,
-}
+/// How NOTES name the form the chart should choose, and where the API server stores it.
+type Form = (&'static str, &'static str);
+const V1: Form = (
+    "admissionregistration.k8s.io/v1)",
+    "mutatingadmissionpolicies.v1.admissionregistration.k8s.io",
+);
+const V1BETA1: Form = (
+    "admissionregistration.k8s.io/v1beta1, the only form Kubernetes v1.34",
+    "mutatingadmissionpolicies.v1beta1.admissionregistration.k8s.io",
+);
+const KYVERNO: Form =
+    ("Kyverno MutatingPolicy (policies.kyverno.io/v1)", "mutatingpolicies.v1.policies.kyverno.io");
 
-/// The operator's whole round on `cp`: install, a value upgraded, rolled back, uninstalled.
-fn install_upgrade_rollback_uninstall(cp: &ControlPlane, round: &Round) {
-    let Round { form, resource, ns, test } = *round;
+/// The operator's whole round on `cp` in namespace `ns`: install (and `helm test` where `test`:
+/// a node runs its pod), a value upgraded, rolled back, uninstalled, installed again (served
+/// once the API server `restart` is restarted, where named).
+fn round(cp: &ControlPlane, (form, resource): Form, ns: &str, test: bool, restart: Option<&str>) {
     batch(cp);
     let repository = format!("image.repository={IMAGE}");
     let install = ["install", "envoy-drain", CHART, "-n", ns, "--create-namespace", "--set"];
@@ -159,6 +161,7 @@ fn install_upgrade_rollback_uninstall(cp: &ControlPlane, round: &Round) {
     assert!(!cp.kubectl(&["get", resource, "envoy-drain-hold"]).ok, "the policy is gone");
     assert!(!cp.kubectl(&["get", "configmap", "envoy-drain", "-n", ns]).ok);
     hook_until(cp, "pods to be left alone after the uninstall", str::is_empty);
+    install_again(cp, ns, restart);
 }
 
 #[test]
@@ -181,17 +184,12 @@ fn on_kubernetes_1_36_and_1_37_the_chart_installs_the_v1_policy_and_upgrades_rol
         assert!(version.contains(&format!("\"minor\": \"{minor}\"")), "{version}");
         // 1.37's in a namespace of the operator's choosing: the bindings' parameter follows it.
         let ns = if node.is_some() { "envoy-drain" } else { "platform" };
-        let resource = "mutatingadmissionpolicies.v1.admissionregistration.k8s.io";
-        let form = "admissionregistration.k8s.io/v1)";
         if node.is_none() {
             batch(&cp);
             adopt_the_files_install(&cp);
         }
-        install_upgrade_rollback_uninstall(
-            &cp,
-            &Round { form, resource, ns, test: node.is_some() },
-        );
-        install_again(&cp, ns, (program == "kube-apiserver").then_some(program));
+        let restart = (program == "kube-apiserver").then_some(program);
+        round(&cp, V1, ns, node.is_some(), restart);
         if node.is_none() {
             kyverno_kept(&cp, ns);
         }
@@ -255,14 +253,7 @@ fn on_kubernetes_1_34_the_chart_takes_v1beta1_where_the_gate_is_on_and_else_kyve
         "--runtime-config=admissionregistration.k8s.io/v1beta1=true",
     ];
     let cp = ControlPlane::start_with("chart-v1beta1", "kube-apiserver-1.34", &gate, Nodes::None);
-    let round = Round {
-        form: "admissionregistration.k8s.io/v1beta1, the only form Kubernetes v1.34",
-        resource: "mutatingadmissionpolicies.v1beta1.admissionregistration.k8s.io",
-        ns: "envoy-drain",
-        test: false,
-    };
-    install_upgrade_rollback_uninstall(&cp, &round);
-    install_again(&cp, round.ns, Some("kube-apiserver-1.34"));
+    round(&cp, V1BETA1, "envoy-drain", false, Some("kube-apiserver-1.34"));
     drop(cp);
 
     let cp = ControlPlane::start_with("chart-kyverno", "kube-apiserver-1.34", &[], Nodes::None);
@@ -281,15 +272,8 @@ fn on_kubernetes_1_34_the_chart_takes_v1beta1_where_the_gate_is_on_and_else_kyve
     );
     cp.start_kyverno();
     // In a namespace of the operator's choosing: the policy's resource.List follows it.
-    let round = Round {
-        form: "Kyverno MutatingPolicy (policies.kyverno.io/v1)",
-        resource: "mutatingpolicies.v1.policies.kyverno.io",
-        ns: "platform",
-        test: false,
-    };
-    install_upgrade_rollback_uninstall(&cp, &round);
-    // Kyverno reads the ConfigMap itself at each pod.
-    install_again(&cp, round.ns, None);
+    // Kyverno reads the ConfigMap itself at each pod: installed again, served at once.
+    round(&cp, KYVERNO, "platform", false, None);
 }
 
 /// `helm template` of the chart, offline, with `sets`.
