@@ -148,9 +148,11 @@ fn round(cp: &ControlPlane, (form, resource): Form, ns: &str, test: bool, restar
 
     // A setting changed: new pods get it, the policy itself is not touched.
     let upgrade = ["upgrade", "envoy-drain", CHART, "-n", ns, "--reuse-values"];
-    helm_ok(cp, &[&upgrade[..], &["--set", "logFormat=json"]].concat());
+    let settings = ["--set", "logFormat=json", "--set", "propagation=30s"];
+    helm_ok(cp, &[&upgrade[..], &settings].concat());
     let json = hook_until(cp, "the upgrade's logFormat", |h| h.contains("--log-format"));
     assert!(json.contains(r#""--log-format","json""#), "{json}");
+    assert!(json.contains(r#""--propagation","30s""#), "{json}");
     assert_eq!(policy_version(cp, resource), policy, "the upgrade left the policy as it was");
 
     helm_ok(cp, &["rollback", "envoy-drain", "1", "-n", ns, "--wait"]);
