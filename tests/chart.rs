@@ -36,17 +36,7 @@ fn helm(cp: &ControlPlane, args: &[&str]) -> Kubectl {
         cmd.env(dir, cp.path(&format!("helm/{dir}")));
     }
     cmd.arg("--kubeconfig").arg(cp.path("kubeconfig")).args(args);
-    let out = output(cmd);
-    Kubectl {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-fn output(mut cmd: Command) -> std::process::Output {
-    cmd.stdin(std::process::Stdio::null());
-    cmd.output().unwrap_or_else(|e| panic!("NOT RUN: {cmd:?}: {e}"))
+    Kubectl::run(cmd, None)
 }
 
 /// `helm <args>` that must succeed: its stdout.
@@ -285,12 +275,7 @@ fn template(sets: &[&str]) -> Kubectl {
     for set in sets {
         cmd.args(["--set", set]);
     }
-    let out = output(cmd);
-    Kubectl {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Kubectl::run(cmd, None)
 }
 
 #[test]

@@ -91,11 +91,23 @@ pub fn json_string(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
-/// What a kubectl run printed.
+/// What a kubectl run (or another client's: Helm) printed.
 pub struct Kubectl {
     pub ok: bool,
     pub stdout: String,
     pub stderr: String,
+}
+
+impl Kubectl {
+    /// `cmd` run to its end with `input` on its stdin.
+    pub fn run(cmd: Command, input: Option<&str>) -> Kubectl {
+        let out = output_with(cmd, input);
+        Kubectl {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
 }
 
 struct Process {
@@ -420,12 +432,7 @@ impl ControlPlane {
 
     /// kubectl with `input` on its stdin (`-f -`).
     pub fn kubectl_with(&self, args: &[&str], input: Option<&str>) -> Kubectl {
-        let out = output_with(self.kubectl_command(args), input);
-        Kubectl {
-            ok: out.status.success(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        Kubectl::run(self.kubectl_command(args), input)
     }
 
     /// kubectl that must succeed: its stdout.
