@@ -214,8 +214,9 @@ impl<'r> Wait<'r> {
             Plan::Hold(_) => EndRule::Quiet(Box::default()),
         };
         let drain_done = drain_done(rules, drained_at);
-        let (low_since, counted, arrived, next) = (None, false, false, Duration::ZERO);
-        let counts = Ending { drain_done, rule, low_since, counted, arrived, next };
+        let (low_since, ends_at, next) = (None, None, Duration::ZERO);
+        let (counted, arrived) = (false, false);
+        let counts = Ending { drain_done, rule, low_since, ends_at, counted, arrived, next };
         let follow = Follow::default();
         Wait { rules, follow, counts, due: Duration::ZERO, phase: Phase::Counting }
     }
@@ -230,8 +231,11 @@ impl<'r> Wait<'r> {
             Phase::Counting => {}
         }
         if now >= self.rules.deadline {
+            // The last count's end at the deadline: none since could end the wait sooner.
+            let reached = self.counts.ends_at.is_some_and(|t| t <= self.rules.deadline);
             let outcome = match self.counts.kept_alive(self.rules, now) {
                 _ if !self.counts.counted => Outcome::NothingCounted,
+                _ if reached => Outcome::Reached,
                 Some(since) => Outcome::KeptAlive(since),
                 None => Outcome::Deadline,
             };
@@ -393,6 +397,9 @@ struct Ending {
     rule: EndRule,
     /// Since when the wait's end has held (the count low; for `hold`, the counter known).
     low_since: Option<Duration>,
+    /// When the last count ends the wait if no count says otherwise before: the min-drain, the
+    /// settle time and the quiet time over (none while it is not low, or for `hold` saw arrivals).
+    ends_at: Option<Duration>,
     /// Whether any count could be read, and whether any saw a request arrive.
     counted: bool,
     arrived: bool,
@@ -420,13 +427,16 @@ impl Ending {
             self.rule.arrived(now);
         }
         self.low_since = if low { self.low_since.or(Some(now)) } else { None };
+        let quiet_until = self.rule.quiet_until();
+        self.ends_at = self
+            .low_since
+            .filter(|_| self.rule.may_end(arrived))
+            .map(|since| self.drain_done.max(since.saturating_add(rules.settle)).max(quiet_until));
         let cost = tick.cost.look;
         let pause = pause(rules.interval, tick.cost.paced());
         self.next = started.saturating_add(pause);
-        if let Some(since) = self.low_since {
-            let quiet_until = self.rule.quiet_until();
-            let done_at = self.drain_done.max(since.saturating_add(rules.settle)).max(quiet_until);
-            if now >= done_at && self.rule.may_end(arrived) {
+        if let Some(done_at) = self.ends_at {
+            if now >= done_at {
                 return Some((now, Outcome::Reached));
             }
             // A count that ends within a quarter of its own time before the min-drain or the
@@ -435,7 +445,7 @@ impl Ending {
             // comes next); the settle time needs a later count.
             let decides = self.rule.decides_early(started)
                 && now.saturating_add(cost / 4) >= done_at
-                && (rules.settle.is_zero() || since <= started);
+                && (rules.settle.is_zero() || self.low_since.is_some_and(|s| s <= started));
             if decides && done_at <= rules.deadline {
                 return Some((done_at, Outcome::Reached));
             }
@@ -1086,6 +1096,15 @@ mod tests {
         // One request every 1.5 s, less than the quiet time apart: it holds to the deadline.
         let slow: Vec<u64> = (0..20).map(|i| i * 1500).collect();
         assert_eq!(hold_with(&r, &slow, (0, 0)).0, Outcome::Deadline);
+    }
+
+    #[test]
+    fn a_quiet_time_that_ends_at_the_deadline_is_reached_there() {
+        // Every 3 s to 8.5 s, too few to tell their end before the propagation, which the
+        // deadline cuts to 14 s: the quiet time ends at the deadline, the end is reached there,
+        // whether or not the last count happens to end before it (CI, 2026-12-07).
+        let r = Rules { interval: ms(3000), ..hold(12_000, 1000, 14_000) };
+        assert_eq!(hold_with(&r, &[2500, 5500, 8500], (0, 0)), (Outcome::Reached, ms(14_000)));
     }
 
     #[test]
