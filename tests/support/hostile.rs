@@ -118,6 +118,10 @@ fn serve(conn: TcpStream, fault: Fault, written: &AtomicU64, stop: &AtomicBool) 
         ok
     };
     let hold = || hold_until_stopped(stop);
+    if let Some(raw) = foreign_answer(fault) {
+        send(raw.as_bytes());
+        return;
+    }
     if let Some((status, body)) = whole_answer(fault, path) {
         let mut answer = head(status, Some(body.len() as u64)).into_bytes();
         answer.extend(body);
@@ -152,14 +156,6 @@ fn serve(conn: TcpStream, fault: Fault, written: &AtomicU64, stop: &AtomicBool) 
             send(&STATS.as_bytes()[..40]);
             reset_on_close(fd);
         }
-        Fault::Agentgateway => {
-            let h = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\ndate: Mon, 07 Dec 2026 15:20:00 GMT\r\n\r\n";
-            send(h.as_bytes());
-        }
-        Fault::Redirect => {
-            let h = "HTTP/1.1 302 Found\r\nlocation: http://127.0.0.1:1/stats\r\ncontent-length: 0\r\n\r\n";
-            send(h.as_bytes());
-        }
         _ => {}
     }
 }
@@ -193,6 +189,20 @@ fn reset_on_close(fd: std::os::fd::RawFd) {
 }
 
 /// A fault that is one whole answer, in Envoy's head: its status and body.
+/// What a server that is not Envoy answers, its whole bytes: agentgateway's empty 404 (no
+/// `server` header), or a redirect away from loopback.
+fn foreign_answer(fault: Fault) -> Option<&'static str> {
+    match fault {
+        Fault::Agentgateway => Some(
+            "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\ndate: Mon, 07 Dec 2026 15:20:00 GMT\r\n\r\n",
+        ),
+        Fault::Redirect => Some(
+            "HTTP/1.1 302 Found\r\nlocation: http://127.0.0.1:1/stats\r\ncontent-length: 0\r\n\r\n",
+        ),
+        _ => None,
+    }
+}
+
 fn whole_answer(fault: Fault, path: &str) -> Option<(&'static str, Vec<u8>)> {
     let ok = |body: String| Some(("200 OK", body.into_bytes()));
     match fault {
