@@ -1,5 +1,6 @@
 //! The two error types: a bad flag (`UsageError`, exit 2), and something the hook tried that
 //! did not work (`Failure`: a warning or an unknown count; an exit only where `install` fails).
+//! The socket table's dump wraps a `Failure` in whether it will last (`diag::DumpError`).
 
 use std::{fmt, io};
 

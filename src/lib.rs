@@ -3,7 +3,7 @@
 //! make a count (count); the wait turns counts and time into an outcome, asking `hold`'s rule of
 //! hold/quiet; text words all of it; run (both hooks: `run`, and `hold`, the same wait on another
 //! rule), status and install are the commands; log, signals and error serve them. The
-//! fuzz targets call the parsers directly.
+//! fuzz targets call the parsers and drive the wait directly.
 
 pub mod cli;
 pub mod config;

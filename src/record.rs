@@ -74,7 +74,7 @@ impl Record<'_> {
         add("exit_code", self.outcome.exit_code().to_string());
         add("elapsed_ms", ms(self.elapsed));
         add("deadline_ms", ms(cfg.rules.deadline));
-        // As the deadline cut it: the min-drain the wait kept.
+        // The setting, as the deadline cut it (counted from the start, not from the drain's answer).
         add("min_ms", ms(crate::wait::drain_done(&cfg.rules, Duration::ZERO)));
         let quiet = p.pace.map_or(cfg.rules.settle, |pace| pace.quiet);
         add("quiet_ms", if hold { ms(quiet) } else { "null".into() });

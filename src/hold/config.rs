@@ -1,6 +1,7 @@
 //! `hold`'s configuration: its flags and environment made into the wait's rules and the readers'
 //! settings, for an app behind a sidecar, in Istio's ambient mode or without a mesh (`Holding`).
-//! It reads the system only for `--probes-from gateway`: the pod's route tables.
+//! It reads the system only to tell where probes come from: the pod's route tables, for
+//! `--probes-from gateway` and for `--preset none` without that flag.
 
 use crate::cli::{ENV_NODE_IPS, HoldArgs};
 use crate::config::{
@@ -16,20 +17,21 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// `hold`'s: a minimum that outlasts a push to the proxies that comes within a second or two
-/// (BENCHMARKS §10), a quiet time a client of one request a second never leaves, a deadline that
-/// leaves the app 10 s of a 30 s grace period.
+/// `hold`'s `--min`: outlasts a push to the proxies that comes within a second or two
+/// (BENCHMARKS §10).
 const DEFAULT_HOLD_MIN: Duration = Duration::from_secs(3);
 /// `hold`'s least quiet time: one read at the default interval, so that a busy pod ends within a
 /// second of its last request; sparser arrivals ask for more (hold/quiet.rs, `Rate`).
 const DEFAULT_QUIET: Duration = Duration::from_millis(500);
+/// `hold`'s `--deadline`: leaves the app 10 s of the default 30 s grace period.
 const DEFAULT_HOLD_DEADLINE: Duration = Duration::from_secs(20);
 /// `hold`'s `--propagation`: the `sleep 15` it replaces.
 const DEFAULT_PROPAGATION: Duration = Duration::from_secs(15);
 
-/// `hold`: what arrives at the app. Behind a sidecar, read from /clusters (Istio's stats have no
-/// counter per app), else from the socket table; with `ambient` or `none`, where no Envoy is in
-/// the pod, from the socket table alone (`arrivals`). `run`'s pace, and `Plan::Hold`'s end.
+/// `hold`: what arrives at the app. Behind a sidecar, the socket table at every read and Envoy's
+/// /clusters at its own pace (Istio's stats have no counter per app); with `ambient` or `none`,
+/// where no Envoy is in the pod, the socket table alone (`arrivals`). The wait ends by
+/// `Plan::Hold`'s rule.
 pub fn hold_config(a: &HoldArgs, env: &Env<'_>) -> Result<RunConfig, UsageError> {
     let holding = Holding::of(a.preset.as_deref().unwrap_or("istio"))?;
     let (preset, own) = match holding {

@@ -1,6 +1,6 @@
 //! `hold`'s end rule: the quiet time after the last arrival that the arrivals' own rate asks
 //! (docs/holding.md, "The quiet time"), and whether only kept-alive clients still send at the
-//! propagation. The wait (wait.rs) asks it at each count; it keeps no time of its own.
+//! propagation. The wait (wait.rs) asks it at each count; it reads no clock: each count brings its time.
 
 use crate::config::Rules;
 use crate::count::Before;

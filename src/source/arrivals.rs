@@ -1,6 +1,6 @@
-//! Arrivals read from the pod's socket table alone (pure: sockets in, a counter out), for `hold`
-//! where no admin API tells them: Istio's ambient mode, pods without a mesh, and a sidecar whose
-//! admin API cannot answer. A connection is told by its two ends, whichever side of it the table
+//! Arrivals read from the pod's socket table (pure: sockets in, a counter out), for `hold`: alone
+//! in Istio's ambient mode, in pods without a mesh and behind a sidecar whose admin API cannot
+//! answer. A connection is told by its two ends, whichever side of it the table
 //! shows, so it is one arrival whether the pod's socket still lives, waits in TIME_WAIT (the side
 //! that closed first keeps its ends for 60 s), or only the other end is in the pod (a proxy of the
 //! pod connecting to the app). Behind a sidecar, `SidecarArrivals` merges the table's with
