@@ -38,7 +38,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 use support::kubelet::{Ordering, Probe};
 use support::mesh::{AppKind, LoadKind, Mode, PreStop, Scenario};
-use support::pod::{DataPlane, Gateway};
+use support::pod::{Gateway, PodMesh};
 
 /// The propagation delays of the table: istiod's usual EDS push, and a slow one (large clusters,
 /// cloud load balancers) longer than any min-drain.
@@ -122,7 +122,7 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
     for a in &args {
         c.take(a)?;
     }
-    if c.http2 && c.meshes.iter().any(|&m| m != DataPlane::Sidecar) {
+    if c.http2 && c.meshes.iter().any(|&m| m != PodMesh::Sidecar) {
         // The app speaks HTTP/1.1 (tests/pod/app.py); only a sidecar's Envoy carries HTTP/2 to it.
         return Err("http2 needs sidecar alone: without a sidecar h2load would reach the \
                     HTTP/1.1 app as it is"
@@ -135,7 +135,7 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
 /// What the arguments chose, each list empty until `defaults` where they named none.
 #[derive(Default)]
 struct Choices {
-    meshes: Vec<DataPlane>,
+    meshes: Vec<PodMesh>,
     orderings: Vec<Ordering>,
     apps: Vec<AppKind>,
     modes: Vec<Mode>,
@@ -152,9 +152,9 @@ struct Choices {
 impl Choices {
     fn take(&mut self, a: &str) -> Result<(), String> {
         match a {
-            "sidecar" => self.meshes.push(DataPlane::Sidecar),
-            "ambient" => self.meshes.push(DataPlane::Ambient),
-            "no-mesh" => self.meshes.push(DataPlane::None),
+            "sidecar" => self.meshes.push(PodMesh::Sidecar),
+            "ambient" => self.meshes.push(PodMesh::Ambient),
+            "no-mesh" => self.meshes.push(PodMesh::None),
             "classic" => self.orderings.push(Ordering::Classic),
             "native" => self.orderings.push(Ordering::Native),
             "graceful" => self.apps.push(AppKind::Graceful),
@@ -198,7 +198,7 @@ impl Choices {
     }
 
     fn defaults(&mut self) {
-        all(&mut self.meshes, &[DataPlane::Sidecar]);
+        all(&mut self.meshes, &[PodMesh::Sidecar]);
         all(&mut self.orderings, &[Ordering::Classic, Ordering::Native]);
         all(&mut self.apps, &AppKind::ALL);
         all(&mut self.modes, &Mode::ALL);
@@ -218,7 +218,7 @@ impl Choices {
         let mut out = Vec::new();
         for &mesh in &self.meshes {
             // Without a sidecar, no proxy container: one ordering and one mode stand for all.
-            let one = if mesh == DataPlane::Sidecar { usize::MAX } else { 1 };
+            let one = if mesh == PodMesh::Sidecar { usize::MAX } else { 1 };
             for &p in &self.propagations {
                 for &ordering in self.orderings.iter().take(one) {
                     for (&app, &pre_stop) in cross(&self.apps, &self.pre_stops) {
@@ -255,17 +255,16 @@ impl Choices {
             rows.into_iter().flat_map(|s| rates.iter().map(move |&rate| Scenario { rate, ..s }));
         let out = out.flat_map(|s| {
             let probes =
-                if s.mesh == DataPlane::Sidecar { &self.probes[..1] } else { &self.probes[..] };
+                if s.mesh == PodMesh::Sidecar { &self.probes[..1] } else { &self.probes[..] };
             probes.iter().map(move |&probe| Scenario { probe, ..s })
         });
         let out = out.flat_map(|s| {
-            let outside =
-                if s.mesh == DataPlane::Ambient { &self.outside[..] } else { &[false][..] };
+            let outside = if s.mesh == PodMesh::Ambient { &self.outside[..] } else { &[false][..] };
             outside.iter().map(move |&outside| Scenario { outside, ..s })
         });
         out.flat_map(|s| {
             let gateways =
-                if s.mesh == DataPlane::None { &self.gateways[..] } else { &self.gateways[..1] };
+                if s.mesh == PodMesh::None { &self.gateways[..] } else { &self.gateways[..1] };
             gateways.iter().map(move |&gateway| Scenario { gateway, ..s })
         })
         .collect()

@@ -13,11 +13,11 @@
 //! [p=2,5,10,15] [close=pod,client,ambient]`
 
 use envoy_drain::cli::HoldArgs;
-use envoy_drain::config::Rules;
+use envoy_drain::config::{Plan, Rules};
 use envoy_drain::count::Cost;
 use envoy_drain::hold::config::hold_config;
 use envoy_drain::source::arrivals::{before, remember};
-use envoy_drain::wait::{Step, Tick, Wait};
+use envoy_drain::wait::{Sight, Step, Wait};
 use std::time::Duration;
 
 /// How long a read of the socket table takes (netlink, a small pod).
@@ -96,18 +96,18 @@ fn deletion(rules: &Rules, arrivals: &[f64], older: u64, close: Close) -> (f64, 
                             t - a
                         })
                     });
-                let tick = Tick {
+                let sight = Sight {
                     count: Some(0),
                     arrivals: Some(seen),
                     opened: Some(seen),
                     before: remembered.flatten(),
                     newest: Some(newest.unwrap_or_default()),
                     cost: Cost { look: READ, ..Cost::default() },
-                    ..Tick::default()
+                    ..Sight::default()
                 };
                 let started = now;
                 now += READ;
-                wait.saw(ask, (started, now), &tick);
+                wait.saw(ask, (started, now), &sight);
             }
             Step::End(_) => {
                 let end = secs(now);
@@ -158,6 +158,12 @@ struct Cell {
     closest: (f64, f64, Vec<f64>),
 }
 
+/// The propagation of `hold`'s rules (`hold_config` makes no other plan).
+fn propagation(rules: &Rules) -> Duration {
+    let Plan::Hold(hold) = &rules.plan else { panic!("not a hold's rules: {rules:?}") };
+    hold.propagation
+}
+
 fn cell(rules: &Rules, rate: f64, p: f64, close: Close, n: usize, rng: &mut Rng) -> Cell {
     let (mut losing, mut ends) = (0, Vec::with_capacity(n));
     let mut closest = (f64::MAX, 0.0, Vec::new());
@@ -175,7 +181,7 @@ fn cell(rules: &Rules, rate: f64, p: f64, close: Close, n: usize, rng: &mut Rng)
         let margin = end - arrivals.iter().copied().filter(|&a| a > 0.0).fold(0.0, f64::max);
         // Where the rate ended the hold, not the propagation; a live replay tells an end from
         // the last request 0.3 s apart, not much closer.
-        let by_rate = end < secs(rules.propagation) - 0.1;
+        let by_rate = end < secs(propagation(rules)) - 0.1;
         if lost == 0 && by_rate && margin >= 0.3 && margin < closest.0 {
             closest = (margin, end, arrivals);
         }
@@ -237,7 +243,11 @@ fn main() {
     let rules = hold_config(&args, &|_| None).expect("the defaults parse").rules;
     println!(
         "hold's defaults: --min {:?}, --quiet {:?}, --propagation {:?}, --deadline {:?}, --interval {:?}",
-        rules.min_drain, rules.settle, rules.propagation, rules.deadline, rules.interval
+        rules.min_drain,
+        rules.settle,
+        propagation(&rules),
+        rules.deadline,
+        rules.interval
     );
     let mut rng = Rng(seed);
     let mut hardest = Vec::new();

@@ -124,10 +124,10 @@ Environment:
 struct Cli {
     /// print the version and exit
     #[argh(switch)]
-    pub version: bool,
+    pub(crate) version: bool,
 
     #[argh(subcommand)]
-    pub command: Option<Command>,
+    pub(crate) command: Option<Command>,
 }
 
 #[derive(FromArgs, Debug, PartialEq)]
@@ -366,7 +366,7 @@ impl FromArgs for StatusArgs {
 pub struct InstallArgs {
     /// the directory or file path to install to, e.g. /envoy-drain
     #[argh(positional)]
-    pub dest: String,
+    pub(crate) dest: String,
 }
 
 #[cfg(test)]

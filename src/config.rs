@@ -79,14 +79,12 @@ pub(crate) enum ConfigWarning {
 #[derive(Debug, Clone)]
 pub(crate) struct SourceConfig {
     /// The proxy whose defaults apply.
-    pub preset: Preset,
-    pub admin: Address,
+    pub(crate) preset: Preset,
+    pub(crate) admin: Address,
     pub(crate) mode: Mode,
     pub(crate) unit: Unit,
-    pub filter: Filter,
-    pub ignore_clusters: Names,
-    /// `hold`: what tells arrivals in the socket table; in /clusters, the app's clusters do.
-    pub(crate) arrivals: Option<ArrivalRule>,
+    pub(crate) filter: Filter,
+    pub(crate) ignore_clusters: Names,
     /// `--proc-net`: read the text tables there instead of asking the kernel over netlink.
     pub(crate) proc_net: Option<PathBuf>,
     /// What is worth a warning but not an error: an ambiguous `--admin`, a bad annotation, ...
@@ -95,7 +93,7 @@ pub(crate) struct SourceConfig {
 
 /// `hold`'s arrivals in the socket table: what counts (source/arrivals.rs).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct ArrivalRule {
+pub struct ArrivalRule {
     /// The ports whose connections count (`only`; `None`: every port a listener of the pod
     /// serves), and those whose never do (`ignore`: the proxy's own, its outbound capture).
     pub(crate) ports: Filter,
@@ -114,7 +112,7 @@ pub(crate) struct ArrivalRule {
     /// The mesh's own listeners in the pod (ambient mode: ztunnel's), whose connections never
     /// count: a client's reaches the app over a hop in the pod, which does; the app's calls out
     /// are its own.
-    pub proxy: Vec<u16>,
+    pub(crate) proxy: Vec<u16>,
     /// A sidecar's: connections whose client is in the pod never count (the proxy's own hop to
     /// the app, the app's calls to the pod's other containers): a client's own connection to the
     /// proxy shows each of its requests.
@@ -136,11 +134,11 @@ impl Filter {
 }
 
 /// The rules of the wait; durations count from the start of the run, the min-drain from the drain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Rules {
     pub min_drain: Duration,
-    /// Bounds the whole run, counted from the process's start: `run::command` gives the drain
-    /// and quit requests the time left; `run::wait` stops looking at it and gives each look the
+    /// Bounds the whole run, counted from the process's start: `hook::command` gives the drain
+    /// and quit requests the time left; `hook::wait` stops looking at it and gives each look the
     /// time left, which `Sources::look` turns into one instant for every source: each admin
     /// request (a stats request at most its own timeout, a second to begin with; /clusters all of
     /// it), the socket table's dump or read and its search for Envoy's process (given at least
@@ -152,34 +150,35 @@ pub struct Rules {
     pub settle: Duration,
     /// Which hook, and so what ends its wait.
     pub plan: Plan,
-    /// `--then-quit`: once the threshold is reached and the app has exited, stop the proxy.
-    pub then_quit: bool,
-    /// `hold`'s `--propagation`: by then the mesh has stopped sending to the pod.
-    pub propagation: Duration,
 }
 
-/// Which hook this is, decided once from the command, and what ends its wait once the min-drain
-/// is over. Every "is this hold?" is a match on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which hook this is, decided once from the command, with what is its own alone: what ends its
+/// wait once the min-drain is over, and for `hold` what tells arrivals. Every "is this hold?" is
+/// a match on it.
+#[derive(Debug, Clone)]
 pub enum Plan {
-    /// `run`: the count at or below `--exit-at`, at counts that saw no request arrive.
-    Run { exit_at: u64 },
-    /// `hold` for an app in the pod `Holding` says: no request arriving, whatever is still in
-    /// flight.
-    Hold(Holding),
+    /// `run`: the count at or below `--exit-at`, at counts that saw no request arrive; with
+    /// `--then-quit`, once it is and the app has exited, the proxy is stopped.
+    Run { exit_at: u64, then_quit: bool },
+    /// `hold`: no request arriving, whatever is still in flight.
+    Hold(Box<Hold>),
 }
 
-impl Plan {
-    pub fn is_hold(self) -> bool {
-        matches!(self, Plan::Hold(_))
-    }
+/// `hold`'s own: the app's pod, when the mesh has stopped sending to it, and what tells arrivals
+/// in the socket table (in /clusters, the app's clusters do).
+#[derive(Debug, Clone)]
+pub struct Hold {
+    pub holding: Holding,
+    /// `--propagation`: by then the mesh has stopped sending to the pod.
+    pub propagation: Duration,
+    pub arrivals: ArrivalRule,
 }
 
 #[derive(Debug, Clone)]
-pub struct RunConfig {
+pub struct HookConfig {
     pub(crate) counting: SourceConfig,
     /// What is sent before the wait: `--fail-healthcheck`, then `--drain`.
-    pub before: Vec<Request>,
+    pub(crate) before: Vec<Request>,
     pub rules: Rules,
     pub(crate) log_file: Option<PathBuf>,
     pub(crate) log_format: Format,
@@ -357,6 +356,12 @@ pub enum Holding {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// A hold without a mesh, its arrivals' rule the default: for the wait's and the words' tests.
+    pub(crate) fn no_mesh(propagation: Duration) -> Plan {
+        let arrivals = ArrivalRule::default();
+        Plan::Hold(Box::new(Hold { holding: Holding::NoMesh, propagation, arrivals }))
+    }
 
     /// The warnings as the log says them.
     pub(crate) fn said(warnings: &[ConfigWarning]) -> Vec<String> {

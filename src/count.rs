@@ -1,5 +1,5 @@
 //! What a source reports: a total, its parts, and where it came from (data; text.rs words it);
-//! what a look cost (`Cost`) and the pace counting keeps (`PACE`, `REQUEST_TIMEOUT`); what keeps
+//! what a look cost (`Cost`) and the pace counting keeps (`COST_SPACING`, `REQUEST_TIMEOUT`); what keeps
 //! the pod's connections busy (`Busy`), and what the kernel remembers of earlier arrivals (`Before`).
 
 use crate::error::Failure;
@@ -47,7 +47,7 @@ pub struct Excluded {
 /// A successful count.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Count {
-    pub source: SourceKind,
+    pub(crate) source: SourceKind,
     pub(crate) unit: Unit,
     pub total: u64,
     /// In the source's order; for stats every counted listener, also those at 0.
@@ -59,18 +59,18 @@ pub struct Count {
     /// How the count told what counts (whose sockets are Envoy's), worth a line when it changes.
     pub(crate) basis: Option<Basis>,
     /// What tells a new connection or request from those counted before.
-    pub arrivals: Option<u64>,
+    pub(crate) arrivals: Option<u64>,
     /// Arrivals recounted so far (`source::arrivals::Both`).
-    pub recounted: u64,
+    pub(crate) recounted: u64,
     /// Of the arrivals, new connections so far, where the source tells them from requests on
     /// connections open before (the socket table).
-    pub opened: Option<u64>,
+    pub(crate) opened: Option<u64>,
     /// Polls on kept-alive connections left out so far (`hold`, the socket table).
     pub(crate) polls: u64,
     /// At the first read, what the kernel remembers of arrivals before it.
-    pub before: Option<Before>,
+    pub(crate) before: Option<Before>,
     /// How long ago the newest arrival came, where the source can tell.
-    pub newest: Option<Duration>,
+    pub(crate) newest: Option<Duration>,
 }
 
 /// What a count could not see, or corrected: said once a run (text.rs words it).
@@ -168,9 +168,9 @@ impl Cost {
 }
 
 /// Two admin requests start at least this many times the last one's cost apart, so that counting
-/// takes at most 1/PACE of Envoy's main thread (which also applies its configuration) and of the
+/// takes at most 1/COST_SPACING of Envoy's main thread (which also applies its configuration) and of the
 /// proxy container's CPU, which a preStop shares.
-pub(crate) const PACE: u32 = 20;
+pub(crate) const COST_SPACING: u32 = 20;
 
 /// The time a request is given: a loopback admin API answers in milliseconds. A stats request that
 /// ran out of it gets more the next time, and /clusters the time left (`Sources`).

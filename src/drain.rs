@@ -13,7 +13,7 @@ pub(crate) enum Drain {
 
 /// One request, and where it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Request {
+pub(crate) enum Request {
     /// Envoy's `/ready` and health-check filter answer 503 from then on (Envoy's admin
     /// documentation, "POST /healthcheck/fail").
     FailHealthcheck,
@@ -54,7 +54,7 @@ impl Request {
 
 /// The requests before the wait, in the order they are sent: the health checks fail first, so
 /// that a load balancer in front stops sending before the listeners drain.
-pub fn before(drain: Drain, fail_healthcheck: bool) -> Vec<Request> {
+pub(crate) fn before(drain: Drain, fail_healthcheck: bool) -> Vec<Request> {
     let drain = match drain {
         Drain::Inbound => Some(Request::DrainListeners { all: false }),
         Drain::All => Some(Request::DrainListeners { all: true }),

@@ -29,13 +29,13 @@ pub(crate) fn io_cause(e: &io::Error) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageError {
     /// The flag (`--deadline`).
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     pub(crate) value: String,
     pub(crate) expected: String,
 }
 
 impl UsageError {
-    pub fn new(name: &'static str, value: &str, expected: impl Into<String>) -> Self {
+    pub(crate) fn new(name: &'static str, value: &str, expected: impl Into<String>) -> Self {
         UsageError { name, value: value.to_string(), expected: expected.into() }
     }
 }

@@ -51,7 +51,7 @@ pub(crate) struct Out {
 }
 
 impl Out {
-    pub fn new(writer: Box<dyn Write + Send>) -> Out {
+    pub(crate) fn new(writer: Box<dyn Write + Send>) -> Out {
         Out { writer, fd: None, poll_first: false, dropped: 0, failed: None }
     }
 
@@ -174,7 +174,7 @@ pub(crate) fn json_string(s: &str) -> String {
 }
 
 impl Logger {
-    pub fn new(out: Out, live: bool) -> Logger {
+    pub(crate) fn new(out: Out, live: bool) -> Logger {
         let (format, warnings) = (Format::Text, Vec::new());
         Logger { out, file: None, live, shown: None, closed: false, format, warnings }
     }
@@ -313,9 +313,9 @@ pub(crate) mod testing {
     use std::sync::{Arc, Mutex};
 
     #[derive(Clone, Default)]
-    pub struct Sink(Arc<Mutex<Vec<u8>>>);
+    pub(crate) struct Captured(Arc<Mutex<Vec<u8>>>);
 
-    impl Write for Sink {
+    impl Write for Captured {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
             self.0.lock().unwrap().extend_from_slice(b);
             Ok(b.len())
@@ -325,7 +325,7 @@ pub(crate) mod testing {
         }
     }
 
-    impl Sink {
+    impl Captured {
         pub(crate) fn text(&self) -> String {
             String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
         }
@@ -334,7 +334,7 @@ pub(crate) mod testing {
 
 #[cfg(test)]
 mod tests {
-    use super::testing::Sink;
+    use super::testing::Captured;
     use super::*;
     use std::time::Duration;
 
@@ -373,12 +373,12 @@ mod tests {
     #[test]
     fn nothing_follows_the_last_line() {
         for live in [false, true] {
-            let sink = Sink::default();
-            let mut log = Logger::new(Out::new(Box::new(sink.clone())), live);
+            let captured = Captured::default();
+            let mut log = Logger::new(Out::new(Box::new(captured.clone())), live);
             log.last_line(Level::Warn, "interrupted by SIGTERM", "");
             log.line(Level::Info, "1 active connection (proc)");
             log.waiting("1 active connection (proc)", true);
-            let text = sink.text();
+            let text = captured.text();
             assert!(text.ends_with("interrupted by SIGTERM\n"), "{live}: {text:?}");
             assert_eq!(text.matches("active connection").count(), 0, "{live}: {text:?}");
         }
@@ -386,26 +386,26 @@ mod tests {
 
     #[test]
     fn waiting_updates_become_lines_only_when_worth_it_off_a_terminal() {
-        let sink = Sink::default();
-        let mut log = Logger::new(Out::new(Box::new(sink.clone())), false);
+        let captured = Captured::default();
+        let mut log = Logger::new(Out::new(Box::new(captured.clone())), false);
         log.waiting("3 open", true);
         log.waiting("3 open", false);
         log.waiting("2 open", true);
-        let text = sink.text();
+        let text = captured.text();
         assert_eq!(text.lines().count(), 2);
         assert!(!text.contains('\r'));
     }
 
     #[test]
     fn on_a_terminal_waiting_redraws_one_line_and_other_lines_keep_it() {
-        let sink = Sink::default();
-        let mut log = Logger::new(Out::new(Box::new(sink.clone())), true);
+        let captured = Captured::default();
+        let mut log = Logger::new(Out::new(Box::new(captured.clone())), true);
         log.waiting("3 open", true);
         log.waiting("2 open", false);
         log.line(Level::Warn, "stats unavailable");
         log.end_live();
         log.line(Level::Info, "done");
-        let text = sink.text();
+        let text = captured.text();
         assert_eq!(
             text.matches('\n').count(),
             2,
@@ -417,11 +417,11 @@ mod tests {
 
     #[test]
     fn a_log_file_that_cannot_be_opened_is_a_warning() {
-        let sink = Sink::default();
-        let mut log = Logger::new(Out::new(Box::new(sink.clone())), false);
+        let captured = Captured::default();
+        let mut log = Logger::new(Out::new(Box::new(captured.clone())), false);
         log.add_file(Path::new("/nonexistent-dir/x.log"));
         log.line(Level::Info, "still logging");
-        let text = sink.text();
+        let text = captured.text();
         assert!(
             text.contains("warn\tenvoy-drain\tfailed to open log file /nonexistent-dir/x.log"),
             "{text}"
@@ -435,7 +435,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("hook.log");
         let _ = std::fs::remove_file(&path);
-        let mut log = Logger::new(Out::new(Box::new(Sink::default())), false);
+        let mut log = Logger::new(Out::new(Box::new(Captured::default())), false);
         log.add_file(&path);
         log.line(Level::Info, "one");
         log.waiting("two", true);

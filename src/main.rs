@@ -4,7 +4,7 @@
 
 use envoy_drain::cli::{self, Parsed};
 use envoy_drain::outcome::EXIT_REACHED;
-use envoy_drain::{hold, install, run, signals, status};
+use envoy_drain::{hold, hook, install, run, signals, status};
 use std::io::Write;
 use std::time::Instant;
 
@@ -15,8 +15,8 @@ fn main() {
     let args: Vec<_> = std::env::args_os().collect();
     let env = |k: &str| std::env::var(k).ok();
     let code = match cli::parse(&args, &|k| std::env::var_os(k)) {
-        Parsed::Run(a) => run::command(run::config::run_config(&a, &env), start, blocked),
-        Parsed::Hold(a) => run::command(hold::config::hold_config(&a, &env), start, blocked),
+        Parsed::Run(a) => hook::command(run::config::run_config(&a, &env), start, blocked),
+        Parsed::Hold(a) => hook::command(hold::config::hold_config(&a, &env), start, blocked),
         // A command that does not wait keeps the signals' default actions.
         Parsed::Status(a) => {
             blocked.release();
@@ -26,7 +26,7 @@ fn main() {
             blocked.release();
             install::command(&a)
         }
-        Parsed::Disabled(setting) => run::disabled(&setting),
+        Parsed::Disabled(setting) => hook::disabled(&setting),
         Parsed::Print(text) => {
             let _ = write!(std::io::stdout(), "{text}");
             EXIT_REACHED

@@ -73,7 +73,7 @@ pub(crate) struct Progress {
     /// `hold`: how far apart arrivals came at that count, and the quiet time they asked for.
     pub(crate) pace: Option<Pace>,
     /// The connections the pod accepted that a request kept busy at the last count.
-    pub busy: Option<crate::count::Busy>,
+    pub(crate) busy: Option<crate::count::Busy>,
 }
 
 /// How far apart `hold`'s arrivals come lately (their mean gap), and the quiet time that tells

@@ -12,13 +12,13 @@ pub(crate) const OUTBOUND_CAPTURE: u16 = 15001;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Preset {
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// Why `status` leaves one of `own_clusters` out: "Istio's own cluster".
     pub(crate) own_cluster: &'static str,
     /// `--admin`'s default, as the flag takes it.
-    pub admin: &'static str,
+    pub(crate) admin: &'static str,
     /// `--ignore-ports`' default: the proxy's own listeners and its companions' ports.
-    pub ignore_ports: &'static str,
+    pub(crate) ignore_ports: &'static str,
     /// The stat prefixes of the proxy's own named listeners (no port tells them), never counted.
     /// In these lists a name ending in `*` is a prefix (`lists::any`).
     pub(crate) own_listeners: &'static [&'static str],

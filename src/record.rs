@@ -2,7 +2,7 @@
 //! `msg`, so that a log collector can read what each hook did without parsing sentences. The
 //! names are stable; docs/usage.md ("The record") lists them.
 
-use crate::config::{Holding, Plan, RunConfig};
+use crate::config::{Holding, HookConfig, Plan};
 use crate::error::Failure;
 use crate::log::json_string;
 use crate::outcome::{Outcome, Progress, signal_name};
@@ -43,9 +43,9 @@ impl Identity {
 
 /// What one run did, as JSON members (`,"name":value...`) to follow the summary's `msg`.
 pub(crate) struct Record<'a> {
-    pub outcome: Outcome,
+    pub(crate) outcome: Outcome,
     pub(crate) elapsed: Duration,
-    pub(crate) cfg: &'a RunConfig,
+    pub(crate) cfg: &'a HookConfig,
     pub(crate) progress: &'a Progress,
     pub(crate) who: &'a Identity,
     /// Log lines that could not be written, and the warnings said.
@@ -56,7 +56,7 @@ pub(crate) struct Record<'a> {
 impl Record<'_> {
     pub(crate) fn members(&self) -> String {
         let (cfg, p) = (self.cfg, self.progress);
-        let hold = cfg.rules.plan.is_hold();
+        let hold = matches!(cfg.rules.plan, Plan::Hold(_));
         let mut m = String::new();
         let mut add = |name: &str, value: String| {
             let _ = write!(m, ",\"{name}\":{value}");
@@ -103,11 +103,11 @@ impl Record<'_> {
 }
 
 /// The preset as `--preset` names it: `hold`'s ambient and none, else the sidecar's.
-fn preset(cfg: &RunConfig) -> &'static str {
-    match cfg.rules.plan {
-        Plan::Hold(Holding::Ambient) => "ambient",
-        Plan::Hold(Holding::NoMesh) => "none",
-        Plan::Run { .. } | Plan::Hold(Holding::Sidecar(_)) => cfg.counting.preset.name,
+fn preset(cfg: &HookConfig) -> &'static str {
+    match &cfg.rules.plan {
+        Plan::Hold(h) if h.holding == Holding::Ambient => "ambient",
+        Plan::Hold(h) if h.holding == Holding::NoMesh => "none",
+        Plan::Run { .. } | Plan::Hold(_) => cfg.counting.preset.name,
     }
 }
 

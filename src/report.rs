@@ -1,7 +1,7 @@
 //! What a run tells a person, and when: what the wait saw and made of it, and exactly one summary
 //! line, also when a signal cuts the wait short. Every sentence comes from text.rs.
 
-use crate::config::{Plan, RunConfig};
+use crate::config::{HookConfig, Plan};
 use crate::count::{Basis, Busy, Cost, Count, SourceKind, Unit, Warning};
 use crate::error::Failure;
 use crate::log::{Format, Level, Logger};
@@ -22,7 +22,7 @@ const HEARTBEAT: Duration = Duration::from_secs(5);
 pub(crate) struct Report {
     state: Mutex<Said>,
     start: Instant,
-    cfg: RunConfig,
+    cfg: HookConfig,
     who: Identity,
 }
 
@@ -47,7 +47,7 @@ struct Said {
 }
 
 impl Report {
-    pub fn new(log: Logger, start: Instant, cfg: &RunConfig, who: Identity) -> Report {
+    pub(crate) fn new(log: Logger, start: Instant, cfg: &HookConfig, who: Identity) -> Report {
         let said = Said {
             log,
             progress: Progress::default(),
@@ -73,7 +73,7 @@ impl Report {
     }
 
     /// Writes the summary as the last line unless one was; says whether it wrote.
-    pub fn finish(&self, outcome: Outcome) -> bool {
+    pub(crate) fn finish(&self, outcome: Outcome) -> bool {
         let mut said = self.said();
         let level = match outcome {
             Outcome::Reached | Outcome::AppExited | Outcome::KeptAlive(_) => Level::Info,
@@ -101,7 +101,7 @@ impl Report {
     }
 
     /// A look at the app alone, waiting for its exit: what holds the proxy, once.
-    pub fn app(&self, app: App, pod: &Result<Pod, Failure>) {
+    pub(crate) fn app(&self, app: App, pod: &Result<Pod, Failure>) {
         let mut said = self.said();
         said.app = pod.as_ref().ok().map(|p| p.owners.clone());
         if said.app_told || app == App::Leaving {
@@ -119,7 +119,7 @@ impl Report {
     fn switched(&self, said: &mut Said, reading: &Reading, count: &Count, proc: &Reader) -> bool {
         let in_force = Some((count.source, count.unit));
         let changed = said.source != in_force;
-        let (plan, returning) = (self.cfg.rules.plan, said.source.is_some());
+        let (plan, returning) = (&self.cfg.rules.plan, said.source.is_some());
         if changed
             && let Some((level, line)) =
                 text::switched(count, reading, self.cfg.counting.unit, proc, returning, plan)
@@ -191,8 +191,10 @@ impl Report {
             }
         }
         let changed_source = self.switched(&mut said, reading, count, proc);
-        let (arriving, low) = match rules.plan {
-            Plan::Run { exit_at: n } => (seen.arrived > 0 && count.total <= n, count.total <= n),
+        let (arriving, low) = match &rules.plan {
+            Plan::Run { exit_at: n, .. } => {
+                (seen.arrived > 0 && count.total <= *n, count.total <= *n)
+            }
             Plan::Hold(_) => (seen.arrived > 0, true),
         };
         // A request awaiting its answer is told where it holds a count the threshold would end
@@ -221,10 +223,10 @@ impl Report {
 mod tests {
     use super::*;
     use crate::cli::RunArgs;
-    use crate::count::PACE;
+    use crate::count::COST_SPACING;
     use crate::count::{Count, Part};
     use crate::log::Out;
-    use crate::log::testing::Sink;
+    use crate::log::testing::Captured;
 
     fn count(source: SourceKind, n: u64) -> Count {
         let name = match source {
@@ -256,19 +258,19 @@ mod tests {
     /// last progress.
     fn watch_costs(args: RunArgs, looks: Vec<(Reading, Cost)>) -> (String, Progress) {
         let cfg = crate::run::config::run_config(&args, &|_| None).unwrap();
-        let sink = Sink::default();
-        let report = report_to(&sink, Duration::ZERO, &cfg);
+        let captured = Captured::default();
+        let report = report_to(&captured, Duration::ZERO, &cfg);
         let proc = Reader::Text { dir: "/proc/net".into(), why: None };
         for (i, (r, cost)) in looks.into_iter().enumerate() {
             let now = Duration::from_secs(i as u64);
             // What the wait says of each count: its pace, the min-drain's end.
-            let every = cfg.rules.interval.max(cost.paced().saturating_mul(PACE));
+            let every = cfg.rules.interval.max(cost.paced().saturating_mul(COST_SPACING));
             let drain_done = crate::wait::drain_done(&cfg.rules, Duration::ZERO);
             let seen = Seen { every, drain_done, ..Seen::default() };
             report.counted(&r, seen, &proc, now, cost);
         }
         let p = report.said().progress.clone();
-        (sink.text(), p)
+        (captured.text(), p)
     }
 
     #[test]
@@ -410,25 +412,25 @@ mod tests {
         assert_eq!(log.matches("PassiveOpens").count(), 1, "{log}");
     }
 
-    /// A run configured as `cfg` whose log goes to `sink`, started `ago`.
-    fn report_to(sink: &Sink, ago: Duration, cfg: &RunConfig) -> Report {
-        let logger = Logger::new(Out::new(Box::new(sink.clone())), false);
+    /// A run configured as `cfg` whose log goes to `captured`, started `ago`.
+    fn report_to(captured: &Captured, ago: Duration, cfg: &HookConfig) -> Report {
+        let logger = Logger::new(Out::new(Box::new(captured.clone())), false);
         Report::new(logger, Instant::now() - ago, cfg, Identity { pod: None, namespace: None })
     }
 
-    fn run_defaults() -> RunConfig {
+    fn run_defaults() -> HookConfig {
         crate::run::config::run_config(&RunArgs::default(), &|_| None).unwrap()
     }
 
     #[test]
     fn the_summary_is_written_once_whoever_finishes_first() {
-        let sink = Sink::default();
-        let run = report_to(&sink, Duration::from_millis(1500), &run_defaults());
+        let captured = Captured::default();
+        let run = report_to(&captured, Duration::from_millis(1500), &run_defaults());
         run.said().progress.last = Some(count(SourceKind::Stats, 2));
         // The signal thread's summary, then the wait's own end: only the first is written.
         assert!(run.finish(Outcome::Interrupted(libc::SIGTERM)));
         assert!(!run.finish(Outcome::Reached));
-        let log = sink.text();
+        let log = captured.text();
         assert_eq!(log.lines().count(), 1, "{log}");
         let line = log.lines().next().unwrap();
         assert!(line.contains("\twarn\tenvoy-drain\t"), "{line}");
@@ -440,11 +442,11 @@ mod tests {
 
     /// The summary of a run started `secs` ago that ended with `outcome` after counting `last`.
     fn summary(secs: u64, last: Option<u64>, outcome: Outcome) -> String {
-        let sink = Sink::default();
-        let run = report_to(&sink, Duration::from_secs(secs), &run_defaults());
+        let captured = Captured::default();
+        let run = report_to(&captured, Duration::from_secs(secs), &run_defaults());
         run.said().progress.last = last.map(|n| count(SourceKind::Proc, n));
         assert!(run.finish(outcome));
-        sink.text()
+        captured.text()
     }
 
     #[test]

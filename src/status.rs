@@ -14,14 +14,14 @@ const LOOK: Duration = Duration::from_secs(10);
 
 /// Prints the report; exits 0 when the source `run` would use can count now, else 3.
 pub fn command(args: &StatusArgs, env: &crate::config::Env<'_>) -> i32 {
-    let counting = match crate::run::config::run_config(&args.0, env).map(|c| c.counting) {
-        Ok(c) => c,
+    let (counting, plan) = match crate::run::config::run_config(&args.0, env) {
+        Ok(c) => (c.counting, c.rules.plan),
         Err(e) => return usage_error(&e.to_string()),
     };
     for w in &counting.warnings {
         let _ = writeln!(std::io::stdout(), "warning: {w}\n");
     }
-    let mut sources = Sources::new(&counting);
+    let mut sources = Sources::new(&counting, &plan);
     let ready =
         (counting.mode != Mode::Proc).then(|| sources.admin.get(READY_PATH, REQUEST_TIMEOUT));
     let look = sources.look(LOOK, true);

@@ -3,19 +3,20 @@
 
 use crate::cli::{ANNOTATION_PREFIX, ENV_LOG_FORMAT, ENV_NODE_IPS};
 use crate::config::{
-    ConfigWarning, DEFAULT_MIN_DRAIN, ENV_MIN_DRAIN, Mode, Plan, Rules, RunConfig,
+    ConfigWarning, DEFAULT_MIN_DRAIN, ENV_MIN_DRAIN, Hold, Holding, HookConfig, Mode, Plan, Rules,
 };
-use crate::count::{Basis, Busy, Cost, Count, NON_HTTP, PACE, SourceKind, Unit, Warning};
+use crate::count::{Basis, Busy, COST_SPACING, Cost, Count, NON_HTTP, SourceKind, Unit, Warning};
 use crate::drain::Request;
 use crate::error::Failure;
 use crate::log::Level;
 use crate::outcome::{Outcome, Progress, signal_name};
+use crate::run::rule::ARRIVALS_QUIET;
 use crate::source::admin::{READY_PATH, Reply};
 use crate::source::clusters::{self, CLUSTERS_PATH};
 use crate::source::sockets::Reader;
 use crate::source::stats::Hcm;
 use crate::source::{Look, Reading, Sources};
-use crate::wait::{APP_GONE, ARRIVALS_QUIET, RECHECK, drain_done};
+use crate::wait::{APP_GONE, RECHECK, drain_done};
 use humantime::format_duration;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -154,7 +155,7 @@ pub(crate) fn posted(r: Request, url: &str, answer: &Result<Reply, Failure>) -> 
             (Level::Info, format!("{done}: POST {url} answered {}", reply.describe()))
         }
         Ok(reply) => failed(format!("answered {}", reply.describe())),
-        // No answer: run.rs sends it again before each count; the quit is the last request.
+        // No answer: hook.rs sends it again before each count; the quit is the last request.
         Err(why) if r != Request::Quit => {
             failed(format!("{why}; sending it again before each count"))
         }
@@ -164,26 +165,14 @@ pub(crate) fn posted(r: Request, url: &str, answer: &Result<Reply, Failure>) -> 
 
 /// The run's first line: what it sends (each request with its URL), and how long it may wait.
 pub(crate) fn start_line(
-    cfg: &RunConfig,
+    cfg: &HookConfig,
     sources: &Sources,
     requests: &[(Request, String)],
 ) -> String {
     let (r, d) = (&cfg.rules, format_duration);
-    let Plan::Run { exit_at } = r.plan else {
-        let rule = cfg.counting.arrivals.clone().unwrap_or_default();
-        let mut from = format!("{}: {}", reader(sources.reader()), doors(&rule));
-        if sources.mode != Mode::Proc {
-            from += &format!(
-                "; and Envoy's /clusters ({}) as often as it takes at most 1/{PACE} of Envoy's main thread: clusters {}",
-                sources.admin.url(CLUSTERS_PATH),
-                cfg.counting.preset.inbound_clusters.join(", ")
-            );
-        }
-        let (quiet, min, most, every) = (d(r.settle), least(r, ""), d(r.deadline), d(r.interval));
-        let propagation = d(r.propagation);
-        return format!(
-            "holding the app's SIGTERM until requests have stopped arriving: none for {quiet}, longer where they come further apart, until their rate tells they stopped and for twice their longest pause between reads, and none after {propagation} unless they still come then (at least {min}, at most {most}), reading arrivals every {every} from {from}"
-        );
+    let exit_at = match &r.plan {
+        Plan::Run { exit_at, .. } => *exit_at,
+        Plan::Hold(hold) => return hold_start_line(cfg, hold, sources),
     };
     let announce = |(q, url): &(Request, String)| {
         let (announced, _, _) = request_words(*q);
@@ -263,16 +252,34 @@ fn doors(rule: &crate::config::ArrivalRule) -> String {
     said
 }
 
+/// `hold`'s first line: what ends the hold, and where arrivals are read.
+fn hold_start_line(cfg: &HookConfig, hold: &Hold, sources: &Sources) -> String {
+    let (r, d) = (&cfg.rules, format_duration);
+    let mut from = format!("{}: {}", reader(sources.reader()), doors(&hold.arrivals));
+    if let Holding::Sidecar(preset) = hold.holding {
+        from += &format!(
+            "; and Envoy's /clusters ({}) as often as it takes at most 1/{COST_SPACING} of Envoy's main thread: clusters {}",
+            sources.admin.url(CLUSTERS_PATH),
+            preset.inbound_clusters.join(", ")
+        );
+    }
+    let (quiet, min, most, every) = (d(r.settle), least(r, ""), d(r.deadline), d(r.interval));
+    let propagation = d(hold.propagation);
+    format!(
+        "holding the app's SIGTERM until requests have stopped arriving: none for {quiet}, longer where they come further apart, until their rate tells they stopped and for twice their longest pause between reads, and none after {propagation} unless they still come then (at least {min}, at most {most}), reading arrivals every {every} from {from}"
+    )
+}
+
 /// `3 active connections (stats); 21.5s left before the deadline`; verbose: with the breakdown.
 pub(crate) fn count_line(
     count: &Count,
     (arriving, busy): (bool, Option<Busy>),
     now: Duration,
     min_drain_end: Duration,
-    cfg: &RunConfig,
+    cfg: &HookConfig,
 ) -> String {
     let breakdown = if cfg.verbose { count.still_open() } else { String::new() };
-    let hold = cfg.rules.plan.is_hold();
+    let hold = matches!(cfg.rules.plan, Plan::Hold(_));
     let when = if now < min_drain_end && hold {
         format!("at least {} more", seconds(min_drain_end - now))
     } else if now < min_drain_end {
@@ -313,7 +320,7 @@ pub(crate) fn switched(
     wanted: Unit,
     proc: &Reader,
     returning: bool,
-    plan: Plan,
+    plan: &Plan,
 ) -> Option<(Level, String)> {
     let Some(why) = &reading.fallback else {
         let back = match wanted {
@@ -324,7 +331,7 @@ pub(crate) fn switched(
             .then(|| (Level::Info, back.to_string()));
     };
     let line = match count.source {
-        SourceKind::Proc if plan.is_hold() => format!(
+        SourceKind::Proc if matches!(plan, Plan::Hold(_)) => format!(
             "{why}; reading arrivals from {} instead{}",
             reader(proc),
             match proc {
@@ -410,13 +417,13 @@ pub(crate) fn pace(pace: Duration, interval: Duration, cost: Cost) -> String {
              proxy container's CPU",
             brief(pace),
             format_duration(interval),
-            PACE
+            COST_SPACING
         )
     }
 }
 
 /// `run` with the kill switch set.
-pub fn disabled(setting: &str) -> String {
+pub(crate) fn disabled(setting: &str) -> String {
     format!("{setting} is set: not draining and not waiting")
 }
 
@@ -428,16 +435,14 @@ pub(crate) fn cannot_count(why: &Failure) -> String {
 
 /// What held a hold to its deadline, its reads known: requests arriving, or arrivals too far
 /// apart for the deadline to tell they stopped, or a deadline shorter than the quiet time.
-fn held(p: &Progress, rules: &Rules, elapsed: Duration) -> String {
+fn held(p: &Progress, (rules, propagation): (&Rules, Duration), elapsed: Duration) -> String {
     match (p.arrived_at, p.pace) {
         (None, _) => format!("no request seen, but not yet for {}", seconds(rules.settle)),
         // Quiet for longer than a busy pod needs, not for as long as these arrivals do.
         (Some(at), Some(pace)) if elapsed.saturating_sub(at) >= rules.settle => {
             // Past the propagation the mesh should have stopped sending: say so where they did.
-            let late = match at >= rules.propagation {
-                true => {
-                    format!(" still coming after the propagation ({})", seconds(rules.propagation))
-                }
+            let late = match at >= propagation {
+                true => format!(" still coming after the propagation ({})", seconds(propagation)),
                 false => String::new(),
             };
             format!(
@@ -583,16 +588,18 @@ fn unseen(warnings: &[Warning]) -> String {
 /// The summary's opening: what ended the wait, after how long.
 fn ended(outcome: Outcome, elapsed: Duration, rules: &Rules) -> String {
     let took = seconds(elapsed);
-    match outcome {
-        Outcome::Reached | Outcome::AppExited => format!("done after {took}"),
-        Outcome::KeptAlive(_) if elapsed < rules.deadline => {
-            format!("propagation of {} passed after {took}", format_duration(rules.propagation))
+    match (outcome, &rules.plan) {
+        (Outcome::Reached | Outcome::AppExited, _) => format!("done after {took}"),
+        (Outcome::KeptAlive(_), Plan::Hold(h)) if elapsed < rules.deadline => {
+            format!("propagation of {} passed after {took}", format_duration(h.propagation))
         }
-        Outcome::Deadline | Outcome::NothingCounted | Outcome::KeptAlive(_) => {
+        (Outcome::Deadline | Outcome::NothingCounted | Outcome::KeptAlive(_), _) => {
             format!("deadline of {} passed after {took}", format_duration(rules.deadline))
         }
-        Outcome::Interrupted(sig) => format!("interrupted by {} after {took}", signal_name(sig)),
-        Outcome::NotEnvoy => format!("stopped after {took}"),
+        (Outcome::Interrupted(sig), _) => {
+            format!("interrupted by {} after {took}", signal_name(sig))
+        }
+        (Outcome::NotEnvoy, _) => format!("stopped after {took}"),
     }
 }
 
@@ -605,30 +612,34 @@ pub(crate) fn summary(
     p: &Progress,
     (dropped, failed): (u64, Option<&str>),
 ) -> String {
-    let hold = rules.plan.is_hold();
     let (counted, stale) = last_count(p);
     let open = p.last.as_ref().map(Count::still_open).unwrap_or_default();
-    let after = if hold { "; the app gets its SIGTERM now" } else { "; the proxy may stop now" };
+    let (after, none) = match rules.plan {
+        Plan::Run { .. } => ("; the proxy may stop now", "no source answered"),
+        Plan::Hold(_) => ("; the app gets its SIGTERM now", "no source told what arrived"),
+    };
     let mut line = ended(outcome, elapsed, rules);
-    line += &match outcome {
-        Outcome::Reached if hold => format!(": {}, {counted}{after}", quiet(p, rules)),
-        Outcome::Reached => format!(": {counted}{after}"),
-        Outcome::AppExited if p.last.is_none() => format!(": the app has exited{after}"),
-        Outcome::AppExited => format!(
+    line += &match (outcome, &rules.plan) {
+        (Outcome::Reached, Plan::Hold(_)) => format!(": {}, {counted}{after}", quiet(p, rules)),
+        (Outcome::Reached, _) => format!(": {counted}{after}"),
+        (Outcome::AppExited, _) if p.last.is_none() => format!(": the app has exited{after}"),
+        (Outcome::AppExited, _) => format!(
             ": the app has exited, which leaves nothing to answer the {counted} still open{stale}{after}"
         ),
-        Outcome::KeptAlive(since) => format!(
+        (Outcome::KeptAlive(since), _) => format!(
             " with requests arriving only on kept-alive connections (no new connection \
              for {}): their clients reconnect elsewhere once the app closes them, \
              {counted}{after}",
             seconds(since)
         ),
-        Outcome::Deadline if hold => {
-            let held =
-                if stale.is_empty() { held(p, rules, elapsed) } else { "arrivals unknown".into() };
+        (Outcome::Deadline, Plan::Hold(h)) => {
+            let held = match stale.is_empty() {
+                true => held(p, (rules, h.propagation), elapsed),
+                false => "arrivals unknown".into(),
+            };
             format!(" with {held}, {counted}{stale}{after}")
         }
-        Outcome::Deadline => {
+        (Outcome::Deadline, _) => {
             // What held a count at zero: requests that still came.
             let quiet = ARRIVALS_QUIET.max(rules.settle);
             let arriving = p.arrived_at.is_some_and(|t| elapsed.saturating_sub(t) <= quiet);
@@ -636,15 +647,14 @@ pub(crate) fn summary(
             let busy = p.busy.map(busy_words).unwrap_or_default();
             format!(" with {counted} still open{open}{arriving}{busy}{stale}")
         }
-        Outcome::NothingCounted => {
-            let none = if hold { "no source told what arrived" } else { "no source answered" };
+        (Outcome::NothingCounted, _) => {
             format!(
                 " and nothing could be counted: {}",
                 p.unknown.as_ref().map_or(none.to_string(), Failure::to_string)
             )
         }
-        Outcome::Interrupted(_) => format!(" with {counted}{open}{stale}"),
-        Outcome::NotEnvoy => format!(
+        (Outcome::Interrupted(_), _) => format!(" with {counted}{open}{stale}"),
+        (Outcome::NotEnvoy, _) => format!(
             ": what answers on the admin address is not Envoy; a waypoint of another proxy, such \
              as agentgateway's (GatewayClass istio-agentgateway-waypoint), has nothing this hook \
              can drain or count: leave the hook off it{after}"
@@ -700,7 +710,7 @@ pub(crate) fn installed(path: &std::path::Path, size: u64) -> String {
 }
 
 /// The `status` report: each source read, what it counts and leaves out, and what `run` would count.
-pub fn status(
+pub(crate) fn status(
     look: &Look,
     reading: &Reading,
     sources: &Sources,
@@ -885,7 +895,7 @@ fn requests_table(out: &mut String, c: &Count, hcms: &[Hcm]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Holding;
+    use crate::config::tests::no_mesh;
     use crate::count::Part;
 
     fn part(name: &str, active: u64) -> Part {
@@ -960,9 +970,7 @@ mod tests {
         deadline: Duration::from_secs(25),
         interval: Duration::from_millis(500),
         settle: Duration::ZERO,
-        plan: Plan::Run { exit_at: 0 },
-        then_quit: false,
-        propagation: Duration::ZERO,
+        plan: Plan::Run { exit_at: 0, then_quit: false },
     };
 
     fn progress(last: Option<Count>, unknown: Option<&str>) -> Progress {
@@ -1015,11 +1023,8 @@ mod tests {
 
     #[test]
     fn a_quiet_hold_says_what_it_could_not_see() {
-        let hold = Rules {
-            plan: Plan::Hold(Holding::NoMesh),
-            settle: Duration::from_millis(500),
-            ..RULES
-        };
+        let hold =
+            Rules { plan: no_mesh(Duration::ZERO), settle: Duration::from_millis(500), ..RULES };
         let mut zero = Count::new(SourceKind::Proc, Unit::Connections, vec![], vec![]);
         zero.warnings = vec![Warning::Udp(vec![53, 5353]), Warning::Hiding(vec![9090])];
         zero.polls = 2;
@@ -1059,7 +1064,7 @@ mod tests {
     #[test]
     fn a_hold_that_kept_alive_clients_held_past_the_propagation_says_so_in_one_line() {
         let propagation = Duration::from_secs(15);
-        let rules = Rules { plan: Plan::Hold(Holding::NoMesh), propagation, ..RULES };
+        let rules = Rules { plan: no_mesh(propagation), ..RULES };
         let open = vec![Part { name: "port 8080".to_string(), active: 2 }];
         let p = progress(Some(Count::new(SourceKind::Proc, Unit::Connections, open, vec![])), None);
         let kept = Outcome::KeptAlive(Duration::from_millis(9_240));
@@ -1076,7 +1081,7 @@ mod tests {
     #[test]
     fn a_hold_that_reached_its_deadline_says_whether_requests_were_still_arriving() {
         let rules =
-            Rules { settle: Duration::from_secs(3), plan: Plan::Hold(Holding::NoMesh), ..RULES };
+            Rules { settle: Duration::from_secs(3), plan: no_mesh(Duration::ZERO), ..RULES };
         let zero = Count::new(SourceKind::Proc, Unit::Connections, vec![], vec![]);
         let mut p = progress(Some(zero), None);
         let said =
@@ -1090,7 +1095,8 @@ mod tests {
         assert!(said(&p).contains(" with requests still arriving, "), "{}", said(&p));
         // Quiet for longer than the floor, not for as long as arrivals 4 s apart ask.
         let propagation = Duration::from_secs(15);
-        let rules = Rules { settle: Duration::from_millis(500), propagation, ..rules };
+        let rules =
+            Rules { settle: Duration::from_millis(500), plan: no_mesh(propagation), ..rules };
         let said =
             |p: &Progress| summary(Outcome::Deadline, Duration::from_secs(2), &rules, p, (0, None));
         p.arrived_at = Some(Duration::from_millis(500));

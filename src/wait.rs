@@ -1,13 +1,14 @@
 //! The wait: turns looks and time into an outcome, as plain data with no I/O (`Wait`): asked what
-//! to do next at a time, it says sleep, look, or end, and takes what each look saw. `run`'s end
-//! and the app's exit are here; what ends the wait once the min-drain is over it asks of its end
-//! rule (`EndRule`): `run`'s count, or `hold`'s quiet time (hold/quiet.rs). run.rs drives it with real
-//! time and looks, the tests with fake ones.
+//! to do next at a time, it says sleep, look, or end, and takes what each look saw. The app's
+//! exit is here; what ends the wait once the min-drain is over it asks of its end rule
+//! (`EndRule`): `run`'s count (run/rule.rs), or `hold`'s quiet time (hold/quiet.rs). hook.rs
+//! drives it with real time and looks, the tests with fake ones.
 
 use crate::config::{Plan, Rules};
-use crate::count::{Before, Busy, Cost, PACE, REQUEST_TIMEOUT};
+use crate::count::{Before, Busy, COST_SPACING, Cost, REQUEST_TIMEOUT};
 use crate::hold::quiet::Quiet;
 use crate::outcome::{Outcome, Pace};
+use crate::run::rule::AtMost;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,18 +32,15 @@ pub(crate) const APP_GONE: Duration = Duration::from_millis(800);
 /// The time between two looks at the app's sockets (the socket table alone) while they are gone.
 pub(crate) const RECHECK: Duration = Duration::from_millis(100);
 
-/// How long after the last arrival seen `run` waits at least, whatever the count.
-pub(crate) const ARRIVALS_QUIET: Duration = Duration::from_secs(2);
-
 /// The time from one count's start to the next: the interval, or more when a count cost more.
 fn pause(interval: Duration, cost: Duration) -> Duration {
-    interval.max(cost.saturating_mul(PACE))
+    interval.max(cost.saturating_mul(COST_SPACING))
 }
 
 /// What one look saw: the count (`None`: unknown, or not asked for), the request counter, and
 /// whether the app holds a socket in the pod (`None`: unknown).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Tick {
+pub struct Sight {
     pub count: Option<u64>,
     pub arrivals: Option<u64>,
     /// Arrivals recounted so far: more than the counter said of a time it saw some (`hold` behind a
@@ -65,11 +63,11 @@ pub struct Tick {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Seen {
     pub app: App,
-    /// As the look's tick said.
-    pub busy: Option<Busy>,
+    /// As the look's sight said.
+    pub(crate) busy: Option<Busy>,
     pub arrived: u64,
     /// More that arrived earlier than this look, which a later read recounted.
-    pub recounted: u64,
+    pub(crate) recounted: u64,
     pub(crate) pace: Option<Pace>,
     /// The time from this count's start to the next (`pause`), and when the min-drain ends.
     pub(crate) every: Duration,
@@ -145,11 +143,11 @@ impl Follow {
         before.map_or(0, |b| now.checked_sub(b).unwrap_or(1))
     }
 
-    fn see(&mut self, tick: &Tick, started: Duration, ended: Duration) -> Seen {
-        let (app, arrived) = (self.app(tick.app, started, ended), self.arrived(tick.arrivals));
+    fn see(&mut self, sight: &Sight, started: Duration, ended: Duration) -> Seen {
+        let (app, arrived) = (self.app(sight.app, started, ended), self.arrived(sight.arrivals));
         // Only a look that could tell recounts.
-        let recounted = tick.arrivals.map_or(0, |_| {
-            tick.recounted.saturating_sub(std::mem::replace(&mut self.recounted, tick.recounted))
+        let recounted = sight.arrivals.map_or(0, |_| {
+            sight.recounted.saturating_sub(std::mem::replace(&mut self.recounted, sight.recounted))
         });
         Seen { app, arrived, recounted, ..Seen::default() }
     }
@@ -175,7 +173,7 @@ pub(crate) fn drain_done(rules: &Rules, drained_at: Duration) -> Duration {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
     Sleep(Duration),
-    /// A look now, whose tick goes to `Wait::saw`.
+    /// A look now, whose sight goes to `Wait::saw`.
     Look(Ask),
     End(End),
 }
@@ -190,6 +188,8 @@ pub enum Step {
 /// the min-drain ends. With `then_quit`, the wait then looks at the app until it has exited.
 pub struct Wait<'r> {
     rules: &'r Rules,
+    /// `run`'s `--then-quit`.
+    then_quit: bool,
     follow: Follow,
     counts: Ending,
     /// No look before then.
@@ -209,16 +209,18 @@ enum Phase {
 impl<'r> Wait<'r> {
     /// The wait of `rules`, the min-drain counted from `drained_at`.
     pub fn new(rules: &'r Rules, drained_at: Duration) -> Wait<'r> {
-        let rule = match rules.plan {
-            Plan::Run { exit_at } => EndRule::AtMost { n: exit_at, arrived_at: None },
-            Plan::Hold(_) => EndRule::Quiet(Box::default()),
+        let (rule, then_quit) = match &rules.plan {
+            Plan::Run { exit_at, then_quit } => {
+                (EndRule::AtMost(AtMost::new(*exit_at)), *then_quit)
+            }
+            Plan::Hold(h) => (EndRule::Quiet(Box::new(Quiet::new(h.propagation))), false),
         };
         let drain_done = drain_done(rules, drained_at);
         let (low_since, ends_at, next) = (None, None, Duration::ZERO);
         let (counted, arrived) = (false, false);
         let counts = Ending { drain_done, rule, low_since, ends_at, counted, arrived, next };
         let follow = Follow::default();
-        Wait { rules, follow, counts, due: Duration::ZERO, phase: Phase::Counting }
+        Wait { rules, then_quit, follow, counts, due: Duration::ZERO, phase: Phase::Counting }
     }
 
     pub fn next(&mut self, now: Duration) -> Step {
@@ -247,31 +249,31 @@ impl<'r> Wait<'r> {
     }
 
     /// What a look asked for `ask` from `started` to `now` saw, and what the wait made of it.
-    pub fn saw(&mut self, ask: Ask, (started, now): (Duration, Duration), tick: &Tick) -> Seen {
+    pub fn saw(&mut self, ask: Ask, (started, now): (Duration, Duration), sight: &Sight) -> Seen {
         let rules = self.rules;
         if self.phase == Phase::AwaitingExit {
-            return self.saw_exit((started, now), tick);
+            return self.saw_exit((started, now), sight);
         }
         let counts = &mut self.counts;
-        let mut seen = self.follow.see(tick, started, now);
-        seen.every = pause(rules.interval, tick.cost.paced());
+        let mut seen = self.follow.see(sight, started, now);
+        seen.every = pause(rules.interval, sight.cost.paced());
         seen.drain_done = counts.drain_done;
         if ask == Ask::Count {
-            seen.pace = counts.rule.counted((rules, counts.drain_done), now, tick, &seen);
+            seen.pace = counts.rule.counted((rules, counts.drain_done), now, sight, &seen);
         }
         // The app's exit leaves nothing to answer, but what it answered is still delivered.
-        let delivered = tick.busy.is_none_or(|b| b.delivering == 0);
-        seen.busy = tick.busy;
+        let delivered = sight.busy.is_none_or(|b| b.delivering == 0);
+        seen.busy = sight.busy;
         if seen.app == App::Gone && now >= counts.drain_done && delivered {
-            let quit = rules.then_quit.then_some(App::Gone);
+            let quit = self.then_quit.then_some(App::Gone);
             self.phase = Phase::Ended(End { outcome: Outcome::AppExited, quit, delivering: false });
             return seen;
         }
         if ask == Ask::Count
-            && let Some((end, outcome)) = counts.add(rules, tick, seen.arrived > 0, (started, now))
+            && let Some((end, outcome)) = counts.add(rules, sight, seen.arrived > 0, (started, now))
         {
             self.due = end;
-            self.phase = match rules.then_quit {
+            self.phase = match self.then_quit {
                 true => Phase::AwaitingExit,
                 false => Phase::Ended(End { outcome, quit: None, delivering: false }),
             };
@@ -292,9 +294,9 @@ impl<'r> Wait<'r> {
     /// `--then-quit` once the count is reached: the app may still call out through the proxy,
     /// so it is stopped only once the app has exited. Looks every interval (every `RECHECK`
     /// while its sockets are gone) until the deadline; an app never seen is not waited for.
-    fn saw_exit(&mut self, (started, now): (Duration, Duration), tick: &Tick) -> Seen {
-        let app = self.follow.app(tick.app, started, now);
-        let delivered = tick.busy.is_none_or(|b| b.delivering == 0);
+    fn saw_exit(&mut self, (started, now): (Duration, Duration), sight: &Sight) -> Seen {
+        let app = self.follow.app(sight.app, started, now);
+        let delivered = sight.busy.is_none_or(|b| b.delivering == 0);
         let pause = match app {
             App::Gone if !delivered => RECHECK,
             App::Gone | App::NotSeen => Duration::MAX,
@@ -308,58 +310,51 @@ impl<'r> Wait<'r> {
         } else {
             self.due = now.saturating_add(pause);
         }
-        Seen { app, busy: tick.busy, ..Seen::default() }
+        Seen { app, busy: sight.busy, ..Seen::default() }
     }
 }
 
-/// What ends the wait once the min-drain is over, chosen once from the plan.
+/// What ends the wait once the min-drain is over, chosen once from the plan: `run`'s count
+/// (run/rule.rs), or `hold`'s quiet time (hold/quiet.rs), the counter known.
 enum EndRule {
-    /// `run`: the count at most `n`, no request busy, `ARRIVALS_QUIET` after `arrived_at`, the
-    /// end of the last count that saw a request arrive (the request came before it).
-    AtMost { n: u64, arrived_at: Option<Duration> },
-    /// `hold`: the counter known, and no arrival for the quiet time its rule gives after the last.
+    AtMost(AtMost),
     Quiet(Box<Quiet>),
 }
 
 impl EndRule {
-    /// A count's tick, for `hold` told to its quiet rule: the arrivals' pace once any arrived.
+    /// A count's sight, for `hold` told to its quiet rule: the arrivals' pace once any arrived.
     fn counted(
         &mut self,
         limits: (&Rules, Duration),
         now: Duration,
-        tick: &Tick,
+        sight: &Sight,
         seen: &Seen,
     ) -> Option<Pace> {
         let EndRule::Quiet(quiet) = self else { return None };
-        tick.arrivals?;
-        let told = (tick.before, tick.newest, tick.opened);
+        sight.arrivals?;
+        let told = (sight.before, sight.newest, sight.opened);
         quiet.count(limits, now, (seen.arrived, seen.recounted), told)
     }
 
     /// Whether a count could be read, and whether it allows the end (`idle`: no request busy).
-    fn known_and_low(&self, tick: &Tick, idle: bool) -> (bool, bool) {
+    fn known_and_low(&self, sight: &Sight, idle: bool) -> (bool, bool) {
         match self {
-            EndRule::AtMost { n, .. } => {
-                (tick.count.is_some(), tick.count.is_some_and(|c| c <= *n) && idle)
-            }
-            EndRule::Quiet(_) => (tick.arrivals.is_some(), tick.arrivals.is_some()),
+            EndRule::AtMost(rule) => (sight.count.is_some(), rule.low(sight.count, idle)),
+            EndRule::Quiet(_) => (sight.arrivals.is_some(), sight.arrivals.is_some()),
         }
     }
 
     /// A count that ended at `now` saw requests arrive.
     fn arrived(&mut self, now: Duration) {
-        if let EndRule::AtMost { arrived_at, .. } = self {
-            *arrived_at = Some(now);
+        if let EndRule::AtMost(rule) = self {
+            rule.arrived(now);
         }
     }
 
     /// The end of the quiet time after the last arrival (zero: none arrived).
     fn quiet_until(&self) -> Duration {
-        // Saturating: durations up to u64::MAX seconds parse, and must not overflow.
         let until = match self {
-            EndRule::AtMost { arrived_at, .. } => {
-                arrived_at.map(|t| t.saturating_add(ARRIVALS_QUIET))
-            }
+            EndRule::AtMost(rule) => rule.until(),
             EndRule::Quiet(quiet) => quiet.until(),
         };
         until.unwrap_or(Duration::ZERO)
@@ -368,7 +363,7 @@ impl EndRule {
     /// Whether a count that saw arrivals (`arrived`) or none may end the wait: one that saw
     /// arrivals never ends a hold (one after it tells the silence).
     fn may_end(&self, arrived: bool) -> bool {
-        matches!(self, EndRule::AtMost { .. }) || !arrived
+        matches!(self, EndRule::AtMost(_)) || !arrived
     }
 
     /// Whether a count from `started` that ends just short of the end may decide it then: for
@@ -376,17 +371,16 @@ impl EndRule {
     /// ends.
     fn decides_early(&self, started: Duration) -> bool {
         match self {
-            EndRule::AtMost { arrived_at, .. } => arrived_at.is_none_or(|t| t <= started),
+            EndRule::AtMost(rule) => rule.decides_early(started),
             EndRule::Quiet(_) => false,
         }
     }
 
-    /// For `hold`: how long no new connection had come at the last count, where that is their
-    /// quiet time at least (`floor`), so that only kept-alive clients still send.
-    fn kept_alive(&self, floor: Duration) -> Option<Duration> {
+    /// For `hold` (`Quiet::kept_alive`): whether only kept-alive clients still send.
+    fn kept_alive(&self, floor: Duration, from: Duration, now: Duration) -> Option<Duration> {
         match self {
-            EndRule::AtMost { .. } => None,
-            EndRule::Quiet(quiet) => quiet.kept_alive(floor),
+            EndRule::AtMost(_) => None,
+            EndRule::Quiet(quiet) => quiet.kept_alive(floor, from, now),
         }
     }
 }
@@ -412,15 +406,15 @@ impl Ending {
     fn add(
         &mut self,
         rules: &Rules,
-        tick: &Tick,
+        sight: &Sight,
         arrived: bool,
         (started, now): (Duration, Duration),
     ) -> Option<(Duration, Outcome)> {
         // A request not answered, or an answer not delivered, on a connection the pod accepted
         // holds the wait whatever the count says (a request to a host EDS removed is on none of
         // /clusters' hosts; one Envoy has read whole may still be on its way to its client).
-        let idle = tick.busy.is_none_or(|b| b.delivering == 0 && b.awaiting == 0);
-        let (known, low) = self.rule.known_and_low(tick, idle);
+        let idle = sight.busy.is_none_or(|b| b.delivering == 0 && b.awaiting == 0);
+        let (known, low) = self.rule.known_and_low(sight, idle);
         self.counted |= known;
         self.arrived |= arrived;
         if arrived {
@@ -432,8 +426,8 @@ impl Ending {
             .low_since
             .filter(|_| self.rule.may_end(arrived))
             .map(|since| self.drain_done.max(since.saturating_add(rules.settle)).max(quiet_until));
-        let cost = tick.cost.look;
-        let pause = pause(rules.interval, tick.cost.paced());
+        let cost = sight.cost.look;
+        let pause = pause(rules.interval, sight.cost.paced());
         self.next = started.saturating_add(pause);
         if let Some(done_at) = self.ends_at {
             if now >= done_at {
@@ -465,13 +459,11 @@ impl Ending {
         None
     }
 
-    /// From the propagation on (and the min-drain), for `hold`: how long no new connection had
-    /// come at the last count, where that is their quiet time at least and requests still
-    /// arrive on old ones.
+    /// For `hold`, once requests arrived and none since its quiet time: how long no new
+    /// connection had come at the last count, where only kept-alive clients still send.
     fn kept_alive(&self, rules: &Rules, now: Duration) -> Option<Duration> {
-        let from = rules.propagation.max(self.drain_done);
-        let held = self.low_since.is_some() && self.arrived && now >= from;
-        self.rule.kept_alive(rules.settle).filter(|_| held)
+        let held = self.low_since.is_some() && self.arrived;
+        self.rule.kept_alive(rules.settle, self.drain_done, now).filter(|_| held)
     }
 
     /// Brings the next count before the deadline where the pace would put it past it.
@@ -500,8 +492,9 @@ impl Ending {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Holding;
+    use crate::config::tests::no_mesh;
     use crate::hold::quiet::tests::remembered;
+    use crate::run::rule::ARRIVALS_QUIET;
 
     use std::cell::Cell;
 
@@ -515,14 +508,12 @@ mod tests {
             deadline: ms(25000),
             interval: ms(500),
             settle: ms(0),
-            plan: Plan::Run { exit_at: 0 },
-            then_quit: false,
-            propagation: ms(0),
+            plan: Plan::Run { exit_at: 0, then_quit: false },
         }
     }
 
-    fn counted(n: u64) -> Tick {
-        Tick { count: Some(n), ..Tick::default() }
+    fn counted(n: u64) -> Sight {
+        Sight { count: Some(n), ..Sight::default() }
     }
 
     fn cost(n: u64) -> Cost {
@@ -535,7 +526,7 @@ mod tests {
         r: &Rules,
         drained_at: Duration,
         now: &Cell<Duration>,
-        mut look: impl FnMut(Duration, Ask) -> Tick,
+        mut look: impl FnMut(Duration, Ask) -> Sight,
     ) -> (End, Vec<(Ask, Seen)>) {
         let mut wait = Wait::new(r, drained_at);
         let mut seen = Vec::new();
@@ -544,8 +535,8 @@ mod tests {
                 Step::Sleep(until) => now.set(until),
                 Step::Look(ask) => {
                     let started = now.get();
-                    let tick = look(r.deadline.saturating_sub(started), ask);
-                    seen.push((ask, wait.saw(ask, (started, now.get()), &tick)));
+                    let sight = look(r.deadline.saturating_sub(started), ask);
+                    seen.push((ask, wait.saw(ask, (started, now.get()), &sight)));
                 }
                 Step::End(end) => return (end, seen),
             }
@@ -558,7 +549,7 @@ mod tests {
     fn ticking(
         r: &Rules,
         step: u64,
-        mut look: impl FnMut(Duration) -> Tick,
+        mut look: impl FnMut(Duration) -> Sight,
     ) -> (End, Duration, Vec<Duration>) {
         let now = Cell::new(ms(0));
         let mut at = Vec::new();
@@ -571,9 +562,9 @@ mod tests {
         (end, now.get(), at)
     }
 
-    impl From<Option<u64>> for Tick {
-        fn from(count: Option<u64>) -> Tick {
-            Tick { count, ..Tick::default() }
+    impl From<Option<u64>> for Sight {
+        fn from(count: Option<u64>) -> Sight {
+            Sight { count, ..Sight::default() }
         }
     }
 
@@ -581,18 +572,18 @@ mod tests {
     /// taking `cost` of fake time. Returns the outcome, when it ended and the times counted at.
     fn run(
         rules: &Rules,
-        script: &[(u64, impl Copy + Into<Tick>)],
+        script: &[(u64, impl Copy + Into<Sight>)],
         cost: Duration,
     ) -> (Outcome, Duration, Vec<Duration>) {
-        let ticks: Vec<(u64, Tick)> = script.iter().map(|&(from, t)| (from, t.into())).collect();
-        let (end, time, at, _) = run_steps(rules, &ticks, cost);
+        let sights: Vec<(u64, Sight)> = script.iter().map(|&(from, t)| (from, t.into())).collect();
+        let (end, time, at, _) = run_steps(rules, &sights, cost);
         (end.outcome, time, at)
     }
 
     /// `run` with the whole end and what the wait made of each look.
     fn run_steps(
         rules: &Rules,
-        script: &[(u64, Tick)],
+        script: &[(u64, Sight)],
         cost: Duration,
     ) -> (End, Duration, Vec<Duration>, Vec<(Ask, Seen)>) {
         let now = Cell::new(ms(0));
@@ -604,7 +595,7 @@ mod tests {
             now.set(t + cost.min(left));
             match script.iter().rposition(|(from, _)| ms(*from) <= t) {
                 Some(step) => script[step].1,
-                None => Tick::default(),
+                None => Sight::default(),
             }
         });
         (end, now.get(), at, seen)
@@ -628,7 +619,8 @@ mod tests {
 
     #[test]
     fn threshold_above_zero() {
-        let r = Rules { plan: Plan::Run { exit_at: 2 }, min_drain: ms(0), ..rules() };
+        let r =
+            Rules { plan: Plan::Run { exit_at: 2, then_quit: false }, min_drain: ms(0), ..rules() };
         let (o, end, _) = run(&r, &[(0, Some(5)), (1000, Some(2))], ms(0));
         assert_eq!((o, end), (Outcome::Reached, ms(1000)));
     }
@@ -656,10 +648,10 @@ mod tests {
     fn a_look_that_waited_on_a_stalled_envoy_but_cost_little_cpu_keeps_the_interval() {
         let r = Rules { min_drain: ms(0), ..rules() };
         // Envoy stopped for 2 s: each look waits a second on it, and costs 10 ms of CPU.
-        let stalled = Tick {
+        let stalled = Sight {
             count: Some(1),
             cost: Cost { look: ms(1000), admin: ms(1000), cpu: Some(ms(10)) },
-            ..Tick::default()
+            ..Sight::default()
         };
         let (o, end, at) =
             run(&r, &[(0, stalled), (2000, counted(1)), (4000, counted(0))], ms(1000));
@@ -667,7 +659,7 @@ mod tests {
         assert_eq!(&at[..3], [0, 1000, 2000].map(ms), "no pause after the stalled looks: {at:?}");
         assert!(end <= ms(5000), "ended {end:?} after the count reached zero at 4 s: {at:?}");
         // Measured CPU as long as the look paces as the look did.
-        let busy = Tick { cost: Cost { cpu: Some(ms(250)), ..stalled.cost }, ..stalled };
+        let busy = Sight { cost: Cost { cpu: Some(ms(250)), ..stalled.cost }, ..stalled };
         let (_, _, at) = run(&r, &[(0, busy)], ms(1000));
         assert_eq!(at[..2], [0, 5000].map(ms), "{at:?}");
     }
@@ -675,14 +667,14 @@ mod tests {
     #[test]
     fn slow_answers_space_the_counts_and_one_last_count_comes_before_the_deadline() {
         let r = Rules { min_drain: ms(0), ..rules() };
-        let slow = |count| Tick { count: Some(count), cost: cost(250), ..Tick::default() };
+        let slow = |count| Sight { count: Some(count), cost: cost(250), ..Sight::default() };
         // Each look takes 250 ms: a count every 5 s, and one at 24.5 s, where a count that takes
         // as long still ends before the 25 s deadline.
         let (o, end, at) = run(&r, &[(0, slow(1))], ms(250));
         assert_eq!((o, end), (Outcome::Deadline, ms(25000)));
         assert_eq!(at, [0, 5000, 10000, 15000, 20000, 24500].map(ms), "{at:?}");
         // A quick look keeps the interval.
-        let quick = Tick { count: Some(1), cost: cost(20), ..Tick::default() };
+        let quick = Sight { count: Some(1), cost: cost(20), ..Sight::default() };
         let (_, _, at) = run(&r, &[(0, quick)], ms(20));
         assert_eq!(at.len(), 50, "every 500 ms: {at:?}");
         // The count reaching zero is seen at the next paced count.
@@ -734,10 +726,10 @@ mod tests {
                 let took = ms(costs[i]).min(left);
                 at.push(now.get());
                 now.set(now.get() + took);
-                Tick {
+                Sight {
                     count: Some(counts[i]),
                     cost: Cost { look: took, admin: took, cpu: None },
-                    ..Tick::default()
+                    ..Sight::default()
                 }
             });
             (end.outcome, now.get(), at)
@@ -769,7 +761,7 @@ mod tests {
             let took = if t.is_zero() { ms(3000) } else { ms(1) };
             now.set(t + took);
             let count = u64::from(t >= ms(3500) && t < ms(13_500));
-            Tick { count: Some(count), cost: cost(took.as_millis() as u64), ..Tick::default() }
+            Sight { count: Some(count), cost: cost(took.as_millis() as u64), ..Sight::default() }
         });
         assert_eq!(end.outcome, Outcome::Reached);
         assert!(now.get() >= ms(13_500), "ended at {:?}, the request in flight: {at:?}", now.get());
@@ -814,7 +806,8 @@ mod tests {
     fn the_largest_durations_that_parse_never_overflow() {
         let huge = Duration::from_secs(u64::MAX);
         // A settle time added to a count taken after the first second.
-        let settle = Rules { settle: huge, plan: Plan::Run { exit_at: 5 }, ..rules() };
+        let settle =
+            Rules { settle: huge, plan: Plan::Run { exit_at: 5, then_quit: false }, ..rules() };
         let (o, end, _) = run(&settle, &[(0, Some(1))], ms(1500));
         assert_eq!((o, end), (Outcome::Deadline, ms(25000)));
         // An interval added to a count taken at 2 s, when the min-drain ended.
@@ -855,10 +848,10 @@ mod tests {
         let r = rules();
         // Zero at every look, but a new request at every one up to 9 s: the endpoint has not yet
         // left the clients' lists.
-        let script: Vec<(u64, Tick)> = (0..19)
+        let script: Vec<(u64, Sight)> = (0..19)
             .map(|i| {
-                let tick = Tick { arrivals: Some(40 + i), ..counted(0) };
-                (i * 500, tick)
+                let sight = Sight { arrivals: Some(40 + i), ..counted(0) };
+                (i * 500, sight)
             })
             .collect();
         let (o, end, _) = run(&r, &script, ms(0));
@@ -872,8 +865,8 @@ mod tests {
         assert_eq!((o, end), (Outcome::Reached, ms(5000)));
     }
 
-    fn app(holds: Option<bool>, n: u64) -> Tick {
-        Tick { app: holds, ..counted(n) }
+    fn app(holds: Option<bool>, n: u64) -> Sight {
+        Sight { app: holds, ..counted(n) }
     }
 
     #[test]
@@ -908,10 +901,10 @@ mod tests {
         assert_eq!(o, Outcome::Deadline);
     }
 
-    /// A look's tick: the app's sockets, the count, and the connections busy delivering an
+    /// A look's sight: the app's sockets, the count, and the connections busy delivering an
     /// answer and awaiting one.
-    fn busy(holds: Option<bool>, n: u64, (delivering, awaiting): (u64, u64)) -> Tick {
-        Tick { busy: Some(Busy { delivering, awaiting }), ..app(holds, n) }
+    fn busy(holds: Option<bool>, n: u64, (delivering, awaiting): (u64, u64)) -> Sight {
+        Sight { busy: Some(Busy { delivering, awaiting }), ..app(holds, n) }
     }
 
     #[test]
@@ -935,7 +928,7 @@ mod tests {
         let (end, time, _, _) = run_steps(&rules(), &script, ms(0));
         assert_eq!((end.outcome, time), (Outcome::Reached, ms(12_000)));
         // With --then-quit the proxy is stopped once the app is gone and the answer delivered.
-        let r = Rules { then_quit: true, ..rules() };
+        let r = Rules { plan: Plan::Run { exit_at: 0, then_quit: true }, ..rules() };
         let script = [
             (0, busy(Some(true), 0, (0, 0))),
             (6000, busy(Some(false), 0, (1, 0))),
@@ -955,7 +948,7 @@ mod tests {
 
     #[test]
     fn a_worker_that_calls_out_now_and_then_is_not_taken_for_gone() {
-        let r = Rules { then_quit: true, ..rules() };
+        let r = Rules { plan: Plan::Run { exit_at: 0, then_quit: true }, ..rules() };
         // No listener; a 300 ms call out every 700 ms, or every second (in step with the
         // interval), the last one starting before 20 s; then nothing.
         for period in [700, 1000] {
@@ -1008,7 +1001,7 @@ mod tests {
 
     #[test]
     fn then_quit_stops_the_proxy_once_the_app_has_exited_after_the_count_is_reached() {
-        let r = Rules { then_quit: true, ..rules() };
+        let r = Rules { plan: Plan::Run { exit_at: 0, then_quit: true }, ..rules() };
         // Zero from 1 s; the app holds sockets until 7.2 s.
         let script =
             [(0, app(Some(true), 2)), (1000, app(Some(true), 0)), (7200, app(Some(false), 0))];
@@ -1029,7 +1022,7 @@ mod tests {
 
     #[test]
     fn then_quit_never_stops_the_proxy_under_an_app_it_cannot_see_go() {
-        let r = Rules { then_quit: true, ..rules() };
+        let r = Rules { plan: Plan::Run { exit_at: 0, then_quit: true }, ..rules() };
         // Never seen: its exit cannot be told; decided at once.
         let (end, time, _, _) = run_steps(&r, &[(0, app(Some(false), 0))], ms(0));
         assert_eq!((end.outcome, end.quit), (Outcome::Reached, Some(App::NotSeen)));
@@ -1052,8 +1045,7 @@ mod tests {
             min_drain: ms(min),
             deadline: ms(deadline),
             settle: ms(quiet),
-            plan: Plan::Hold(Holding::NoMesh),
-            propagation: ms(deadline.min(15_000)),
+            plan: no_mesh(ms(deadline.min(15_000))),
             ..rules()
         }
     }
@@ -1068,11 +1060,11 @@ mod tests {
             now.set(t + ms(20));
             let arrived = times.iter().filter(|&&a| ms(a) <= t).count() as u64;
             let known = !(ms(unknown.0)..ms(unknown.1)).contains(&t);
-            Tick {
+            Sight {
                 // In flight: what the hold does not wait for.
                 count: Some(3),
                 arrivals: if known { Some(arrived) } else { None },
-                ..Tick::default()
+                ..Sight::default()
             }
         });
         assert!(seen.iter().all(|(_, s)| s.app == App::Unknown), "a hold never looks at the app");
@@ -1135,11 +1127,11 @@ mod tests {
                 let t = now.get();
                 now.set(t + ms(20));
                 let (n, t) = (t.as_millis() as u64 / 100, t.as_millis() as u64);
-                Tick {
+                Sight {
                     count: Some(2),
                     arrivals: Some(n),
                     opened: Some(opened(t)),
-                    ..Tick::default()
+                    ..Sight::default()
                 }
             });
             (end.outcome, now.get())
@@ -1168,7 +1160,7 @@ mod tests {
         let (late, _) = outcome(&r, &|t: u64| t.min(6000) / 100 + u64::from(t >= 14_000));
         assert_eq!(late, Outcome::Deadline);
         // Never before the min-drain, whatever the propagation.
-        let r = Rules { propagation: ms(2000), min_drain: ms(10_000), ..r };
+        let r = Rules { plan: no_mesh(ms(2000)), min_drain: ms(10_000), ..r };
         let (kept, at) = outcome(&r, &every_100ms_until(1000));
         assert!(matches!(kept, Outcome::KeptAlive(_)) && at >= ms(10_000), "{kept:?} {at:?}");
     }
@@ -1229,10 +1221,10 @@ mod tests {
             now.set(t + if t.is_zero() { ms(2700) } else { ms(1) });
             // The table is read at the look's end.
             let read = now.get().min(ms(30_000));
-            Tick {
+            Sight {
                 arrivals: Some(read.as_millis() as u64 / 100),
                 cost: cost(if t.is_zero() { 2700 } else { 1 }),
-                ..Tick::default()
+                ..Sight::default()
             }
         });
         assert_eq!(end.outcome, Outcome::Reached);
@@ -1246,11 +1238,11 @@ mod tests {
         // its first count; nothing after: the quiet time is twice that pause from the newest.
         let r = hold(1000, 500, 20000);
         let busy = remembered(600, 200, 3500);
-        let (end, stopped, _) = ticking(&r, 20, |t| Tick {
+        let (end, stopped, _) = ticking(&r, 20, |t| Sight {
             count: Some(0),
             arrivals: Some(0),
             before: (t == ms(0)).then_some(busy),
-            ..Tick::default()
+            ..Sight::default()
         });
         assert_eq!(end.outcome, Outcome::Reached);
         assert!(stopped >= ms(6800) && stopped < ms(6900), "{stopped:?}");
@@ -1260,11 +1252,11 @@ mod tests {
         for (n, newest, pause, at) in cases {
             let before = remembered(n, newest, pause);
             let r = Rules { min_drain: ms(5000), ..hold(1000, 500, 20000) };
-            let (end, stopped, _) = ticking(&r, 20, |t| Tick {
+            let (end, stopped, _) = ticking(&r, 20, |t| Sight {
                 count: Some(0),
                 arrivals: Some(0),
                 before: (t == ms(0)).then_some(before),
-                ..Tick::default()
+                ..Sight::default()
             });
             assert_eq!(end.outcome, Outcome::Reached, "{before:?}");
             assert!(stopped >= ms(at) && stopped < ms(at + 100), "{stopped:?} {before:?}");
@@ -1276,11 +1268,11 @@ mod tests {
         // 10,000 clusters: each count takes 250 ms, so counts are 5 s apart; requests every
         // 100 ms until 30 s, then none.
         let r = hold(0, 3000, 60000);
-        let (end, stopped, at) = ticking(&r, 250, |t| Tick {
+        let (end, stopped, at) = ticking(&r, 250, |t| Sight {
             count: Some(0),
             arrivals: Some(t.min(ms(30000)).as_millis() as u64 / 100),
             cost: cost(250),
-            ..Tick::default()
+            ..Sight::default()
         });
         assert_eq!(end.outcome, Outcome::Reached);
         // After the first count, which saw nothing arrive yet and wakes to end the quiet time.
@@ -1299,7 +1291,7 @@ mod tests {
         // Red-team #2: one request every 1.2 s, each over before the next count: the count is 0
         // at every count, and one count in two sees none arrive.
         let r = Rules { min_drain: ms(2000), ..rules() };
-        let (end, stopped, _) = ticking(&r, 10, |t| Tick {
+        let (end, stopped, _) = ticking(&r, 10, |t| Sight {
             arrivals: Some(t.min(ms(12_000)).as_millis() as u64 / 1200),
             ..counted(0)
         });
@@ -1313,7 +1305,7 @@ mod tests {
     fn arrivals_long_over_never_delay_the_end_when_the_count_reaches_zero() {
         // Short requests until 2 s, long ones in flight until 8.3 s: the quiet time after the
         // last arrival was over long before, and the count at zero ends the wait at once.
-        let (end, stopped, _) = ticking(&rules(), 10, |t| Tick {
+        let (end, stopped, _) = ticking(&rules(), 10, |t| Sight {
             arrivals: Some(t.min(ms(2000)).as_millis() as u64 / 100),
             ..counted(if t < ms(8300) { 3 } else { 0 })
         });

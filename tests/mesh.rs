@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 use support::kubelet::{Ordering, Probe};
 use support::mesh::{self, AppKind, LONG, LoadKind, Mode, PreStop, RATE, ReplicaRow, Scenario};
-use support::pod::{DataPlane, Gateway};
+use support::pod::{Gateway, PodMesh};
 
 /// A graceful app's pod deleted under load, with the proxy shutting down as `mode` says.
 fn deleted_under_load(ordering: Ordering, mode: Mode) -> ReplicaRow {
@@ -25,7 +25,7 @@ fn deleted_under_load(ordering: Ordering, mode: Mode) -> ReplicaRow {
         propagation: Duration::from_secs(2),
         load: LoadKind::Http1,
         pre_stop: PreStop::None,
-        mesh: DataPlane::Sidecar,
+        mesh: PodMesh::Sidecar,
         keep_alive: true,
         rate: f64::from(RATE),
         probe: Probe::Http,
@@ -117,7 +117,7 @@ fn native_sidecar_with_istios_own_prestop_stops_the_proxy_as_the_app_exits() {
 
 /// An nginx-style app behind `hold`, its pod deleted when the mesh learns of it 10 s late; without
 /// a sidecar its readiness probe is a tcpSocket one, from the node's own address without a mesh.
-fn held(mesh: DataPlane, keep_alive: bool) -> ReplicaRow {
+fn held(mesh: PodMesh, keep_alive: bool) -> ReplicaRow {
     run_scenario(Scenario {
         ordering: Ordering::Classic,
         app: AppKind::Nginx,
@@ -150,7 +150,7 @@ fn held_until_requests_stopped(row: &ReplicaRow) {
 #[ignore = "needs root, iptables, setpriv, hey and Envoy: `bash scripts/test` runs it"]
 fn an_nginx_style_app_behind_hold_fails_no_request_when_the_mesh_learns_of_it_10s_late() {
     // Without `hold` such an app refuses what clients send until their sidecars drop it.
-    let row = held(DataPlane::Sidecar, true);
+    let row = held(PodMesh::Sidecar, true);
     no_request_failed(&row);
     held_until_requests_stopped(&row);
 }
@@ -158,11 +158,11 @@ fn an_nginx_style_app_behind_hold_fails_no_request_when_the_mesh_learns_of_it_10
 #[test]
 #[ignore = "needs root, iptables, setpriv, hey and Envoy: `bash scripts/test` runs it"]
 fn in_ambient_mode_hold_sees_each_new_connection_over_hbone_and_not_the_probes() {
-    held_until_requests_stopped(&held(DataPlane::Ambient, false));
+    held_until_requests_stopped(&held(PodMesh::Ambient, false));
 }
 
 #[test]
 #[ignore = "needs root, iptables, setpriv and hey: `bash scripts/test` runs it"]
 fn without_a_mesh_hold_sees_each_new_connection_until_kube_proxy_drops_the_pod() {
-    held_until_requests_stopped(&held(DataPlane::None, false));
+    held_until_requests_stopped(&held(PodMesh::None, false));
 }

@@ -8,12 +8,12 @@ use envoy_drain::count::Basis;
 use envoy_drain::lists::PortSet;
 use envoy_drain::source::diag;
 use envoy_drain::source::procnet::{
-    Accepted, DEFAULT_EPHEMERAL, Endpoint, Listeners, AcceptRule, Sink, Table, SocketTally,
+    Accepted, DEFAULT_EPHEMERAL, Endpoint, Listeners, TableFacts, Sink, Table, SocketTally,
 };
 use libfuzzer_sys::fuzz_target;
 
 /// Counts a whole table, remembering the listeners seen, as the socket table's count does.
-fn count(table: &Table, rule: &AcceptRule<'_>, listeners: &mut Listeners) -> envoy_drain::count::Count {
+fn count(table: &Table, rule: &TableFacts<'_>, listeners: &mut Listeners) -> envoy_drain::count::Count {
     listeners.learn(table, rule);
     let mut tally = SocketTally::new(table, Some((*rule, listeners)), false, None);
     for s in &table.sockets {
@@ -38,7 +38,7 @@ fuzz_target!(|data: &[u8]| {
     // Counted from the whole table, and counted as a stream beside its listening sockets.
     let filter = Filter { ignore: PortSet::default(), only: None };
     let envoy = Basis::Owner { uid: 1337, admin: String::new(), why: String::new().into() };
-    let rule = AcceptRule { filter: &filter, envoy: &envoy, inodes: &[], ephemeral: &DEFAULT_EPHEMERAL };
+    let rule = TableFacts { filter: &filter, envoy: &envoy, inodes: &[], ephemeral: &DEFAULT_EPHEMERAL };
     let mut listeners = Listeners::default();
     let whole = count(&table, &rule, &mut listeners);
     // What the accepted ones still deliver or await, told of no more sockets than there are.

@@ -8,12 +8,12 @@ use envoy_drain::config::Filter;
 use envoy_drain::count::Basis;
 use envoy_drain::lists::{ISTIO_INFRA_PORTS, PortSet};
 use envoy_drain::source::procnet::{
-    Accepted, DEFAULT_EPHEMERAL, Endpoint, Listeners, AcceptRule, Sink, Table, SocketTally, parse_line,
+    Accepted, DEFAULT_EPHEMERAL, Endpoint, Listeners, TableFacts, Sink, Table, SocketTally, parse_line,
 };
 use libfuzzer_sys::fuzz_target;
 
 /// Counts a whole table, remembering the listeners seen, as the socket table's count does.
-fn count(table: &Table, rule: &AcceptRule<'_>, listeners: &mut Listeners) -> envoy_drain::count::Count {
+fn count(table: &Table, rule: &TableFacts<'_>, listeners: &mut Listeners) -> envoy_drain::count::Count {
     listeners.learn(table, rule);
     let listened: Vec<Endpoint> = table.listening().iter().map(|s| s.local).collect();
     let accepted = Accepted { listened: &listened, ignore: &rule.filter.ignore, proxy: 1337 };
@@ -54,7 +54,7 @@ fuzz_target!(|data: &[u8]| {
     ];
     let mut listeners = Listeners::default();
     for (envoy, inodes) in &envoys {
-        let rule = AcceptRule { filter: &filter, envoy, inodes, ephemeral: &DEFAULT_EPHEMERAL };
+        let rule = TableFacts { filter: &filter, envoy, inodes, ephemeral: &DEFAULT_EPHEMERAL };
         let c = count(&table, &rule, &mut listeners);
         let counted: u64 = c.parts.iter().map(|p| p.active).sum();
         let left_out: u64 = c.excluded.iter().map(|e| e.n).sum();

@@ -6,10 +6,10 @@
 //! proxy, unless the last look saw it gone with nothing left to deliver, nor before the min-drain.
 #![no_main]
 
-use envoy_drain::config::{Holding, Plan, Rules};
+use envoy_drain::config::{ArrivalRule, Hold, Holding, Plan, Rules};
 use envoy_drain::count::{Before, Busy, Cost};
 use envoy_drain::outcome::Outcome;
-use envoy_drain::wait::{App, Ask, LAST_COUNT, Seen, Step, Tick, Wait};
+use envoy_drain::wait::{App, Ask, LAST_COUNT, Seen, Step, Sight, Wait};
 use libfuzzer_sys::fuzz_target;
 use std::cell::Cell;
 use std::time::Duration;
@@ -29,18 +29,18 @@ struct Script<'a> {
     bytes: &'a [u8],
     looks: usize,
     requests: u64,
-    last: Tick,
+    last: Sight,
     seen: Seen,
 }
 
 impl Script<'_> {
-    fn tick(&mut self, left: Duration, _: Ask) -> Tick {
+    fn sight(&mut self, left: Duration, _: Ask) -> Sight {
         assert!(left <= self.deadline.saturating_sub(self.now.get()));
         let step = self.bytes.get(self.looks).copied();
         self.looks += 1;
         let Some(b) = step.filter(|_| self.looks <= MAX_LOOKS) else {
             self.now.set(self.now.get().max(self.deadline));
-            self.last = Tick::default();
+            self.last = Sight::default();
             return self.last;
         };
         // A look may end past the deadline, as a slow answer or a descheduled hook makes it; the
@@ -48,7 +48,7 @@ impl Script<'_> {
         let took = Duration::from_millis(u64::from(b >> 4) * 100);
         self.now.set(self.now.get().saturating_add(took).min(CLOCK_END.max(self.deadline)));
         self.requests += u64::from(b & 0x8 != 0);
-        self.last = Tick {
+        self.last = Sight {
             count: (b & 0xf != 0xf).then_some(u64::from(b & 0x7)),
             arrivals: Some(self.requests),
             // A recount that grows with the arrivals, as /clusters' beside the socket table's.
@@ -104,11 +104,13 @@ fuzz_target!(|data: &[u8]| {
         interval: duration(18).max(Duration::from_nanos(1)),
         settle: duration(27),
         plan: match head[36] % 5 {
-            4 => Plan::Hold(Holding::NoMesh),
-            n => Plan::Run { exit_at: u64::from(n) },
+            4 => Plan::Hold(Box::new(Hold {
+                holding: Holding::NoMesh,
+                propagation: Duration::from_millis(u64::from(head[39]) * 100).min(deadline),
+                arrivals: ArrivalRule::default(),
+            })),
+            n => Plan::Run { exit_at: u64::from(n), then_quit: head[37] & 1 == 1 },
         },
-        then_quit: head[37] & 1 == 1,
-        propagation: Duration::from_millis(u64::from(head[39]) * 100).min(deadline),
     };
     // The drain's request may have taken any part of the deadline, or more.
     let drained_at = Duration::from_millis(u64::from(head[38]) * 100);
@@ -119,7 +121,7 @@ fuzz_target!(|data: &[u8]| {
         bytes,
         looks: 0,
         requests: 0,
-        last: Tick::default(),
+        last: Sight::default(),
         seen: Seen::default(),
     };
     let mut wait = Wait::new(&rules, drained_at);
@@ -133,8 +135,8 @@ fuzz_target!(|data: &[u8]| {
             }
             Step::Look(ask) => {
                 let started = now.get();
-                let tick = script.tick(deadline.saturating_sub(started), ask);
-                script.seen = wait.saw(ask, (started, now.get()), &tick);
+                let sight = script.sight(deadline.saturating_sub(started), ask);
+                script.seen = wait.saw(ask, (started, now.get()), &sight);
             }
             Step::End(end) => break end,
         }
@@ -143,7 +145,7 @@ fuzz_target!(|data: &[u8]| {
     match end.outcome {
         Outcome::Reached if end.quit.is_none() => assert!(
             match rules.plan {
-                Plan::Run { exit_at: most } =>
+                Plan::Run { exit_at: most, .. } =>
                     last.count.is_some_and(|n| n <= most)
                         && seen.arrived == 0
                         && last.busy.is_none_or(|b| b == Busy::default()),
@@ -161,14 +163,14 @@ fuzz_target!(|data: &[u8]| {
             assert!(now.get() >= drain_done, "app exit at {:?}", now.get());
         }
         Outcome::KeptAlive(since) => {
-            assert!(rules.plan.is_hold(), "kept alive on {last:?}");
+            assert!(matches!(rules.plan, Plan::Hold(_)), "kept alive on {last:?}");
             assert!(now.get() >= deadline, "kept alive at {:?}", now.get());
             assert!(since <= now.get(), "no new connection for {since:?} at {:?}", now.get());
         }
         _ => {}
     }
     if end.quit == Some(App::Gone) {
-        assert!(rules.then_quit);
+        assert!(matches!(rules.plan, Plan::Run { then_quit: true, .. }));
         assert_eq!(seen.app, App::Gone, "proxy stopped on {last:?}");
         let delivering = last.busy.is_some_and(|b| b.delivering > 0);
         assert_eq!(end.delivering, delivering, "proxy stopped on {last:?}");

@@ -5,9 +5,9 @@
 
 use crate::cli::{ENV_NODE_IPS, HoldArgs};
 use crate::config::{
-    ArrivalRule, ConfigWarning, DEFAULT_AGENT, DEFAULT_INTERVAL, Env, Filter, Holding, Mode, Plan,
-    Rules, RunConfig, SourceConfig, log_format, mapped, parse_addr, parse_admin, parse_duration,
-    ports, positive, some_ports,
+    ArrivalRule, ConfigWarning, DEFAULT_AGENT, DEFAULT_INTERVAL, Env, Filter, Hold, Holding,
+    HookConfig, Mode, Plan, Rules, SourceConfig, log_format, mapped, parse_addr, parse_admin,
+    parse_duration, ports, positive, some_ports,
 };
 use crate::count::Unit;
 use crate::error::UsageError;
@@ -32,7 +32,7 @@ const DEFAULT_PROPAGATION: Duration = Duration::from_secs(15);
 /// /clusters at its own pace (Istio's stats have no counter per app); with `ambient` or `none`,
 /// where no Envoy is in the pod, the socket table alone (`arrivals`). The wait ends by
 /// `Plan::Hold`'s rule.
-pub fn hold_config(a: &HoldArgs, env: &Env<'_>) -> Result<RunConfig, UsageError> {
+pub fn hold_config(a: &HoldArgs, env: &Env<'_>) -> Result<HookConfig, UsageError> {
     let holding = Holding::of(a.preset.as_deref().unwrap_or("istio"))?;
     let (preset, own) = match holding {
         Holding::Sidecar(p) => (p, p.ignore_ports),
@@ -71,15 +71,14 @@ pub fn hold_config(a: &HoldArgs, env: &Env<'_>) -> Result<RunConfig, UsageError>
         unit: Unit::Requests,
         filter: Filter { ignore, only: None },
         ignore_clusters: Names::default(),
-        arrivals: Some(rule),
         proc_net: None,
         warnings,
     };
     let log_format = log_format(a.log_format.as_deref(), env, &mut counting.warnings)?;
-    Ok(RunConfig {
+    Ok(HookConfig {
         counting,
         before: Vec::new(),
-        rules: hold_rules(a, holding)?,
+        rules: hold_rules(a, holding, rule)?,
         log_file: a.log_file.as_ref().map(PathBuf::from),
         log_format,
         agent: parse_addr("--agent", DEFAULT_AGENT)?,
@@ -117,7 +116,7 @@ fn probes(
 
 /// `hold`'s wait: until no request arrived for the quiet time, at least `--min`, at most
 /// `--deadline`.
-fn hold_rules(a: &HoldArgs, holding: Holding) -> Result<Rules, UsageError> {
+fn hold_rules(a: &HoldArgs, holding: Holding, arrivals: ArrivalRule) -> Result<Rules, UsageError> {
     let deadline = positive("--deadline", &a.deadline, DEFAULT_HOLD_DEADLINE)?;
     let min_flag = a.min.as_deref().map(|v| parse_duration("--min", v)).transpose()?;
     let min = min_flag.unwrap_or(DEFAULT_HOLD_MIN.min(deadline));
@@ -135,9 +134,12 @@ fn hold_rules(a: &HoldArgs, holding: Holding) -> Result<Rules, UsageError> {
         deadline,
         interval: positive("--interval", &a.interval, DEFAULT_INTERVAL)?,
         settle: quiet,
-        plan: Plan::Hold(holding),
-        then_quit: false,
-        propagation: positive("--propagation", &a.propagation, DEFAULT_PROPAGATION)?.min(deadline),
+        plan: Plan::Hold(Box::new(Hold {
+            holding,
+            propagation: positive("--propagation", &a.propagation, DEFAULT_PROPAGATION)?
+                .min(deadline),
+            arrivals,
+        })),
     })
 }
 
@@ -289,9 +291,10 @@ mod tests {
         };
         let c = hold("ambient", None);
         let secs = Duration::from_secs;
-        assert_eq!((c.rules.min_drain, c.rules.propagation), (secs(3), secs(15)));
+        let Plan::Hold(h) = c.rules.plan else { panic!() };
+        let (propagation, rule) = (h.propagation, h.arrivals);
+        assert_eq!((c.rules.min_drain, propagation), (secs(3), secs(15)));
         assert_eq!(c.rules.deadline, secs(20));
-        let rule = c.counting.arrivals.unwrap();
         let v6 = "fd16:9254:7127:1337:ffff:ffff:ffff:ffff".parse().unwrap();
         assert_eq!(rule.probes, [mapped("169.254.7.127".parse().unwrap()), v6]);
         assert_eq!(rule.proxy, [15001, 15006, 15008, 15053], "ztunnel's listeners");
@@ -299,8 +302,9 @@ mod tests {
         assert_eq!(rule.liveness, [secs(10), secs(30)]);
         // The propagation within a shorter deadline; the min cut to it as before.
         let c = hold("none", Some("8s"));
-        assert_eq!((c.rules.propagation, c.rules.min_drain), (secs(8), secs(3)));
-        let rule = c.counting.arrivals.unwrap();
+        let Plan::Hold(h) = c.rules.plan else { panic!() };
+        let (propagation, rule) = (h.propagation, h.arrivals);
+        assert_eq!((propagation, c.rules.min_drain), (secs(8), secs(3)));
         // Without a mesh the pod's own memory (TIME_WAIT, PassiveOpens), not a sidecar's.
         assert!(rule.proxy.is_empty() && rule.passive_opens && rule.outside_only);
     }
@@ -316,7 +320,8 @@ mod tests {
             };
             let c =
                 hold_config(&a, &|k| (k == ENV_NODE_IPS).then(|| env.map(String::from))?).unwrap();
-            (c.counting.arrivals.unwrap(), said(&c.counting.warnings))
+            let Plan::Hold(hold) = c.rules.plan else { panic!("{:?}", c.rules.plan) };
+            (hold.arrivals, said(&c.counting.warnings))
         };
         let mapped = |ip: &str| mapped(ip.parse().unwrap());
         let (rule, warnings) = hold(Some("node"), Some("10.0.0.7, fd00::7,node-1"));

@@ -255,11 +255,17 @@ impl Opened {
 /// propagation whether only kept-alive connections still carry requests (`Opened`).
 #[derive(Debug, Default)]
 pub(crate) struct Quiet {
+    /// `--propagation`: by then the mesh has stopped sending here.
+    propagation: Duration,
     rate: Rate,
     opened: Opened,
 }
 
 impl Quiet {
+    pub(crate) fn new(propagation: Duration) -> Quiet {
+        Quiet { propagation, ..Quiet::default() }
+    }
+
     /// A count of `rules`' hold that ended at `now` and told arrivals (`arrived`, `recounted`,
     /// the newest `newest` ago, new connections `opened` so far; the first, what the source
     /// remembered from `before` it), the min-drain ending at `drain_done`: the arrivals' pace,
@@ -274,7 +280,7 @@ impl Quiet {
         let limits = Limits {
             floor: rules.settle,
             from: drain_done,
-            propagation: rules.propagation,
+            propagation: self.propagation,
             deadline: rules.deadline,
         };
         if self.rate.since.is_none() {
@@ -295,10 +301,16 @@ impl Quiet {
         Some(last.saturating_add(pace.quiet))
     }
 
-    /// How long no new connection had come at the last count, where that is their quiet time
-    /// at least (`floor`), so that only kept-alive clients still send.
-    pub(crate) fn kept_alive(&self, floor: Duration) -> Option<Duration> {
-        self.opened.stopped(floor)
+    /// From the propagation on (and the min-drain's end, `from`): how long no new connection had
+    /// come at the last count, where that is their quiet time at least (`floor`), so that only
+    /// kept-alive clients still send.
+    pub(crate) fn kept_alive(
+        &self,
+        floor: Duration,
+        from: Duration,
+        now: Duration,
+    ) -> Option<Duration> {
+        self.opened.stopped(floor).filter(|_| now >= self.propagation.max(from))
     }
 }
 

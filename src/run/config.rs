@@ -5,7 +5,7 @@
 use crate::cli::{ANNOTATION_PREFIX, RunArgs};
 use crate::config::{
     ConfigWarning, DEFAULT_AGENT, DEFAULT_INTERVAL, DEFAULT_MIN_DRAIN, DURATION, ENV_MIN_DRAIN,
-    Env, Filter, Mode, Plan, Rules, RunConfig, SourceConfig, log_format, parse_addr, parse_admin,
+    Env, Filter, HookConfig, Mode, Plan, Rules, SourceConfig, log_format, parse_addr, parse_admin,
     parse_duration, ports, positive, some_ports,
 };
 use crate::count::Unit;
@@ -80,7 +80,6 @@ pub(crate) fn counting(a: &RunArgs) -> Result<SourceConfig, UsageError> {
         unit,
         filter: Filter { ignore, only },
         ignore_clusters,
-        arrivals: None,
         proc_net: a.proc_net.as_ref().map(PathBuf::from),
         warnings: admin_warning.into_iter().collect(),
     })
@@ -91,7 +90,7 @@ const SECURE_METRICS_PORTS: [&str; 2] =
     ["ENVOY_SECURE_METRICS_PORT", "ENVOY_SECURE_MERGED_METRICS_PORT"];
 
 /// `env` looks up an environment variable; empty values count as unset.
-pub fn run_config(a: &RunArgs, env: &Env<'_>) -> Result<RunConfig, UsageError> {
+pub fn run_config(a: &RunArgs, env: &Env<'_>) -> Result<HookConfig, UsageError> {
     let mut counting = counting(a)?;
     let preset = counting.preset;
     // Istio 1.31's opt-in mTLS metrics listeners, at the ports pilot-agent reads from the proxy
@@ -121,7 +120,7 @@ pub fn run_config(a: &RunArgs, env: &Env<'_>) -> Result<RunConfig, UsageError> {
     let settle =
         a.settle.as_deref().map_or(Ok(Duration::ZERO), |v| parse_duration("--settle", v))?;
     let log_format = log_format(a.log_format.as_deref(), env, warnings)?;
-    Ok(RunConfig {
+    Ok(HookConfig {
         counting,
         before: drain::before(drain, a.fail_healthcheck),
         rules: Rules {
@@ -129,9 +128,7 @@ pub fn run_config(a: &RunArgs, env: &Env<'_>) -> Result<RunConfig, UsageError> {
             deadline,
             interval,
             settle,
-            plan: Plan::Run { exit_at },
-            then_quit: a.then_quit,
-            propagation: Duration::ZERO,
+            plan: Plan::Run { exit_at, then_quit: a.then_quit },
         },
         log_file: a.log_file.as_ref().map(PathBuf::from),
         log_format,
@@ -372,12 +369,11 @@ mod tests {
         assert_eq!(c.rules.deadline, Duration::from_secs(25));
         assert_eq!(c.rules.interval, Duration::from_millis(500));
         assert_eq!(c.rules.settle, Duration::ZERO);
-        assert_eq!(c.rules.plan, Plan::Run { exit_at: 0 });
+        assert!(matches!(c.rules.plan, Plan::Run { exit_at: 0, then_quit: false }));
         let ignore = &c.counting.filter.ignore;
         assert!(ignore.contains(15021) && !ignore.contains(15006));
         assert_eq!(c.counting.filter.only, None);
         assert_eq!(c.counting.proc_net, None, "netlink");
-        assert!(!c.rules.then_quit);
         assert!(c.counting.warnings.is_empty());
     }
 
@@ -571,10 +567,11 @@ mod tests {
     #[test]
     fn then_quit_uses_the_agent_address() {
         let mut a = args(&[("agent", "[::1]:15020")]);
-        assert!(!run_config(&a, &no_env).unwrap().rules.then_quit);
+        let quits = |c: &HookConfig| matches!(c.rules.plan, Plan::Run { then_quit: true, .. });
+        assert!(!quits(&run_config(&a, &no_env).unwrap()));
         a.then_quit = true;
         let c = run_config(&a, &no_env).unwrap();
-        assert!(c.rules.then_quit);
+        assert!(quits(&c));
         assert_eq!(c.agent.to_string(), "[::1]:15020");
     }
 

@@ -27,7 +27,7 @@ const MAX_LINE: usize = 4096;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Reply {
-    pub status: u16,
+    pub(crate) status: u16,
     pub(crate) body: Vec<u8>,
 }
 
@@ -56,11 +56,11 @@ const ENVOY_SERVER: &str = "envoy";
 
 impl Client {
     /// A client for Envoy's admin API: an answer without Envoy's `server: envoy` header fails.
-    pub fn envoy(address: Address) -> Client {
+    pub(crate) fn envoy(address: Address) -> Client {
         Client { envoy: true, ..Client::new(address) }
     }
 
-    pub fn new(address: Address) -> Client {
+    pub(crate) fn new(address: Address) -> Client {
         let config = Agent::config_builder()
             .proxy(None)
             .max_redirects(0)

@@ -8,11 +8,11 @@
 //! the kernel").
 
 use crate::config::ArrivalRule;
-use crate::count::{Before, Count, PACE, REQUEST_TIMEOUT, Warning};
+use crate::count::{Before, COST_SPACING, Count, REQUEST_TIMEOUT, Warning};
 use crate::error::Failure;
 use crate::hold::quiet::WINDOW;
 use crate::source::clusters;
-use crate::source::diag::{TICK, TIME_WAIT_LEN};
+use crate::source::diag::{JIFFY, TIME_WAIT_LEN};
 use crate::source::procnet::{Endpoint, LISTEN, SYN_RECV, Socket, TIME_WAIT, loopback, taking};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::Ipv6Addr;
@@ -65,9 +65,9 @@ struct Conn {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Read {
     /// New connections, and open ones that received bytes, that count.
-    pub arrived: u64,
+    pub(crate) arrived: u64,
     /// Of those, new connections (the rest are requests on connections open before).
-    pub opened: u64,
+    pub(crate) opened: u64,
     /// Of those, connections the pod accepted that left no socket (`ArrivalRule::passive_opens`).
     pub(crate) unseen: u64,
     /// Polls (`POLL`) left out.
@@ -77,7 +77,7 @@ pub(crate) struct Read {
     /// At the first read: what the kernel remembers of arrivals before it.
     pub(crate) before: Option<Before>,
     /// How long ago the newest arrival came, where every one left a socket that tells.
-    pub newest: Option<Duration>,
+    pub(crate) newest: Option<Duration>,
     /// Ports listened on outside the pod that do not count: a connection to one that leaves no
     /// socket cannot be told from the app's, and counts.
     pub(crate) hiding: Vec<u16>,
@@ -102,8 +102,8 @@ pub(crate) struct Tracker {
     sent: HashMap<Ipv6Addr, Duration>,
     accepted: u64,
     /// Arrivals so far: a counter, as /clusters' `rq_total` is.
-    pub total: u64,
-    pub opened: u64,
+    pub(crate) total: u64,
+    pub(crate) opened: u64,
     /// The probes' connections so far, which /clusters counts among the app's requests.
     pub(crate) probes: u64,
     pub(crate) polls: u64,
@@ -111,14 +111,16 @@ pub(crate) struct Tracker {
     first_at: Option<Duration>,
     /// When the last read was.
     last_at: Option<Duration>,
-    /// The pod's age at the first read, where its processes tell (`sockets::pod_age`).
+    /// The pod's age at the first read, where its processes tell (`sockets::pod_age`), and
+    /// whether it was looked for, once.
     pub(crate) age: Option<Duration>,
+    pub(crate) aged: bool,
     probed: u64,
 }
 
 impl Tracker {
     /// The tracker of `rule`, for the app's user `uid`.
-    pub fn new(rule: ArrivalRule, uid: u32) -> Tracker {
+    pub(crate) fn new(rule: ArrivalRule, uid: u32) -> Tracker {
         Tracker { rule, uid: Some(uid).filter(|uid| *uid != 0), ..Tracker::default() }
     }
 
@@ -356,7 +358,7 @@ impl Tracker {
     /// taking it if so: one `seen` from their addresses, or one that left no socket. Without
     /// `--probe-periods`, every one seen from their addresses and none that left no socket.
     /// With them, as many as the probes may have made: a probe of period p makes at most
-    /// since / p + 1 connections in `since` (the kubelet's prober ticks every period, kubelet
+    /// since / p + 1 connections in `since` (the kubelet's prober sights every period, kubelet
     /// pkg/kubelet/prober/worker.go `run`), a tenth of a period more for the time it takes to
     /// start.
     fn probe(&mut self, since: Duration, seen: bool) -> bool {
@@ -473,7 +475,7 @@ fn reopened(before: &Conn, now: &Conn, (then, at): (Duration, Duration)) -> bool
 }
 
 /// How far short of the old connection's age a closed one's must be to be another: ages are
-/// whole ticks and a read's time is taken after its dump, which a loaded node can delay by
+/// whole sights and a read's time is taken after its dump, which a loaded node can delay by
 /// hundreds of milliseconds; a port taken again within a second is missed (one spurious
 /// arrival, which makes a hold longer, never shorter).
 const REOPENED: Duration = Duration::from_secs(1);
@@ -518,11 +520,11 @@ pub fn remember(
 /// (whose clients, other sidecars, pool their connections and close none): each one's last bytes
 /// came when it has been idle since (`ages`, at most `HISTORY`), so at least as many arrived as
 /// the connections within the span back to the oldest of them. One alone tells no rate. Ages are
-/// a tick short (`diag::TICK`): the span is a tick longer, never a rate too high.
+/// a sight short (`diag::JIFFY`): the span is a sight longer, never a rate too high.
 fn recently(mut ages: Vec<Duration>) -> Option<Before> {
     ages.sort_unstable();
     let (newest, span) = (*ages.first()?, *ages.last()?);
-    let span = span.saturating_add(TICK).max(Duration::from_millis(500));
+    let span = span.saturating_add(JIFFY).max(Duration::from_millis(500));
     (ages.len() > 1).then_some(Before {
         arrivals: ages.len() as u64,
         span,
@@ -562,7 +564,7 @@ impl Both {
     /// counter; gives the arrivals and the recounted ones so far, unknown when neither told, and
     /// whether the table saw arrivals that /clusters did not (clients that reach the app past
     /// the sidecar, or a TCP stream's bytes).
-    pub fn add(
+    pub(crate) fn add(
         &mut self,
         (kernel, probes): (Option<u64>, u64),
         clusters: Option<u64>,
@@ -647,7 +649,8 @@ impl SidecarArrivals {
         self.least = Some(least);
         // Envoy's main thread's CPU, but not less than the cheapest read took (what else its
         // answer costs it, writing and freeing it, falls outside that CPU).
-        self.due = asked.checked_add(cpu.map_or(least, |cpu| cpu.max(least)).saturating_mul(PACE));
+        self.due =
+            asked.checked_add(cpu.map_or(least, |cpu| cpu.max(least)).saturating_mul(COST_SPACING));
         took > least.saturating_mul(4).max(STALL)
     }
 
@@ -1283,8 +1286,8 @@ mod tests {
         (period, phase): (u64, u64),
         kind: Probed,
     ) -> (crate::wait::End, u64) {
-        use crate::config::{Holding, Plan, Rules};
-        use crate::wait::{Step, Tick, Wait};
+        use crate::config::{Rules, tests::no_mesh};
+        use crate::wait::{Sight, Step, Wait};
         let rule =
             ArrivalRule { probe_periods: Some(vec![Duration::from_secs(period)]), ..rule.clone() };
         let rules = Rules {
@@ -1292,9 +1295,7 @@ mod tests {
             deadline: Duration::from_secs(20),
             interval: Duration::from_millis(500),
             settle: Duration::from_millis(500),
-            plan: Plan::Hold(Holding::NoMesh),
-            then_quit: false,
-            propagation: Duration::from_secs(15),
+            plan: no_mesh(Duration::from_secs(15)),
         };
         let mut tracker = Tracker { age: Some(Duration::from_secs(600)), ..Tracker::new(rule, 0) };
         let mut wait = Wait::new(&rules, Duration::ZERO);
@@ -1320,17 +1321,17 @@ mod tests {
                         Probed::ClosedFirst => listening(&[8080]),
                     };
                     let read = tracker.read(now, &ours(), &sockets, Some(done.len() as u64));
-                    let tick = Tick {
+                    let sight = Sight {
                         count: Some(0),
                         arrivals: Some(tracker.total),
                         opened: Some(tracker.opened),
                         before: read.before,
                         newest: read.newest,
-                        ..Tick::default()
+                        ..Sight::default()
                     };
                     let started = now;
                     now += Duration::from_millis(1);
-                    wait.saw(ask, (started, now), &tick);
+                    wait.saw(ask, (started, now), &sight);
                 }
                 Step::End(end) => return (end, now.as_millis() as u64),
             }

@@ -28,11 +28,11 @@ pub struct HostScope {
 /// One cluster as `status` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Cluster {
-    pub name: String,
+    pub(crate) name: String,
     /// Requests in flight (`rq_active` and `rq_pending_active`) on the hosts that count.
     pub requests: u64,
     /// Open upstream connections (`cx_active`) on those hosts, idle ones included.
-    pub connections: u64,
+    pub(crate) connections: u64,
     /// Why the whole cluster is left out, if it is.
     pub left_out: Option<&'static str>,
 }
@@ -60,8 +60,8 @@ pub struct HostCounter {
 /// Requests and connections so far on the app's own clusters' hosts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct AppArrived {
-    pub requests: u64,
-    pub connections: u64,
+    pub(crate) requests: u64,
+    pub(crate) connections: u64,
 }
 
 /// Adds up an answer line by line, keeping the clusters that hold something (Envoy prints a

@@ -66,7 +66,7 @@ const DATA_SEGS_OUT: usize = 156;
 /// whole jiffies can be one longer than the time that passed (`jiffies_to_msecs(now - lrcvtime)`,
 /// net/ipv4/tcp.c; TIME_WAIT's time left, `inet_twsk_diag_fill`, likewise), so an arrival dated
 /// by it is dated up to a tick early; the age less a tick never dates it before it came.
-pub(crate) const TICK: Duration = Duration::from_millis(10);
+pub(crate) const JIFFY: Duration = Duration::from_millis(10);
 
 /// How long a closed connection's end waits in TIME_WAIT (`TCP_TIMEWAIT_LEN`, include/net/tcp.h);
 /// a dump gives the milliseconds it has left (`inet_twsk_diag_fill`).
@@ -160,9 +160,9 @@ fn socket(body: &[u8]) -> Result<Socket, DumpError> {
     let idle = match (m[1], info) {
         (TIME_WAIT, _) => {
             let left = Duration::from_millis(u32_at(52).into());
-            Some(TIME_WAIT_LEN.saturating_sub(left).saturating_sub(TICK))
+            Some(TIME_WAIT_LEN.saturating_sub(left).saturating_sub(JIFFY))
         }
-        (_, Some(i)) => Some(Duration::from_millis(i.last_recv.into()).saturating_sub(TICK)),
+        (_, Some(i)) => Some(Duration::from_millis(i.last_recv.into()).saturating_sub(JIFFY)),
         _ => None,
     };
     Ok(Socket {
@@ -317,7 +317,7 @@ mod tests {
     use crate::count::Excluded;
     use crate::lists::PortSet;
     use crate::source::procnet::testing::count;
-    use crate::source::procnet::{AcceptRule, DEFAULT_EPHEMERAL, Listeners, Table};
+    use crate::source::procnet::{DEFAULT_EPHEMERAL, Listeners, Table, TableFacts};
 
     /// A message as the kernel lays it out: header, then `body`, padded to 4 bytes.
     fn message(kind: u16, flags: u16, seq: u32, body: &[u8]) -> Vec<u8> {
@@ -440,7 +440,7 @@ mod tests {
         parse(&d, 1, &mut t).unwrap();
         let filter = Filter { ignore: PortSet::default(), only: None };
         let envoy = Basis::Process { pid: 1, uid: 1337, admin: String::new() };
-        let rule = AcceptRule {
+        let rule = TableFacts {
             filter: &filter,
             envoy: &envoy,
             inodes: &[5],
@@ -637,7 +637,7 @@ mod tests {
         // The client has received nothing since it connected, 300 ms ago at least (less a tick).
         assert!(
             idle.is_some_and(
-                |i| i >= Duration::from_millis(300) - TICK && i < Duration::from_secs(5)
+                |i| i >= Duration::from_millis(300) - JIFFY && i < Duration::from_secs(5)
             ),
             "{client_end:?}"
         );

@@ -2,21 +2,21 @@
 //! else (auto) the kernel's socket table; for requests, the stats, else /clusters, else
 //! connections; for `hold`'s arrivals, the socket table with /clusters at its pace.
 
-pub mod admin;
+pub(crate) mod admin;
 pub mod arrivals;
 pub mod clusters;
 pub mod diag;
 pub(crate) mod lines;
 pub mod procnet;
-pub mod sockets;
+pub(crate) mod sockets;
 pub mod stats;
 pub(crate) mod uds;
 
-use crate::config::{Mode, SourceConfig};
+use crate::config::{Hold, Holding, Mode, Plan, SourceConfig};
 use crate::count::{Before, Cost, Count, REQUEST_TIMEOUT, Unit, Warning};
 use crate::error::{Failure, failed};
 use admin::Client;
-use arrivals::SidecarArrivals;
+use arrivals::{SidecarArrivals, Tracker};
 use clusters::CLUSTERS_PATH;
 use sockets::{Pod, SocketTable};
 use stats::{Hcm, REQUESTS_PATH, STATS_PATH};
@@ -32,10 +32,10 @@ pub(crate) struct Reading {
 
 /// What one answer of the stats said.
 #[derive(Debug, Clone)]
-pub struct StatsLook {
-    pub connections: Result<Count, Failure>,
+pub(crate) struct StatsLook {
+    pub(crate) connections: Result<Count, Failure>,
     /// With `--count requests`: the request count and each HTTP connection manager's figures.
-    pub requests: Option<Result<(Count, Vec<Hcm>), Failure>>,
+    pub(crate) requests: Option<Result<(Count, Vec<Hcm>), Failure>>,
 }
 
 /// Everything one count looked at; a source that was not read is `None`.
@@ -110,13 +110,13 @@ pub(crate) struct Sources {
     reads: Reads,
 }
 
-/// What a look reads: `run`'s count (and `status`'s), or `hold`'s arrivals: from the socket table
-/// alone where no Envoy is in the pod, or behind a sidecar from the table and /clusters, whose
-/// state is kept between looks.
+/// What a look reads: `run`'s count (and `status`'s), or `hold`'s arrivals, tracked between looks:
+/// from the socket table alone where no Envoy is in the pod, or behind a sidecar from the table
+/// and /clusters.
 enum Reads {
     Count,
-    Arrivals,
-    SidecarArrivals(SidecarArrivals),
+    Arrivals(Box<Tracker>),
+    SidecarArrivals(Box<Tracker>, SidecarArrivals),
 }
 
 /// What a look spends beyond its own time: how long it waited on Envoy's admin API, what its
@@ -138,7 +138,11 @@ const UPTIME_PATH: &str = "/stats?filter=%5Eserver%5C.uptime%24";
 const MAX_STATS_TIMEOUT: Duration = Duration::from_secs(8);
 
 impl Sources {
-    pub fn new(c: &SourceConfig) -> Sources {
+    /// The sources of `plan`'s hook: `hold` reads arrivals by its rule.
+    pub(crate) fn new(c: &SourceConfig, plan: &Plan) -> Sources {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let tracker =
+            |h: &Hold| Box::new(Tracker::new(h.arrivals.clone(), unsafe { libc::geteuid() }));
         Sources {
             mode: c.mode,
             unit: c.unit,
@@ -147,17 +151,19 @@ impl Sources {
                 preset: c.preset,
                 ignore_clusters: c.ignore_clusters.clone(),
                 ignore_ports: c.filter.ignore.clone(),
-                app_only: c.arrivals.is_some(),
+                app_only: matches!(plan, Plan::Hold(_)),
             },
             arrived: clusters::Arrived::default(),
             table: SocketTable::new(c),
             spent: Spent::default(),
             clusters_first: None,
             stats_timeout: REQUEST_TIMEOUT,
-            reads: match (&c.arrivals, c.mode) {
-                (None, _) => Reads::Count,
-                (Some(_), Mode::Proc) => Reads::Arrivals,
-                (Some(_), _) => Reads::SidecarArrivals(SidecarArrivals::default()),
+            reads: match plan {
+                Plan::Run { .. } => Reads::Count,
+                Plan::Hold(h) if matches!(h.holding, Holding::Sidecar(_)) => {
+                    Reads::SidecarArrivals(tracker(h), SidecarArrivals::default())
+                }
+                Plan::Hold(h) => Reads::Arrivals(tracker(h)),
             },
         }
     }
@@ -182,7 +188,7 @@ impl Sources {
     }
 
     /// One count, what the socket table says about the pod, and what it cost, within `left`.
-    pub(crate) fn tick(&mut self, left: Duration) -> (Reading, Result<Pod, Failure>, Cost) {
+    pub(crate) fn measure(&mut self, left: Duration) -> (Reading, Result<Pod, Failure>, Cost) {
         let until = within(left.max(PROC_GRACE));
         let (asked, own) = (Instant::now(), Meter::start(process_cpu));
         let mut reading = self.count(left);
@@ -211,13 +217,13 @@ impl Sources {
         self.table().pod(within(left.max(PROC_GRACE)))
     }
 
-    pub fn count(&mut self, left: Duration) -> Reading {
+    pub(crate) fn count(&mut self, left: Duration) -> Reading {
         decide(&self.look(left, false))
     }
 
     /// Reads the sources the mode allows, in the decision's order, as far as one can count; with
     /// `every`, all of them (`status` shows each).
-    pub fn look(&mut self, left: Duration, every: bool) -> Look {
+    pub(crate) fn look(&mut self, left: Duration, every: bool) -> Look {
         let until = within(left);
         self.spent = Spent::default();
         let admin = self.mode != Mode::Proc;
@@ -226,14 +232,16 @@ impl Sources {
         let (asked, envoy_cpu) = (Instant::now(), Meter::start(|| envoy.and_then(main_thread_cpu)));
         match &mut self.reads {
             Reads::Count => {}
-            Reads::Arrivals => {
-                let proc = Some(self.table.arrivals(until.max(Instant::now() + PROC_GRACE)));
+            Reads::Arrivals(tracker) => {
+                let proc_until = until.max(Instant::now() + PROC_GRACE);
+                let proc = Some(self.table.arrivals(tracker, proc_until));
                 return Look { stats: None, clusters: None, proc };
             }
-            Reads::SidecarArrivals(state) => {
-                let mut state = std::mem::take(state);
-                let look = self.sidecar_arrivals(&mut state, until, asked, envoy_cpu);
-                self.reads = Reads::SidecarArrivals(state);
+            Reads::SidecarArrivals(tracker, state) => {
+                let (mut tracker, mut state) = (std::mem::take(tracker), std::mem::take(state));
+                let look =
+                    self.sidecar_arrivals((&mut tracker, &mut state), until, asked, envoy_cpu);
+                self.reads = Reads::SidecarArrivals(tracker, state);
                 return look;
             }
         }
@@ -279,7 +287,7 @@ impl Sources {
     /// or the table cannot tell; the table last, so that it shows what arrived until the look's end.
     fn sidecar_arrivals(
         &mut self,
-        state: &mut SidecarArrivals,
+        (tracker, state): (&mut Tracker, &mut SidecarArrivals),
         until: Instant,
         asked: Instant,
         envoy_cpu: Meter<impl Fn() -> Option<Duration>>,
@@ -316,8 +324,8 @@ impl Sources {
                 recent: None,
             }));
         }
-        let proc = self.table.arrivals(until.max(Instant::now() + PROC_GRACE));
-        let (clusters, proc) = state.merge(clusters, proc, self.table.probes(), blocked);
+        let proc = self.table.arrivals(tracker, until.max(Instant::now() + PROC_GRACE));
+        let (clusters, proc) = state.merge(clusters, proc, tracker.probes, blocked);
         Look { stats: None, clusters, proc: Some(proc) }
     }
 
@@ -419,17 +427,17 @@ mod tests {
     }
 
     fn sources(mode: Mode, proc_net: PathBuf) -> Sources {
-        Sources::new(&SourceConfig {
+        let config = SourceConfig {
             preset: crate::preset::ISTIO,
             admin: Address::Tcp(refused()),
             mode,
             unit: Unit::Connections,
             filter: crate::config::Filter::default(),
             ignore_clusters: crate::lists::Names::default(),
-            arrivals: None,
             proc_net: Some(proc_net),
             warnings: vec![],
-        })
+        };
+        Sources::new(&config, &crate::config::Plan::Run { exit_at: 0, then_quit: false })
     }
 
     /// A listener on 8080 and one connection it accepted.

@@ -54,7 +54,7 @@ pub struct Socket {
     pub(crate) unsent: u32,
     /// Its peer's last data came after its own last (`tcp_info`, where asked for): on a
     /// connection the pod accepted, a request not answered yet.
-    pub awaiting: bool,
+    pub(crate) awaiting: bool,
 }
 
 /// Parses one line of either table; `None` for the header and for anything malformed.
@@ -216,7 +216,7 @@ pub(crate) fn taking<'a, T>(
 
 /// What the rule needs besides the table.
 #[derive(Debug, Clone, Copy)]
-pub struct AcceptRule<'a> {
+pub struct TableFacts<'a> {
     pub filter: &'a Filter,
     /// How Envoy's sockets are told from everyone else's.
     pub envoy: &'a Basis,
@@ -239,7 +239,7 @@ struct Listening {
 }
 
 impl Listeners {
-    pub fn learn(&mut self, table: &Table, rule: &AcceptRule) {
+    pub fn learn(&mut self, table: &Table, rule: &TableFacts) {
         for s in table.sockets.iter().filter(|s| s.state == LISTEN) {
             let envoys = rule.holds(s);
             match self.0.iter_mut().find(|l| l.local == s.local) {
@@ -282,7 +282,7 @@ impl Verdict {
     }
 }
 
-impl AcceptRule<'_> {
+impl TableFacts<'_> {
     /// Whether `s` is Envoy's (`None`: unknown); a queued connection has its listener's owner.
     pub(crate) fn holds(&self, s: &Socket) -> Option<bool> {
         match self.envoy {
@@ -369,7 +369,7 @@ pub struct SocketTally<'a> {
     accepted: Option<Accepted<'a>>,
     busy: Busy,
     /// The rule and the listeners it reads; `None` when only owners are wanted.
-    rule: Option<(AcceptRule<'a>, &'a Listeners)>,
+    rule: Option<(TableFacts<'a>, &'a Listeners)>,
     /// Envoy's sockets were listed before these sockets were read, so one it accepted since is
     /// not on the list: such a socket, which would count as Envoy's, waits in `unsure`.
     listed_first: bool,
@@ -382,7 +382,7 @@ impl<'a> SocketTally<'a> {
     /// A tally of the open sockets beside `listening`, the listening sockets read with them.
     pub fn new(
         listening: &'a Table,
-        rule: Option<(AcceptRule<'a>, &'a Listeners)>,
+        rule: Option<(TableFacts<'a>, &'a Listeners)>,
         listed_first: bool,
         accepted: Option<Accepted<'a>>,
     ) -> SocketTally<'a> {
@@ -475,7 +475,7 @@ pub(crate) mod testing {
     use super::*;
 
     /// Counts a whole table, remembering the listeners seen for the next count.
-    pub fn count(table: &Table, rule: &AcceptRule<'_>, listeners: &mut Listeners) -> Count {
+    pub(crate) fn count(table: &Table, rule: &TableFacts<'_>, listeners: &mut Listeners) -> Count {
         listeners.learn(table, rule);
         let mut tally = SocketTally::new(table, Some((*rule, listeners)), false, None);
         for s in &table.sockets {
@@ -519,7 +519,7 @@ mod tests {
     }
 
     fn count_with(lines: &[String], filter: &Filter, (envoy, inodes): &(Basis, Vec<u64>)) -> Count {
-        let rule = AcceptRule { filter, envoy, inodes, ephemeral: &DEFAULT_EPHEMERAL };
+        let rule = TableFacts { filter, envoy, inodes, ephemeral: &DEFAULT_EPHEMERAL };
         count(&table(lines), &rule, &mut Listeners::default())
     }
 
@@ -718,7 +718,7 @@ mod tests {
         let filter = istio();
         let listed = [10, 11, 12, 13, 14, 16, 17, 18, 19];
         let (envoy, inodes) = envoy(1337, &listed);
-        let rule = AcceptRule {
+        let rule = TableFacts {
             filter: &filter,
             envoy: &envoy,
             inodes: &inodes,
@@ -829,7 +829,7 @@ mod tests {
     #[test]
     fn a_listener_seen_once_still_explains_its_connections_after_it_closed() {
         let e = envoy(1337, &[11, 15]);
-        let rule = AcceptRule {
+        let rule = TableFacts {
             filter: &istio(),
             envoy: &e.0,
             inodes: &e.1,

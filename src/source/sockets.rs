@@ -8,8 +8,8 @@ use crate::source::arrivals::{self, Tracker};
 use crate::source::diag::{self, DumpError};
 use crate::source::lines::each_line;
 use crate::source::procnet::{
-    self, AcceptRule, Accepted, DEFAULT_EPHEMERAL, Endpoint, LISTEN, Listeners, Sink, SocketTally,
-    Table, loopback,
+    self, Accepted, DEFAULT_EPHEMERAL, Endpoint, LISTEN, Listeners, Sink, SocketTally, Table,
+    TableFacts, loopback,
 };
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
@@ -48,12 +48,8 @@ pub(crate) struct SocketTable {
     pub(crate) not_envoy: Option<String>,
     /// What the last count's table said about the pod, until `pod` takes it.
     pod: Option<Pod>,
-    /// With `hold`: what tells arrivals, and what it has seen.
-    tracker: Option<Tracker>,
-    /// When the table was made: the tracker's reads are timed from it.
+    /// When the table was made: `hold`'s reads of arrivals are timed from it.
     made: Instant,
-    /// Whether the pod's age was looked for (`pod_age`), once.
-    aged: bool,
     /// Every listener seen in the run (`Accepted`).
     listened: Vec<Endpoint>,
 }
@@ -64,13 +60,12 @@ pub(crate) struct SocketTable {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Pod {
     pub(crate) owners: BTreeMap<u32, u64>,
-    pub busy: Busy,
+    pub(crate) busy: Busy,
 }
 
 impl SocketTable {
-    /// Netlink, unless `--proc-net` names the text tables to read; with `hold`, each count tells
-    /// arrivals too, by its rule.
-    pub fn new(c: &SourceConfig) -> SocketTable {
+    /// Netlink, unless `--proc-net` names the text tables to read.
+    pub(crate) fn new(c: &SourceConfig) -> SocketTable {
         let reader = match &c.proc_net {
             None => Reader::Netlink,
             Some(dir) => Reader::Text { dir: dir.to_path_buf(), why: None },
@@ -90,23 +85,26 @@ impl SocketTable {
             searched: false,
             not_envoy: None,
             pod: None,
-            // SAFETY: geteuid has no preconditions and cannot fail.
-            tracker: c.arrivals.clone().map(|rule| Tracker::new(rule, unsafe { libc::geteuid() })),
             made: Instant::now(),
-            aged: false,
             listened: Vec::new(),
         }
     }
 
-    /// `hold`: the connections that count open now, by port, and what has arrived (`Tracker`),
+    /// `hold`: the connections that count open now, by port, and what has arrived (`tracker`),
     /// before `until`; unknown from the text tables, which tell no bytes.
-    pub fn arrivals(&mut self, until: Instant) -> Result<Count, Failure> {
+    pub(crate) fn arrivals(
+        &mut self,
+        tracker: &mut Tracker,
+        until: Instant,
+    ) -> Result<Count, Failure> {
         let mut warnings = Vec::new();
         // Read before the sockets (Tracker::read): a connection accepted in between is seen
         // before it is counted, never counted before it is seen.
         let snmp = self.proc_root.as_ref().ok().map(|root| root.join("net/snmp"));
-        let passive_opens = self.tracker.as_ref().is_some_and(|t| t.rule.passive_opens);
-        let opens = match snmp.filter(|_| passive_opens).map(|f| (fs::read_to_string(&f), f)) {
+        let opens = match snmp
+            .filter(|_| tracker.rule.passive_opens)
+            .map(|f| (fs::read_to_string(&f), f))
+        {
             Some((Ok(text), _)) => arrivals::passive_opens(&text),
             Some((Err(e), snmp)) => {
                 warnings.push(Warning::Snmp(failed("read", snmp.display(), io_cause(&e))));
@@ -115,19 +113,17 @@ impl SocketTable {
             None => None,
         };
         let (listening, open) = self.read_listening(until)?;
-        if let (Some(tracker), Ok(root), false) = (&mut self.tracker, &self.proc_root, self.aged) {
+        if let (Ok(root), false) = (&self.proc_root, tracker.aged) {
             let mut inodes: Vec<u64> = listening.sockets.iter().map(|s| s.inode).collect();
             inodes.sort_unstable();
             tracker.age = pod_age(root, &inodes, until);
-            self.aged = true;
+            tracker.aged = true;
         }
         let mut sockets = listening.sockets;
         read_open(open, until, &diag::request(diag::ALL, true), &mut sockets)?;
         self.reader_warning(&mut warnings);
         let ephemeral = *self.ephemeral().start();
-        let (Some(tracker), Reader::Netlink, Ok(root)) =
-            (&mut self.tracker, &self.reader, &self.proc_root)
-        else {
+        let (Reader::Netlink, Ok(root)) = (&self.reader, &self.proc_root) else {
             warnings.push(Warning::NoBytes);
             return Ok(Count::new(SourceKind::Proc, Unit::Connections, Vec::new(), warnings));
         };
@@ -150,14 +146,9 @@ impl SocketTable {
         })
     }
 
-    /// The probes' connections seen so far (`hold`).
-    pub(crate) fn probes(&self) -> u64 {
-        self.tracker.as_ref().map_or(0, |t| t.probes)
-    }
-
     /// The kernel's count, made before `until`: the listening sockets, Envoy's process, then the open
     /// sockets counted as they come. Netlink that is unavailable gives way to the text tables.
-    pub fn count(&mut self, until: Instant) -> Result<Count, Failure> {
+    pub(crate) fn count(&mut self, until: Instant) -> Result<Count, Failure> {
         let (mut count, pod) = self.read(until, true)?;
         self.pod = Some(pod);
         self.reader_warning(&mut count.warnings);
@@ -173,7 +164,7 @@ impl SocketTable {
         let admin = self.admin_socket(&listening);
         let (basis, inodes) = self.envoy(admin, until);
         let ephemeral = self.ephemeral();
-        let rule = AcceptRule {
+        let rule = TableFacts {
             filter: &self.filter,
             envoy: &basis,
             inodes: &inodes,
@@ -334,7 +325,7 @@ fn proxy_uid(admin_socket: Option<(u32, Option<u64>)>) -> u32 {
 fn listened<'a>(
     seen: &'a mut Vec<Endpoint>,
     listening: &Table,
-    rule: &AcceptRule,
+    rule: &TableFacts,
 ) -> &'a [Endpoint] {
     for s in listening.listening() {
         if rule.holds(s) != Some(false) && !seen.contains(&s.local) {

@@ -240,7 +240,7 @@ mod tests {
     }
 
     /// The connection count of a whole answer.
-    pub fn parse(body: &str, ignore: &PortSet) -> Result<Count, Failure> {
+    pub(crate) fn parse(body: &str, ignore: &PortSet) -> Result<Count, Failure> {
         lines(body, ignore).connections()
     }
 

@@ -103,7 +103,7 @@ impl Agent {
         let drained = Arc::new(AtomicBool::new(false));
         let envoy: Arc<OnceLock<Arc<Process>>> = Arc::new(OnceLock::new());
         let (s, n) = (Arc::clone(&stop), Arc::clone(&streams));
-        let asked = Asked {
+        let asked = StatusAsked {
             quit: Arc::clone(&quit),
             drained: Arc::clone(&drained),
             envoy: Arc::clone(&envoy),
@@ -235,7 +235,7 @@ pub fn as_user(uid: u32, gid: u32) {
 }
 
 /// What was asked of the agent's status port.
-struct Asked {
+struct StatusAsked {
     quit: Arc<AtomicBool>,
     drained: Arc<AtomicBool>,
     envoy: Arc<OnceLock<Arc<Process>>>,
@@ -244,7 +244,7 @@ struct Asked {
 /// pilot-agent's status port: every request answers 200 `OK`. `POST /quitquitquit` is noted and
 /// stops Envoy at once; `POST /drain` is noted and passed on to Envoy as pilot-agent does for a
 /// sidecar (istio/istio pkg/envoy/agent.go, DrainNow: inbound only, graceful, skip_exit).
-fn serve_status(listener: TcpListener, stop: &AtomicBool, asked: &Asked) {
+fn serve_status(listener: TcpListener, stop: &AtomicBool, asked: &StatusAsked) {
     for conn in listener.incoming() {
         if stop.load(Ordering::SeqCst) {
             return;

@@ -110,7 +110,7 @@ impl Kubectl {
     }
 }
 
-struct Process {
+struct Component {
     /// The program, and the revision of an istiod.
     name: String,
     child: Child,
@@ -123,7 +123,7 @@ pub struct ControlPlane {
     pub dir: PathBuf,
     netns: Netns,
     bin: PathBuf,
-    processes: Mutex<Vec<Process>>,
+    processes: Mutex<Vec<Component>>,
 }
 
 /// A Kyverno policy that changes nothing, for a dry run through Kyverno's policy webhook.
@@ -345,7 +345,7 @@ impl ControlPlane {
             args.iter().map(|a| a.to_string()).collect(),
             env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         );
-        let process = Process { name: label.to_string(), child, log, started };
+        let process = Component { name: label.to_string(), child, log, started };
         self.processes.lock().expect("the processes").push(process);
     }
 

@@ -11,7 +11,7 @@
 //! At the end of the grace period whatever still runs is killed (SIGKILL), the hooks included.
 //! A pod without a sidecar (ambient mode, or no mesh) has only the app's container.
 
-use super::pod::{APP_UID, DataPlane, Network, Pod};
+use super::pod::{APP_UID, Network, Pod, PodMesh};
 use super::running::{Finished, spawn};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as Atomic};
@@ -112,7 +112,7 @@ pub fn delete(
         let until = match ordering {
             // No proxy container: what holds listeners in the pod (ambient's ztunnel) lets go of
             // them when the pod's sandbox goes, once the app has exited.
-            _ if pod.options.mesh != DataPlane::Sidecar => app.wait_until(end).unwrap_or(end),
+            _ if pod.options.mesh != PodMesh::Sidecar => app.wait_until(end).unwrap_or(end),
             Ordering::Classic => end,
             Ordering::Native => {
                 app.wait_until(end);

@@ -93,7 +93,7 @@ pub enum PreStop {
 }
 
 impl PreStop {
-    fn kubelet(self, mesh: pod::DataPlane, grace: Duration) -> AppPreStop {
+    fn kubelet(self, mesh: pod::PodMesh, grace: Duration) -> AppPreStop {
         match self {
             PreStop::None => AppPreStop::None,
             PreStop::Sleep(n) => AppPreStop::Sleep(Duration::from_secs(n)),
@@ -101,15 +101,15 @@ impl PreStop {
                 let deadline = format!("--deadline={}s", grace.as_secs() - 10);
                 let probes = ["--probe-periods", "1s"];
                 let args: Vec<&str> = match mesh {
-                    pod::DataPlane::Sidecar => vec!["hold", "--preset", "istio", &deadline],
-                    pod::DataPlane::Ambient => {
+                    pod::PodMesh::Sidecar => vec!["hold", "--preset", "istio", &deadline],
+                    pod::PodMesh::Ambient => {
                         [&["hold", "--preset", "ambient", &deadline][..], &probes]
                             .concat()
                             .into_iter()
                             .chain(["--ignore-ports", "15001,15053"])
                             .collect()
                     }
-                    pod::DataPlane::None => {
+                    pod::PodMesh::None => {
                         [&["hold", "--preset", "none", &deadline][..], &probes].concat()
                     }
                 };
@@ -215,7 +215,7 @@ pub struct Scenario {
     pub pre_stop: PreStop,
     /// What carries the traffic: with `Ambient` or `None` there is no proxy container, so
     /// `ordering` and `mode` say nothing.
-    pub mesh: pod::DataPlane,
+    pub mesh: pod::PodMesh,
     /// The clients keep their connections open between requests (hey's default); else one
     /// connection per request.
     pub keep_alive: bool,
@@ -235,15 +235,13 @@ impl Scenario {
     /// The probes' column: their kind and where they come from.
     fn probes(&self) -> &'static str {
         match (self.mesh, self.probe, self.gateway) {
-            (pod::DataPlane::Sidecar, ..) => "-",
-            (pod::DataPlane::Ambient, Probe::Http, _) => "HTTP, from 169.254.7.127",
-            (pod::DataPlane::Ambient, Probe::Tcp, _) => "tcpSocket, from 169.254.7.127",
-            (pod::DataPlane::None, Probe::Http, Gateway::Bridge) => "HTTP, from the gateway",
-            (pod::DataPlane::None, Probe::Tcp, Gateway::Bridge) => "tcpSocket, from the gateway",
-            (pod::DataPlane::None, Probe::Http, Gateway::LinkLocal) => "HTTP, from the node's IP",
-            (pod::DataPlane::None, Probe::Tcp, Gateway::LinkLocal) => {
-                "tcpSocket, from the node's IP"
-            }
+            (pod::PodMesh::Sidecar, ..) => "-",
+            (pod::PodMesh::Ambient, Probe::Http, _) => "HTTP, from 169.254.7.127",
+            (pod::PodMesh::Ambient, Probe::Tcp, _) => "tcpSocket, from 169.254.7.127",
+            (pod::PodMesh::None, Probe::Http, Gateway::Bridge) => "HTTP, from the gateway",
+            (pod::PodMesh::None, Probe::Tcp, Gateway::Bridge) => "tcpSocket, from the gateway",
+            (pod::PodMesh::None, Probe::Http, Gateway::LinkLocal) => "HTTP, from the node's IP",
+            (pod::PodMesh::None, Probe::Tcp, Gateway::LinkLocal) => "tcpSocket, from the node's IP",
         }
     }
 
@@ -345,7 +343,7 @@ pub struct MeshReplica {
     pub b: Pod,
     pub client: Pod,
     network: Arc<Network>,
-    kind: pod::DataPlane,
+    kind: pod::PodMesh,
     workloads: Control,
     /// The client reaches the service through kube-proxy's rules.
     kube_proxy: bool,
@@ -358,7 +356,7 @@ impl MeshReplica {
         envoy: &Path,
         hook: &Path,
         (app, stats): (AppKind, Stats),
-        (kind, outside): (pod::DataPlane, bool),
+        (kind, outside): (pod::PodMesh, bool),
         gateway: Gateway,
     ) -> MeshReplica {
         let network = Network::new(false);
@@ -368,18 +366,18 @@ impl MeshReplica {
             stats,
             on_sigterm,
             gateway,
-            node_ips: kind == pod::DataPlane::None,
+            node_ips: kind == pod::PodMesh::None,
             ..PodOptions::default()
         };
         let a = Pod::join(&network, A, envoy, hook, server(app.on_sigterm(), stats));
         let b = Pod::join(&network, B, envoy, hook, server("serve", Stats::IstioDefault));
-        let client_mesh = if outside { pod::DataPlane::None } else { kind };
+        let client_mesh = if outside { pod::PodMesh::None } else { kind };
         let client_options =
             PodOptions { mesh: client_mesh, client: true, ..PodOptions::default() };
         let client = Pod::join(&network, CLIENT, envoy, hook, client_options);
         let workloads = Control::default();
         let mut nodes = Vec::new();
-        if kind == pod::DataPlane::Ambient {
+        if kind == pod::PodMesh::Ambient {
             let a_pod = Served { ns: a.netns(), name: "app-a", ip: A };
             nodes.push(ZtunnelNode::start("node-a", &workloads, &a_pod));
             let b_pod = Served { ns: b.netns(), name: "app-b", ip: B };
@@ -389,7 +387,7 @@ impl MeshReplica {
                 nodes.push(ZtunnelNode::start("node-c", &workloads, &caller));
             }
         }
-        let kube_proxy = client_mesh == pod::DataPlane::None;
+        let kube_proxy = client_mesh == pod::PodMesh::None;
         let mesh = MeshReplica { nodes, a, b, client, network, kind, workloads, kube_proxy };
         mesh.route(&[A, B]);
         mesh
@@ -398,7 +396,7 @@ impl MeshReplica {
     /// Sends the service's new connections to `hosts` from now on: the control plane's push to
     /// the client's proxy, or kube-proxy's rules; returns once the client's proxy has them.
     fn route(&self, hosts: &[&str]) {
-        if self.kind == pod::DataPlane::Ambient {
+        if self.kind == pod::PodMesh::Ambient {
             let names = [(A, "app-a"), (B, "app-b")];
             let serving: Vec<&str> =
                 names.iter().filter(|(ip, _)| hosts.contains(ip)).map(|(_, n)| *n).collect();
@@ -407,7 +405,7 @@ impl MeshReplica {
         if self.kube_proxy {
             self.client.iptables(&kube_proxy(hosts));
         }
-        if self.kind != pod::DataPlane::Sidecar {
+        if self.kind != pod::PodMesh::Sidecar {
             return;
         }
         let endpoints: Vec<String> = hosts.iter().map(|h| format!("{h}:8080")).collect();
@@ -586,10 +584,10 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> ReplicaRow {
         Probe::Http => &[Probe::Http],
     };
     let _probes = match s.mesh {
-        pod::DataPlane::Sidecar => None,
+        pod::PodMesh::Sidecar => None,
         // istio-cni SNATs them on the node; else they come from the node's address.
-        pod::DataPlane::Ambient => Some(pod::PROBE_IP),
-        pod::DataPlane::None => Some(pod::OTHER_IP),
+        pod::PodMesh::Ambient => Some(pod::PROBE_IP),
+        pod::PodMesh::None => Some(pod::OTHER_IP),
     }
     .map(|from| {
         Probes::start(&mesh.network, from, format!("{A}:8080"), kinds, Duration::from_secs(1))
@@ -717,7 +715,7 @@ fn long_requests_at_a(mesh: &mut MeshReplica) -> (Vec<Generator>, usize) {
 /// propagation later; returns once it is gone and pushed, and `AFTER` more.
 fn delete_a(mesh: &mut MeshReplica, s: &Scenario) -> Deletion {
     let proxy_pre_stop = match s.mesh {
-        pod::DataPlane::Sidecar => s.mode.pre_stop(s.ordering, s.grace()),
+        pod::PodMesh::Sidecar => s.mode.pre_stop(s.ordering, s.grace()),
         _ => ProxyPreStop::None,
     };
     let app_pre_stop = s.pre_stop.kubelet(s.mesh, s.grace());
@@ -821,16 +819,16 @@ pub fn table(rows: &[ReplicaRow]) -> String {
     );
     for r in rows {
         let s = r.scenario;
-        let sidecar = s.mesh == pod::DataPlane::Sidecar;
+        let sidecar = s.mesh == pod::PodMesh::Sidecar;
         let (mesh, ordering, mode) = match (s.mesh, s.ordering) {
-            (pod::DataPlane::Sidecar, Ordering::Classic) => {
+            (pod::PodMesh::Sidecar, Ordering::Classic) => {
                 ("sidecar", "classic", s.mode.name(s.ordering))
             }
-            (pod::DataPlane::Sidecar, Ordering::Native) => {
+            (pod::PodMesh::Sidecar, Ordering::Native) => {
                 ("sidecar", "native", s.mode.name(s.ordering))
             }
-            (pod::DataPlane::Ambient, _) => ("ambient", "-", "-"),
-            (pod::DataPlane::None, _) => ("none", "-", "-"),
+            (pod::PodMesh::Ambient, _) => ("ambient", "-", "-"),
+            (pod::PodMesh::None, _) => ("none", "-", "-"),
         };
         let load = match s.load {
             LoadKind::Http1 => format!("HTTP/1.1 {}/s", s.rate),

@@ -1198,7 +1198,7 @@ impl Side {
 /// endpoints in the client's data path; the app pods' deletions.
 struct Load<'s> {
     hey: std::process::Child,
-    seen: Endpoints,
+    seen: Withdrawals,
     deleted: Deletions,
     /// `Clients::Downloads`' slow clients: told to stop after their download in progress, each
     /// returns what became of its downloads.
@@ -1223,7 +1223,7 @@ impl<'s> Load<'s> {
             let (ok, failed) = tally(&String::from_utf8_lossy(&out.stdout));
             (ok == 30 && failed.is_empty()).then_some(())
         });
-        let seen = Endpoints::follow(cp, nodes, side);
+        let seen = Withdrawals::follow(cp, nodes, side);
         let deleted = Deletions::follow(cp, &side.ns, side.restarted().1);
         // Until told to stop (`stop`), at most ten minutes. Workers share the rate, each at most
         // half of what it could: a worker waits for each answer (50 ms: 10 of them top out at
@@ -1503,7 +1503,7 @@ impl Drop for NodeInit {
 /// slowest node's time: the client's Envoy's /clusters (admin on 127.0.0.1:15000 in its pod,
 /// which the test enters), each node's kube-proxy rules (in the node's namespace), or each node's
 /// ztunnel's /config_dump (in its pod).
-struct Endpoints {
+struct Withdrawals {
     stop: Stop,
     thread: std::thread::JoinHandle<BTreeMap<String, Instant>>,
 }
@@ -1562,8 +1562,8 @@ fn data_path_readers(cp: &ControlPlane, nodes: &[Node], side: &Side) -> Vec<Read
     }
 }
 
-impl Endpoints {
-    fn follow(cp: &ControlPlane, nodes: &[Node], side: &Side) -> Endpoints {
+impl Withdrawals {
+    fn follow(cp: &ControlPlane, nodes: &[Node], side: &Side) -> Withdrawals {
         let stop = Arc::new(AtomicBool::new(false));
         let mut readers = data_path_readers(cp, nodes, side);
         let ns = side.ns.clone();
@@ -1597,12 +1597,12 @@ impl Endpoints {
                 slowest(&listed)
             })
         };
-        Endpoints { stop: Stop(stop), thread }
+        Withdrawals { stop: Stop(stop), thread }
     }
 
     /// Each address that was listed and then left, with when (on the slowest node).
     fn stop(self) -> BTreeMap<String, Instant> {
-        let Endpoints { stop, thread } = self;
+        let Withdrawals { stop, thread } = self;
         drop(stop);
         thread.join().unwrap_or_default()
     }

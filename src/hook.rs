@@ -1,11 +1,9 @@
-//! The `run` and `hold` commands wire the parts: the configuration, the report (shared with the
-//! signal thread), the requests before the wait, the wait with the sources it looks through, the
-//! request after it, and the summary. `run`'s own configuration is run/config.rs.
-
-pub mod config;
+//! Both hooks, `run` and `hold`, wired from their configuration (run/config.rs, hold/config.rs) to
+//! the summary: the report (shared with the signal thread), the requests before the wait, the wait
+//! with the sources it looks through, the request after it.
 
 use crate::cli::usage_error;
-use crate::config::{Address, RunConfig};
+use crate::config::{Address, HookConfig};
 use crate::count::{Cost, REQUEST_TIMEOUT};
 use crate::drain::Request;
 use crate::error::{Failure, UsageError};
@@ -18,19 +16,19 @@ use crate::source::admin::Client;
 use crate::source::sockets::Pod;
 use crate::source::{Reading, Sources};
 use crate::text;
-use crate::wait::{App, Ask, End, Step, Tick, Wait};
+use crate::wait::{App, Ask, End, Sight, Step, Wait};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// `run` or `hold`, as configured, from start to summary; gives the exit code. The deadline
 /// counts from `start`; the signals `blocked` then end the wait with the summary.
-pub fn command(cfg: Result<RunConfig, UsageError>, start: Instant, blocked: Blocked) -> i32 {
+pub fn command(cfg: Result<HookConfig, UsageError>, start: Instant, blocked: Blocked) -> i32 {
     let cfg = match &cfg {
         Ok(cfg) => cfg,
         Err(e) => return usage_error(&e.to_string()),
     };
     let report = report(cfg, start, blocked);
-    let mut sources = Sources::new(&cfg.counting);
+    let mut sources = Sources::new(&cfg.counting, &cfg.rules.plan);
     // Through the sources' client: an answer that is not Envoy's tells the socket table too.
     let agent = Client::new(Address::Tcp(cfg.agent));
     // Whether the request got an answer; sent again, only an answer is told.
@@ -76,7 +74,7 @@ pub fn command(cfg: Result<RunConfig, UsageError>, start: Instant, blocked: Bloc
 
 /// The wait's loop, as Istio's agent drains: sleep, look, say what was seen, until it ends.
 fn wait(
-    cfg: &RunConfig,
+    cfg: &HookConfig,
     (start, drained_at): (Instant, Duration),
     looks: &mut Looks,
     report: &Report,
@@ -91,12 +89,12 @@ fn wait(
         match wait.next(now) {
             Step::Sleep(until) => std::thread::sleep(until.saturating_sub(now)),
             Step::Look(ask) => {
-                let (tick, reading, pod) = looks.look(cfg.rules.deadline.saturating_sub(now), ask);
-                let seen = wait.saw(ask, (now, start.elapsed()), &tick);
+                let (sight, reading, pod) = looks.look(cfg.rules.deadline.saturating_sub(now), ask);
+                let seen = wait.saw(ask, (now, start.elapsed()), &sight);
                 match (ask, reading) {
                     (Ask::Count, Some(reading)) => {
                         let proc = looks.sources.reader();
-                        report.counted(&reading, seen, proc, start.elapsed(), tick.cost);
+                        report.counted(&reading, seen, proc, start.elapsed(), sight.cost);
                     }
                     (Ask::Exit, _) => report.app(seen.app, &pod),
                     _ => {}
@@ -108,7 +106,7 @@ fn wait(
 }
 
 /// The run's report, taking the signals `blocked` to write its summary, with the config's warnings.
-fn report(cfg: &RunConfig, start: Instant, blocked: Blocked) -> Arc<Report> {
+fn report(cfg: &HookConfig, start: Instant, blocked: Blocked) -> Arc<Report> {
     let mut logger = Logger::stderr();
     logger.set_format(cfg.log_format);
     if let Some(path) = &cfg.log_file {
@@ -155,7 +153,7 @@ struct Looks<'a> {
 
 impl Looks<'_> {
     /// What a look found, what it cost among it: the count (when asked for), the pod's sockets.
-    fn look(&mut self, left: Duration, ask: Ask) -> (Tick, Option<Reading>, Result<Pod, Failure>) {
+    fn look(&mut self, left: Duration, ask: Ask) -> (Sight, Option<Reading>, Result<Pod, Failure>) {
         let resent = Instant::now();
         // Never at the cost of the count's own time before the deadline.
         if ask == Ask::Count && left >= REQUEST_TIMEOUT.saturating_mul(2) {
@@ -166,13 +164,13 @@ impl Looks<'_> {
         let left = left.saturating_sub(resent.elapsed());
         let (reading, pod, cost) = match ask {
             Ask::Count => {
-                let (reading, pod, cost) = self.sources.tick(left);
+                let (reading, pod, cost) = self.sources.measure(left);
                 (Some(reading), pod, cost)
             }
             Ask::App | Ask::Exit => (None, self.sources.pod(left), Cost::default()),
         };
         let count = reading.as_ref().and_then(|r| r.result.as_ref().ok());
-        let tick = Tick {
+        let sight = Sight {
             count: count.map(|c| c.total),
             arrivals: count.and_then(|c| c.arrivals),
             recounted: count.map_or(0, |c| c.recounted),
@@ -183,6 +181,6 @@ impl Looks<'_> {
             busy: pod.as_ref().ok().map(|p| p.busy),
             cost,
         };
-        (tick, reading, pod)
+        (sight, reading, pod)
     }
 }
