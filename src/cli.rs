@@ -7,7 +7,7 @@ use argh::FromArgs;
 use std::ffi::OsString;
 use std::io::Write;
 
-/// The kill switch in the proxy container's environment: set and non-empty, `run` does nothing.
+/// The kill switch in the container's environment: set and non-empty, `run` and `hold` do nothing.
 const ENV_DISABLED: &str = "ENVOY_DRAIN_DISABLED";
 /// The node's addresses, comma-separated, where the kubelet's probes come from without a mesh:
 /// the admission policy sets it from the downward API's `status.hostIPs`.

@@ -1,6 +1,6 @@
-//! The checked configuration both hooks share: which hook (`Plan`), the wait's rules, the
-//! readers' settings, and the parsers of the flags both take (`run`'s own is run/config.rs,
-//! `hold`'s hold/config.rs). It reads the system only where a flag names something there: the
+//! The checked configuration of both hooks: which hook and what is its own alone (`Plan`,
+//! `hold`'s `Hold`), the wait's rules, the readers' settings, and the parsers of the flags both
+//! take (`run`'s own are in run/config.rs, `hold`'s in hold/config.rs). It reads the system only where a flag names something there: the
 //! sockets an `--admin unix:` pattern matches (the one that takes a connection).
 
 use crate::cli::ENV_LOG_FORMAT;
@@ -153,13 +153,14 @@ pub struct Rules {
 }
 
 /// Which hook this is, decided once from the command, with what is its own alone: what ends its
-/// wait once the min-drain is over, and for `hold` what tells arrivals. Every "is this hold?" is
-/// a match on it.
+/// wait once the min-drain is over, and for `hold` what tells arrivals. Every "is this hold?"
+/// asks it.
 #[derive(Debug, Clone)]
 pub enum Plan {
     /// `run`: the count at or below `--exit-at`, at counts that saw no request arrive; with
-    /// `--then-quit`, once it is and the app has exited, the proxy is stopped.
-    Run { exit_at: u64, then_quit: bool },
+    /// `--then-quit`, once it is and the app has exited, the proxy is stopped through Istio's
+    /// `agent` (which `--drain agent` asks too).
+    Run { exit_at: u64, then_quit: bool, agent: SocketAddr },
     /// `hold`: no request arriving, whatever is still in flight.
     Hold(Box<Hold>),
 }
@@ -182,8 +183,6 @@ pub struct HookConfig {
     pub rules: Rules,
     pub(crate) log_file: Option<PathBuf>,
     pub(crate) log_format: Format,
-    /// Istio's agent: for `--drain agent`, and for /quitquitquit with `--then-quit`.
-    pub(crate) agent: SocketAddr,
     pub(crate) verbose: bool,
 }
 
@@ -356,6 +355,12 @@ pub enum Holding {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// `run`'s plan, its agent Istio's.
+    pub(crate) const fn run_plan(exit_at: u64, then_quit: bool) -> Plan {
+        let agent = SocketAddr::V4(std::net::SocketAddrV4::new(Ipv4Addr::LOCALHOST, 15020));
+        Plan::Run { exit_at, then_quit, agent }
+    }
 
     /// A hold without a mesh, its arrivals' rule the default: for the wait's and the words' tests.
     pub(crate) fn no_mesh(propagation: Duration) -> Plan {

@@ -3,7 +3,7 @@
 //! with the sources it looks through, the request after it.
 
 use crate::cli::usage_error;
-use crate::config::{Address, HookConfig};
+use crate::config::{Address, HookConfig, Plan};
 use crate::count::{Cost, REQUEST_TIMEOUT};
 use crate::drain::Request;
 use crate::error::{Failure, UsageError};
@@ -29,12 +29,16 @@ pub fn command(cfg: Result<HookConfig, UsageError>, start: Instant, blocked: Blo
     };
     let report = report(cfg, start, blocked);
     let mut sources = Sources::new(&cfg.counting, &cfg.rules.plan);
-    // Through the sources' client: an answer that is not Envoy's tells the socket table too.
-    let agent = Client::new(Address::Tcp(cfg.agent));
+    // `run`'s agent (`--drain agent`, `--then-quit`); `hold` asks it nothing. Envoy's requests go
+    // through the sources' client: an answer that is not Envoy's tells the socket table too.
+    let agent = match &cfg.rules.plan {
+        Plan::Run { agent, .. } => Some(Client::new(Address::Tcp(*agent))),
+        Plan::Hold(_) => None,
+    };
     // Whether the request got an answer; sent again, only an answer is told.
     let send = |s: &Sources, r: Request, again: bool| {
         let left = cfg.rules.deadline.saturating_sub(start.elapsed());
-        let client = to(r, s, &agent);
+        let client = to(r, s, agent.as_ref());
         let (url, answer) = (client.url(r.path()), client.post(r.path(), left));
         if !again || answer.is_ok() {
             let (level, line) = text::posted(r, &url, &answer);
@@ -43,7 +47,7 @@ pub fn command(cfg: Result<HookConfig, UsageError>, start: Instant, blocked: Blo
         answer.is_ok()
     };
     let urls: Vec<(Request, String)> =
-        cfg.before.iter().map(|&r| (r, to(r, &sources, &agent).url(r.path()))).collect();
+        cfg.before.iter().map(|&r| (r, to(r, &sources, agent.as_ref()).url(r.path()))).collect();
     report.line(Level::Info, &text::start_line(cfg, &sources, &urls));
     let unsent = cfg.before.iter().copied().filter(|&r| !send(&sources, r, false)).collect();
     let drained_at = start.elapsed();
@@ -52,11 +56,11 @@ pub fn command(cfg: Result<HookConfig, UsageError>, start: Instant, blocked: Blo
     if end.outcome == Outcome::AppExited || end.quit == Some(App::Gone) {
         report.line(Level::Info, &text::app_exited());
     }
-    match end.quit {
-        Some(App::Gone) if end.delivering => report.line(Level::Warn, text::STILL_DELIVERING),
+    match (end.quit, &agent) {
+        (Some(App::Gone), _) if end.delivering => report.line(Level::Warn, text::STILL_DELIVERING),
         // The summary first: the agent, the container's first process, may end the container
         // (and this hook) as soon as it has the request, before its answer is written.
-        Some(App::Gone) => {
+        (Some(App::Gone), Some(agent)) => {
             let url = agent.url(Request::Quit.path());
             report.line(Level::Info, &text::quitting(&url));
             report.finish(end.outcome);
@@ -64,9 +68,9 @@ pub fn command(cfg: Result<HookConfig, UsageError>, start: Instant, blocked: Blo
             let _ = agent.post(Request::Quit.path(), left);
             return end.outcome.exit_code();
         }
-        Some(App::NotSeen) => report.line(Level::Warn, text::APP_NOT_SEEN),
-        Some(_) => report.app_still_running(),
-        None => {}
+        (Some(App::NotSeen), _) => report.line(Level::Warn, text::APP_NOT_SEEN),
+        (Some(_), _) => report.app_still_running(),
+        (None, _) => {}
     }
     report.finish(end.outcome);
     end.outcome.exit_code()
@@ -91,12 +95,12 @@ fn wait(
             Step::Look(ask) => {
                 let (sight, reading, pod) = looks.look(cfg.rules.deadline.saturating_sub(now), ask);
                 let seen = wait.saw(ask, (now, start.elapsed()), &sight);
-                match (ask, reading) {
-                    (Ask::Count, Some(reading)) => {
+                match (ask, reading, &pod) {
+                    (Ask::Count, Some(reading), _) => {
                         let proc = looks.sources.reader();
                         report.counted(&reading, seen, proc, start.elapsed(), sight.cost);
                     }
-                    (Ask::Exit, _) => report.app(seen.app, &pod),
+                    (Ask::Exit, _, Some(pod)) => report.app(seen.app, pod),
                     _ => {}
                 }
             }
@@ -132,11 +136,11 @@ fn report(cfg: &HookConfig, start: Instant, blocked: Blocked) -> Arc<Report> {
 }
 
 /// Where request `r` goes: Istio's agent, or Envoy's admin API.
-fn to<'a>(r: Request, sources: &'a Sources, agent: &'a Client) -> &'a Client {
-    if r.to_agent() { agent } else { &sources.admin }
+fn to<'a>(r: Request, sources: &'a Sources, agent: Option<&'a Client>) -> &'a Client {
+    agent.filter(|_| r.to_agent()).unwrap_or(&sources.admin)
 }
 
-/// `run` with the kill switch set: one line, and done.
+/// Either hook with the kill switch set: one line, and done.
 pub fn disabled(setting: &str) -> i32 {
     Logger::stderr().line(Level::Info, &text::disabled(setting));
     EXIT_REACHED
@@ -153,7 +157,11 @@ struct Looks<'a> {
 
 impl Looks<'_> {
     /// What a look found, what it cost among it: the count (when asked for), the pod's sockets.
-    fn look(&mut self, left: Duration, ask: Ask) -> (Sight, Option<Reading>, Result<Pod, Failure>) {
+    fn look(
+        &mut self,
+        left: Duration,
+        ask: Ask,
+    ) -> (Sight, Option<Reading>, Option<Result<Pod, Failure>>) {
         let resent = Instant::now();
         // Never at the cost of the count's own time before the deadline.
         if ask == Ask::Count && left >= REQUEST_TIMEOUT.saturating_mul(2) {
@@ -167,7 +175,7 @@ impl Looks<'_> {
                 let (reading, pod, cost) = self.sources.measure(left);
                 (Some(reading), pod, cost)
             }
-            Ask::App | Ask::Exit => (None, self.sources.pod(left), Cost::default()),
+            Ask::App | Ask::Exit => (None, Some(self.sources.pod(left)), Cost::default()),
         };
         let count = reading.as_ref().and_then(|r| r.result.as_ref().ok());
         let sight = Sight {
@@ -177,8 +185,8 @@ impl Looks<'_> {
             opened: count.and_then(|c| c.opened),
             before: count.and_then(|c| c.before),
             newest: count.and_then(|c| c.newest),
-            app: pod.as_ref().ok().map(|p| !p.owners.is_empty()),
-            busy: pod.as_ref().ok().map(|p| p.busy),
+            app: pod.as_ref().and_then(|p| p.as_ref().ok()).map(|p| !p.owners.is_empty()),
+            busy: pod.as_ref().and_then(|p| p.as_ref().ok()).map(|p| p.busy),
             cost,
         };
         (sight, reading, pod)

@@ -1,7 +1,7 @@
 //! What a run tells a person, and when: what the wait saw and made of it, and exactly one summary
 //! line, also when a signal cuts the wait short. Every sentence comes from text.rs.
 
-use crate::config::{HookConfig, Plan};
+use crate::config::HookConfig;
 use crate::count::{Basis, Busy, Cost, Count, SourceKind, Unit, Warning};
 use crate::error::Failure;
 use crate::log::{Format, Level, Logger};
@@ -165,7 +165,6 @@ impl Report {
         now: Duration,
         cost: Cost,
     ) {
-        let rules = &self.cfg.rules;
         let mut said = self.said();
         self.paced(&mut said, seen.every, cost);
         let last_total = said.progress.last.as_ref().map(|c| c.total);
@@ -191,12 +190,7 @@ impl Report {
             }
         }
         let changed_source = self.switched(&mut said, reading, count, proc);
-        let (arriving, low) = match &rules.plan {
-            Plan::Run { exit_at: n, .. } => {
-                (seen.arrived > 0 && count.total <= *n, count.total <= *n)
-            }
-            Plan::Hold(_) => (seen.arrived > 0, true),
-        };
+        let (arriving, low) = (seen.arrived > 0 && seen.low, seen.low);
         // A request awaiting its answer is told where it holds a count the threshold would end
         // (above it, the count says as much); an answer still on its way, always.
         let busy = seen.busy.map(|b| Busy { awaiting: if low { b.awaiting } else { 0 }, ..b });

@@ -895,7 +895,7 @@ fn requests_table(out: &mut String, c: &Count, hcms: &[Hcm]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::tests::no_mesh;
+    use crate::config::tests::{no_mesh, run_plan};
     use crate::count::Part;
 
     fn part(name: &str, active: u64) -> Part {
@@ -970,7 +970,7 @@ mod tests {
         deadline: Duration::from_secs(25),
         interval: Duration::from_millis(500),
         settle: Duration::ZERO,
-        plan: Plan::Run { exit_at: 0, then_quit: false },
+        plan: run_plan(0, false),
     };
 
     fn progress(last: Option<Count>, unknown: Option<&str>) -> Progress {

@@ -69,6 +69,8 @@ pub struct Seen {
     /// More that arrived earlier than this look, which a later read recounted.
     pub(crate) recounted: u64,
     pub(crate) pace: Option<Pace>,
+    /// The count within `run`'s threshold, whatever keeps it busy (`hold`: always).
+    pub(crate) low: bool,
     /// The time from this count's start to the next (`pause`), and when the min-drain ends.
     pub(crate) every: Duration,
     pub(crate) drain_done: Duration,
@@ -210,7 +212,7 @@ impl<'r> Wait<'r> {
     /// The wait of `rules`, the min-drain counted from `drained_at`.
     pub fn new(rules: &'r Rules, drained_at: Duration) -> Wait<'r> {
         let (rule, then_quit) = match &rules.plan {
-            Plan::Run { exit_at, then_quit } => {
+            Plan::Run { exit_at, then_quit, .. } => {
                 (EndRule::AtMost(AtMost::new(*exit_at)), *then_quit)
             }
             Plan::Hold(h) => (EndRule::Quiet(Box::new(Quiet::new(h.propagation))), false),
@@ -260,6 +262,7 @@ impl<'r> Wait<'r> {
         seen.drain_done = counts.drain_done;
         if ask == Ask::Count {
             seen.pace = counts.rule.counted((rules, counts.drain_done), now, sight, &seen);
+            seen.low = counts.rule.within(sight);
         }
         // The app's exit leaves nothing to answer, but what it answered is still delivered.
         let delivered = sight.busy.is_none_or(|b| b.delivering == 0);
@@ -339,8 +342,16 @@ impl EndRule {
     /// Whether a count could be read, and whether it allows the end (`idle`: no request busy).
     fn known_and_low(&self, sight: &Sight, idle: bool) -> (bool, bool) {
         match self {
-            EndRule::AtMost(rule) => (sight.count.is_some(), rule.low(sight.count, idle)),
+            EndRule::AtMost(_) => (sight.count.is_some(), self.within(sight) && idle),
             EndRule::Quiet(_) => (sight.arrivals.is_some(), sight.arrivals.is_some()),
+        }
+    }
+
+    /// Whether a count is within `run`'s threshold, whatever keeps it busy (`hold`: always).
+    fn within(&self, sight: &Sight) -> bool {
+        match self {
+            EndRule::AtMost(rule) => rule.within(sight.count),
+            EndRule::Quiet(_) => true,
         }
     }
 
@@ -492,7 +503,7 @@ impl Ending {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::tests::no_mesh;
+    use crate::config::tests::{no_mesh, run_plan};
     use crate::hold::quiet::tests::remembered;
     use crate::run::rule::ARRIVALS_QUIET;
 
@@ -508,7 +519,7 @@ mod tests {
             deadline: ms(25000),
             interval: ms(500),
             settle: ms(0),
-            plan: Plan::Run { exit_at: 0, then_quit: false },
+            plan: run_plan(0, false),
         }
     }
 
@@ -619,8 +630,7 @@ mod tests {
 
     #[test]
     fn threshold_above_zero() {
-        let r =
-            Rules { plan: Plan::Run { exit_at: 2, then_quit: false }, min_drain: ms(0), ..rules() };
+        let r = Rules { plan: run_plan(2, false), min_drain: ms(0), ..rules() };
         let (o, end, _) = run(&r, &[(0, Some(5)), (1000, Some(2))], ms(0));
         assert_eq!((o, end), (Outcome::Reached, ms(1000)));
     }
@@ -806,8 +816,7 @@ mod tests {
     fn the_largest_durations_that_parse_never_overflow() {
         let huge = Duration::from_secs(u64::MAX);
         // A settle time added to a count taken after the first second.
-        let settle =
-            Rules { settle: huge, plan: Plan::Run { exit_at: 5, then_quit: false }, ..rules() };
+        let settle = Rules { settle: huge, plan: run_plan(5, false), ..rules() };
         let (o, end, _) = run(&settle, &[(0, Some(1))], ms(1500));
         assert_eq!((o, end), (Outcome::Deadline, ms(25000)));
         // An interval added to a count taken at 2 s, when the min-drain ended.
@@ -928,7 +937,7 @@ mod tests {
         let (end, time, _, _) = run_steps(&rules(), &script, ms(0));
         assert_eq!((end.outcome, time), (Outcome::Reached, ms(12_000)));
         // With --then-quit the proxy is stopped once the app is gone and the answer delivered.
-        let r = Rules { plan: Plan::Run { exit_at: 0, then_quit: true }, ..rules() };
+        let r = Rules { plan: run_plan(0, true), ..rules() };
         let script = [
             (0, busy(Some(true), 0, (0, 0))),
             (6000, busy(Some(false), 0, (1, 0))),
@@ -948,7 +957,7 @@ mod tests {
 
     #[test]
     fn a_worker_that_calls_out_now_and_then_is_not_taken_for_gone() {
-        let r = Rules { plan: Plan::Run { exit_at: 0, then_quit: true }, ..rules() };
+        let r = Rules { plan: run_plan(0, true), ..rules() };
         // No listener; a 300 ms call out every 700 ms, or every second (in step with the
         // interval), the last one starting before 20 s; then nothing.
         for period in [700, 1000] {
@@ -1001,7 +1010,7 @@ mod tests {
 
     #[test]
     fn then_quit_stops_the_proxy_once_the_app_has_exited_after_the_count_is_reached() {
-        let r = Rules { plan: Plan::Run { exit_at: 0, then_quit: true }, ..rules() };
+        let r = Rules { plan: run_plan(0, true), ..rules() };
         // Zero from 1 s; the app holds sockets until 7.2 s.
         let script =
             [(0, app(Some(true), 2)), (1000, app(Some(true), 0)), (7200, app(Some(false), 0))];
@@ -1022,7 +1031,7 @@ mod tests {
 
     #[test]
     fn then_quit_never_stops_the_proxy_under_an_app_it_cannot_see_go() {
-        let r = Rules { plan: Plan::Run { exit_at: 0, then_quit: true }, ..rules() };
+        let r = Rules { plan: run_plan(0, true), ..rules() };
         // Never seen: its exit cannot be told; decided at once.
         let (end, time, _, _) = run_steps(&r, &[(0, app(Some(false), 0))], ms(0));
         assert_eq!((end.outcome, end.quit), (Outcome::Reached, Some(App::NotSeen)));

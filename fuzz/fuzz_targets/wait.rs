@@ -12,6 +12,7 @@ use envoy_drain::outcome::Outcome;
 use envoy_drain::wait::{App, Ask, LAST_COUNT, Seen, Step, Sight, Wait};
 use libfuzzer_sys::fuzz_target;
 use std::cell::Cell;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 /// Looks a script may make before the fake clock jumps to the deadline.
@@ -109,7 +110,11 @@ fuzz_target!(|data: &[u8]| {
                 propagation: Duration::from_millis(u64::from(head[39]) * 100).min(deadline),
                 arrivals: ArrivalRule::default(),
             })),
-            n => Plan::Run { exit_at: u64::from(n), then_quit: head[37] & 1 == 1 },
+            n => Plan::Run {
+                exit_at: u64::from(n),
+                then_quit: head[37] & 1 == 1,
+                agent: SocketAddr::from(([127, 0, 0, 1], 15020)),
+            },
         },
     };
     // The drain's request may have taken any part of the deadline, or more.

@@ -5,9 +5,9 @@
 
 use crate::cli::{ENV_NODE_IPS, HoldArgs};
 use crate::config::{
-    ArrivalRule, ConfigWarning, DEFAULT_AGENT, DEFAULT_INTERVAL, Env, Filter, Hold, Holding,
-    HookConfig, Mode, Plan, Rules, SourceConfig, log_format, mapped, parse_addr, parse_admin,
-    parse_duration, ports, positive, some_ports,
+    ArrivalRule, ConfigWarning, DEFAULT_INTERVAL, Env, Filter, Hold, Holding, HookConfig, Mode,
+    Plan, Rules, SourceConfig, log_format, mapped, parse_admin, parse_duration, ports, positive,
+    some_ports,
 };
 use crate::count::Unit;
 use crate::error::UsageError;
@@ -81,7 +81,6 @@ pub fn hold_config(a: &HoldArgs, env: &Env<'_>) -> Result<HookConfig, UsageError
         rules: hold_rules(a, holding, rule)?,
         log_file: a.log_file.as_ref().map(PathBuf::from),
         log_format,
-        agent: parse_addr("--agent", DEFAULT_AGENT)?,
         verbose: a.verbose,
     })
 }

@@ -128,11 +128,14 @@ pub fn run_config(a: &RunArgs, env: &Env<'_>) -> Result<HookConfig, UsageError> 
             deadline,
             interval,
             settle,
-            plan: Plan::Run { exit_at, then_quit: a.then_quit },
+            plan: Plan::Run {
+                exit_at,
+                then_quit: a.then_quit,
+                agent: parse_addr("--agent", a.agent.as_deref().unwrap_or(DEFAULT_AGENT))?,
+            },
         },
         log_file: a.log_file.as_ref().map(PathBuf::from),
         log_format,
-        agent: parse_addr("--agent", a.agent.as_deref().unwrap_or(DEFAULT_AGENT))?,
         verbose: a.verbose,
     })
 }
@@ -369,7 +372,7 @@ mod tests {
         assert_eq!(c.rules.deadline, Duration::from_secs(25));
         assert_eq!(c.rules.interval, Duration::from_millis(500));
         assert_eq!(c.rules.settle, Duration::ZERO);
-        assert!(matches!(c.rules.plan, Plan::Run { exit_at: 0, then_quit: false }));
+        assert!(matches!(c.rules.plan, Plan::Run { exit_at: 0, then_quit: false, .. }));
         let ignore = &c.counting.filter.ignore;
         assert!(ignore.contains(15021) && !ignore.contains(15006));
         assert_eq!(c.counting.filter.only, None);
@@ -499,7 +502,8 @@ mod tests {
         let c = run_config(&args(&[("drain", "agent"), ("agent", "127.0.0.1:15099")]), &no_env)
             .unwrap();
         assert_eq!(c.before, vec![Request::AgentDrain], "nothing to Envoy's admin API");
-        assert_eq!(c.agent.to_string(), "127.0.0.1:15099");
+        let Plan::Run { agent, .. } = c.rules.plan else { panic!("{:?}", c.rules.plan) };
+        assert_eq!(agent.to_string(), "127.0.0.1:15099");
     }
 
     #[test]
@@ -567,12 +571,12 @@ mod tests {
     #[test]
     fn then_quit_uses_the_agent_address() {
         let mut a = args(&[("agent", "[::1]:15020")]);
-        let quits = |c: &HookConfig| matches!(c.rules.plan, Plan::Run { then_quit: true, .. });
-        assert!(!quits(&run_config(&a, &no_env).unwrap()));
+        let plan = |a: &RunArgs| run_config(a, &no_env).unwrap().rules.plan;
+        assert!(matches!(plan(&a), Plan::Run { then_quit: false, .. }));
         a.then_quit = true;
-        let c = run_config(&a, &no_env).unwrap();
-        assert!(quits(&c));
-        assert_eq!(c.agent.to_string(), "[::1]:15020");
+        let Plan::Run { then_quit, agent, .. } = plan(&a) else { panic!() };
+        assert!(then_quit);
+        assert_eq!(agent.to_string(), "[::1]:15020");
     }
 
     #[test]

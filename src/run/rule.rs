@@ -19,9 +19,9 @@ impl AtMost {
         AtMost { n, arrived_at: None }
     }
 
-    /// Whether a count allows the end (`idle`: no request busy).
-    pub(crate) fn low(&self, count: Option<u64>, idle: bool) -> bool {
-        count.is_some_and(|c| c <= self.n) && idle
+    /// Whether a count is at most `n`, whatever keeps it busy.
+    pub(crate) fn within(&self, count: Option<u64>) -> bool {
+        count.is_some_and(|c| c <= self.n)
     }
 
     /// A count that ended at `now` saw requests arrive.

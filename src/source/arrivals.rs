@@ -358,7 +358,7 @@ impl Tracker {
     /// taking it if so: one `seen` from their addresses, or one that left no socket. Without
     /// `--probe-periods`, every one seen from their addresses and none that left no socket.
     /// With them, as many as the probes may have made: a probe of period p makes at most
-    /// since / p + 1 connections in `since` (the kubelet's prober sights every period, kubelet
+    /// since / p + 1 connections in `since` (the kubelet's prober ticks every period, kubelet
     /// pkg/kubelet/prober/worker.go `run`), a tenth of a period more for the time it takes to
     /// start.
     fn probe(&mut self, since: Duration, seen: bool) -> bool {
@@ -475,7 +475,7 @@ fn reopened(before: &Conn, now: &Conn, (then, at): (Duration, Duration)) -> bool
 }
 
 /// How far short of the old connection's age a closed one's must be to be another: ages are
-/// whole sights and a read's time is taken after its dump, which a loaded node can delay by
+/// whole jiffies and a read's time is taken after its dump, which a loaded node can delay by
 /// hundreds of milliseconds; a port taken again within a second is missed (one spurious
 /// arrival, which makes a hold longer, never shorter).
 const REOPENED: Duration = Duration::from_secs(1);
@@ -520,7 +520,7 @@ pub fn remember(
 /// (whose clients, other sidecars, pool their connections and close none): each one's last bytes
 /// came when it has been idle since (`ages`, at most `HISTORY`), so at least as many arrived as
 /// the connections within the span back to the oldest of them. One alone tells no rate. Ages are
-/// a sight short (`diag::JIFFY`): the span is a sight longer, never a rate too high.
+/// a jiffy short (`diag::JIFFY`): the span is a jiffy longer, never a rate too high.
 fn recently(mut ages: Vec<Duration>) -> Option<Before> {
     ages.sort_unstable();
     let (newest, span) = (*ages.first()?, *ages.last()?);

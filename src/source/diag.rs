@@ -65,7 +65,7 @@ const DATA_SEGS_OUT: usize = 156;
 /// The coarsest clock tcp_info's milliseconds come from: jiffies at HZ=100. An age counted in
 /// whole jiffies can be one longer than the time that passed (`jiffies_to_msecs(now - lrcvtime)`,
 /// net/ipv4/tcp.c; TIME_WAIT's time left, `inet_twsk_diag_fill`, likewise), so an arrival dated
-/// by it is dated up to a tick early; the age less a tick never dates it before it came.
+/// by it is dated up to a jiffy early; the age less a jiffy never dates it before it came.
 pub(crate) const JIFFY: Duration = Duration::from_millis(10);
 
 /// How long a closed connection's end waits in TIME_WAIT (`TCP_TIMEWAIT_LEN`, include/net/tcp.h);
@@ -634,7 +634,7 @@ mod tests {
         dump(&request(ALL, true), until, &mut all).unwrap();
         let client_end = all.iter().find(|s| s.remote.port == port).copied();
         let idle = client_end.and_then(|s| s.idle);
-        // The client has received nothing since it connected, 300 ms ago at least (less a tick).
+        // The client has received nothing since it connected, 300 ms ago at least (less a jiffy).
         assert!(
             idle.is_some_and(
                 |i| i >= Duration::from_millis(300) - JIFFY && i < Duration::from_secs(5)

@@ -187,17 +187,17 @@ impl Sources {
         self.admin.url(self.stats_path())
     }
 
-    /// One count, what the socket table says about the pod, and what it cost, within `left`.
-    pub(crate) fn measure(&mut self, left: Duration) -> (Reading, Result<Pod, Failure>, Cost) {
+    /// One count, what the socket table says about the pod (not read for `hold`, which runs
+    /// before the app's SIGTERM: its sockets tell nothing then), and what it cost, within `left`.
+    pub(crate) fn measure(
+        &mut self,
+        left: Duration,
+    ) -> (Reading, Option<Result<Pod, Failure>>, Cost) {
         let until = within(left.max(PROC_GRACE));
         let (asked, own) = (Instant::now(), Meter::start(process_cpu));
         let mut reading = self.count(left);
-        // `hold` runs before the app's SIGTERM: its sockets tell nothing then.
-        let pod = match self.reads {
-            Reads::Count => self.table().pod(until),
-            _ => Err(Failure::from("not read while holding")),
-        };
-        if let (Err(why), Ok(count), Reads::Count) = (&pod, &mut reading.result, &self.reads) {
+        let pod = matches!(self.reads, Reads::Count).then(|| self.table().pod(until));
+        if let (Some(Err(why)), Ok(count)) = (&pod, &mut reading.result) {
             count.warnings.push(Warning::Undelivered(why.clone()));
         }
         let s = self.spent;
@@ -437,7 +437,7 @@ mod tests {
             proc_net: Some(proc_net),
             warnings: vec![],
         };
-        Sources::new(&config, &crate::config::Plan::Run { exit_at: 0, then_quit: false })
+        Sources::new(&config, &crate::config::tests::run_plan(0, false))
     }
 
     /// A listener on 8080 and one connection it accepted.
