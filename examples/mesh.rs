@@ -23,6 +23,7 @@ mod support {
     pub mod agent;
     pub mod app;
     pub mod built;
+    pub mod data_plane;
     pub mod envoy;
     pub mod h2;
     pub mod http;
@@ -36,9 +37,9 @@ mod support {
 
 use std::path::PathBuf;
 use std::time::Duration;
-use support::kubelet::{Ordering, Probe};
+use support::kubelet::Probe;
 use support::mesh::{AppKind, LoadKind, Mode, PreStop, Scenario};
-use support::pod::{Gateway, PodMesh};
+use support::pod::{DataPlane, Gateway};
 
 /// The propagation delays of the table: istiod's usual EDS push, and a slow one (large clusters,
 /// cloud load balancers) longer than any min-drain.
@@ -122,7 +123,7 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
     for a in &args {
         c.take(a)?;
     }
-    if c.http2 && c.meshes.iter().any(|&m| m != PodMesh::Sidecar) {
+    if c.http2 && c.meshes.iter().any(|m| !m.sidecar()) {
         // The app speaks HTTP/1.1 (tests/pod/app.py); only a sidecar's Envoy carries HTTP/2 to it.
         return Err("http2 needs sidecar alone: without a sidecar h2load would reach the \
                     HTTP/1.1 app as it is"
@@ -135,8 +136,9 @@ fn scenarios(args: Vec<String>) -> Result<Vec<Scenario>, String> {
 /// What the arguments chose, each list empty until `defaults` where they named none.
 #[derive(Default)]
 struct Choices {
-    meshes: Vec<PodMesh>,
-    orderings: Vec<Ordering>,
+    /// A sidecar stands for one of each kind `natives` names (classic, native).
+    meshes: Vec<DataPlane>,
+    natives: Vec<bool>,
     apps: Vec<AppKind>,
     modes: Vec<Mode>,
     propagations: Vec<u64>,
@@ -152,11 +154,11 @@ struct Choices {
 impl Choices {
     fn take(&mut self, a: &str) -> Result<(), String> {
         match a {
-            "sidecar" => self.meshes.push(PodMesh::Sidecar),
-            "ambient" => self.meshes.push(PodMesh::Ambient),
-            "no-mesh" => self.meshes.push(PodMesh::None),
-            "classic" => self.orderings.push(Ordering::Classic),
-            "native" => self.orderings.push(Ordering::Native),
+            "sidecar" => self.meshes.push(DataPlane::Sidecar { native: false }),
+            "ambient" => self.meshes.push(DataPlane::Ambient),
+            "no-mesh" => self.meshes.push(DataPlane::None),
+            "classic" => self.natives.push(false),
+            "native" => self.natives.push(true),
             "graceful" => self.apps.push(AppKind::Graceful),
             "nginx" => self.apps.push(AppKind::Nginx),
             "flush" => self.apps.push(AppKind::Flush),
@@ -198,8 +200,8 @@ impl Choices {
     }
 
     fn defaults(&mut self) {
-        all(&mut self.meshes, &[PodMesh::Sidecar]);
-        all(&mut self.orderings, &[Ordering::Classic, Ordering::Native]);
+        all(&mut self.meshes, &[DataPlane::Sidecar { native: false }]);
+        all(&mut self.natives, &[false, true]);
         all(&mut self.apps, &AppKind::ALL);
         all(&mut self.modes, &Mode::ALL);
         all(&mut self.propagations, &PROPAGATIONS);
@@ -216,17 +218,17 @@ impl Choices {
     fn rows(&self) -> Vec<Scenario> {
         let load = if self.http2 { LoadKind::Http2 } else { LoadKind::Http1 };
         let mut out = Vec::new();
-        for &mesh in &self.meshes {
+        for &plane in &self.meshes {
             // Without a sidecar, no proxy container: one ordering and one mode stand for all.
-            let one = if mesh == PodMesh::Sidecar { usize::MAX } else { 1 };
+            let one = if plane.sidecar() { usize::MAX } else { 1 };
             for &p in &self.propagations {
-                for &ordering in self.orderings.iter().take(one) {
+                for &native in self.natives.iter().take(one) {
+                    let mesh = if plane.sidecar() { DataPlane::Sidecar { native } } else { plane };
                     for (&app, &pre_stop) in cross(&self.apps, &self.pre_stops) {
                         for (&mode, &keep_alive) in
                             cross(&self.modes[..one.min(self.modes.len())], &self.clients)
                         {
                             out.push(Scenario {
-                                ordering,
                                 app,
                                 mode,
                                 propagation: Duration::from_secs(p),
@@ -254,17 +256,17 @@ impl Choices {
         let out =
             rows.into_iter().flat_map(|s| rates.iter().map(move |&rate| Scenario { rate, ..s }));
         let out = out.flat_map(|s| {
-            let probes =
-                if s.mesh == PodMesh::Sidecar { &self.probes[..1] } else { &self.probes[..] };
+            let probes = if s.mesh.sidecar() { &self.probes[..1] } else { &self.probes[..] };
             probes.iter().map(move |&probe| Scenario { probe, ..s })
         });
         let out = out.flat_map(|s| {
-            let outside = if s.mesh == PodMesh::Ambient { &self.outside[..] } else { &[false][..] };
+            let outside =
+                if s.mesh == DataPlane::Ambient { &self.outside[..] } else { &[false][..] };
             outside.iter().map(move |&outside| Scenario { outside, ..s })
         });
         out.flat_map(|s| {
             let gateways =
-                if s.mesh == PodMesh::None { &self.gateways[..] } else { &self.gateways[..1] };
+                if s.mesh == DataPlane::None { &self.gateways[..] } else { &self.gateways[..1] };
             gateways.iter().map(move |&gateway| Scenario { gateway, ..s })
         })
         .collect()

@@ -23,6 +23,7 @@
 mod support {
     pub mod built;
     pub mod cluster;
+    pub mod data_plane;
     pub mod envoy;
     pub mod h2;
     pub mod http;

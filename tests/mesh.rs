@@ -12,20 +12,20 @@ mod support;
 
 use std::path::Path;
 use std::time::Duration;
-use support::kubelet::{Ordering, Probe};
+use support::kubelet::Probe;
 use support::mesh::{self, AppKind, LONG, LoadKind, Mode, PreStop, RATE, ReplicaRow, Scenario};
-use support::pod::{Gateway, PodMesh};
+use support::pod::{DataPlane, Gateway};
 
-/// A graceful app's pod deleted under load, with the proxy shutting down as `mode` says.
-fn deleted_under_load(ordering: Ordering, mode: Mode) -> ReplicaRow {
+/// A graceful app's pod deleted under load, its sidecar classic or `native`, the proxy shutting
+/// down as `mode` says.
+fn deleted_under_load(native: bool, mode: Mode) -> ReplicaRow {
     run_scenario(Scenario {
-        ordering,
         app: AppKind::Graceful,
         mode,
         propagation: Duration::from_secs(2),
         load: LoadKind::Http1,
         pre_stop: PreStop::None,
-        mesh: PodMesh::Sidecar,
+        mesh: DataPlane::Sidecar { native },
         keep_alive: true,
         rate: f64::from(RATE),
         probe: Probe::Http,
@@ -76,7 +76,7 @@ fn stopped_right_after_the_app(row: &ReplicaRow) {
 #[test]
 #[ignore = "needs root, iptables, setpriv, hey and Envoy: `bash scripts/test` runs it"]
 fn classic_sidecar_with_envoy_drain_fails_no_request_while_its_pod_is_deleted_under_load() {
-    let row = deleted_under_load(Ordering::Classic, Mode::EnvoyDrain);
+    let row = deleted_under_load(false, Mode::EnvoyDrain);
     no_request_failed(&row);
     // --then-quit: the proxy stops once the app has exited, not after pilot-agent's own 5 s.
     stopped_right_after_the_app(&row);
@@ -85,7 +85,7 @@ fn classic_sidecar_with_envoy_drain_fails_no_request_while_its_pod_is_deleted_un
 #[test]
 #[ignore = "needs root, iptables, setpriv, hey and Envoy: `bash scripts/test` runs it"]
 fn native_sidecar_with_envoy_drain_fails_no_request_while_its_pod_is_deleted_under_load() {
-    let row = deleted_under_load(Ordering::Native, Mode::EnvoyDrain);
+    let row = deleted_under_load(true, Mode::EnvoyDrain);
     no_request_failed(&row);
     // The hook never holds a proxy whose app has gone.
     stopped_right_after_the_app(&row);
@@ -96,7 +96,7 @@ fn native_sidecar_with_envoy_drain_fails_no_request_while_its_pod_is_deleted_und
 fn classic_sidecar_with_istios_default_cuts_the_long_requests_off_after_5s() {
     // What the harness must be able to see: pilot-agent stops Envoy after its
     // terminationDrainDuration, under the long requests.
-    let row = deleted_under_load(Ordering::Classic, Mode::Istio);
+    let row = deleted_under_load(false, Mode::Istio);
     load_ran(&row);
     assert_eq!(row.long_ok, 0, "{}", shown(&row));
     assert!(row.kinds.reset >= LONG, "{}", shown(&row));
@@ -108,7 +108,7 @@ fn classic_sidecar_with_istios_default_cuts_the_long_requests_off_after_5s() {
 fn native_sidecar_with_istios_own_prestop_stops_the_proxy_as_the_app_exits() {
     // The kubelet sends a native sidecar SIGTERM only once the app has exited, and after its
     // `/drain` pilot-agent stops Envoy at once: nothing fails, nothing waits.
-    let row = deleted_under_load(Ordering::Native, Mode::Istio);
+    let row = deleted_under_load(true, Mode::Istio);
     load_ran(&row);
     assert_eq!(row.failed, 0, "{}", shown(&row));
     let after = row.app_exit_to_proxy_stop();
@@ -117,9 +117,8 @@ fn native_sidecar_with_istios_own_prestop_stops_the_proxy_as_the_app_exits() {
 
 /// An nginx-style app behind `hold`, its pod deleted when the mesh learns of it 10 s late; without
 /// a sidecar its readiness probe is a tcpSocket one, from the node's own address without a mesh.
-fn held(mesh: PodMesh, keep_alive: bool) -> ReplicaRow {
+fn held(mesh: DataPlane, keep_alive: bool) -> ReplicaRow {
     run_scenario(Scenario {
-        ordering: Ordering::Classic,
         app: AppKind::Nginx,
         mode: Mode::EnvoyDrain,
         propagation: Duration::from_secs(10),
@@ -150,7 +149,7 @@ fn held_until_requests_stopped(row: &ReplicaRow) {
 #[ignore = "needs root, iptables, setpriv, hey and Envoy: `bash scripts/test` runs it"]
 fn an_nginx_style_app_behind_hold_fails_no_request_when_the_mesh_learns_of_it_10s_late() {
     // Without `hold` such an app refuses what clients send until their sidecars drop it.
-    let row = held(PodMesh::Sidecar, true);
+    let row = held(DataPlane::Sidecar { native: false }, true);
     no_request_failed(&row);
     held_until_requests_stopped(&row);
 }
@@ -158,11 +157,11 @@ fn an_nginx_style_app_behind_hold_fails_no_request_when_the_mesh_learns_of_it_10
 #[test]
 #[ignore = "needs root, iptables, setpriv, hey and Envoy: `bash scripts/test` runs it"]
 fn in_ambient_mode_hold_sees_each_new_connection_over_hbone_and_not_the_probes() {
-    held_until_requests_stopped(&held(PodMesh::Ambient, false));
+    held_until_requests_stopped(&held(DataPlane::Ambient, false));
 }
 
 #[test]
 #[ignore = "needs root, iptables, setpriv and hey: `bash scripts/test` runs it"]
 fn without_a_mesh_hold_sees_each_new_connection_until_kube_proxy_drops_the_pod() {
-    held_until_requests_stopped(&held(PodMesh::None, false));
+    held_until_requests_stopped(&held(DataPlane::None, false));
 }

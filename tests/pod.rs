@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use support::http::{Conn, H2, Response, in_flight};
 use support::kubelet::{Probe, Probes};
 use support::pod::{
-    APP, APP_UID, CLIENT_IP, Capture, GATEWAY_IP6, Gateway, OTHER_IP, POD_IP, POD_IP6, PROBE_IP,
-    PROBE_IP6, Pod, PodMesh, PodOptions, Stats,
+    APP, APP_UID, CLIENT_IP, Capture, DataPlane, GATEWAY_IP6, Gateway, OTHER_IP, POD_IP, POD_IP6,
+    PROBE_IP, PROBE_IP6, Pod, PodOptions, Stats,
 };
 use support::ztunnel::{Control, Served, ZtunnelNode};
 use support::{Finished, Running, spawn};
@@ -819,7 +819,7 @@ mod without_envoy {
     fn ambient_with(ipv6: bool) -> Ambient {
         let network = support::pod::Network::new(false);
         let (none, bin) = (Path::new("/nonexistent"), Path::new(support::BIN));
-        let options = PodOptions { mesh: PodMesh::Ambient, ipv6, ..PodOptions::default() };
+        let options = PodOptions { mesh: DataPlane::Ambient, ipv6, ..PodOptions::default() };
         let pod = Pod::join(&network, POD_IP, none, bin, options);
         let client = PodOptions { client: true, ipv6: false, ..options };
         let client = Pod::join(&network, MESH_CLIENT, none, bin, client);
@@ -905,7 +905,7 @@ while time.monotonic() < end:
         // client does, before the answer (no socket of it stays in the pod: the namespace's
         // PassiveOpens counts it). The kubelet's probes come from the node (the pod's gateway on a
         // bridge) all along and never count.
-        let options = PodOptions { mesh: PodMesh::None, ..PodOptions::default() };
+        let options = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
         let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
         let stop = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|s| {
@@ -949,7 +949,7 @@ while time.monotonic() < end:
     /// `calico_like_pod`'s pod, with no probes yet.
     fn calico_like() -> Pod {
         let options = PodOptions {
-            mesh: PodMesh::None,
+            mesh: DataPlane::None,
             gateway: Gateway::LinkLocal,
             node_ips: true,
             ..PodOptions::default()
@@ -1007,7 +1007,7 @@ while time.monotonic() < end:
         // SIGTERM. A hold kept up by such a client alone ends normally at the propagation, as the
         // `sleep` it replaces (exit 0, no FailedPreStopHook event); one that new connections still
         // reach waits to its deadline (exit 1).
-        let options = PodOptions { mesh: PodMesh::None, ..PodOptions::default() };
+        let options = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
         let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
         let args =
             ["hold", "--preset", "none", "--min", "1s", "--propagation", "3s", "--deadline", "7s"];
@@ -1095,7 +1095,7 @@ server.serve_forever()
         // the app closes (its ends wait in TIME_WAIT, which the kernel keeps for 60 s). A hold that
         // begins right after the second burst takes the pause before it from those and returns
         // only after the third, twice that pause after it.
-        let options = PodOptions { mesh: PodMesh::None, ..PodOptions::default() };
+        let options = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
         let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
         let burst = || pod.client(|| requests(CLIENT_IP, APP, SECOND / 20, SECOND / 2, false));
         burst();
@@ -1164,7 +1164,7 @@ server.serve_forever()
         // before the hold), the app closes first (its ends wait in TIME_WAIT), or one connection
         // is kept alive for all: each time the hold must not take the silence before the first
         // burst it sees for the end.
-        let options = PodOptions { mesh: PodMesh::None, ..PodOptions::default() };
+        let options = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
         let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
         let hold = || spawn(pod.hook_as(APP_UID, APP_UID, &NONE_HOLD));
         let mut wrong = Vec::new();
@@ -1211,7 +1211,7 @@ server.serve_forever()
     fn a_udp_server_of_the_pod_is_named_as_what_the_hold_cannot_see() {
         // A UDP server in the pod (DNS, QUIC, statsd): the kernel counts no datagrams per socket, so
         // the hold cannot tell its requests, and says so in its start and its summary.
-        let options = PodOptions { mesh: PodMesh::None, ..PodOptions::default() };
+        let options = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
         let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
         let udp = "
 import socket, sys
@@ -1242,7 +1242,7 @@ while True:
         // first (no socket of it stays in the pod: only PassiveOpens counts it). The hold returned at
         // its minimum before, the clients' requests taken for 9090's: now it returns after the last
         // one, and names 9090 at its start (a connection to it that left no socket would count).
-        let options = PodOptions { mesh: PodMesh::None, ..PodOptions::default() };
+        let options = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
         let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
         let _exporter = beside_app(&pod, SERVER, &["0.0.0.0", "9090"]);
         let stop = std::sync::atomic::AtomicBool::new(false);
@@ -1400,7 +1400,7 @@ while True:
         // A scraper that keeps its connection to the app's port and asks every 10 s; the hold, as a
         // policy writes it, begins 2.5 s before a scrape (the red-team's worst case: a scrape 2.5 s
         // in and another 10 s later held it to its deadline). It returns at its 5 s minimum.
-        let options = PodOptions { mesh: PodMesh::None, ..PodOptions::default() };
+        let options = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
         let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
         std::thread::scope(|s| {
             let scraper = s.spawn(|| {
@@ -1447,7 +1447,7 @@ for _ in range(200):
     c.close()
     time.sleep(0.3)
 ";
-        let none = PodOptions { mesh: PodMesh::None, ..PodOptions::default() };
+        let none = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
         let none = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), none);
         let ambient = ambient();
         for (pod, preset) in [(&none, "none"), (&ambient.pod, "ambient")] {
@@ -1465,7 +1465,7 @@ for _ in range(200):
         // An IPv6-primary pod: the kubelet's probes come from its IPv6 gateway (the node), to an app
         // on [::]:8081 that closes first (its ends wait in TIME_WAIT). The hold without a mesh
         // leaves out probes from the pod's gateways, IPv6's too, and returns at its minimum.
-        let options = PodOptions { mesh: PodMesh::None, ipv6: true, ..PodOptions::default() };
+        let options = PodOptions { mesh: DataPlane::None, ipv6: true, ..PodOptions::default() };
         let pod = Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options);
         let _app = beside_app(&pod, SERVER, &["::", "8081"]);
         let probes = format!(
@@ -1521,7 +1521,7 @@ for _ in range(60):
     fn replay(schedule: &Schedule) -> Result<String, String> {
         let ambient = (schedule.close == "Ambient").then(ambient);
         let none = ambient.is_none().then(|| {
-            let options = PodOptions { mesh: PodMesh::None, ..PodOptions::default() };
+            let options = PodOptions { mesh: DataPlane::None, ..PodOptions::default() };
             Pod::start(Path::new("/nonexistent"), Path::new(support::BIN), options)
         });
         let (pod, preset) = match (&ambient, &none) {

@@ -11,7 +11,7 @@
 //! At the end of the grace period whatever still runs is killed (SIGKILL), the hooks included.
 //! A pod without a sidecar (ambient mode, or no mesh) has only the app's container.
 
-use super::pod::{APP_UID, Network, Pod, PodMesh};
+use super::pod::{APP_UID, DataPlane, Network, Pod};
 use super::running::{Finished, spawn};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as Atomic};
@@ -22,12 +22,6 @@ use std::time::{Duration, Instant};
 pub const GRACE: Duration = Duration::from_secs(30);
 /// The least stop time the kubelet gives a native sidecar after waiting for the app.
 const NATIVE_FLOOR: Duration = Duration::from_secs(2);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ordering {
-    Classic,
-    Native,
-}
 
 /// The proxy container's preStop.
 #[derive(Debug, Clone)]
@@ -68,10 +62,9 @@ impl Deletion {
 }
 
 /// Deletes `pod`: its app gets SIGTERM once `app_pre_stop` has returned, its proxy runs
-/// `pre_stop` and gets SIGTERM as `ordering` says.
+/// `pre_stop` and gets SIGTERM as its kind of sidecar says (classic or native).
 pub fn delete(
     pod: &Pod,
-    ordering: Ordering,
     pre_stop: &ProxyPreStop,
     app_pre_stop: &AppPreStop,
     grace: Duration,
@@ -109,15 +102,15 @@ pub fn delete(
                 Some(spawn(pod.hook(&args)).finish_by(end))
             }
         };
-        let until = match ordering {
-            // No proxy container: what holds listeners in the pod (ambient's ztunnel) lets go of
-            // them when the pod's sandbox goes, once the app has exited.
-            _ if pod.options.mesh != PodMesh::Sidecar => app.wait_until(end).unwrap_or(end),
-            Ordering::Classic => end,
-            Ordering::Native => {
+        let until = match pod.options.mesh {
+            DataPlane::Sidecar { native: false } => end,
+            DataPlane::Sidecar { native: true } => {
                 app.wait_until(end);
                 end.max(Instant::now() + NATIVE_FLOOR)
             }
+            // No proxy container: what holds listeners in the pod (ambient's ztunnel) lets go of
+            // them when the pod's sandbox goes, once the app has exited.
+            _ => app.wait_until(end).unwrap_or(end),
         };
         let proxy_stopped = pod.sigterm_proxy(until);
         let (app_exited, app_hook) = app_exited.join().expect("the app's container");

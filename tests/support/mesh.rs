@@ -20,7 +20,7 @@
 
 use super::agent::SERVICE_CLUSTER;
 use super::http::Conn;
-use super::kubelet::{self, AppPreStop, Deletion, Ordering, Probe, Probes, ProxyPreStop};
+use super::kubelet::{self, AppPreStop, Deletion, Probe, Probes, ProxyPreStop};
 use super::pod::{self, Capture, Gateway, Network, Pod, PodOptions, Stats};
 use super::ztunnel::{Control, Served, ZtunnelNode};
 use std::collections::BTreeMap;
@@ -93,7 +93,7 @@ pub enum PreStop {
 }
 
 impl PreStop {
-    fn kubelet(self, mesh: pod::PodMesh, grace: Duration) -> AppPreStop {
+    fn kubelet(self, mesh: pod::DataPlane, grace: Duration) -> AppPreStop {
         match self {
             PreStop::None => AppPreStop::None,
             PreStop::Sleep(n) => AppPreStop::Sleep(Duration::from_secs(n)),
@@ -101,17 +101,18 @@ impl PreStop {
                 let deadline = format!("--deadline={}s", grace.as_secs() - 10);
                 let probes = ["--probe-periods", "1s"];
                 let args: Vec<&str> = match mesh {
-                    pod::PodMesh::Sidecar => vec!["hold", "--preset", "istio", &deadline],
-                    pod::PodMesh::Ambient => {
+                    pod::DataPlane::Sidecar { .. } => vec!["hold", "--preset", "istio", &deadline],
+                    pod::DataPlane::Ambient => {
                         [&["hold", "--preset", "ambient", &deadline][..], &probes]
                             .concat()
                             .into_iter()
                             .chain(["--ignore-ports", "15001,15053"])
                             .collect()
                     }
-                    pod::PodMesh::None => {
+                    pod::DataPlane::None => {
                         [&["hold", "--preset", "none", &deadline][..], &probes].concat()
                     }
+                    pod::DataPlane::Waypoint => unreachable!("the replica has no waypoint"),
                 };
                 AppPreStop::Hook(args.into_iter().map(String::from).collect())
             }
@@ -148,10 +149,11 @@ impl Mode {
     pub const ALL: [Mode; 5] =
         [Mode::Istio, Mode::ExitOnZero, Mode::EnvoyDrain, Mode::Requests, Mode::Plain];
 
-    pub fn name(self, ordering: Ordering) -> &'static str {
-        match (self, ordering) {
-            (Mode::Istio, Ordering::Classic) => "Istio default",
-            (Mode::Istio, Ordering::Native) => "Istio native preStop",
+    /// The shutdown's name, for a classic sidecar or a native one.
+    pub fn name(self, native: bool) -> &'static str {
+        match (self, native) {
+            (Mode::Istio, false) => "Istio default",
+            (Mode::Istio, true) => "Istio native preStop",
             (Mode::ExitOnZero, _) => "EXIT_ON_ZERO",
             (Mode::EnvoyDrain, _) => "envoy-drain (template)",
             (Mode::Requests, _) => "envoy-drain --count requests",
@@ -169,19 +171,19 @@ impl Mode {
     /// The proxy's preStop. The template's hook, as it renders for each ordering at the pod's
     /// grace period (docs/install.md: 6 s and 3 s less), without its `--log-file=/proc/1/fd/1`
     /// (PID 1 here is not the proxy container's).
-    pub fn pre_stop(self, ordering: Ordering, grace: Duration) -> ProxyPreStop {
+    pub fn pre_stop(self, native: bool, grace: Duration) -> ProxyPreStop {
         let grace = grace.as_secs();
-        let mut hook = match (self, ordering) {
-            (Mode::Istio | Mode::ExitOnZero, Ordering::Classic) => return ProxyPreStop::None,
-            (Mode::Istio | Mode::ExitOnZero, Ordering::Native) => return ProxyPreStop::AgentDrain,
+        let mut hook = match (self, native) {
+            (Mode::Istio | Mode::ExitOnZero, false) => return ProxyPreStop::None,
+            (Mode::Istio | Mode::ExitOnZero, true) => return ProxyPreStop::AgentDrain,
             (Mode::Plain, _) => vec!["run".to_string()],
-            (_, Ordering::Classic) => vec![
+            (_, false) => vec![
                 "run".to_string(),
                 "--then-quit".to_string(),
                 "--agent=127.0.0.1:15020".to_string(),
                 format!("--deadline={}s", grace - 6),
             ],
-            (_, Ordering::Native) => vec![
+            (_, true) => vec![
                 "run".to_string(),
                 "--drain=agent".to_string(),
                 "--agent=127.0.0.1:15020".to_string(),
@@ -206,16 +208,15 @@ pub enum LoadKind {
 
 #[derive(Debug, Clone, Copy)]
 pub struct Scenario {
-    pub ordering: Ordering,
     pub app: AppKind,
     pub mode: Mode,
     /// From the deletion until the client's sidecar no longer has pod A.
     pub propagation: Duration,
     pub load: LoadKind,
     pub pre_stop: PreStop,
-    /// What carries the traffic: with `Ambient` or `None` there is no proxy container, so
-    /// `ordering` and `mode` say nothing.
-    pub mesh: pod::PodMesh,
+    /// What carries the traffic: a sidecar, classic or native (the kubelet's order); with
+    /// `Ambient` or `None` there is no proxy container, so `mode` says nothing.
+    pub mesh: pod::DataPlane,
     /// The clients keep their connections open between requests (hey's default); else one
     /// connection per request.
     pub keep_alive: bool,
@@ -232,16 +233,23 @@ pub struct Scenario {
 }
 
 impl Scenario {
+    /// Whether the sidecar is a native one.
+    pub fn native(&self) -> bool {
+        self.mesh == pod::DataPlane::Sidecar { native: true }
+    }
+
     /// The probes' column: their kind and where they come from.
     fn probes(&self) -> &'static str {
         match (self.mesh, self.probe, self.gateway) {
-            (pod::PodMesh::Sidecar, ..) => "-",
-            (pod::PodMesh::Ambient, Probe::Http, _) => "HTTP, from 169.254.7.127",
-            (pod::PodMesh::Ambient, Probe::Tcp, _) => "tcpSocket, from 169.254.7.127",
-            (pod::PodMesh::None, Probe::Http, Gateway::Bridge) => "HTTP, from the gateway",
-            (pod::PodMesh::None, Probe::Tcp, Gateway::Bridge) => "tcpSocket, from the gateway",
-            (pod::PodMesh::None, Probe::Http, Gateway::LinkLocal) => "HTTP, from the node's IP",
-            (pod::PodMesh::None, Probe::Tcp, Gateway::LinkLocal) => "tcpSocket, from the node's IP",
+            (pod::DataPlane::Sidecar { .. } | pod::DataPlane::Waypoint, ..) => "-",
+            (pod::DataPlane::Ambient, Probe::Http, _) => "HTTP, from 169.254.7.127",
+            (pod::DataPlane::Ambient, Probe::Tcp, _) => "tcpSocket, from 169.254.7.127",
+            (pod::DataPlane::None, Probe::Http, Gateway::Bridge) => "HTTP, from the gateway",
+            (pod::DataPlane::None, Probe::Tcp, Gateway::Bridge) => "tcpSocket, from the gateway",
+            (pod::DataPlane::None, Probe::Http, Gateway::LinkLocal) => "HTTP, from the node's IP",
+            (pod::DataPlane::None, Probe::Tcp, Gateway::LinkLocal) => {
+                "tcpSocket, from the node's IP"
+            }
         }
     }
 
@@ -343,7 +351,7 @@ pub struct MeshReplica {
     pub b: Pod,
     pub client: Pod,
     network: Arc<Network>,
-    kind: pod::PodMesh,
+    kind: pod::DataPlane,
     workloads: Control,
     /// The client reaches the service through kube-proxy's rules.
     kube_proxy: bool,
@@ -356,7 +364,7 @@ impl MeshReplica {
         envoy: &Path,
         hook: &Path,
         (app, stats): (AppKind, Stats),
-        (kind, outside): (pod::PodMesh, bool),
+        (kind, outside): (pod::DataPlane, bool),
         gateway: Gateway,
     ) -> MeshReplica {
         let network = Network::new(false);
@@ -366,18 +374,18 @@ impl MeshReplica {
             stats,
             on_sigterm,
             gateway,
-            node_ips: kind == pod::PodMesh::None,
+            node_ips: kind == pod::DataPlane::None,
             ..PodOptions::default()
         };
         let a = Pod::join(&network, A, envoy, hook, server(app.on_sigterm(), stats));
         let b = Pod::join(&network, B, envoy, hook, server("serve", Stats::IstioDefault));
-        let client_mesh = if outside { pod::PodMesh::None } else { kind };
+        let client_mesh = if outside { pod::DataPlane::None } else { kind };
         let client_options =
             PodOptions { mesh: client_mesh, client: true, ..PodOptions::default() };
         let client = Pod::join(&network, CLIENT, envoy, hook, client_options);
         let workloads = Control::default();
         let mut nodes = Vec::new();
-        if kind == pod::PodMesh::Ambient {
+        if kind == pod::DataPlane::Ambient {
             let a_pod = Served { ns: a.netns(), name: "app-a", ip: A };
             nodes.push(ZtunnelNode::start("node-a", &workloads, &a_pod));
             let b_pod = Served { ns: b.netns(), name: "app-b", ip: B };
@@ -387,7 +395,7 @@ impl MeshReplica {
                 nodes.push(ZtunnelNode::start("node-c", &workloads, &caller));
             }
         }
-        let kube_proxy = client_mesh == pod::PodMesh::None;
+        let kube_proxy = client_mesh == pod::DataPlane::None;
         let mesh = MeshReplica { nodes, a, b, client, network, kind, workloads, kube_proxy };
         mesh.route(&[A, B]);
         mesh
@@ -396,7 +404,7 @@ impl MeshReplica {
     /// Sends the service's new connections to `hosts` from now on: the control plane's push to
     /// the client's proxy, or kube-proxy's rules; returns once the client's proxy has them.
     fn route(&self, hosts: &[&str]) {
-        if self.kind == pod::PodMesh::Ambient {
+        if self.kind == pod::DataPlane::Ambient {
             let names = [(A, "app-a"), (B, "app-b")];
             let serving: Vec<&str> =
                 names.iter().filter(|(ip, _)| hosts.contains(ip)).map(|(_, n)| *n).collect();
@@ -405,7 +413,7 @@ impl MeshReplica {
         if self.kube_proxy {
             self.client.iptables(&kube_proxy(hosts));
         }
-        if self.kind != pod::PodMesh::Sidecar {
+        if !self.kind.sidecar() {
             return;
         }
         let endpoints: Vec<String> = hosts.iter().map(|h| format!("{h}:8080")).collect();
@@ -584,10 +592,10 @@ pub fn run(envoy: &Path, hook: &Path, s: Scenario) -> ReplicaRow {
         Probe::Http => &[Probe::Http],
     };
     let _probes = match s.mesh {
-        pod::PodMesh::Sidecar => None,
+        pod::DataPlane::Sidecar { .. } | pod::DataPlane::Waypoint => None,
         // istio-cni SNATs them on the node; else they come from the node's address.
-        pod::PodMesh::Ambient => Some(pod::PROBE_IP),
-        pod::PodMesh::None => Some(pod::OTHER_IP),
+        pod::DataPlane::Ambient => Some(pod::PROBE_IP),
+        pod::DataPlane::None => Some(pod::OTHER_IP),
     }
     .map(|from| {
         Probes::start(&mesh.network, from, format!("{A}:8080"), kinds, Duration::from_secs(1))
@@ -715,11 +723,11 @@ fn long_requests_at_a(mesh: &mut MeshReplica) -> (Vec<Generator>, usize) {
 /// propagation later; returns once it is gone and pushed, and `AFTER` more.
 fn delete_a(mesh: &mut MeshReplica, s: &Scenario) -> Deletion {
     let proxy_pre_stop = match s.mesh {
-        pod::PodMesh::Sidecar => s.mode.pre_stop(s.ordering, s.grace()),
+        pod::DataPlane::Sidecar { native } => s.mode.pre_stop(native, s.grace()),
         _ => ProxyPreStop::None,
     };
     let app_pre_stop = s.pre_stop.kubelet(s.mesh, s.grace());
-    let (a, grace, ordering, propagation) = (&mesh.a, s.grace(), s.ordering, s.propagation);
+    let (a, grace, propagation) = (&mesh.a, s.grace(), s.propagation);
     thread::scope(|scope| {
         let propagated = scope.spawn(|| {
             thread::sleep(propagation);
@@ -727,7 +735,7 @@ fn delete_a(mesh: &mut MeshReplica, s: &Scenario) -> Deletion {
             mesh.route(&[B]);
             at
         });
-        let deletion = kubelet::delete(a, ordering, &proxy_pre_stop, &app_pre_stop, grace);
+        let deletion = kubelet::delete(a, &proxy_pre_stop, &app_pre_stop, grace);
         let propagated = propagated.join().expect("the control plane's push");
         thread::sleep(
             (deletion.pod_gone().max(propagated) + AFTER).saturating_duration_since(Instant::now()),
@@ -819,16 +827,13 @@ pub fn table(rows: &[ReplicaRow]) -> String {
     );
     for r in rows {
         let s = r.scenario;
-        let sidecar = s.mesh == pod::PodMesh::Sidecar;
-        let (mesh, ordering, mode) = match (s.mesh, s.ordering) {
-            (pod::PodMesh::Sidecar, Ordering::Classic) => {
-                ("sidecar", "classic", s.mode.name(s.ordering))
-            }
-            (pod::PodMesh::Sidecar, Ordering::Native) => {
-                ("sidecar", "native", s.mode.name(s.ordering))
-            }
-            (pod::PodMesh::Ambient, _) => ("ambient", "-", "-"),
-            (pod::PodMesh::None, _) => ("none", "-", "-"),
+        let sidecar = s.mesh.sidecar();
+        let (mesh, ordering, mode) = match s.mesh {
+            pod::DataPlane::Sidecar { native: false } => ("sidecar", "classic", s.mode.name(false)),
+            pod::DataPlane::Sidecar { native: true } => ("sidecar", "native", s.mode.name(true)),
+            pod::DataPlane::Ambient => ("ambient", "-", "-"),
+            pod::DataPlane::None => ("none", "-", "-"),
+            pod::DataPlane::Waypoint => ("waypoint", "-", "-"),
         };
         let load = match s.load {
             LoadKind::Http1 => format!("HTTP/1.1 {}/s", s.rate),
@@ -873,7 +878,7 @@ pub fn short_table(rows: &[ReplicaRow]) -> String {
     for r in rows {
         t.push_str(&format!(
             "{:<32} {:>6} {:>6} {:>12} {:>9.1}s {:>+21.1}s\n",
-            r.scenario.mode.name(r.scenario.ordering),
+            r.scenario.mode.name(r.scenario.native()),
             r.sent,
             r.failed,
             format!("{}/{}", r.long_ok, r.long_at_a),

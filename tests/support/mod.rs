@@ -7,6 +7,7 @@ pub mod agent;
 pub mod app;
 pub mod built;
 pub mod cluster;
+pub mod data_plane;
 pub mod envoy;
 pub mod h2;
 pub mod hostile;

@@ -13,7 +13,7 @@
 //!   run there as that user, and its sidecar routes to the mesh's service over EDS
 //!   (tests/pod/client.yaml).
 //!
-//! Or a pod without a sidecar (`PodMesh`): in Istio's ambient mode, istio-cni's rules in the pod
+//! Or a pod without a sidecar (`DataPlane`): in Istio's ambient mode, istio-cni's rules in the pod
 //! (tests/pod/ztunnel.rules), for the node's real ztunnel to take it (support/ztunnel.rs,
 //! `ZtunnelNode`); with no mesh, the app alone.
 //!
@@ -22,6 +22,7 @@
 
 use super::agent::{Agent, IstiodStandIn};
 use super::app::App;
+pub use super::data_plane::DataPlane;
 use super::netns::Netns;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -79,20 +80,11 @@ pub enum Stats {
     ExitOnZero,
 }
 
-/// What carries the pod's traffic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PodMesh {
-    /// Istio's sidecar: Envoy and its agent in the pod.
-    Sidecar,
-    /// Istio's ambient mode: the node's ztunnel holds listeners in the pod's namespace.
-    Ambient,
-    /// No mesh: the app alone.
-    None,
-}
-
 #[derive(Debug, Clone, Copy)]
 pub struct PodOptions {
-    pub mesh: PodMesh,
+    /// What carries the pod's traffic: a sidecar (classic or native: the kubelet stand-in's
+    /// order), ambient mode or none; the replica has no waypoint.
+    pub mesh: DataPlane,
     pub capture: Capture,
     pub stats: Stats,
     /// What the app does on SIGTERM (tests/pod/app.py): serve, close, call or tcp.
@@ -122,7 +114,7 @@ pub struct PodOptions {
 impl Default for PodOptions {
     fn default() -> PodOptions {
         PodOptions {
-            mesh: PodMesh::Sidecar,
+            mesh: DataPlane::Sidecar { native: false },
             capture: Capture::Redirect,
             stats: Stats::IstioDefault,
             on_sigterm: "serve",
@@ -454,13 +446,13 @@ impl Pod {
 
         let pod = Netns::new();
         network.attach(&pod, addr, options.gateway, options.ipv6);
-        let proxy = options.mesh == PodMesh::Sidecar;
+        let proxy = options.mesh.sidecar();
         let (envoy, agent) = match options.mesh {
             _ if proxy => {
                 let (envoy, agent) = start_sidecar(&pod, network, envoy, &dir, options);
                 (Some(envoy), Some(agent))
             }
-            PodMesh::Ambient => {
+            DataPlane::Ambient => {
                 capture_for_ztunnel(&pod);
                 (None, None)
             }
@@ -789,7 +781,7 @@ fn start_envoy(pod: &Netns, envoy: &Path, dir: &Path, options: PodOptions) -> Ar
     let merges = [
         (options.stats == Stats::ExitOnZero, "tests/pod/exit-on-zero-stats.yaml"),
         (options.exporter, "tests/pod/exporter.yaml"),
-        (options.client && options.mesh == PodMesh::Sidecar, "tests/pod/client.yaml"),
+        (options.client && options.mesh.sidecar(), "tests/pod/client.yaml"),
     ];
     let merge: String = merges
         .iter()

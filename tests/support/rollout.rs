@@ -29,6 +29,7 @@
 //! pod.
 
 use super::cluster::{ControlPlane, Nodes};
+pub use super::data_plane::DataPlane;
 use super::netns::Netns;
 use super::node::{Image, Node};
 use std::collections::BTreeMap;
@@ -49,21 +50,6 @@ const RELEASE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/target/dist/amd64/en
 /// cluster.rs gives istiod 0.
 const REVISION: &str = "rollout";
 const ISTIOD: &str = "10.0.0.1:20012";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DataPlane {
-    None,
-    /// Istio's sidecar: classic (`false`) or native (`true`).
-    Sidecar {
-        native: bool,
-    },
-    /// Istio's ambient mode: the node's ztunnel and istio-cni, as istiod's chart installs them.
-    Ambient,
-    /// Ambient mode with a waypoint for the namespace's services: istiod's own (a Gateway of
-    /// class istio-waypoint, two replicas), which the rollout restarts instead of the app; the
-    /// row's shutdown is the waypoint's.
-    Waypoint,
-}
 
 impl DataPlane {
     /// Whether the node runs ztunnel and istio-cni.
