@@ -111,10 +111,9 @@ pub(crate) struct Tracker {
     first_at: Option<Duration>,
     /// When the last read was.
     last_at: Option<Duration>,
-    /// The pod's age at the first read, where its processes tell (`sockets::pod_age`), and
-    /// whether it was looked for, once.
-    pub(crate) age: Option<Duration>,
-    pub(crate) aged: bool,
+    /// The pod's age at the first read, where its processes tell (`sockets::pod_age`); `None`
+    /// until it is looked for, once.
+    pub(crate) age: Option<Option<Duration>>,
     probed: u64,
 }
 
@@ -397,7 +396,7 @@ impl Tracker {
         closing: bool,
         opens: Option<u64>,
     ) -> Option<Before> {
-        let age = self.age.filter(|a| !a.is_zero());
+        let age = self.age.flatten().filter(|a| !a.is_zero());
         let life = opens.zip(age).map(|(opens, age)| {
             let periods = self.rule.probe_periods.iter().flatten().chain(&self.rule.liveness);
             let (kinds, probes) = periods.fold((0.0, 0.0), |(k, n), p| {
@@ -1196,7 +1195,8 @@ mod tests {
         // connections, whose TIME_WAIT showed none for a minute, and forgot the pod's life.
         let call = socket(&format!("{POD}:41000"), "10.90.0.3:5432", TIME_WAIT, None);
         let rule = ArrivalRule { passive_opens: true, ..ArrivalRule::default() };
-        let mut tracker = Tracker { age: Some(Duration::from_secs(600)), ..Tracker::new(rule, 0) };
+        let mut tracker =
+            Tracker { age: Some(Some(Duration::from_secs(600))), ..Tracker::new(rule, 0) };
         let all: Vec<Socket> = listening(&[8080]).into_iter().chain([call]).collect();
         let read = tracker.read(Duration::ZERO, &ours(), &all, Some(1202));
         let life = Before { arrivals: 1200, span: Duration::from_secs(600), recent: None };
@@ -1297,7 +1297,8 @@ mod tests {
             settle: Duration::from_millis(500),
             plan: no_mesh(Duration::from_secs(15)),
         };
-        let mut tracker = Tracker { age: Some(Duration::from_secs(600)), ..Tracker::new(rule, 0) };
+        let mut tracker =
+            Tracker { age: Some(Some(Duration::from_secs(600))), ..Tracker::new(rule, 0) };
         let mut wait = Wait::new(&rules, Duration::ZERO);
         // The probes' times in ms from the deletion, over the pod's life.
         let probes: Vec<i64> = (0..=620 / period as i64)

@@ -113,11 +113,10 @@ impl SocketTable {
             None => None,
         };
         let (listening, open) = self.read_listening(until)?;
-        if let (Ok(root), false) = (&self.proc_root, tracker.aged) {
+        if let (Ok(root), None) = (&self.proc_root, tracker.age) {
             let mut inodes: Vec<u64> = listening.sockets.iter().map(|s| s.inode).collect();
             inodes.sort_unstable();
-            tracker.age = pod_age(root, &inodes, until);
-            tracker.aged = true;
+            tracker.age = Some(pod_age(root, &inodes, until));
         }
         let mut sockets = listening.sockets;
         read_open(open, until, &diag::request(diag::ALL, true), &mut sockets)?;
