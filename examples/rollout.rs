@@ -13,7 +13,8 @@
 //! several nodes), `rate=<requests a second>` (100), `request-ms=<ms>` (the app's time for each
 //! answer, 50), `grace=<seconds>` (the pods' terminationGracePeriodSeconds, 30), `nodes=<1 to 3>`
 //! (1; with more, the client on node-1, the app's pods spread over the others under a
-//! PodDisruptionBudget), `min-available=<percent>` (the budget's minAvailable, 50). `demo` alone:
+//! PodDisruptionBudget), `min-available=<pods or percent%>` or `max-unavailable=<pods or
+//! percent%>` (the budget's one field: minAvailable 50% unless named). `demo` alone:
 //! the demo's four rows side by side in one cluster, restarted at once (native sidecars and
 //! ambient mode, each as written and with envoy-drain). Run it with
 //! `bash examples/rollout.sh [ARG...]`, as root.
@@ -34,7 +35,7 @@ mod support {
 
 use std::time::Duration;
 use support::rollout::{
-    Case, Clients, DataPlane, Operation, Row, Shutdown, Strategy, run, run_together,
+    Amount, Budget, Case, Clients, DataPlane, Operation, Row, Shutdown, Strategy, run, run_together,
 };
 
 fn main() {
@@ -51,7 +52,7 @@ fn main() {
                  debounce=<seconds>, replicas=<n>, rate=<requests a second>, \
                  request-ms=<the app's answer time>, nodes=<1 to 3>, grace=<seconds>, \
                  restart, restart-surge, restart-one, drain, scale=<replicas>, delete=<pods>, \
-                 min-available=<percent>, or demo alone"
+                 min-available=<n or n%>, max-unavailable=<n or n%>, or demo alone"
             );
             std::process::exit(2);
         }
@@ -85,13 +86,22 @@ fn main() {
                     request_ms: a.request_ms,
                     nodes: a.nodes,
                     operation,
-                    min_available: a.min_available,
+                    budget: a.budget,
                     ..Case::new(mesh, shutdown, clients)
                 };
                 let row = run(case);
                 println!("{}", table_row(&row));
                 for (_, summary) in &row.holds {
                     eprintln!("{case:?}: {summary}");
+                }
+                if !row.started.is_empty() {
+                    let s = |t: Option<i64>| t.map_or("-".into(), |t| format!("{t}s"));
+                    let each: Vec<String> =
+                        row.started.iter().map(|(r, i)| format!("{} ({})", s(*r), s(*i))).collect();
+                    eprintln!(
+                        "{case:?}: new pods, creation to Ready (envoy-drain's install container): {}",
+                        each.join(" ")
+                    );
                 }
             }
         }
@@ -111,7 +121,7 @@ struct Args {
     grace: u32,
     request_ms: u32,
     nodes: u8,
-    min_available: u32,
+    budget: Budget,
 }
 
 impl Default for Args {
@@ -119,7 +129,8 @@ impl Default for Args {
         let (meshes, shutdowns, clients) = (Vec::new(), Vec::new(), Vec::new());
         // No replicas given: 3, or 6 on several nodes (three a node).
         let (replicas, rate, grace, request_ms) = (0, 100, 30, 50);
-        let (debounce, nodes, min_available, operations) = (None, 1, 50, Vec::new());
+        let (debounce, nodes, operations) = (None, 1, Vec::new());
+        let budget = Budget::MinAvailable(Amount::Percent(50));
         Args {
             meshes,
             shutdowns,
@@ -131,7 +142,7 @@ impl Default for Args {
             grace,
             request_ms,
             nodes,
-            min_available,
+            budget,
         }
     }
 }
@@ -166,7 +177,6 @@ impl Args {
                 "nodes=",
                 "scale=",
                 "delete=",
-                "min-available=",
             ]
             .into_iter()
             .find_map(|key| Some((key, number(key)?)))
@@ -180,8 +190,13 @@ impl Args {
                 Some(("nodes=", n)) if (1..=3).contains(&n) => self.nodes = n as u8,
                 Some(("scale=", n)) if n > 0 => self.operations.push(Operation::Scale(n)),
                 Some(("delete=", n)) if n > 0 => self.operations.push(Operation::Delete(n)),
-                Some(("min-available=", n)) if n <= 100 => self.min_available = n,
-                _ => return Err(a.to_string()),
+                _ => match amount(a, "min-available=")
+                    .map(Budget::MinAvailable)
+                    .or_else(|| amount(a, "max-unavailable=").map(Budget::MaxUnavailable))
+                {
+                    Some(budget) => self.budget = budget,
+                    None => return Err(a.to_string()),
+                },
             },
         }
         Ok(())
@@ -216,14 +231,29 @@ impl Args {
     }
 
     /// Arguments that cannot go together, said as the usage error.
-    fn conflict(&self) -> Option<&'static str> {
+    fn conflict(&self) -> Option<String> {
         let restarts = self.operations.iter().all(|o| matches!(o, Operation::Restart(_)));
-        if self.nodes == 1 && self.operations.contains(&Operation::Drain) {
-            Some("drain: expected nodes=2 or more (node-1 holds the client)")
-        } else if self.meshes.contains(&DataPlane::Waypoint) && !restarts {
-            Some("waypoint: expected a restart alone (its rows restart the waypoint)")
-        } else {
-            None
+        let replicas = self.replicas;
+        let why = self.operations.iter().find_map(|o| match *o {
+            Operation::Drain if self.nodes < 3 => {
+                Some("drain: expected nodes=3 (node-1 holds the client, node-2's pods move to node-3)")
+            }
+            Operation::Drain if replicas < 2 => {
+                Some("drain: expected replicas=2 or more (node-2 holding one)")
+            }
+            Operation::Drain if self.budget.allowed(replicas) == 0 => {
+                Some("drain: expected a budget that allows an eviction (kubectl would retry to its timeout)")
+            }
+            Operation::Scale(n) if n >= replicas => Some("scale=<n>: expected fewer than the replicas"),
+            Operation::Delete(n) if n > replicas => Some("delete=<n>: expected at most the replicas"),
+            _ => None,
+        });
+        match why {
+            Some(why) => Some(format!("{why}; here replicas={replicas}, {}", self.budget)),
+            None if self.meshes.contains(&DataPlane::Waypoint) && !restarts => {
+                Some("waypoint: expected a restart alone (its rows restart the waypoint)".into())
+            }
+            None => None,
         }
     }
 
@@ -241,14 +271,23 @@ impl Args {
             self.debounce.map_or("its default".to_string(), |d| format!("{d:?}")),
             match self.nodes {
                 1 => String::new(),
-                _ =>
-                    format!(", the app's PodDisruptionBudget minAvailable {}%", self.min_available),
+                _ => format!(", the app's PodDisruptionBudget {}", self.budget),
             }
         );
         println!(
             "| data plane | shutdown | clients | operation | answered 200 | failed | what failed | took (to the last pod it ended gone) | endpoint out of the data path after deletion | each ended pod's hold end after its last request |"
         );
         println!("|---|---|---|---|---|---|---|---|---|---|");
+    }
+}
+
+/// `min-available=3` or `max-unavailable=25%`: a budget's amount after `key`, a percentage at
+/// most 100.
+fn amount(a: &str, key: &str) -> Option<Amount> {
+    let n = a.strip_prefix(key)?;
+    match n.strip_suffix('%') {
+        Some(p) => p.parse().ok().filter(|p| *p <= 100).map(Amount::Percent),
+        None => n.parse().ok().map(Amount::Pods),
     }
 }
 
@@ -264,6 +303,7 @@ fn table_row(row: &Row) -> String {
     let holds: Vec<Option<f64>> = row.holds.iter().map(|(a, _)| *a).collect();
     let refused = match row.refused {
         0 => String::new(),
+        1 => " (1 eviction refused, 429)".to_string(),
         n => format!(" ({n} evictions refused, 429)"),
     };
     format!(

@@ -12,7 +12,9 @@
 
 mod support;
 
-use support::rollout::{Case, Clients, DataPlane, Operation, Row, Shutdown, run, run_together};
+use support::rollout::{
+    Amount, Budget, Case, Clients, DataPlane, Operation, Row, Shutdown, run, run_together,
+};
 
 #[test]
 #[ignore = "needs root, the control plane and the node built from source (`bash scripts/test`)"]
@@ -78,7 +80,7 @@ fn a_node_drain_in_every_data_plane_at_once_loses_nothing_with_envoy_drain() {
                 nodes: 3,
                 replicas: 4,
                 operation: Operation::Drain,
-                min_available: 75,
+                budget: Budget::MinAvailable(Amount::Percent(75)),
                 ..Case::new(mesh, Shutdown::EnvoyDrain, Clients::NewConn)
             }
         });

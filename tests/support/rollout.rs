@@ -99,12 +99,73 @@ pub enum Operation {
     /// `kubectl rollout restart` with the Deployment's rolling update.
     Restart(Strategy),
     /// `kubectl drain` of node-2, which holds half the app's pods (several nodes only): the
-    /// Eviction API, paced by the app's PodDisruptionBudget (`Case::min_available`).
+    /// Eviction API, paced by the app's PodDisruptionBudget (`Case::budget`).
     Drain,
     /// `kubectl scale` to that many replicas: the pods removed have no replacement.
     Scale(u32),
     /// `kubectl delete pod` of that many pods (taken from each node in turn), as by hand.
     Delete(u32),
+}
+
+/// The app's PodDisruptionBudget on several nodes: its one field, as the API takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Budget {
+    MinAvailable(Amount),
+    MaxUnavailable(Amount),
+}
+
+/// A budget's number: pods, or a percentage of the replicas (an intstr.IntOrString).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Amount {
+    Pods(u32),
+    Percent(u32),
+}
+
+impl Amount {
+    /// Of `replicas`, a percentage rounded up, as the disruption controller scales both fields
+    /// (kubernetes pkg/controller/disruption/disruption.go, `getExpectedScale` and
+    /// `GetScaledValueFromIntOrPercent(.., true)`).
+    fn of(self, replicas: u32) -> u32 {
+        match self {
+            Amount::Pods(n) => n,
+            Amount::Percent(p) => (replicas * p).div_ceil(100),
+        }
+    }
+}
+
+impl std::fmt::Display for Amount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Amount::Pods(n) => write!(f, "{n}"),
+            Amount::Percent(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
+impl Budget {
+    /// The evictions it allows at once while all of `replicas` are ready: none blocks a drain
+    /// until kubectl's timeout.
+    pub fn allowed(self, replicas: u32) -> u32 {
+        match self {
+            Budget::MinAvailable(a) => replicas.saturating_sub(a.of(replicas)),
+            Budget::MaxUnavailable(a) => a.of(replicas).min(replicas),
+        }
+    }
+
+    /// Its field as YAML, and as the table's header says it.
+    fn field(self) -> (&'static str, Amount) {
+        match self {
+            Budget::MinAvailable(a) => ("minAvailable", a),
+            Budget::MaxUnavailable(a) => ("maxUnavailable", a),
+        }
+    }
+}
+
+impl std::fmt::Display for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (name, amount) = self.field();
+        write!(f, "{name} {amount}")
+    }
 }
 
 /// A Deployment's rolling update.
@@ -141,8 +202,8 @@ pub struct Case {
     /// over the others (node.rs `start_nodes`), its traffic crossing nodes.
     pub nodes: u8,
     pub operation: Operation,
-    /// On several nodes, the app's PodDisruptionBudget: `minAvailable`, in percent.
-    pub min_available: u32,
+    /// On several nodes, the app's PodDisruptionBudget.
+    pub budget: Budget,
 }
 
 impl Operation {
@@ -171,7 +232,7 @@ impl Case {
             grace: 30,
             nodes: 1,
             operation: Operation::Restart(Strategy::Default),
-            min_available: 50,
+            budget: Budget::MinAvailable(Amount::Percent(50)),
         }
     }
 
@@ -253,6 +314,10 @@ pub struct Row {
     /// With a waypoint: what `envoy-drain status --preset waypoint` printed in one of the old
     /// waypoints under the load, before the restart.
     pub status: String,
+    /// Each pod the operation made (a replacement, a rollout's new pod): seconds from its
+    /// creation to Ready (none where not Ready by the row's end), and how long envoy-drain's
+    /// install container ran in it (none without one), both in the API's whole seconds.
+    pub started: Vec<(Option<i64>, Option<i64>)>,
 }
 
 impl Row {
@@ -356,11 +421,13 @@ fn placement(case: Case) -> (String, String) {
 fn budget(case: Case, ns: &str) -> String {
     match case.nodes {
         1 => String::new(),
-        _ => format!(
-            "---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {{name: app, \
-             namespace: {ns}}}\nspec: {{minAvailable: {}%, selector: {{matchLabels: {{app: app}}}}}}\n",
-            case.min_available
-        ),
+        _ => {
+            let (field, amount) = case.budget.field();
+            format!(
+                "---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {{name: app, \
+                 namespace: {ns}}}\nspec: {{{field}: {amount}, selector: {{matchLabels: {{app: app}}}}}}\n"
+            )
+        }
     }
 }
 
@@ -654,6 +721,7 @@ pub fn run_together(cases: &[Case]) -> Vec<Row> {
         rows.map(|(((side, load), ended), status)| {
             let mut row = load.stop(side, &ended.pods, &logs);
             (row.took, row.refused, row.status) = (ended.took, ended.refused, status);
+            row.started = side.started(&cp);
             row.diagnosis = format!("{}; {}; {health}", phases.1, row.diagnosis);
             row
         })
@@ -674,7 +742,7 @@ fn prerequisites() -> PathBuf {
 fn node_count(cases: &[Case]) -> u8 {
     let count = cases.iter().map(|c| c.nodes).max().unwrap_or(1);
     let drains = cases.iter().any(|c| c.operation == Operation::Drain);
-    assert!(!drains || count > 1, "a drain needs nodes=2 or more: node-1 holds the client");
+    assert!(!drains || count > 2, "a drain needs nodes=3: node-1 holds the client");
     count
 }
 
@@ -960,7 +1028,8 @@ impl Side {
         self
     }
 
-    /// On several nodes: the client on node-1, the app's pods on the others, none on node-1.
+    /// On several nodes: the client on node-1, the app's pods on the others, none on node-1,
+    /// spread within one pod of even (the spread is the scheduler's preference, checked here).
     fn placed(&self, cp: &ControlPlane) {
         let path =
             "jsonpath={range .items[*]}{.metadata.labels.app} {.spec.nodeName}{\"\\n\"}{end}";
@@ -969,13 +1038,15 @@ impl Side {
             pods.lines().filter_map(|l| l.strip_prefix(app)?.strip_prefix(' ')).collect()
         };
         assert_eq!(on("client"), ["node-1"], "{}: the client on node-1: {pods}", self.ns);
-        let mut nodes = on("app");
-        nodes.sort_unstable();
-        nodes.dedup();
-        assert_eq!(
-            nodes,
-            ["node-2", "node-3"],
-            "{}: the app's pods on the others: {pods}",
+        let app = on("app");
+        let each: Vec<usize> = (2..=self.case.nodes)
+            .map(|n| app.iter().filter(|p| **p == format!("node-{n}")).count())
+            .collect();
+        let (fewest, most) = (each.iter().min(), each.iter().max());
+        assert!(
+            each.iter().sum::<usize>() == app.len()
+                && most.zip(fewest).is_some_and(|(m, f)| m - f <= 1),
+            "{}: the app's pods spread over the nodes but node-1: {pods}",
             self.ns
         );
     }
@@ -985,6 +1056,34 @@ impl Side {
         let path = "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName}{\"\\n\"}{end}";
         let pods = self.app_pods(cp, path);
         pods.lines().filter_map(|l| Some(l.strip_suffix(node)?.trim_end().to_string())).collect()
+    }
+
+    /// The app's pods the operation made: (creation to Ready, envoy-drain's install container's
+    /// run), in seconds, as the API server's whole-second times tell.
+    fn started(&self, cp: &ControlPlane) -> Vec<(Option<i64>, Option<i64>)> {
+        let pods = cp.ok(&["get", "pods", "-n", &self.ns, "-l", "app=app", "-o", "json"]);
+        let pods: serde_json::Value = serde_json::from_str(&pods).expect("kubectl's pods as JSON");
+        let time = |v: &serde_json::Value| v.as_str().and_then(unix_seconds);
+        let items = pods["items"].as_array().cloned().unwrap_or_default();
+        let made = items.iter().filter(|p| {
+            !self.old.iter().any(|o| p["metadata"]["name"].as_str() == Some(o.as_str()))
+        });
+        made.map(|pod| {
+            let created = time(&pod["metadata"]["creationTimestamp"]);
+            let conditions = pod["status"]["conditions"].as_array().cloned().unwrap_or_default();
+            let ready = conditions
+                .iter()
+                .find(|c| c["type"] == "Ready" && c["status"] == "True")
+                .and_then(|c| time(&c["lastTransitionTime"]));
+            let inits = pod["status"]["initContainerStatuses"].as_array().cloned();
+            let install = inits.unwrap_or_default().into_iter().find_map(|c| {
+                let ran = &c["state"]["terminated"];
+                let ran = (c["name"] == "envoy-drain-install").then_some(ran)?;
+                Some(time(&ran["finishedAt"])? - time(&ran["startedAt"])?)
+            });
+            (ready.zip(created).map(|(r, c)| r - c), install)
+        })
+        .collect()
     }
 
     /// `kubectl get pods` of the app, as `path` prints them.
@@ -1316,8 +1415,23 @@ impl<'s> Load<'s> {
             diagnosis,
             status,
             refused: 0,
+            started: Vec::new(),
         }
     }
+}
+
+/// `2026-12-07T23:50:01Z`, the API server's times, as seconds since 1970 (days from the civil
+/// date as in Howard Hinnant's `days_from_civil`).
+fn unix_seconds(t: &str) -> Option<i64> {
+    let n = |r: std::ops::Range<usize>| t.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
+    let (h, min, sec) = (n(11..13)?, n(14..16)?, n(17..19)?);
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    Some(days * 86_400 + h * 3600 + min * 60 + sec)
 }
 
 /// For each pod of `side` the operation ended (`ended`), from its log in `logs`: when its hold
