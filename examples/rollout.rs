@@ -248,8 +248,10 @@ impl Args {
             Operation::Delete(n) if n > replicas => Some("delete=<n>: expected at most the replicas"),
             _ => None,
         });
+        let drains = self.operations.contains(&Operation::Drain);
+        let budget = if drains { format!(", {}", self.budget) } else { String::new() };
         match why {
-            Some(why) => Some(format!("{why}; here replicas={replicas}, {}", self.budget)),
+            Some(why) => Some(format!("{why}; here replicas={replicas}{budget}")),
             None if self.meshes.contains(&DataPlane::Waypoint) && !restarts => {
                 Some("waypoint: expected a restart alone (its rows restart the waypoint)".into())
             }

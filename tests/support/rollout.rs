@@ -98,7 +98,7 @@ const DOWNLOAD_PORT: u16 = 81;
 pub enum Operation {
     /// `kubectl rollout restart` with the Deployment's rolling update.
     Restart(Strategy),
-    /// `kubectl drain` of node-2, which holds half the app's pods (several nodes only): the
+    /// `kubectl drain` of node-2, which holds about half the app's pods (three nodes only): the
     /// Eviction API, paced by the app's PodDisruptionBudget (`Case::budget`).
     Drain,
     /// `kubectl scale` to that many replicas: the pods removed have no replacement.
@@ -738,9 +738,11 @@ fn prerequisites() -> PathBuf {
     super::envoy::required()
 }
 
-/// The nodes the cases need: node-1 for the clients, and the most any case asks.
+/// The nodes the cases need, one count for all (each case's pods are kept off node-1 only, so a
+/// case of fewer nodes would spread onto another's): node-1 for the clients.
 fn node_count(cases: &[Case]) -> u8 {
-    let count = cases.iter().map(|c| c.nodes).max().unwrap_or(1);
+    let count = cases.first().map_or(1, |c| c.nodes);
+    assert!(cases.iter().all(|c| c.nodes == count), "one node count for all cases run together");
     let drains = cases.iter().any(|c| c.operation == Operation::Drain);
     assert!(!drains || count > 2, "a drain needs nodes=3: node-1 holds the client");
     count
@@ -1058,10 +1060,11 @@ impl Side {
         pods.lines().filter_map(|l| Some(l.strip_suffix(node)?.trim_end().to_string())).collect()
     }
 
-    /// The app's pods the operation made: (creation to Ready, envoy-drain's install container's
-    /// run), in seconds, as the API server's whole-second times tell.
+    /// The pods the operation made (the app's; a waypoint row's, the waypoint's): (creation to
+    /// Ready, envoy-drain's install container's run), in the API server's whole seconds.
     fn started(&self, cp: &ControlPlane) -> Vec<(Option<i64>, Option<i64>)> {
-        let pods = cp.ok(&["get", "pods", "-n", &self.ns, "-l", "app=app", "-o", "json"]);
+        let label = self.restarted().1;
+        let pods = cp.ok(&["get", "pods", "-n", &self.ns, "-l", label, "-o", "json"]);
         let pods: serde_json::Value = serde_json::from_str(&pods).expect("kubectl's pods as JSON");
         let time = |v: &serde_json::Value| v.as_str().and_then(unix_seconds);
         let items = pods["items"].as_array().cloned().unwrap_or_default();
