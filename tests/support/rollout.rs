@@ -1067,23 +1067,18 @@ impl Side {
         let pods = cp.ok(&["get", "pods", "-n", &self.ns, "-l", label, "-o", "json"]);
         let pods: serde_json::Value = serde_json::from_str(&pods).expect("kubectl's pods as JSON");
         let time = |v: &serde_json::Value| v.as_str().and_then(unix_seconds);
-        let items = pods["items"].as_array().cloned().unwrap_or_default();
-        let made = items.iter().filter(|p| {
+        let made = each(&pods["items"]).filter(|p| {
             !self.old.iter().any(|o| p["metadata"]["name"].as_str() == Some(o.as_str()))
         });
         made.map(|pod| {
             let created = time(&pod["metadata"]["creationTimestamp"]);
-            let conditions = pod["status"]["conditions"].as_array().cloned().unwrap_or_default();
-            let ready = conditions
-                .iter()
+            let ready = each(&pod["status"]["conditions"])
                 .find(|c| c["type"] == "Ready" && c["status"] == "True")
                 .and_then(|c| time(&c["lastTransitionTime"]));
-            let inits = pod["status"]["initContainerStatuses"].as_array().cloned();
-            let install = inits.unwrap_or_default().into_iter().find_map(|c| {
-                let ran = &c["state"]["terminated"];
-                let ran = (c["name"] == "envoy-drain-install").then_some(ran)?;
-                Some(time(&ran["finishedAt"])? - time(&ran["startedAt"])?)
-            });
+            let install = each(&pod["status"]["initContainerStatuses"])
+                .find(|c| c["name"] == "envoy-drain-install")
+                .map(|c| &c["state"]["terminated"])
+                .and_then(|ran| Some(time(&ran["finishedAt"])? - time(&ran["startedAt"])?));
             (ready.zip(created).map(|(r, c)| r - c), install)
         })
         .collect()
@@ -1421,6 +1416,11 @@ impl<'s> Load<'s> {
             started: Vec::new(),
         }
     }
+}
+
+/// The elements of a JSON list, none where it is missing.
+fn each(list: &serde_json::Value) -> impl Iterator<Item = &serde_json::Value> {
+    list.as_array().into_iter().flatten()
 }
 
 /// `2026-12-07T23:50:01Z`, the API server's times, as seconds since 1970 (days from the civil
