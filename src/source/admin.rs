@@ -125,9 +125,27 @@ impl Client {
         path: &str,
         left: Duration,
         limit: u64,
-        each: impl FnMut(&str),
+        mut each: impl FnMut(&str),
     ) -> Result<(), Failure> {
-        self.call("GET", path, left).and_then(|answer| read_lines(answer, left, limit, each))
+        let answer = self.call("GET", path, left)?;
+        let status = answer.status().as_u16();
+        if status != 200 {
+            let reply = read_whole(answer, left).unwrap_or(Reply { status, body: Vec::new() });
+            return Err(Failure::from(format!("answered {}", reply.describe())));
+        }
+        if answer.body().content_length().is_some_and(|n| n > limit) {
+            return Err(Failure::from(format!("answered 200 but {}", too_large(limit))));
+        }
+        let reader = answer.into_body().into_with_config().limit(limit).reader();
+        each_line(
+            reader,
+            MAX_LINE,
+            |line, _| {
+                each(line);
+                Ok(())
+            },
+            |e| format!("answered 200 but {}", cause(ureq::Error::from(e), left, limit)).into(),
+        )
     }
 
     /// Sends the request and reads the answer's head within `timeout`; the body is the caller's.
@@ -193,33 +211,6 @@ fn read_whole(mut answer: Response<Body>, timeout: Duration) -> Result<Reply, Fa
         .read_to_vec()
         .map_err(|e| failed(cause(e, timeout, BODY_LIMIT)))?;
     Ok(Reply { status, body })
-}
-
-/// A 200 answer's body handed to `each` line by line as it arrives.
-fn read_lines(
-    answer: Response<Body>,
-    timeout: Duration,
-    limit: u64,
-    mut each: impl FnMut(&str),
-) -> Result<(), Failure> {
-    let status = answer.status().as_u16();
-    if status != 200 {
-        let reply = read_whole(answer, timeout).unwrap_or(Reply { status, body: Vec::new() });
-        return Err(Failure::from(format!("answered {}", reply.describe())));
-    }
-    if answer.body().content_length().is_some_and(|n| n > limit) {
-        return Err(Failure::from(format!("answered 200 but {}", too_large(limit))));
-    }
-    let reader = answer.into_body().into_with_config().limit(limit).reader();
-    each_line(
-        reader,
-        MAX_LINE,
-        |line, _| {
-            each(line);
-            Ok(())
-        },
-        |e| format!("answered 200 but {}", cause(ureq::Error::from(e), timeout, limit)).into(),
-    )
 }
 
 fn too_large(limit: u64) -> String {

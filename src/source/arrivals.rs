@@ -164,7 +164,11 @@ impl Tracker {
         let uncaptured = self.uncaptured(&now, &last, calls);
         read.open = open.into_iter().collect();
         read.hiding = self.hiding();
-        self.note_sent(at, sent);
+        // Keeps when each client last sent, for the last `POLL`.
+        self.sent.retain(|_, t| at.saturating_add(POLL).saturating_sub(*t) < POLL);
+        for (client, t) in sent {
+            self.sent.entry(client).and_modify(|last| *last = t.max(*last)).or_insert(t);
+        }
         if first {
             let before = self.remembered(&now, passive_opens);
             read = Read { open: read.open, hiding: read.hiding, before, ..Read::default() };
@@ -193,12 +197,10 @@ impl Tracker {
         self.rule.ports.counts(key.server.port) && !seen.probe && !local && !inside && !proxy
     }
 
-    /// What the first read's table remembers of the arrivals before it.
-    fn remembered(
-        &mut self,
-        now: &HashMap<Key, Conn>,
-        passive_opens: Option<u64>,
-    ) -> Option<Before> {
+    /// What the first read's table remembers of the arrivals before it (`remember`): for its
+    /// life, the connections the pod accepted that have gone (`PassiveOpens` less those open) over
+    /// its age, less the probes' (their periods over the pod's age).
+    fn remembered(&self, now: &HashMap<Key, Conn>, passive_opens: Option<u64>) -> Option<Before> {
         // Some end closed in the pod: it closes connections itself, and TIME_WAIT tells them.
         let closing = now.iter().any(|(k, s)| s.closed && !self.rule.probes.contains(&k.client.ip));
         let (mut ages, mut lately) = (Vec::new(), Vec::new());
@@ -212,15 +214,28 @@ impl Tracker {
                 lately.extend(seen.idle.filter(|i| *i <= HISTORY));
             }
         }
-        // Those still open came and have not gone: the table shows what they bring.
-        let open = now.values().filter(|s| s.accepted && !s.closed).count() as u64;
-        let opens = passive_opens.map(|n| n.saturating_sub(open));
-        match self.rule.passive_opens {
-            true => self.remember(before(ages), closing, opens),
+        if !self.rule.passive_opens {
             // Behind a sidecar (no PassiveOpens: the pod's accepts are its own hops) its
             // clients pool their connections: what they last brought.
-            false => recently(lately),
+            return recently(lately);
         }
+        // Those still open came and have not gone: the table shows what they bring.
+        let open = now.values().filter(|s| s.accepted && !s.closed).count() as u64;
+        let age = self.age.flatten().filter(|a| !a.is_zero());
+        let life = passive_opens.map(|n| n.saturating_sub(open)).zip(age).map(|(opens, age)| {
+            let periods = self.rule.probe_periods.iter().flatten().chain(&self.rule.liveness);
+            let (kinds, probes) = periods.fold((0.0, 0.0), |(k, n), p| {
+                (k + 1.0, n + age.as_secs_f64() / p.as_secs_f64().max(1.0))
+            });
+            // The kubelet's probes come a little late or fail now and then: a few more or fewer
+            // than their periods make are no clients.
+            let slack = 2.0 + kinds + probes / 100.0;
+            ((opens as f64 - probes - slack).max(0.0) as u64, age)
+        });
+        // A pod younger than a minute remembers its life alone.
+        let memory =
+            before(ages).map(|m| Before { span: age.map_or(m.span, |a| a.min(m.span)), ..m });
+        remember(memory, closing, life, !self.rule.proxy.is_empty())
     }
 
     /// The calls out new since the read before whose capture by ztunnel (an accepted end on
@@ -237,15 +252,6 @@ impl Tracker {
         let uncaptured = uncaptured.count() as u64;
         self.calls = calls;
         uncaptured
-    }
-
-    /// Keeps when each client last sent, for the last `POLL`.
-    fn note_sent(&mut self, at: Duration, sent: Vec<(Ipv6Addr, Duration)>) {
-        self.sent.retain(|_, t| at.saturating_add(POLL).saturating_sub(*t) < POLL);
-        for (client, t) in sent {
-            let last = self.sent.entry(client).or_default();
-            *last = t.max(*last);
-        }
     }
 
     /// The connections `sockets` show, by their two ends, and the app's own ends of its calls out;
@@ -387,31 +393,6 @@ impl Tracker {
             .then_some((Key { server: s.remote, client: s.local }, false))
     }
 
-    /// What is remembered of arrivals before the first read (`remember`), the pod's life the
-    /// connections it accepted that have gone (`opens`) over its age, less the probes' (their
-    /// periods over the pod's age).
-    fn remember(
-        &self,
-        memory: Option<Before>,
-        closing: bool,
-        opens: Option<u64>,
-    ) -> Option<Before> {
-        let age = self.age.flatten().filter(|a| !a.is_zero());
-        let life = opens.zip(age).map(|(opens, age)| {
-            let periods = self.rule.probe_periods.iter().flatten().chain(&self.rule.liveness);
-            let (kinds, probes) = periods.fold((0.0, 0.0), |(k, n), p| {
-                (k + 1.0, n + age.as_secs_f64() / p.as_secs_f64().max(1.0))
-            });
-            // The kubelet's probes come a little late or fail now and then: a few more or fewer
-            // than their periods make are no clients.
-            let slack = 2.0 + kinds + probes / 100.0;
-            ((opens as f64 - probes - slack).max(0.0) as u64, age)
-        });
-        // A pod younger than a minute remembers its life alone.
-        let memory = memory.map(|m| Before { span: age.map_or(m.span, |a| a.min(m.span)), ..m });
-        remember(memory, closing, life, !self.rule.proxy.is_empty())
-    }
-
     /// The ports of listeners that take connections from outside the pod and do not count. The
     /// mesh's own inbound ports (`ArrivalRule::proxy`) hide nothing: each connection through them
     /// reaches the app over a hop the table shows.
@@ -463,14 +444,8 @@ impl Tracker {
 /// the old one did: its age short of what the old one's grew to by `at` (by more than a read's
 /// own jitter, `REOPENED`).
 fn reopened(before: &Conn, now: &Conn, (then, at): (Duration, Duration)) -> bool {
-    match (before.closed, now.closed, before.idle, now.idle) {
-        (false, ..) => false,
-        (true, false, ..) => true,
-        (true, true, Some(was), Some(is)) => {
-            was.saturating_add(at.saturating_sub(then)).saturating_sub(is) > REOPENED
-        }
-        _ => false,
-    }
+    let short = |(was, is): (Duration, Duration)| was.saturating_add(at - then).saturating_sub(is);
+    before.closed && (!now.closed || before.idle.zip(now.idle).is_some_and(|w| short(w) > REOPENED))
 }
 
 /// How far short of the old connection's age a closed one's must be to be another: ages are
@@ -536,13 +511,19 @@ fn is_ours(ours: &[Ipv6Addr], end: &Endpoint) -> bool {
     ours.contains(&end.ip) || loopback(&end.ip)
 }
 
+/// A /clusters read longer than this and than 4 times the cheapest waited on a stalled Envoy.
+const STALL: Duration = Duration::from_millis(100);
+
 /// `hold`'s arrivals behind a sidecar from both sources: the socket table's counter at every
 /// look, Envoy's /clusters' at its own pace. The table shows a pooled connection's bytes once a
 /// read however many requests they were: an answer of /clusters that saw more than the table did
 /// since the answer before recounts them (they arrived then, not now), and one that saw some where
 /// the table saw none adds them as arrivals; the requests of the probes the table saw are none.
+/// Also whether the table failed to tell them at the last look (until the first says so, it
+/// tells), when /clusters is next due, and the least time it took (what it costs Envoy where its
+/// CPU cannot be read: a read that waited on a stopped Envoy took longer and cost nothing).
 #[derive(Debug, Default)]
-struct Both {
+pub(crate) struct SidecarArrivals {
     fresh: u64,
     recounted: u64,
     kernel: Option<u64>,
@@ -556,63 +537,6 @@ struct Both {
     /// Whether the last answer added arrivals the table did not see (they came since the answer
     /// before, when is not told).
     added: bool,
-}
-
-impl Both {
-    /// Takes the table's counter (`None`: it could not tell) and, when /clusters answered, its
-    /// counter; gives the arrivals and the recounted ones so far, unknown when neither told, and
-    /// whether the table saw arrivals that /clusters did not (clients that reach the app past
-    /// the sidecar, or a TCP stream's bytes).
-    pub(crate) fn add(
-        &mut self,
-        (kernel, probes): (Option<u64>, u64),
-        clusters: Option<u64>,
-    ) -> (Option<(u64, u64)>, bool) {
-        if let Some(k) = kernel {
-            let moved = self.kernel.replace(k).map_or(0, |was| k.saturating_sub(was));
-            self.since = self.since.saturating_add(moved);
-            self.fresh = self.fresh.saturating_add(moved);
-        }
-        let mut past_envoy = false;
-        if let Some(c) = clusters {
-            // The table, read after /clusters, may see a probe before /clusters counts its
-            // request: those of one answer's span may be the next answer's.
-            let new = probes.saturating_sub(std::mem::replace(&mut self.probes, probes));
-            let probed = new.saturating_add(self.carried);
-            match self.clusters.replace(c) {
-                // The first answer: the probes open now may have requests still to count.
-                None => self.carried = new,
-                Some(was) => {
-                    let moved = c.saturating_sub(was);
-                    self.carried = probed.saturating_sub(moved).min(new);
-                    let moved = moved.saturating_sub(probed);
-                    past_envoy = moved == 0 && self.since > 0;
-                    self.added = self.since == 0 && moved > 0;
-                    match self.since {
-                        0 => self.fresh = self.fresh.saturating_add(moved),
-                        seen => {
-                            let more = moved.saturating_sub(seen);
-                            self.recounted = self.recounted.saturating_add(more);
-                        }
-                    }
-                }
-            }
-            self.since = 0;
-        }
-        (kernel.or(clusters).map(|_| (self.fresh, self.recounted)), past_envoy)
-    }
-}
-
-/// A /clusters read longer than this and than 4 times the cheapest waited on a stalled Envoy.
-const STALL: Duration = Duration::from_millis(100);
-
-/// `hold` behind a sidecar: both sources' arrivals (`Both`), whether the table failed to tell them
-/// at the last look (until the first says so, it tells), when /clusters is next due, and the least
-/// time it took (what it costs Envoy where its CPU cannot be read: a read that waited on a
-/// stopped Envoy took longer and cost nothing).
-#[derive(Debug, Default)]
-pub(crate) struct SidecarArrivals {
-    both: Both,
     pub(crate) table_blind: bool,
     /// The app's requests over Envoy's uptime, once read (`None`: not yet; `Some(None)`: not
     /// told), given to the first count as what is remembered from before it.
@@ -653,6 +577,49 @@ impl SidecarArrivals {
         took > least.saturating_mul(4).max(STALL)
     }
 
+    /// Takes the table's counter (`None`: it could not tell) and, when /clusters answered, its
+    /// counter; gives the arrivals and the recounted ones so far, unknown when neither told, and
+    /// whether the table saw arrivals that /clusters did not (clients that reach the app past
+    /// the sidecar, or a TCP stream's bytes).
+    fn add(
+        &mut self,
+        (kernel, probes): (Option<u64>, u64),
+        clusters: Option<u64>,
+    ) -> (Option<(u64, u64)>, bool) {
+        if let Some(k) = kernel {
+            let moved = self.kernel.replace(k).map_or(0, |was| k.saturating_sub(was));
+            self.since = self.since.saturating_add(moved);
+            self.fresh = self.fresh.saturating_add(moved);
+        }
+        let mut past_envoy = false;
+        if let Some(c) = clusters {
+            // The table, read after /clusters, may see a probe before /clusters counts its
+            // request: those of one answer's span may be the next answer's.
+            let new = probes.saturating_sub(std::mem::replace(&mut self.probes, probes));
+            let probed = new.saturating_add(self.carried);
+            match self.clusters.replace(c) {
+                // The first answer: the probes open now may have requests still to count.
+                None => self.carried = new,
+                Some(was) => {
+                    let moved = c.saturating_sub(was);
+                    self.carried = probed.saturating_sub(moved).min(new);
+                    let moved = moved.saturating_sub(probed);
+                    past_envoy = moved == 0 && self.since > 0;
+                    self.added = self.since == 0 && moved > 0;
+                    match self.since {
+                        0 => self.fresh = self.fresh.saturating_add(moved),
+                        seen => {
+                            let more = moved.saturating_sub(seen);
+                            self.recounted = self.recounted.saturating_add(more);
+                        }
+                    }
+                }
+            }
+            self.since = 0;
+        }
+        (kernel.or(clusters).map(|_| (self.fresh, self.recounted)), past_envoy)
+    }
+
     /// Both sources' arrivals into the look: the table's count when it told them, with
     /// /clusters' recounts; else /clusters' answer; unknown after a stall.
     pub(crate) fn merge(
@@ -665,7 +632,7 @@ impl SidecarArrivals {
         let kernel = proc.as_ref().ok().and_then(|c| c.arrivals);
         let answered = clusters.as_ref().and_then(|c| c.as_ref().ok());
         let (total, past_envoy) =
-            self.both.add((kernel, probes), answered.and_then(|a| a.count.arrivals));
+            self.add((kernel, probes), answered.and_then(|a| a.count.arrivals));
         let (arrivals, recounted) = match total {
             Some((fresh, again)) if !blocked => (Some(fresh), again),
             _ => (None, 0),
@@ -678,7 +645,7 @@ impl SidecarArrivals {
             if !std::mem::replace(&mut self.told, true) {
                 count.before = self.life.flatten().or(count.before);
             }
-            if std::mem::take(&mut self.both.added) {
+            if std::mem::take(&mut self.added) {
                 count.newest = Some(Duration::ZERO);
             }
             if let Some(Err(why)) = &clusters {
@@ -1372,7 +1339,7 @@ mod tests {
 
     #[test]
     fn clusters_recounts_what_the_table_saw_once_and_adds_what_it_alone_saw() {
-        let mut both = Both::default();
+        let mut both = SidecarArrivals::default();
         let table = |n: u64| (Some(n), 0);
         assert_eq!(both.add(table(0), Some(0)), (Some((0, 0)), false), "the first reads");
         // A pooled connection's bytes at one read; /clusters, its next answer: 20 requests.

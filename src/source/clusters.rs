@@ -204,16 +204,10 @@ impl HostTally {
             self.hosts_left_out.into_iter().map(|(why, n)| Excluded { why, n }).collect();
         let (n, first) = (self.wrapped, self.first_wrapped);
         let wrapped = first.map(|first| Warning::Wrapped { n, first });
+        let count =
+            Count::new(SourceKind::Clusters, Unit::Requests, parts, wrapped.into_iter().collect());
         Ok(Answer {
-            count: Count {
-                excluded,
-                ..Count::new(
-                    SourceKind::Clusters,
-                    Unit::Requests,
-                    parts,
-                    wrapped.into_iter().collect(),
-                )
-            },
+            count: Count { excluded, ..count },
             clusters,
             quiet: self.quiet,
             counters: self.counters,

@@ -162,7 +162,9 @@ fn socket(body: &[u8]) -> Result<Socket, DumpError> {
             let left = Duration::from_millis(u32_at(52).into());
             Some(TIME_WAIT_LEN.saturating_sub(left).saturating_sub(JIFFY))
         }
-        (_, Some(i)) => Some(Duration::from_millis(i.last_recv.into()).saturating_sub(JIFFY)),
+        (_, Some((_, last_recv, _))) => {
+            Some(Duration::from_millis(last_recv.into()).saturating_sub(JIFFY))
+        }
         _ => None,
     };
     Ok(Socket {
@@ -171,30 +173,17 @@ fn socket(body: &[u8]) -> Result<Socket, DumpError> {
         state: m[1],
         uid: u32_at(64),
         inode: u64::from(u32_at(68)),
-        received: info.map(|i| i.received),
+        received: info.map(|(received, ..)| received),
         idle,
         // `write_seq - snd_una` for a socket that is not listening (`tcp_diag_get_info`).
         unsent: u32_at(60),
-        // Data came after the last it sent, in milliseconds; or it came and none was ever sent
-        // (a first request, whose arrival and the handshake fall in one millisecond).
-        awaiting: info.is_some_and(|i| {
-            i.received > 0 && (i.last_recv < i.last_sent || i.segs_out == Some(0))
-        }),
+        awaiting: info.is_some_and(|(.., awaiting)| awaiting),
     })
 }
 
-/// What a socket's `tcp_info` tells.
-#[derive(Clone, Copy)]
-struct Info {
-    received: u64,
-    last_recv: u32,
-    last_sent: u32,
-    /// Data segments sent, where the kernel's `tcp_info` is that long.
-    segs_out: Option<u32>,
-}
-
-/// `Info` from the `rtattr`s after an `inet_diag_msg`, when there.
-fn info(mut attrs: &[u8]) -> Option<Info> {
+/// What a socket's `tcp_info` tells, from the `rtattr`s after an `inet_diag_msg`, when there: the
+/// bytes received, the milliseconds since data last came, and whether it awaits an answer.
+fn info(mut attrs: &[u8]) -> Option<(u64, u32, bool)> {
     while attrs.len() >= 4 {
         let len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
         let kind = u16::from_ne_bytes([attrs[2], attrs[3]]);
@@ -202,12 +191,14 @@ fn info(mut attrs: &[u8]) -> Option<Info> {
         if kind == INET_DIAG_INFO {
             let b = payload.get(BYTES_RECEIVED..)?.first_chunk()?;
             let u32_at = |at: usize| Some(u32::from_ne_bytes(*payload.get(at..)?.first_chunk()?));
-            return Some(Info {
-                received: u64::from_ne_bytes(*b),
-                last_recv: u32_at(LAST_DATA_RECV)?,
-                last_sent: u32_at(LAST_DATA_SENT)?,
-                segs_out: u32_at(DATA_SEGS_OUT),
-            });
+            let received = u64::from_ne_bytes(*b);
+            let (last_recv, last_sent) = (u32_at(LAST_DATA_RECV)?, u32_at(LAST_DATA_SENT)?);
+            // Data segments sent, where the kernel's `tcp_info` is that long.
+            let segs_out = u32_at(DATA_SEGS_OUT);
+            // Data came after the last it sent, in milliseconds; or it came and none was ever
+            // sent (a first request, whose arrival and the handshake fall in one millisecond).
+            let awaiting = received > 0 && (last_recv < last_sent || segs_out == Some(0));
+            return Some((received, last_recv, awaiting));
         }
         attrs = attrs.get((len + 3) & !3..).unwrap_or_default();
     }

@@ -12,7 +12,7 @@ pub(crate) mod sockets;
 pub mod stats;
 pub(crate) mod uds;
 
-use crate::config::{Hold, Holding, Mode, Plan, SourceConfig};
+use crate::config::{Holding, Mode, Plan, SourceConfig};
 use crate::count::{Before, Cost, Count, REQUEST_TIMEOUT, Unit, Warning};
 use crate::error::{Failure, failed};
 use admin::Client;
@@ -64,20 +64,9 @@ fn process_cpu() -> Option<Duration> {
 }
 
 /// A CPU clock read at a start: what it has run since (`None` where it cannot be read).
-struct Meter<F: Fn() -> Option<Duration>> {
-    clock: F,
-    start: Option<Duration>,
-}
-
-impl<F: Fn() -> Option<Duration>> Meter<F> {
-    fn start(clock: F) -> Meter<F> {
-        let start = clock();
-        Meter { clock, start }
-    }
-
-    fn spent(&self) -> Option<Duration> {
-        self.start.zip((self.clock)()).map(|(before, after)| after.saturating_sub(before))
-    }
+fn meter(clock: impl Fn() -> Option<Duration>) -> impl Fn() -> Option<Duration> {
+    let start = clock();
+    move || start.zip(clock()).map(|(before, after)| after.saturating_sub(before))
 }
 
 /// The least time the socket table is given, even at the deadline.
@@ -115,8 +104,7 @@ pub(crate) struct Sources {
 /// and /clusters.
 enum Reads {
     Count,
-    Arrivals(Box<Tracker>),
-    SidecarArrivals(Box<Tracker>, SidecarArrivals),
+    Arrivals(Box<Tracker>, Option<SidecarArrivals>),
 }
 
 /// What a look spends beyond its own time: how long it waited on Envoy's admin API, what its
@@ -140,9 +128,6 @@ const MAX_STATS_TIMEOUT: Duration = Duration::from_secs(8);
 impl Sources {
     /// The sources of `plan`'s hook: `hold` reads arrivals by its rule.
     pub(crate) fn new(c: &SourceConfig, plan: &Plan) -> Sources {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let tracker =
-            |h: &Hold| Box::new(Tracker::new(h.arrivals.clone(), unsafe { libc::geteuid() }));
         Sources {
             mode: c.mode,
             unit: c.unit,
@@ -160,10 +145,11 @@ impl Sources {
             stats_timeout: REQUEST_TIMEOUT,
             reads: match plan {
                 Plan::Run { .. } => Reads::Count,
-                Plan::Hold(h) if matches!(h.holding, Holding::Sidecar(_)) => {
-                    Reads::SidecarArrivals(tracker(h), SidecarArrivals::default())
-                }
-                Plan::Hold(h) => Reads::Arrivals(tracker(h)),
+                Plan::Hold(h) => Reads::Arrivals(
+                    // SAFETY: geteuid has no preconditions and cannot fail.
+                    Box::new(Tracker::new(h.arrivals.clone(), unsafe { libc::geteuid() })),
+                    matches!(h.holding, Holding::Sidecar(_)).then(SidecarArrivals::default),
+                ),
             },
         }
     }
@@ -194,7 +180,7 @@ impl Sources {
         left: Duration,
     ) -> (Reading, Option<Result<Pod, Failure>>, Cost) {
         let until = within(left.max(PROC_GRACE));
-        let (asked, own) = (Instant::now(), Meter::start(process_cpu));
+        let (asked, own) = (Instant::now(), meter(process_cpu));
         let mut reading = self.count(left);
         let pod = matches!(self.reads, Reads::Count).then(|| self.table().pod(until));
         if let (Some(Err(why)), Ok(count)) = (&pod, &mut reading.result) {
@@ -204,10 +190,7 @@ impl Sources {
         let cost = Cost {
             look: asked.elapsed().saturating_sub(s.aside),
             admin: s.admin,
-            cpu: own
-                .spent()
-                .zip(s.envoy_cpu)
-                .map(|(own, envoy)| own.saturating_sub(s.aside_cpu) + envoy),
+            cpu: own().zip(s.envoy_cpu).map(|(own, envoy)| own.saturating_sub(s.aside_cpu) + envoy),
         };
         (reading, pod, cost)
     }
@@ -229,39 +212,35 @@ impl Sources {
         let admin = self.mode != Mode::Proc;
         // Found once, before the requests are timed: Envoy's main thread is its process's first.
         let envoy = admin.then(|| self.table().envoy_pid(until)).flatten();
-        let (asked, envoy_cpu) = (Instant::now(), Meter::start(|| envoy.and_then(main_thread_cpu)));
+        let (asked, envoy_cpu) = (Instant::now(), meter(move || envoy.and_then(main_thread_cpu)));
         match &mut self.reads {
             Reads::Count => {}
-            Reads::Arrivals(tracker) => {
+            Reads::Arrivals(tracker, None) => {
                 let proc_until = until.max(Instant::now() + PROC_GRACE);
                 let proc = Some(self.table.arrivals(tracker, proc_until));
                 return Look { stats: None, clusters: None, proc };
             }
-            Reads::SidecarArrivals(tracker, state) => {
+            Reads::Arrivals(tracker, Some(state)) => {
                 let (mut tracker, mut state) = (std::mem::take(tracker), std::mem::take(state));
                 let look =
                     self.sidecar_arrivals((&mut tracker, &mut state), until, asked, envoy_cpu);
-                self.reads = Reads::SidecarArrivals(tracker, state);
+                self.reads = Reads::Arrivals(tracker, Some(state));
                 return look;
             }
         }
-        let known = match &self.clusters_first {
-            Some(why) if admin && !every && self.unit == Unit::Requests => Some(why.clone()),
-            _ => None,
-        };
+        let requests = self.unit == Unit::Requests;
+        let known = self.clusters_first.clone().filter(|_| admin && !every && requests);
         let stats = match &known {
             // What the stats said before, so that the count says why it comes from /clusters.
             Some(why) => Some(StatsLook {
-                connections: Err(Failure::from(
-                    "not asked: the count comes from /clusters".to_string(),
-                )),
+                connections: Err(Failure::from("not asked: the count comes from /clusters")),
                 requests: Some(Err(why.clone())),
             }),
             None => admin.then(|| self.stats(until)),
         };
         let stats_requests = stats.as_ref().is_some_and(|s| matches!(s.requests, Some(Ok(_))));
         let mut look = Look { stats, clusters: None, proc: None };
-        if admin && self.unit == Unit::Requests && (every || !stats_requests) {
+        if admin && requests && (every || !stats_requests) {
             look.clusters = Some(self.clusters(until));
         }
         if known.is_some() && matches!(look.clusters, Some(Err(_))) {
@@ -273,8 +252,7 @@ impl Sources {
             }
             _ => None,
         };
-        self.spent.admin = asked.elapsed();
-        self.spent.envoy_cpu = envoy_cpu.spent();
+        (self.spent.admin, self.spent.envoy_cpu) = (asked.elapsed(), envoy_cpu());
         if self.mode != Mode::Stats && (every || decide(&look).result.is_err()) {
             // A hung admin API may have used up the time: the socket table still gets its moment.
             let proc_until = until.max(Instant::now() + PROC_GRACE);
@@ -290,18 +268,18 @@ impl Sources {
         (tracker, state): (&mut Tracker, &mut SidecarArrivals),
         until: Instant,
         asked: Instant,
-        envoy_cpu: Meter<impl Fn() -> Option<Duration>>,
+        envoy_cpu: impl Fn() -> Option<Duration>,
     ) -> Look {
         let left = until.saturating_duration_since(asked).saturating_sub(PROC_GRACE);
         let mut blocked = false;
         let clusters = state.clusters_limit(asked, left).map(|limit| {
-            let own = Meter::start(process_cpu);
+            let own = meter(process_cpu);
             let answer = self.clusters(within(limit));
             let took = asked.elapsed();
-            (self.spent.admin, self.spent.envoy_cpu) = (took, envoy_cpu.spent());
+            (self.spent.admin, self.spent.envoy_cpu) = (took, envoy_cpu());
             blocked = state.clusters_read(asked, took, self.spent.envoy_cpu);
             if !state.table_blind {
-                (self.spent.aside, self.spent.aside_cpu) = (took, own.spent().unwrap_or_default());
+                (self.spent.aside, self.spent.aside_cpu) = (took, own().unwrap_or_default());
                 self.spent.envoy_cpu = Some(Duration::ZERO);
             }
             answer

@@ -70,17 +70,8 @@ pub fn parse_line(line: &str) -> Option<Socket> {
     let unsent = u32::from_str_radix(fields.next()?.split(':').next()?, 16).ok()?;
     let uid = u32::try_from(decimal(fields.nth(2)?)?).ok()?;
     let inode = decimal(fields.nth(1)?)?;
-    Some(Socket {
-        local,
-        remote,
-        state,
-        uid,
-        inode,
-        received: None,
-        idle: None,
-        unsent,
-        awaiting: false,
-    })
+    let (received, idle, awaiting) = (None, None, false);
+    Some(Socket { local, remote, state, uid, inode, received, idle, unsent, awaiting })
 }
 
 /// `0100007F:3A98` or 32 hex digits and a port. The kernel prints each 32-bit word of the

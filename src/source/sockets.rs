@@ -101,10 +101,8 @@ impl SocketTable {
         // Read before the sockets (Tracker::read): a connection accepted in between is seen
         // before it is counted, never counted before it is seen.
         let snmp = self.proc_root.as_ref().ok().map(|root| root.join("net/snmp"));
-        let opens = match snmp
-            .filter(|_| tracker.rule.passive_opens)
-            .map(|f| (fs::read_to_string(&f), f))
-        {
+        let read = snmp.filter(|_| tracker.rule.passive_opens).map(|f| (fs::read_to_string(&f), f));
+        let opens = match read {
             Some((Ok(text), _)) => arrivals::passive_opens(&text),
             Some((Err(e), snmp)) => {
                 warnings.push(Warning::Snmp(failed("read", snmp.display(), io_cause(&e))));
@@ -172,10 +170,18 @@ impl SocketTable {
         if counting {
             self.listeners.learn(&listening, &rule);
         }
-        // The text tables were read whole before Envoy's sockets were listed; a dump comes after.
-        let listened = listened(&mut self.listened, &listening, &rule);
-        let proxy = basis.uid().unwrap_or_else(|| proxy_uid(admin));
-        let accepted = Accepted { listened, ignore: &self.filter.ignore, proxy };
+        // Every listener of the proxy seen in the run (`Accepted`); not the app's, whose end of
+        // the proxy's hop carries a request the proxy's end already does. The text tables were
+        // read whole before Envoy's sockets were listed; a dump comes after.
+        for s in listening.listening() {
+            if rule.holds(s) != Some(false) && !self.listened.contains(&s.local) {
+                self.listened.push(s.local);
+            }
+        }
+        // The proxy's user: its admin socket's owner, else this hook's (which runs in its
+        // container). SAFETY: geteuid has no preconditions and cannot fail.
+        let proxy = admin.map_or_else(|| unsafe { libc::geteuid() }, |(uid, _)| uid);
+        let accepted = Accepted { listened: &self.listened, ignore: &self.filter.ignore, proxy };
         let whole = counting && open.is_none();
         let rule = counting.then_some((rule, &self.listeners));
         let mut tally = SocketTally::new(&listening, rule, whole, Some(accepted));
@@ -185,8 +191,11 @@ impl SocketTable {
             (Ok(root), Basis::Process { pid, .. }) if counting => sockets_of(root, *pid).ok(),
             _ => None,
         };
-        let (count, owners) = tally.count(relist);
-        Ok((Count { basis: Some(basis), ..count }, pod_of(admin, owners, busy)))
+        let (count, mut owners) = tally.count(relist);
+        // The app's sockets: those of other users than the proxy's; and the accepted connections
+        // still `busy`.
+        owners.remove(&proxy);
+        Ok((Count { basis: Some(basis), ..count }, Pod { owners, busy }))
     }
 
     /// Where netlink was meant to be read and the text tables are, the warning that says why.
@@ -297,41 +306,6 @@ impl SocketTable {
         };
         self.proc_root.as_ref().ok().and_then(read).unwrap_or(DEFAULT_EPHEMERAL)
     }
-}
-
-/// The app's sockets: those of other users than the proxy's (the admin socket's owner, else ours);
-/// and the accepted connections still `busy`.
-fn pod_of(
-    admin_socket: Option<(u32, Option<u64>)>,
-    mut owners: BTreeMap<u32, u64>,
-    busy: Busy,
-) -> Pod {
-    owners.remove(&proxy_uid(admin_socket));
-    Pod { owners, busy }
-}
-
-/// The proxy's user: its admin socket's owner, else this hook's (which runs in its container).
-fn proxy_uid(admin_socket: Option<(u32, Option<u64>)>) -> u32 {
-    match admin_socket {
-        Some((uid, _)) => uid,
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        None => unsafe { libc::geteuid() },
-    }
-}
-
-/// Every listener of the proxy seen in the run, `listening`'s added (`Accepted`); not the app's,
-/// whose end of the proxy's hop carries a request the proxy's end already does.
-fn listened<'a>(
-    seen: &'a mut Vec<Endpoint>,
-    listening: &Table,
-    rule: &TableFacts,
-) -> &'a [Endpoint] {
-    for s in listening.listening() {
-        if rule.holds(s) != Some(false) && !seen.contains(&s.local) {
-            seen.push(s.local);
-        }
-    }
-    seen
 }
 
 /// The open sockets into `sink`: the text tables' as read with the listening ones, else a dump
