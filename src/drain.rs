@@ -1,16 +1,6 @@
 //! What the hook asks of Envoy and of Istio's agent, each one POST: before the wait, failing
 //! Envoy's health checks and draining; after it, with --then-quit, stopping the proxy.
 
-/// Which listeners the hook drains before it waits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Drain {
-    Inbound,
-    All,
-    None,
-    /// Ask Istio's agent, as Istio's native-sidecar preStop does (`Request::AgentDrain`).
-    Agent,
-}
-
 /// One request, and where it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Request {
@@ -49,39 +39,5 @@ impl Request {
     /// Whether it goes to Istio's agent rather than to Envoy's admin API.
     pub(crate) fn to_agent(self) -> bool {
         matches!(self, Request::AgentDrain | Request::Quit)
-    }
-}
-
-/// The requests before the wait, in the order they are sent: the health checks fail first, so
-/// that a load balancer in front stops sending before the listeners drain.
-pub(crate) fn before(drain: Drain, fail_healthcheck: bool) -> Vec<Request> {
-    let drain = match drain {
-        Drain::Inbound => Some(Request::DrainListeners { all: false }),
-        Drain::All => Some(Request::DrainListeners { all: true }),
-        Drain::Agent => Some(Request::AgentDrain),
-        Drain::None => None,
-    };
-    fail_healthcheck.then_some(Request::FailHealthcheck).into_iter().chain(drain).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_health_checks_fail_before_the_drain_and_none_sends_nothing_to_drain() {
-        assert_eq!(
-            before(Drain::Inbound, true),
-            [Request::FailHealthcheck, Request::DrainListeners { all: false }]
-        );
-        assert_eq!(before(Drain::Agent, false), [Request::AgentDrain]);
-        assert_eq!(before(Drain::None, false), []);
-        assert_eq!(before(Drain::None, true), [Request::FailHealthcheck]);
-        let to_envoy: Vec<bool> = [Drain::Inbound, Drain::All, Drain::Agent]
-            .iter()
-            .flat_map(|d| before(*d, false))
-            .map(|r| !r.to_agent())
-            .collect();
-        assert_eq!(to_envoy, [true, true, false]);
     }
 }

@@ -92,6 +92,16 @@ impl fmt::Display for Failure {
     }
 }
 
+/// A failure in one shape wherever it is shown: `failed to GET http://127.0.0.1:15000/stats:
+/// connection refused`.
+pub(crate) fn failed(
+    verb: &'static str,
+    object: impl fmt::Display,
+    cause: impl Into<Failure>,
+) -> Failure {
+    Failure::Failed { verb, object: object.to_string(), cause: Box::new(cause.into()) }
+}
+
 /// What the tests ask of a failure's words.
 #[cfg(test)]
 impl Failure {
@@ -106,16 +116,6 @@ impl Failure {
     pub(crate) fn ends_with(&self, part: &str) -> bool {
         self.to_string().ends_with(part)
     }
-}
-
-/// A failure in one shape wherever it is shown: `failed to GET http://127.0.0.1:15000/stats:
-/// connection refused`.
-pub(crate) fn failed(
-    verb: &'static str,
-    object: impl fmt::Display,
-    cause: impl Into<Failure>,
-) -> Failure {
-    Failure::Failed { verb, object: object.to_string(), cause: Box::new(cause.into()) }
 }
 
 #[cfg(test)]

@@ -51,8 +51,7 @@ pub fn command(cfg: Result<HookConfig, UsageError>, start: Instant, blocked: Blo
     report.line(Level::Info, &text::start_line(cfg, &sources, &urls));
     let unsent = cfg.before.iter().copied().filter(|&r| !send(&sources, r, false)).collect();
     let drained_at = start.elapsed();
-    let mut looks = Looks { unsent, send: &send, sources: &mut sources };
-    let end = wait(cfg, (start, drained_at), &mut looks, &report);
+    let end = wait(cfg, (start, drained_at), &mut sources, unsent, &send, &report);
     if end.outcome == Outcome::AppExited || end.quit == Some(App::Gone) {
         report.line(Level::Info, &text::app_exited());
     }
@@ -76,35 +75,47 @@ pub fn command(cfg: Result<HookConfig, UsageError>, start: Instant, blocked: Blo
     end.outcome.exit_code()
 }
 
-/// The wait's loop, as Istio's agent drains: sleep, look, say what was seen, until it ends.
+/// The wait's loop, as Istio's agent drains: sleep, look, say what was seen, until it ends. The
+/// requests before the wait that got no answer (`unsent`: Envoy stalled, restarting) are sent
+/// again before each count until one comes, so that keep-alive clients still get
+/// `connection: close`.
 fn wait(
     cfg: &HookConfig,
     (start, drained_at): (Instant, Duration),
-    looks: &mut Looks,
+    sources: &mut Sources,
+    mut unsent: Vec<Request>,
+    send: &dyn Fn(&Sources, Request, bool) -> bool,
     report: &Report,
 ) -> End {
     let mut wait = Wait::new(&cfg.rules, drained_at);
     loop {
         // A waypoint counts from Envoy's admin API alone: one that is not Envoy never will.
-        if cfg.counting.preset.waypoint && looks.sources.admin.never_envoy() {
+        if cfg.counting.preset.waypoint && sources.admin.never_envoy() {
             return End { outcome: Outcome::NotEnvoy, quit: None, delivering: false };
         }
         let now = start.elapsed();
-        match wait.next(now) {
-            Step::Sleep(until) => std::thread::sleep(until.saturating_sub(now)),
-            Step::Look(ask) => {
-                let (sight, reading, pod) = looks.look(cfg.rules.deadline.saturating_sub(now), ask);
-                let seen = wait.saw(ask, (now, start.elapsed()), &sight);
-                match (ask, reading, &pod) {
-                    (Ask::Count, Some(reading), _) => {
-                        let proc = looks.sources.reader();
-                        report.counted(&reading, seen, proc, start.elapsed(), sight.cost);
-                    }
-                    (Ask::Exit, _, Some(pod)) => report.app(seen.app, pod),
-                    _ => {}
-                }
+        let ask = match wait.next(now) {
+            Step::Sleep(until) => {
+                std::thread::sleep(until.saturating_sub(now));
+                continue;
             }
+            Step::Look(ask) => ask,
             Step::End(end) => return end,
+        };
+        // Never at the cost of the count's own time before the deadline.
+        if ask == Ask::Count && cfg.rules.deadline.saturating_sub(now) >= REQUEST_TIMEOUT * 2 {
+            unsent.retain(|&r| !send(sources, r, true));
+        }
+        // A request sent again is not part of what the count costs Envoy.
+        let (sight, reading, pod) =
+            look(sources, cfg.rules.deadline.saturating_sub(start.elapsed()), ask);
+        let seen = wait.saw(ask, (now, start.elapsed()), &sight);
+        match (ask, reading, &pod) {
+            (Ask::Count, Some(reading), _) => {
+                report.counted(&reading, seen, sources.reader(), start.elapsed(), sight.cost);
+            }
+            (Ask::Exit, _, Some(pod)) => report.app(seen.app, pod),
+            _ => {}
         }
     }
 }
@@ -146,49 +157,31 @@ pub fn disabled(setting: &str) -> i32 {
     EXIT_REACHED
 }
 
-/// The wait's eyes: each look goes to the sources.
-struct Looks<'a> {
-    /// Requests before the wait that got no answer (Envoy stalled, restarting): sent again before
-    /// each count until one comes, so that keep-alive clients still get `connection: close`.
-    unsent: Vec<Request>,
-    send: &'a dyn Fn(&Sources, Request, bool) -> bool,
-    sources: &'a mut Sources,
-}
-
-impl Looks<'_> {
-    /// What a look found, what it cost among it: the count (when asked for), the pod's sockets.
-    fn look(
-        &mut self,
-        left: Duration,
-        ask: Ask,
-    ) -> (Sight, Option<Reading>, Option<Result<Pod, Failure>>) {
-        let resent = Instant::now();
-        // Never at the cost of the count's own time before the deadline.
-        if ask == Ask::Count && left >= REQUEST_TIMEOUT.saturating_mul(2) {
-            let (send, sources) = (self.send, &*self.sources);
-            self.unsent.retain(|&r| !send(sources, r, true));
+/// What a look found within `left`, what it cost among it: the count (when asked for), the
+/// pod's sockets.
+fn look(
+    sources: &mut Sources,
+    left: Duration,
+    ask: Ask,
+) -> (Sight, Option<Reading>, Option<Result<Pod, Failure>>) {
+    let (reading, pod, cost) = match ask {
+        Ask::Count => {
+            let (reading, pod, cost) = sources.measure(left);
+            (Some(reading), pod, cost)
         }
-        // A request sent again is not part of what the count costs Envoy.
-        let left = left.saturating_sub(resent.elapsed());
-        let (reading, pod, cost) = match ask {
-            Ask::Count => {
-                let (reading, pod, cost) = self.sources.measure(left);
-                (Some(reading), pod, cost)
-            }
-            Ask::App | Ask::Exit => (None, Some(self.sources.pod(left)), Cost::default()),
-        };
-        let count = reading.as_ref().and_then(|r| r.result.as_ref().ok());
-        let sight = Sight {
-            count: count.map(|c| c.total),
-            arrivals: count.and_then(|c| c.arrivals),
-            recounted: count.map_or(0, |c| c.recounted),
-            opened: count.and_then(|c| c.opened),
-            before: count.and_then(|c| c.before),
-            newest: count.and_then(|c| c.newest),
-            app: pod.as_ref().and_then(|p| p.as_ref().ok()).map(|p| !p.owners.is_empty()),
-            busy: pod.as_ref().and_then(|p| p.as_ref().ok()).map(|p| p.busy),
-            cost,
-        };
-        (sight, reading, pod)
-    }
+        Ask::App | Ask::Exit => (None, Some(sources.pod(left)), Cost::default()),
+    };
+    let count = reading.as_ref().and_then(|r| r.result.as_ref().ok());
+    let sight = Sight {
+        count: count.map(|c| c.total),
+        arrivals: count.and_then(|c| c.arrivals),
+        recounted: count.map_or(0, |c| c.recounted),
+        opened: count.and_then(|c| c.opened),
+        before: count.and_then(|c| c.before),
+        newest: count.and_then(|c| c.newest),
+        app: pod.as_ref().and_then(|p| p.as_ref().ok()).map(|p| !p.owners.is_empty()),
+        busy: pod.as_ref().and_then(|p| p.as_ref().ok()).map(|p| p.busy),
+        cost,
+    };
+    (sight, reading, pod)
 }

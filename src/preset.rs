@@ -2,7 +2,7 @@
 //! counted), what its drain covers, and whether Istio's agent is there. A flag overrides each.
 //! The facts, from each proxy's source: docs/running.md ("Other Envoy-based proxies").
 
-use crate::drain::Drain;
+use crate::drain::Request;
 use crate::lists::ISTIO_INFRA_PORTS;
 
 /// The port Istio's, Kuma's and Consul's capture send the app's outbound connections to
@@ -28,8 +28,9 @@ pub struct Preset {
     pub(crate) own_clusters: &'static [&'static str],
     /// The clusters that carry requests to the app, which tell `hold` what arrives (a gateway: none).
     pub(crate) inbound_clusters: &'static [&'static str],
-    /// `--drain`'s default: a gateway's listeners have no direction, and drain all.
-    pub(crate) drain: Drain,
+    /// `--drain`'s default, which listeners the hook drains before it waits (`None`: none): a
+    /// gateway's listeners have no direction, and drain all.
+    pub(crate) drain: Option<Request>,
     /// Whether Istio's agent is there, for `--drain agent` and `--then-quit`.
     pub(crate) agent: bool,
     /// Istio's waypoint: requests by default, from /clusters alone (its stats cannot tell a TCP
@@ -75,7 +76,7 @@ pub const ISTIO: Preset = Preset {
     // `inbound|PORT||` (pilot/pkg/model/service.go BuildInboundSubsetKey), and the passthrough
     // cluster for ports no Service names (pilot/pkg/util/network, InboundPassthroughCluster).
     inbound_clusters: &["inbound|*", "InboundPassthroughCluster*"],
-    drain: Drain::Inbound,
+    drain: Some(Request::DrainListeners { all: false }),
     agent: true,
     waypoint: false,
 };
@@ -93,7 +94,7 @@ pub const PRESETS: [Preset; 6] = [
         own_hcms: &["admin", "agent", "stats", "connect_terminate"],
         own_clusters: &WAYPOINT_OWN,
         inbound_clusters: &[],
-        drain: Drain::All,
+        drain: Some(Request::DrainListeners { all: true }),
         waypoint: true,
         ..ISTIO
     },
@@ -156,7 +157,7 @@ pub const PRESETS: [Preset; 6] = [
         own_hcms: &["admin", "eg-stats-http", "eg-ready-http"],
         own_clusters: &["xds_cluster", "prometheus_stats", "otel_metric_sink_*"],
         inbound_clusters: &[],
-        drain: Drain::All,
+        drain: Some(Request::DrainListeners { all: true }),
         agent: false,
         ..ISTIO
     },
@@ -169,7 +170,7 @@ pub const PRESETS: [Preset; 6] = [
         own_hcms: &["admin", "envoy-admin", "stats", "health", "stats-health"],
         own_clusters: &["contour", "envoy-admin"],
         inbound_clusters: &[],
-        drain: Drain::All,
+        drain: Some(Request::DrainListeners { all: true }),
         agent: false,
         ..ISTIO
     },

@@ -41,65 +41,56 @@ impl Identity {
     }
 }
 
-/// What one run did, as JSON members (`,"name":value...`) to follow the summary's `msg`.
-pub(crate) struct Record<'a> {
-    pub(crate) outcome: Outcome,
-    pub(crate) elapsed: Duration,
-    pub(crate) cfg: &'a HookConfig,
-    pub(crate) progress: &'a Progress,
-    pub(crate) who: &'a Identity,
-    /// Log lines that could not be written, and the warnings said.
-    pub(crate) dropped: u64,
-    pub(crate) warnings: &'a [String],
-}
-
-impl Record<'_> {
-    pub(crate) fn members(&self) -> String {
-        let (cfg, p) = (self.cfg, self.progress);
-        let hold = matches!(cfg.rules.plan, Plan::Hold(_));
-        let mut m = String::new();
-        let mut add = |name: &str, value: String| {
-            let _ = write!(m, ",\"{name}\":{value}");
-        };
-        let text = |s: Option<&str>| s.map_or("null".to_string(), json_string);
-        // Milliseconds, whole: exact, and no float formatting in the binary.
-        let ms = |d: Duration| d.as_millis().to_string();
-        add("event", json_string("summary"));
-        add("version", json_string(env!("CARGO_PKG_VERSION")));
-        add("pod", text(self.who.pod.as_deref()));
-        add("namespace", text(self.who.namespace.as_deref()));
-        add("command", json_string(if hold { "hold" } else { "run" }));
-        add("preset", json_string(preset(cfg)));
-        add("outcome", json_string(&outcome(self.outcome)));
-        add("exit_code", self.outcome.exit_code().to_string());
-        add("elapsed_ms", ms(self.elapsed));
-        add("deadline_ms", ms(cfg.rules.deadline));
-        // The setting, as the deadline cut it (counted from the start, not from the drain's answer).
-        add("min_ms", ms(crate::wait::drain_done(&cfg.rules, Duration::ZERO)));
-        let quiet = p.pace.map_or(cfg.rules.settle, |pace| pace.quiet);
-        add("quiet_ms", if hold { ms(quiet) } else { "null".into() });
-        let last = p.arrived_at.map(|t| self.elapsed.saturating_sub(t));
-        add("since_last_arrival_ms", last.map_or("null".into(), ms));
-        add("count", p.last.as_ref().map_or("null".into(), |c| c.total.to_string()));
-        let unit = p.last.as_ref().map(|c| format!("{:?}", c.unit).to_ascii_lowercase());
-        add("count_unit", text(unit.as_deref()));
-        let source = p.last.as_ref().map(|c| c.source.to_string());
-        add("count_source", text(source.as_deref()));
-        let failed = p.unknown.as_ref().map(Failure::to_string);
-        let failed = failed.as_deref().map(|f| &f[..f.floor_char_boundary(WORDS)]);
-        add("count_failed", text(failed));
-        // As many as fit in `WARNINGS`, so that the summary's message keeps its room in the line.
-        let mut warnings = Vec::new();
-        for w in self.warnings.iter().map(|w| json_string(&w[..w.floor_char_boundary(WORDS)])) {
-            if warnings.iter().map(String::len).sum::<usize>() + w.len() > WARNINGS {
-                break;
-            }
-            warnings.push(w);
+/// What one run did, as JSON members (`,"name":value...`) to follow the summary's `msg`; with
+/// the log lines that could not be written, and the warnings said.
+pub(crate) fn members(
+    (o, elapsed): (Outcome, Duration),
+    (cfg, p, who): (&HookConfig, &Progress, &Identity),
+    (dropped, warnings): (u64, &[String]),
+) -> String {
+    let hold = matches!(cfg.rules.plan, Plan::Hold(_));
+    let mut m = String::new();
+    let mut add = |name: &str, value: String| {
+        let _ = write!(m, ",\"{name}\":{value}");
+    };
+    let text = |s: Option<&str>| s.map_or("null".to_string(), json_string);
+    // Milliseconds, whole: exact, and no float formatting in the binary.
+    let ms = |d: Duration| d.as_millis().to_string();
+    add("event", json_string("summary"));
+    add("version", json_string(env!("CARGO_PKG_VERSION")));
+    add("pod", text(who.pod.as_deref()));
+    add("namespace", text(who.namespace.as_deref()));
+    add("command", json_string(if hold { "hold" } else { "run" }));
+    add("preset", json_string(preset(cfg)));
+    add("outcome", json_string(&outcome(o)));
+    add("exit_code", o.exit_code().to_string());
+    add("elapsed_ms", ms(elapsed));
+    add("deadline_ms", ms(cfg.rules.deadline));
+    // The setting, as the deadline cut it (counted from the start, not from the drain's answer).
+    add("min_ms", ms(crate::wait::drain_done(&cfg.rules, Duration::ZERO)));
+    let quiet = p.pace.map_or(cfg.rules.settle, |pace| pace.quiet);
+    add("quiet_ms", if hold { ms(quiet) } else { "null".into() });
+    let last = p.arrived_at.map(|t| elapsed.saturating_sub(t));
+    add("since_last_arrival_ms", last.map_or("null".into(), ms));
+    add("count", p.last.as_ref().map_or("null".into(), |c| c.total.to_string()));
+    let unit = p.last.as_ref().map(|c| format!("{:?}", c.unit).to_ascii_lowercase());
+    add("count_unit", text(unit.as_deref()));
+    let source = p.last.as_ref().map(|c| c.source.to_string());
+    add("count_source", text(source.as_deref()));
+    let failed = p.unknown.as_ref().map(Failure::to_string);
+    let failed = failed.as_deref().map(|f| &f[..f.floor_char_boundary(WORDS)]);
+    add("count_failed", text(failed));
+    // As many as fit in `WARNINGS`, so that the summary's message keeps its room in the line.
+    let mut kept = Vec::new();
+    for w in warnings.iter().map(|w| json_string(&w[..w.floor_char_boundary(WORDS)])) {
+        if kept.iter().map(String::len).sum::<usize>() + w.len() > WARNINGS {
+            break;
         }
-        add("warnings", format!("[{}]", warnings.join(",")));
-        add("dropped_lines", self.dropped.to_string());
-        m
+        kept.push(w);
     }
+    add("warnings", format!("[{}]", kept.join(",")));
+    add("dropped_lines", dropped.to_string());
+    m
 }
 
 /// The preset as `--preset` names it: `hold`'s ambient and none, else the sidecar's.
@@ -139,17 +130,13 @@ mod tests {
             Progress { arrived_at: Some(Duration::from_millis(4500)), ..Progress::default() };
         let who = Identity { pod: Some("app-7d9f-x2x8q".into()), namespace: None };
         let warnings = ["UDP is served on port 5353 \"x\"".to_string()];
-        let record = Record {
-            outcome: Outcome::Reached,
-            elapsed: Duration::from_millis(5200),
-            cfg: &cfg,
-            progress: &progress,
-            who: &who,
-            dropped: 0,
-            warnings: &warnings,
-        };
+        let members = members(
+            (Outcome::Reached, Duration::from_millis(5200)),
+            (&cfg, &progress, &who),
+            (0, &warnings),
+        );
         assert_eq!(
-            record.members(),
+            members,
             ",\"event\":\"summary\",\"version\":\"0.1.0\",\"pod\":\"app-7d9f-x2x8q\",\
              \"namespace\":null,\"command\":\"hold\",\"preset\":\"none\",\"outcome\":\"reached\",\
              \"exit_code\":0,\"elapsed_ms\":5200,\"deadline_ms\":20000,\"min_ms\":3000,\
@@ -168,16 +155,11 @@ mod tests {
             Progress { unknown: Some(Failure::from("é".repeat(20_000))), ..Progress::default() };
         let who = Identity { pod: None, namespace: None };
         let warnings = vec![format!("ignoring annotation {}", "\u{7}é".repeat(10_000)); 16];
-        let record = Record {
-            outcome: Outcome::Deadline,
-            elapsed: Duration::from_secs(2),
-            cfg: &cfg,
-            progress: &progress,
-            who: &who,
-            dropped: 0,
-            warnings: &warnings,
-        };
-        let members = record.members();
+        let members = members(
+            (Outcome::Deadline, Duration::from_secs(2)),
+            (&cfg, &progress, &who),
+            (0, &warnings),
+        );
         assert!(members.len() < 2000, "{}", members.len());
         let line = crate::log::json_line(
             std::time::SystemTime::UNIX_EPOCH,
@@ -203,16 +185,12 @@ mod tests {
             ..HoldArgs::default()
         };
         let cfg = hold_config(&args, &|_| None).expect("a hold's config");
-        let record = Record {
-            outcome: Outcome::Reached,
-            elapsed: Duration::from_millis(2500),
-            cfg: &cfg,
-            progress: &Progress::default(),
-            who: &who,
-            dropped: 0,
-            warnings: &[],
-        };
-        assert!(record.members().contains(",\"deadline_ms\":3000,\"min_ms\":2500,"));
+        let members = members(
+            (Outcome::Reached, Duration::from_millis(2500)),
+            (&cfg, &Progress::default(), &who),
+            (0, &[]),
+        );
+        assert!(members.contains(",\"deadline_ms\":3000,\"min_ms\":2500,"));
     }
 
     #[test]

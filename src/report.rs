@@ -6,7 +6,7 @@ use crate::count::{Basis, Busy, Cost, Count, SourceKind, Unit, Warning};
 use crate::error::Failure;
 use crate::log::{Format, Level, Logger};
 use crate::outcome::{Outcome, Progress};
-use crate::record::{Identity, Record};
+use crate::record::{self, Identity};
 use crate::source::Reading;
 use crate::source::sockets::{Pod, Reader};
 use crate::text;
@@ -85,16 +85,8 @@ impl Report {
         let line =
             text::summary(outcome, elapsed, &self.cfg.rules, &said.progress, said.log.dropped());
         let record = (said.log.format() == Format::Json).then(|| {
-            let record = Record {
-                outcome,
-                elapsed,
-                cfg: &self.cfg,
-                progress: &said.progress,
-                who: &self.who,
-                dropped: said.log.dropped().0,
-                warnings: said.log.warnings(),
-            };
-            record.members()
+            let log = (said.log.dropped().0, said.log.warnings());
+            record::members((outcome, elapsed), (&self.cfg, &said.progress, &self.who), log)
         });
         said.log.end_live();
         said.log.last_line(level, &line, record.as_deref().unwrap_or_default())

@@ -51,15 +51,9 @@ pub fn hold_config(a: &HoldArgs, env: &Env<'_>) -> Result<HookConfig, UsageError
             only: a.ports.as_deref().map(|v| some_ports("--ports", v)).transpose()?,
         },
         probes,
-        probe_periods: a
-            .probe_periods
-            .as_deref()
-            .map(|v| probe_periods("--probe-periods", v))
-            .transpose()?,
-        liveness: match a.liveness_periods.as_deref() {
-            Some(v) => probe_periods("--liveness-periods", v)?,
-            None => Vec::new(),
-        },
+        probe_periods: probe_periods("--probe-periods", a.probe_periods.as_deref())?,
+        liveness: probe_periods("--liveness-periods", a.liveness_periods.as_deref())?
+            .unwrap_or_default(),
         passive_opens: !sidecar,
         proxy: if holding == Holding::Ambient { ZTUNNEL.to_vec() } else { Vec::new() },
         outside_only: holding != Holding::Ambient,
@@ -211,11 +205,15 @@ fn link_local(ip: &Ipv6Addr) -> bool {
     }
 }
 
-/// `--probe-periods`, `--liveness-periods` (`name`): comma-separated whole seconds, as a probe's
-/// `periodSeconds` are (at least 1), or `none`.
-fn probe_periods(name: &'static str, value: &str) -> Result<Vec<Duration>, UsageError> {
+/// `--probe-periods`, `--liveness-periods` (`name`), where given: comma-separated whole seconds,
+/// as a probe's `periodSeconds` are (at least 1), or `none`.
+fn probe_periods(
+    name: &'static str,
+    value: Option<&str>,
+) -> Result<Option<Vec<Duration>>, UsageError> {
+    let Some(value) = value else { return Ok(None) };
     if value.trim() == "none" {
-        return Ok(Vec::new());
+        return Ok(Some(Vec::new()));
     }
     let expected = "comma-separated whole seconds from 1s, like 10s,5s, or none";
     let bad = || UsageError::new(name, value, expected);
@@ -225,7 +223,7 @@ fn probe_periods(name: &'static str, value: &str) -> Result<Vec<Duration>, Usage
         // humantime adds up "10s 1s": one period each.
         if whole && !item.trim().contains(char::is_whitespace) { Ok(d) } else { Err(bad()) }
     };
-    value.split(',').map(period).collect()
+    value.split(',').map(period).collect::<Result<_, _>>().map(Some)
 }
 
 /// The pod's default gateways, which a bridge CNI's node reaches the pod from: where the

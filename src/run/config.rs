@@ -9,7 +9,7 @@ use crate::config::{
     parse_duration, ports, positive, some_ports,
 };
 use crate::count::Unit;
-use crate::drain::{self, Drain};
+use crate::drain::Request;
 use crate::error::UsageError;
 use crate::lists::Names;
 use crate::preset::{self, PRESETS, Preset};
@@ -120,9 +120,12 @@ pub fn run_config(a: &RunArgs, env: &Env<'_>) -> Result<HookConfig, UsageError> 
     let settle =
         a.settle.as_deref().map_or(Ok(Duration::ZERO), |v| parse_duration("--settle", v))?;
     let log_format = log_format(a.log_format.as_deref(), env, warnings)?;
+    // The health checks fail first, so that a load balancer in front stops sending before the
+    // listeners drain.
+    let fail = a.fail_healthcheck.then_some(Request::FailHealthcheck);
     Ok(HookConfig {
         counting,
-        before: drain::before(drain, a.fail_healthcheck),
+        before: fail.into_iter().chain(drain).collect(),
         rules: Rules {
             min_drain,
             deadline,
@@ -140,16 +143,19 @@ pub fn run_config(a: &RunArgs, env: &Env<'_>) -> Result<HookConfig, UsageError> 
     })
 }
 
-fn drain(a: &RunArgs, preset: Preset) -> Result<Drain, UsageError> {
+fn drain(a: &RunArgs, preset: Preset) -> Result<Option<Request>, UsageError> {
+    let (inbound, all) =
+        (Request::DrainListeners { all: false }, Request::DrainListeners { all: true });
+    // `agent` asks Istio's agent, as Istio's native-sidecar preStop does.
     let drains = [
-        ("inbound", Drain::Inbound),
-        ("all", Drain::All),
-        ("none", Drain::None),
-        ("agent", Drain::Agent),
+        ("inbound", Some(inbound)),
+        ("all", Some(all)),
+        ("none", None),
+        ("agent", Some(Request::AgentDrain)),
     ];
     let drain = a.drain.as_deref().map_or(Ok(preset.drain), |v| one_of("--drain", v, &drains))?;
     // A gateway's listeners carry no traffic direction: `inboundonly` would drain none of them.
-    if drain == Drain::Inbound && preset.drain == Drain::All {
+    if drain == Some(inbound) && preset.drain == Some(all) {
         let expected = format!(
             "all or none with --preset {}: a gateway's listeners have no direction, so inbound \
              would drain none of them",
@@ -157,7 +163,7 @@ fn drain(a: &RunArgs, preset: Preset) -> Result<Drain, UsageError> {
         );
         return Err(UsageError::new("--drain", "inbound", expected));
     }
-    if drain == Drain::Agent && !preset.agent {
+    if drain == Some(Request::AgentDrain) && !preset.agent {
         return Err(no_agent("--drain agent", preset));
     }
     Ok(drain)
@@ -310,7 +316,6 @@ mod tests {
     use super::*;
     use crate::cli::ENV_LOG_FORMAT;
     use crate::config::tests::{no_env, said};
-    use crate::drain::Request;
     use crate::log::Format;
 
     fn args(pairs: &[(&str, &str)]) -> RunArgs {
@@ -495,6 +500,17 @@ mod tests {
         assert_eq!(c.rules.deadline, Duration::from_secs(90));
         assert_eq!(c.rules.interval, Duration::from_millis(250));
         assert_eq!(c.rules.settle, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn the_health_checks_fail_before_the_drain_and_only_the_agents_requests_go_to_it() {
+        let fail = |drain| RunArgs { fail_healthcheck: true, ..args(&[("drain", drain)]) };
+        let c = run_config(&fail("inbound"), &no_env).unwrap();
+        assert_eq!(c.before, [Request::FailHealthcheck, Request::DrainListeners { all: false }]);
+        assert_eq!(run_config(&fail("none"), &no_env).unwrap().before, [Request::FailHealthcheck]);
+        let to_agent = |r: &[Request]| r.iter().map(|r| r.to_agent()).collect::<Vec<_>>();
+        assert_eq!(to_agent(&run_config(&fail("all"), &no_env).unwrap().before), [false, false]);
+        assert_eq!(to_agent(&[Request::AgentDrain, Request::Quit]), [true, true]);
     }
 
     #[test]

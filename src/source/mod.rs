@@ -181,7 +181,7 @@ impl Sources {
     ) -> (Reading, Option<Result<Pod, Failure>>, Cost) {
         let until = within(left.max(PROC_GRACE));
         let (asked, own) = (Instant::now(), meter(process_cpu));
-        let mut reading = self.count(left);
+        let mut reading = decide(&self.look(left, false));
         let pod = matches!(self.reads, Reads::Count).then(|| self.table().pod(until));
         if let (Some(Err(why)), Ok(count)) = (&pod, &mut reading.result) {
             count.warnings.push(Warning::Undelivered(why.clone()));
@@ -198,10 +198,6 @@ impl Sources {
     /// What the socket table says about the pod now, read within `left`.
     pub(crate) fn pod(&mut self, left: Duration) -> Result<Pod, Failure> {
         self.table().pod(within(left.max(PROC_GRACE)))
-    }
-
-    pub(crate) fn count(&mut self, left: Duration) -> Reading {
-        decide(&self.look(left, false))
     }
 
     /// Reads the sources the mode allows, in the decision's order, as far as one can count; with
@@ -427,7 +423,7 @@ mod tests {
     #[test]
     fn auto_falls_back_to_the_socket_table_and_says_why() {
         let d = dir("auto", Some(ONE));
-        let r = sources(Mode::Auto, d.clone()).count(Duration::from_secs(1));
+        let r = decide(&sources(Mode::Auto, d.clone()).look(Duration::from_secs(1), false));
         std::fs::remove_dir_all(&d).unwrap();
         let c = r.result.unwrap();
         assert_eq!((c.source, c.total), (SourceKind::Proc, 1));
@@ -443,7 +439,10 @@ mod tests {
     fn stats_only_does_not_fall_back_and_asks_nothing_without_time_left() {
         let d = dir("stats-only", Some(ONE));
         let mut stats = sources(Mode::Stats, d.clone());
-        let (r, late) = (stats.count(Duration::from_secs(1)), stats.count(Duration::ZERO));
+        let (r, late) = (
+            decide(&stats.look(Duration::from_secs(1), false)),
+            decide(&stats.look(Duration::ZERO, false)),
+        );
         std::fs::remove_dir_all(&d).unwrap();
         assert!(r.result.unwrap_err().contains("connection refused"));
         assert!(late.result.unwrap_err().ends_with("no time left before the deadline"));
@@ -452,8 +451,9 @@ mod tests {
     #[test]
     fn one_table_missing_is_fine_both_missing_is_unknown() {
         let d = dir("missing", Some(ONE));
-        let count =
-            |d: &PathBuf| sources(Mode::Proc, d.clone()).count(Duration::from_secs(1)).result;
+        let count = |d: &PathBuf| {
+            decide(&sources(Mode::Proc, d.clone()).look(Duration::from_secs(1), false)).result
+        };
         assert_eq!(count(&d).unwrap().total, 1);
         std::fs::remove_file(d.join("tcp")).unwrap();
         let e = count(&d).unwrap_err();
