@@ -60,7 +60,7 @@ pub struct Count {
     pub(crate) basis: Option<Basis>,
     /// What tells a new connection or request from those counted before.
     pub(crate) arrivals: Option<u64>,
-    /// Arrivals recounted so far (`source::arrivals::Both`).
+    /// Arrivals recounted so far (`source::arrivals::SidecarArrivals`).
     pub(crate) recounted: u64,
     /// Of the arrivals, new connections so far, where the source tells them from requests on
     /// connections open before (the socket table).

@@ -444,7 +444,8 @@ impl Tracker {
 /// the old one did: its age short of what the old one's grew to by `at` (by more than a read's
 /// own jitter, `REOPENED`).
 fn reopened(before: &Conn, now: &Conn, (then, at): (Duration, Duration)) -> bool {
-    let short = |(was, is): (Duration, Duration)| was.saturating_add(at - then).saturating_sub(is);
+    let since = at.saturating_sub(then);
+    let short = |(was, is): (Duration, Duration)| was.saturating_add(since).saturating_sub(is);
     before.closed && (!now.closed || before.idle.zip(now.idle).is_some_and(|w| short(w) > REOPENED))
 }
 
