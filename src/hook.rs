@@ -103,10 +103,12 @@ fn wait(
             Step::End(end) => return end,
         };
         // Never at the cost of the count's own time before the deadline.
-        if ask == Ask::Count && cfg.rules.deadline.saturating_sub(now) >= REQUEST_TIMEOUT * 2 {
+        let left = cfg.rules.deadline.saturating_sub(now);
+        if ask == Ask::Count && left >= REQUEST_TIMEOUT.saturating_mul(2) {
             unsent.retain(|&r| !send(sources, r, true));
         }
-        // A request sent again is not part of what the count costs Envoy.
+        // A request sent again is not part of what the count costs Envoy: the look is timed, and
+        // given the time left, from after it.
         let (sight, reading, pod) =
             look(sources, cfg.rules.deadline.saturating_sub(start.elapsed()), ask);
         let seen = wait.saw(ask, (now, start.elapsed()), &sight);
@@ -157,8 +159,8 @@ pub fn disabled(setting: &str) -> i32 {
     EXIT_REACHED
 }
 
-/// What a look found within `left`, what it cost among it: the count (when asked for), the
-/// pod's sockets.
+/// The wait's eyes: each look goes to the sources. What a look found within `left`, what it cost
+/// among it: the count (when asked for), the pod's sockets.
 fn look(
     sources: &mut Sources,
     left: Duration,

@@ -130,13 +130,13 @@ mod tests {
             Progress { arrived_at: Some(Duration::from_millis(4500)), ..Progress::default() };
         let who = Identity { pod: Some("app-7d9f-x2x8q".into()), namespace: None };
         let warnings = ["UDP is served on port 5353 \"x\"".to_string()];
-        let members = members(
+        let got = members(
             (Outcome::Reached, Duration::from_millis(5200)),
             (&cfg, &progress, &who),
             (0, &warnings),
         );
         assert_eq!(
-            members,
+            got,
             ",\"event\":\"summary\",\"version\":\"0.1.0\",\"pod\":\"app-7d9f-x2x8q\",\
              \"namespace\":null,\"command\":\"hold\",\"preset\":\"none\",\"outcome\":\"reached\",\
              \"exit_code\":0,\"elapsed_ms\":5200,\"deadline_ms\":20000,\"min_ms\":3000,\
@@ -155,17 +155,17 @@ mod tests {
             Progress { unknown: Some(Failure::from("é".repeat(20_000))), ..Progress::default() };
         let who = Identity { pod: None, namespace: None };
         let warnings = vec![format!("ignoring annotation {}", "\u{7}é".repeat(10_000)); 16];
-        let members = members(
+        let got = members(
             (Outcome::Deadline, Duration::from_secs(2)),
             (&cfg, &progress, &who),
             (0, &warnings),
         );
-        assert!(members.len() < 2000, "{}", members.len());
+        assert!(got.len() < 2000, "{}", got.len());
         let line = crate::log::json_line(
             std::time::SystemTime::UNIX_EPOCH,
             crate::log::Level::Warn,
             &"x".repeat(100_000),
-            &members,
+            &got,
         );
         assert!(line.len() <= 4096 && line.contains("\"msg\":\"xxx"), "{}", line.len());
     }
@@ -185,12 +185,12 @@ mod tests {
             ..HoldArgs::default()
         };
         let cfg = hold_config(&args, &|_| None).expect("a hold's config");
-        let members = members(
+        let got = members(
             (Outcome::Reached, Duration::from_millis(2500)),
             (&cfg, &Progress::default(), &who),
             (0, &[]),
         );
-        assert!(members.contains(",\"deadline_ms\":3000,\"min_ms\":2500,"));
+        assert!(got.contains(",\"deadline_ms\":3000,\"min_ms\":2500,"));
     }
 
     #[test]

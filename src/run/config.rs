@@ -508,9 +508,13 @@ mod tests {
         let c = run_config(&fail("inbound"), &no_env).unwrap();
         assert_eq!(c.before, [Request::FailHealthcheck, Request::DrainListeners { all: false }]);
         assert_eq!(run_config(&fail("none"), &no_env).unwrap().before, [Request::FailHealthcheck]);
-        let to_agent = |r: &[Request]| r.iter().map(|r| r.to_agent()).collect::<Vec<_>>();
-        assert_eq!(to_agent(&run_config(&fail("all"), &no_env).unwrap().before), [false, false]);
-        assert_eq!(to_agent(&[Request::AgentDrain, Request::Quit]), [true, true]);
+        let all = run_config(&fail("all"), &no_env).unwrap().before;
+        assert_eq!(all, [Request::FailHealthcheck, Request::DrainListeners { all: true }]);
+        let agent = RunArgs { fail_healthcheck: true, ..args(&[("drain", "agent")]) };
+        let agent = run_config(&agent, &no_env).unwrap().before;
+        assert_eq!(agent, [Request::FailHealthcheck, Request::AgentDrain]);
+        let to_agent: Vec<bool> = all.iter().chain(&agent).map(|r| r.to_agent()).collect();
+        assert_eq!(to_agent, [false, false, false, true], "only the agent's drain goes to it");
     }
 
     #[test]

@@ -190,7 +190,9 @@ impl Sources {
         let cost = Cost {
             look: asked.elapsed().saturating_sub(s.aside),
             admin: s.admin,
-            cpu: own().zip(s.envoy_cpu).map(|(own, envoy)| own.saturating_sub(s.aside_cpu) + envoy),
+            cpu: own()
+                .zip(s.envoy_cpu)
+                .map(|(own, envoy)| own.saturating_sub(s.aside_cpu).saturating_add(envoy)),
         };
         (reading, pod, cost)
     }

@@ -170,7 +170,7 @@ impl SocketTable {
         if counting {
             self.listeners.learn(&listening, &rule);
         }
-        // Every listener of the proxy seen in the run (`Accepted`); not the app's, whose end of
+        // Every listener of the proxy seen in the run, `listening`'s added (`Accepted`); not the app's, whose end of
         // the proxy's hop carries a request the proxy's end already does. The text tables were
         // read whole before Envoy's sockets were listed; a dump comes after.
         for s in listening.listening() {
@@ -178,8 +178,9 @@ impl SocketTable {
                 self.listened.push(s.local);
             }
         }
-        // The proxy's user: its admin socket's owner, else this hook's (which runs in its
-        // container). SAFETY: geteuid has no preconditions and cannot fail.
+        // The proxy's user: its admin socket's owner (the uid `basis` names, where it names one:
+        // `envoy` takes it from that socket), else this hook's (which runs in its container).
+        // SAFETY: geteuid has no preconditions and cannot fail.
         let proxy = admin.map_or_else(|| unsafe { libc::geteuid() }, |(uid, _)| uid);
         let accepted = Accepted { listened: &self.listened, ignore: &self.filter.ignore, proxy };
         let whole = counting && open.is_none();
